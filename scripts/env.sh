@@ -1,0 +1,6 @@
+# Sourced by the other scripts: the venv and the variables that tch, torch-sys and pyo3 need.
+tdmpc2_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export TDMPC2_VENV=${TDMPC2_VENV:-$tdmpc2_root/.venv}
+export PATH="$TDMPC2_VENV/bin:$PATH"
+export PYO3_PYTHON="$TDMPC2_VENV/bin/python"
+export LIBTORCH_USE_PYTORCH=1

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sets up everything tdmpc2 needs, idempotently: a Python venv with the pinned requirements
+# (torch is the libtorch the Rust side links against), then the release build.
+# A second run with nothing changed takes seconds.
+#
+# Environment:
+#   TDMPC2_VENV            venv directory (default: .venv in the repository)
+#   TDMPC2_PYTHON          interpreter for a new venv (default: python3.12, else python3)
+#   TDMPC2_TORCH_INDEX_URL install torch from this package index instead of PyPI, e.g. PyTorch's
+#                          own CUDA 12.x wheel index for drivers that predate CUDA 13
+#   TDMPC2_SKIP_BUILD=1    only the venv
+set -euo pipefail
+
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+root=$tdmpc2_root
+venv=$TDMPC2_VENV
+say() { printf '[setup] %s\n' "$*" >&2; }
+
+find_python() {
+    if [ -n "${TDMPC2_PYTHON:-}" ]; then echo "$TDMPC2_PYTHON"; return; fi
+    if command -v python3.12 >/dev/null 2>&1; then command -v python3.12; return; fi
+    local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+    local candidate
+    for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12; do
+        [ -x "$candidate" ] && { echo "$candidate"; return; }
+    done
+    command -v python3
+}
+
+if [ ! -x "$venv/bin/python" ]; then
+    python=$(find_python)
+    say "creating venv $venv with $python ($("$python" --version 2>&1))"
+    "$python" -m venv "$venv"
+fi
+
+# The stamp records what the venv was built from; pip runs only when it changes.
+stamp_file=$venv/.tdmpc2-requirements
+stamp=$(cat "$root/requirements.txt"; echo "torch index=${TDMPC2_TORCH_INDEX_URL:-pypi}")
+if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
+    say "installing Python requirements (torch is a few GB on the first run)"
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    if [ -n "${TDMPC2_TORCH_INDEX_URL:-}" ]; then
+        # A local build such as 2.11.0+cu126 satisfies the requirements' torch==2.11.0 pin.
+        "$venv/bin/python" -m pip install --quiet "torch==2.11.0" --index-url "$TDMPC2_TORCH_INDEX_URL"
+    fi
+    "$venv/bin/python" -m pip install --quiet -r "$root/requirements.txt"
+    printf '%s' "$stamp" > "$stamp_file"
+else
+    say "venv up to date: $venv"
+fi
+
+if [ "${TDMPC2_SKIP_BUILD:-0}" != 1 ]; then
+    # torch-sys asks `python` for torch's location: env.sh put the venv first on PATH.
+    say "building (release; the first build compiles libtorch bindings, ~5 minutes)"
+    cargo build --release --manifest-path "$root/Cargo.toml" --bins
+    say "ready: $(cd "$root" && cargo metadata --format-version 1 --no-deps 2>/dev/null \
+        | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2"
+fi
