@@ -1,0 +1,26 @@
+//! Lets the binary run from anywhere without LD_LIBRARY_PATH: rpaths to libpython and to the
+//! venv's torch/lib (the libtorch that torch-sys linked against).
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
+    let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import site, sysconfig; print(site.getsitepackages()[0]); print(sysconfig.get_config_var('LIBDIR'))";
+    let out = Command::new(&python)
+        .args(["-c", script])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {python} (set PYO3_PYTHON to the venv's python): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "{python} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    let site = lines.next().expect("site-packages path");
+    let libdir = lines.next().expect("libpython directory");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{site}/torch/lib");
+}

@@ -1,0 +1,663 @@
+//! The run configuration: official TD-MPC2 names and defaults (configs/config.yaml), hydra-style
+//! overrides, validation, and the fields derived from the task.
+use serde::{Deserialize, Serialize};
+
+/// Every setting of a run. Field names follow the official TD-MPC2 config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    // environment
+    pub task: String,
+    pub obs: String,
+    pub episodic: bool,
+    // evaluation
+    pub checkpoint: Option<String>,
+    pub eval_episodes: usize,
+    pub eval_freq: u64,
+    // training
+    pub steps: u64,
+    pub batch_size: usize,
+    pub reward_coef: f64,
+    pub value_coef: f64,
+    pub termination_coef: f64,
+    pub consistency_coef: f64,
+    pub rho: f64,
+    pub lr: f64,
+    pub enc_lr_scale: f64,
+    pub grad_clip_norm: f64,
+    pub tau: f64,
+    pub discount_denom: f64,
+    pub discount_min: f64,
+    pub discount_max: f64,
+    pub buffer_size: usize,
+    pub exp_name: String,
+    // planning
+    pub mpc: bool,
+    pub iterations: usize,
+    pub num_samples: usize,
+    pub num_elites: usize,
+    pub num_pi_trajs: usize,
+    pub horizon: usize,
+    pub min_std: f64,
+    pub max_std: f64,
+    pub temperature: f64,
+    // actor
+    pub log_std_min: f64,
+    pub log_std_max: f64,
+    pub entropy_coef: f64,
+    // critic
+    pub num_bins: usize,
+    pub vmin: f64,
+    pub vmax: f64,
+    // architecture
+    pub model_size: Option<u32>,
+    pub num_enc_layers: usize,
+    pub enc_dim: usize,
+    pub num_channels: usize,
+    pub mlp_dim: usize,
+    pub latent_dim: usize,
+    pub task_dim: usize,
+    pub num_q: usize,
+    pub dropout: f64,
+    pub simnorm_dim: usize,
+    // logging
+    pub wandb_project: String,
+    pub wandb_entity: Option<String>,
+    pub wandb_name: Option<String>,
+    pub wandb_silent: bool,
+    pub enable_wandb: bool,
+    pub enable_tensorboard: bool,
+    pub enable_mlflow: bool,
+    pub save_csv: bool,
+    // misc
+    pub compile: bool,
+    pub save_video: bool,
+    pub save_agent: bool,
+    pub seed: u64,
+    pub save_freq: u64,
+    // distributed
+    pub world_size: usize,
+    pub sync_freq: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    // hardware
+    pub device: String,
+    pub num_threads: Option<usize>,
+    // output
+    pub run_dir: Option<String>,
+    // derived (filled by `resolve`)
+    pub discount: Option<f64>,
+    pub seed_steps: Option<u64>,
+    pub obs_shape: Option<Vec<usize>>,
+    pub action_dim: Option<usize>,
+    pub episode_length: Option<usize>,
+    pub bin_size: Option<f64>,
+}
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::{Mapping, Value};
+
+use crate::error::{Error, Result};
+
+/// The defaults, compiled in so the binary works from any directory.
+pub const DEFAULTS_YAML: &str = include_str!("../configs/config.yaml");
+
+/// Model-size presets of the official code (MODEL_SIZE); a preset overrides these keys.
+pub const MODEL_SIZES: [u32; 5] = [1, 5, 19, 48, 317];
+
+struct Preset {
+    enc_dim: usize,
+    mlp_dim: usize,
+    latent_dim: usize,
+    num_enc_layers: usize,
+    num_q: usize,
+}
+
+fn preset(size: u32) -> Option<Preset> {
+    let p = |enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q| Preset {
+        enc_dim,
+        mlp_dim,
+        latent_dim,
+        num_enc_layers,
+        num_q,
+    };
+    Some(match size {
+        1 => p(256, 384, 128, 2, 2),
+        5 => p(256, 512, 512, 2, 5),
+        19 => p(1024, 1024, 768, 3, 5),
+        48 => p(1792, 1792, 768, 4, 5),
+        317 => p(4096, 4096, 1376, 5, 8),
+        _ => return None,
+    })
+}
+
+/// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`
+/// (default: the repository's `configs/`).
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    pub config_name: Option<String>,
+    pub config_path: Option<PathBuf>,
+    pub overrides: Vec<String>,
+}
+
+impl Config {
+    /// Builds a config from the compiled-in defaults, an optional named file laid over them,
+    /// then `key=value` overrides. Validates everything that does not need the environment.
+    pub fn load(source: &Source) -> Result<Config> {
+        let mut tree: Value = serde_yaml_ng::from_str(DEFAULTS_YAML)
+            .map_err(|e| Error::Config(format!("built-in defaults: {e}")))?;
+        if let Some(file) = source.file()? {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            let layer: Value = serde_yaml_ng::from_str(&text)
+                .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+            merge_file(&mut tree, layer, &file)?;
+        }
+        for arg in &source.overrides {
+            apply_override(&mut tree, arg)?;
+        }
+        let config = from_tree(tree)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Range checks that need no environment. Each error names the key and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("batch_size", self.batch_size as u64),
+            ("horizon", self.horizon as u64),
+            ("world_size", self.world_size as u64),
+            ("sync_freq", self.sync_freq as u64),
+            ("steps", self.steps),
+            ("iterations", self.iterations as u64),
+            ("num_samples", self.num_samples as u64),
+            ("num_elites", self.num_elites as u64),
+            ("num_q", self.num_q as u64),
+            ("nnodes", self.nnodes as u64),
+            ("eval_freq", self.eval_freq),
+            ("save_freq", self.save_freq),
+            ("buffer_size", self.buffer_size as u64),
+            ("simnorm_dim", self.simnorm_dim as u64),
+        ];
+        for (key, value) in positive {
+            if value < 1 {
+                return Err(range(key, value, "must be >= 1"));
+            }
+        }
+        if !(self.rho > 0.0 && self.rho <= 1.0) {
+            return Err(range("rho", self.rho, "must satisfy 0 < rho <= 1"));
+        }
+        if self.num_pi_trajs >= self.num_samples {
+            return Err(range(
+                "num_pi_trajs",
+                self.num_pi_trajs,
+                &format!("must be < num_samples ({})", self.num_samples),
+            ));
+        }
+        if self.num_elites > self.num_samples {
+            return Err(range(
+                "num_elites",
+                self.num_elites,
+                &format!("must be <= num_samples ({})", self.num_samples),
+            ));
+        }
+        if self.min_std > self.max_std {
+            return Err(range(
+                "min_std",
+                self.min_std,
+                &format!("must be <= max_std ({})", self.max_std),
+            ));
+        }
+        if self.min_std <= 0.0 {
+            return Err(range("min_std", self.min_std, "must be > 0"));
+        }
+        if let Some(size) = self.model_size {
+            if preset(size).is_none() {
+                return Err(Error::Config(format!(
+                    "model_size={size} is not a model size; valid sizes: {}",
+                    join(&MODEL_SIZES)
+                )));
+            }
+        }
+        if self.num_q < 2 {
+            return Err(range(
+                "num_q",
+                self.num_q,
+                "must be >= 2 (two heads are drawn per Q estimate)",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(range(
+                "dropout",
+                self.dropout,
+                "must satisfy 0 <= dropout < 1",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.tau) {
+            return Err(range("tau", self.tau, "must satisfy 0 <= tau <= 1"));
+        }
+        if self.lr <= 0.0 {
+            return Err(range("lr", self.lr, "must be > 0"));
+        }
+        if self.num_bins < 2 || self.vmin >= self.vmax {
+            return Err(Error::Config(format!(
+                "num_bins={} vmin={} vmax={}: need num_bins >= 2 and vmin < vmax",
+                self.num_bins, self.vmin, self.vmax
+            )));
+        }
+        if self.log_std_min >= self.log_std_max {
+            return Err(range(
+                "log_std_min",
+                self.log_std_min,
+                &format!("must be < log_std_max ({})", self.log_std_max),
+            ));
+        }
+        if self.node_rank >= self.nnodes {
+            return Err(range(
+                "node_rank",
+                self.node_rank,
+                &format!("must be < nnodes ({})", self.nnodes),
+            ));
+        }
+        if self.master_port == 0 {
+            return Err(range("master_port", 0, "must be a port number 1..=65535"));
+        }
+        const DEVICES: [&str; 3] = ["auto", "cpu", "cuda"];
+        if !DEVICES.contains(&self.device.as_str()) && !self.device.starts_with("cuda:") {
+            return Err(Error::Config(format!(
+                "device={} is not a device; allowed: auto, cpu, cuda",
+                self.device
+            )));
+        }
+        if self.obs != "state" {
+            return Err(Error::Config(format!(
+                "obs={} is not supported yet; allowed: state",
+                self.obs
+            )));
+        }
+        if self.num_threads == Some(0) {
+            return Err(range(
+                "num_threads",
+                0,
+                "must be >= 1 (or null for cores / local ranks)",
+            ));
+        }
+        if self.simnorm_dim > 0 && self.latent_dim % self.simnorm_dim != 0 {
+            return Err(Error::Config(format!(
+                "latent_dim={} must be a multiple of simnorm_dim={}",
+                self.latent_dim, self.simnorm_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies the model-size preset and computes the fields the official parse step derives
+    /// from the task: dimensions, episode length, discount, seed steps, planning iterations.
+    pub fn resolve(&mut self, spec: &envs::EnvSpec) {
+        if let Some(p) = self.model_size.and_then(preset) {
+            self.enc_dim = p.enc_dim;
+            self.mlp_dim = p.mlp_dim;
+            self.latent_dim = p.latent_dim;
+            self.num_enc_layers = p.num_enc_layers;
+            self.num_q = p.num_q;
+        }
+        let length = spec.episode_length;
+        let denom = length as f64 / self.discount_denom;
+        self.discount = Some(((denom - 1.0) / denom).clamp(self.discount_min, self.discount_max));
+        self.seed_steps = Some((5 * length as u64).max(1000));
+        // The official parser adds two planning iterations for large action spaces (dog, humanoid).
+        if self.action_dim.is_none() && spec.action_dim >= 20 {
+            self.iterations += 2;
+        }
+        self.obs_shape = Some(spec.obs_shape.clone());
+        self.action_dim = Some(spec.action_dim);
+        self.episode_length = Some(length);
+        self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
+    }
+
+    /// The resolved config as YAML (what `--cfg job` prints and each run saves).
+    pub fn to_yaml(&self) -> Result<String> {
+        serde_yaml_ng::to_string(self)
+            .map_err(|e| Error::Config(format!("cannot write config: {e}")))
+    }
+}
+
+impl Source {
+    fn file(&self) -> Result<Option<PathBuf>> {
+        let Some(name) = &self.config_name else {
+            if let Some(dir) = &self.config_path {
+                return Err(Error::Config(format!(
+                    "--config-path {} needs --config-name NAME",
+                    dir.display()
+                )));
+            }
+            return Ok(None);
+        };
+        let dir = match &self.config_path {
+            Some(dir) => dir.clone(),
+            None => default_config_dir(),
+        };
+        let file_name = if name.ends_with(".yaml") || name.ends_with(".yml") {
+            name.clone()
+        } else {
+            format!("{name}.yaml")
+        };
+        let path = dir.join(file_name);
+        if path.is_file() {
+            return Ok(Some(path));
+        }
+        let available: Vec<String> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .filter_map(|n| n.strip_suffix(".yaml").map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Err(Error::Config(format!(
+            "--config-name {name}: no file {} (available in {}: {})",
+            path.display(),
+            dir.display(),
+            if available.is_empty() {
+                "none".into()
+            } else {
+                available.join(", ")
+            }
+        )))
+    }
+}
+
+/// The repository's `configs/` directory: `TDMPC2_CONFIG_DIR`, else next to the sources the
+/// binary was built from.
+pub fn default_config_dir() -> PathBuf {
+    std::env::var_os("TDMPC2_CONFIG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("configs"))
+}
+
+fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<()> {
+    let Value::Mapping(layer) = layer else {
+        if layer.is_null() {
+            return Ok(());
+        }
+        return Err(Error::Config(format!(
+            "{}: expected a mapping of keys",
+            file.display()
+        )));
+    };
+    for (key, value) in layer {
+        let key = key
+            .as_str()
+            .ok_or_else(|| Error::Config(format!("{}: keys must be strings", file.display())))?
+            .to_owned();
+        set_path(tree, &key, value)
+            .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+    }
+    Ok(())
+}
+
+/// Applies one hydra-style `key=value` (or `a.b=value`); the value is a YAML scalar or flow list.
+pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
+    let Some((key, raw)) = arg.split_once('=') else {
+        return Err(Error::Config(format!(
+            "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
+        )));
+    };
+    let key = key.trim().trim_start_matches('+');
+    if key.is_empty() {
+        return Err(Error::Config(format!(
+            "cannot parse '{arg}': the key is empty"
+        )));
+    }
+    let value: Value = if raw.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_yaml_ng::from_str(raw).map_err(|e| {
+            Error::Config(format!(
+                "cannot parse the value of {key}: '{raw}' is not a YAML value ({e})"
+            ))
+        })?
+    };
+    set_path(tree, key, value).map_err(Error::Config)
+}
+
+/// Sets a dotted path inside the tree; every segment must already exist (the defaults name
+/// every key), otherwise the error names the closest known key.
+fn set_path(tree: &mut Value, dotted: &str, value: Value) -> std::result::Result<(), String> {
+    let mut node = tree;
+    let segments: Vec<&str> = dotted.split('.').collect();
+    for (i, segment) in segments.iter().enumerate() {
+        let prefix = segments[..i].join(".");
+        let Value::Mapping(map) = node else {
+            return Err(format!(
+                "{prefix} is not a section, so {dotted} does not exist"
+            ));
+        };
+        let key = Value::String((*segment).to_owned());
+        if !map.contains_key(&key) {
+            let known: Vec<String> = keys_of(map)
+                .into_iter()
+                .map(|k| {
+                    if prefix.is_empty() {
+                        k
+                    } else {
+                        format!("{prefix}.{k}")
+                    }
+                })
+                .collect();
+            return Err(unknown_key(dotted, &known));
+        }
+        if i + 1 == segments.len() {
+            map.insert(key, value);
+            return Ok(());
+        }
+        node = map.get_mut(&key).expect("checked above");
+    }
+    Ok(())
+}
+
+fn keys_of(map: &Mapping) -> Vec<String> {
+    map.keys()
+        .filter_map(|k| k.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn unknown_key(key: &str, known: &[String]) -> String {
+    let closest = known
+        .iter()
+        .map(|k| (strsim::jaro_winkler(key, k), k))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match closest {
+        Some((_, k)) => format!("unknown key '{key}'; did you mean '{k}'?"),
+        None => format!("unknown key '{key}'"),
+    }
+}
+
+fn from_tree(tree: Value) -> Result<Config> {
+    serde_path_to_error::deserialize(tree).map_err(|e| {
+        let key = e.path().to_string();
+        let inner = e.into_inner().to_string();
+        Error::Config(format!(
+            "wrong type for '{key}': {}",
+            describe_type_error(&inner)
+        ))
+    })
+}
+
+/// Turns serde's "invalid type: string \"x\", expected usize" into plain words.
+fn describe_type_error(message: &str) -> String {
+    let expected = BTreeMap::from([
+        ("usize", "a non-negative integer"),
+        ("u64", "a non-negative integer"),
+        ("u32", "a non-negative integer"),
+        ("u16", "an integer 0..=65535"),
+        ("f64", "a number"),
+        ("a boolean", "true or false"),
+        ("a string", "a string"),
+    ]);
+    for (rust, words) in expected {
+        if message.ends_with(&format!("expected {rust}")) {
+            let got = message
+                .strip_prefix("invalid type: ")
+                .or_else(|| message.strip_prefix("invalid value: "))
+                .and_then(|m| m.split(", expected").next())
+                .unwrap_or(message);
+            return format!("expected {words}, got {got}");
+        }
+    }
+    message.to_owned()
+}
+
+fn range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
+    Error::Config(format!("{key}={value} is out of range: {allowed}"))
+}
+
+fn join(values: &[u32]) -> String {
+    values
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(overrides: &[&str]) -> Result<Config> {
+        Config::load(&Source {
+            overrides: overrides.iter().map(|s| s.to_string()).collect(),
+            ..Source::default()
+        })
+    }
+
+    fn error(overrides: &[&str]) -> String {
+        load(overrides).expect_err("should be rejected").to_string()
+    }
+
+    #[test]
+    fn defaults_match_the_official_values() {
+        let c = load(&[]).unwrap();
+        assert_eq!(
+            (c.batch_size, c.horizon, c.num_samples, c.num_elites),
+            (256, 3, 512, 64)
+        );
+        assert_eq!(
+            (c.lr, c.enc_lr_scale, c.grad_clip_norm, c.tau),
+            (3e-4, 0.3, 20.0, 0.01)
+        );
+        assert_eq!((c.num_bins, c.vmin, c.vmax, c.num_q), (101, -10.0, 10.0, 5));
+        assert_eq!((c.latent_dim, c.mlp_dim, c.enc_dim), (512, 512, 256));
+    }
+
+    #[test]
+    fn overrides_parse_yaml_scalars_and_lists() {
+        let c = load(&[
+            "steps=1000",
+            "lr=1e-3",
+            "mpc=false",
+            "wandb_entity=me",
+            "num_threads=null",
+        ])
+        .unwrap();
+        assert_eq!((c.steps, c.lr, c.mpc), (1000, 1e-3, false));
+        assert_eq!(c.wandb_entity.as_deref(), Some("me"));
+        let c = load(&["obs_shape=[3, 4]"]).unwrap();
+        assert_eq!(c.obs_shape, Some(vec![3, 4]));
+    }
+
+    #[test]
+    fn nested_keys_are_set_and_checked() {
+        let mut tree: Value = serde_yaml_ng::from_str("a: {b: 1, c: {d: 2}}").unwrap();
+        apply_override(&mut tree, "a.c.d=5").unwrap();
+        assert_eq!(tree["a"]["c"]["d"], Value::from(5));
+        let e = apply_override(&mut tree, "a.c.e=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("did you mean 'a.c.d'"), "{e}");
+        let e = apply_override(&mut tree, "a.b.x=1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a.b is not a section"), "{e}");
+    }
+
+    #[test]
+    fn unknown_key_names_the_closest() {
+        assert!(error(&["bach_size=3"]).contains("did you mean 'batch_size'"));
+        assert!(error(&["horizn=3"]).contains("did you mean 'horizon'"));
+    }
+
+    #[test]
+    fn wrong_types_name_key_and_type() {
+        let e = error(&["batch_size=abc"]);
+        assert!(
+            e.contains("batch_size") && e.contains("non-negative integer"),
+            "{e}"
+        );
+        let e = error(&["mpc=maybe"]);
+        assert!(e.contains("mpc") && e.contains("true or false"), "{e}");
+        let e = error(&["lr=fast"]);
+        assert!(e.contains("'lr'") && e.contains("a number"), "{e}");
+    }
+
+    #[test]
+    fn ranges_are_enforced() {
+        for (arg, needle) in [
+            ("batch_size=0", "batch_size=0 is out of range"),
+            ("horizon=0", "horizon=0"),
+            ("world_size=0", "world_size=0"),
+            ("sync_freq=0", "sync_freq=0"),
+            ("rho=0", "0 < rho <= 1"),
+            ("rho=1.5", "0 < rho <= 1"),
+            ("num_pi_trajs=600", "must be < num_samples"),
+            ("num_elites=513", "must be <= num_samples"),
+            ("min_std=3", "must be <= max_std"),
+            ("model_size=7", "valid sizes: 1, 5, 19, 48, 317"),
+        ] {
+            let e = error(&[arg]);
+            assert!(e.contains(needle), "{arg}: {e}");
+        }
+        assert!(load(&["rho=1"]).is_ok());
+    }
+
+    #[test]
+    fn resolve_derives_the_official_fields() {
+        let mut c = load(&["model_size=1"]).unwrap();
+        let spec = envs::EnvSpec {
+            obs_shape: vec![223],
+            action_dim: 38,
+            episode_length: 500,
+        };
+        c.resolve(&spec);
+        assert_eq!(
+            (c.enc_dim, c.mlp_dim, c.latent_dim, c.num_q),
+            (256, 384, 128, 2)
+        );
+        assert_eq!(c.discount, Some(0.99));
+        assert_eq!(c.seed_steps, Some(2500));
+        assert_eq!(c.iterations, 8);
+        assert!((c.bin_size.unwrap() - 0.2).abs() < 1e-12);
+        let mut c = load(&[]).unwrap();
+        c.resolve(&envs::EnvSpec {
+            obs_shape: vec![3],
+            action_dim: 1,
+            episode_length: 200,
+        });
+        assert_eq!(
+            (c.discount, c.seed_steps, c.iterations),
+            (Some(0.975), Some(1000), 6)
+        );
+        let mut c = load(&[]).unwrap();
+        c.resolve(&envs::EnvSpec {
+            obs_shape: vec![3],
+            action_dim: 1,
+            episode_length: 1000,
+        });
+        assert_eq!(c.discount, Some(0.995));
+    }
+}

@@ -1,0 +1,42 @@
+//! The crate's one error type.
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad user input in the configuration or on the command line (exit code 2).
+    #[error("config error: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Env(#[from] envs::Error),
+    #[error("torch: {0}")]
+    Torch(#[from] tch::TchError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("python: {0}")]
+    Python(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The process exit code: 2 for bad input, 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Config(_) => 2,
+            Error::Env(envs::Error::UnknownTask { .. }) => 2,
+            _ => 1,
+        }
+    }
+}
