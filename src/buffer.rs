@@ -1,0 +1,359 @@
+//! The replay buffer (reference §6): a ring of rows, episodes appended whole when they end,
+//! slices of H+1 consecutive rows sampled per-episode uniformly into a time-major batch.
+//!
+//! An episode of L steps takes L+1 rows: row 0 holds o_0, row t holds (o_t, a_{t-1}, r_{t-1},
+//! terminated_t). Each observation is stored once. Sampling costs O(B·H), independent of fill.
+use std::collections::VecDeque;
+
+use rand::Rng;
+use rand_pcg::Pcg64;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+
+/// One finished episode, as the actor hands it over.
+#[derive(Debug, Clone, Default)]
+pub struct Episode {
+    /// (L+1) × obs_dim, row-major.
+    pub obs: Vec<f32>,
+    /// L × action_dim.
+    pub action: Vec<f32>,
+    /// L rewards.
+    pub reward: Vec<f32>,
+    /// L flags (1.0 where the step terminated the episode).
+    pub terminated: Vec<f32>,
+}
+
+impl Episode {
+    pub fn len(&self) -> usize {
+        self.reward.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reward.is_empty()
+    }
+}
+
+/// A time-major training batch: obs (H+1, B, obs_dim), action (H, B, A), reward and
+/// terminated (H, B, 1).
+#[derive(Debug)]
+pub struct Batch {
+    pub obs: Tensor,
+    pub action: Tensor,
+    pub reward: Tensor,
+    pub terminated: Tensor,
+}
+
+/// Where an episode's rows sit in the ring; `start + len` may wrap around.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+struct Span {
+    start: usize,
+    rows: usize,
+}
+
+pub struct ReplayBuffer {
+    capacity: usize,
+    obs_dim: usize,
+    action_dim: usize,
+    obs: Tensor,
+    action: Tensor,
+    reward: Tensor,
+    terminated: Tensor,
+    /// Episodes still (at least partly) in the ring, oldest first.
+    episodes: VecDeque<Span>,
+    cursor: usize,
+    filled: usize,
+    device: Device,
+}
+
+impl ReplayBuffer {
+    pub fn new(capacity: usize, obs_dim: usize, action_dim: usize, device: Device) -> Result<Self> {
+        if capacity == 0 {
+            return Err(Error::Config("buffer_size must be >= 1".into()));
+        }
+        let rows = capacity as i64;
+        let opts = (Kind::Float, device);
+        Ok(Self {
+            capacity,
+            obs_dim,
+            action_dim,
+            obs: Tensor::zeros([rows, obs_dim as i64], opts),
+            action: Tensor::zeros([rows, action_dim as i64], opts),
+            reward: Tensor::zeros([rows], opts),
+            terminated: Tensor::zeros([rows], opts),
+            episodes: VecDeque::new(),
+            cursor: 0,
+            filled: 0,
+            device,
+        })
+    }
+
+    /// Bytes of storage per row (what the bench reports).
+    pub fn bytes_per_row(obs_dim: usize, action_dim: usize) -> usize {
+        4 * (obs_dim + action_dim + 2)
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Rows currently stored.
+    pub fn len(&self) -> usize {
+        self.filled
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
+
+    pub fn num_episodes(&self) -> usize {
+        self.episodes.len()
+    }
+
+    /// Appends a finished episode as L+1 rows, overwriting the oldest rows when full.
+    pub fn add(&mut self, episode: &Episode) -> Result<()> {
+        let steps = episode.len();
+        let rows = steps + 1;
+        let shapes_ok = episode.obs.len() == rows * self.obs_dim
+            && episode.action.len() == steps * self.action_dim
+            && episode.terminated.len() == steps;
+        if !shapes_ok {
+            return Err(Error::Other(format!(
+                "episode of {steps} steps has {} obs values, {} action values, {} flags; \
+                 expected {}, {}, {}",
+                episode.obs.len(),
+                episode.action.len(),
+                episode.terminated.len(),
+                rows * self.obs_dim,
+                steps * self.action_dim,
+                steps
+            )));
+        }
+        if rows > self.capacity {
+            return Err(Error::Config(format!(
+                "an episode of {rows} rows does not fit in buffer_size={}",
+                self.capacity
+            )));
+        }
+        // Row 0 has no action/reward/flag; NaN as in the official buffer (never sampled).
+        let mut action = vec![f32::NAN; self.action_dim];
+        action.extend_from_slice(&episode.action);
+        let mut reward = vec![f32::NAN];
+        reward.extend_from_slice(&episode.reward);
+        let mut terminated = vec![f32::NAN];
+        terminated.extend_from_slice(&episode.terminated);
+
+        self.evict(rows);
+        let start = self.cursor;
+        write_rows(&self.obs, start, &episode.obs, self.obs_dim, self.device);
+        write_rows(&self.action, start, &action, self.action_dim, self.device);
+        write_rows(&self.reward, start, &reward, 1, self.device);
+        write_rows(&self.terminated, start, &terminated, 1, self.device);
+        self.episodes.push_back(Span { start, rows });
+        self.cursor = (start + rows) % self.capacity;
+        self.filled = (self.filled + rows).min(self.capacity);
+        Ok(())
+    }
+
+    /// Trims or drops the oldest episodes whose rows the next `rows` writes overwrite.
+    fn evict(&mut self, rows: usize) {
+        let free = self.capacity - self.filled;
+        let mut overwrite = rows.saturating_sub(free);
+        while overwrite > 0 {
+            let Some(oldest) = self.episodes.front_mut() else {
+                break;
+            };
+            let taken = overwrite.min(oldest.rows);
+            oldest.start = (oldest.start + taken) % self.capacity;
+            oldest.rows -= taken;
+            self.filled -= taken;
+            overwrite -= taken;
+            if oldest.rows == 0 {
+                self.episodes.pop_front();
+            }
+        }
+    }
+
+    /// Samples `batch_size` slices of `horizon + 1` rows: an episode uniformly among those with
+    /// enough rows, then a start uniformly within it.
+    pub fn sample(&self, batch_size: usize, horizon: usize, rng: &mut Pcg64) -> Result<Batch> {
+        let length = horizon + 1;
+        let eligible: Vec<Span> = self
+            .episodes
+            .iter()
+            .copied()
+            .filter(|s| s.rows >= length)
+            .collect();
+        if eligible.is_empty() {
+            return Err(Error::Other(format!(
+                "the replay buffer holds no episode of at least {length} rows"
+            )));
+        }
+        let mut index = vec![0i64; length * batch_size];
+        for b in 0..batch_size {
+            let span = eligible[rng.random_range(0..eligible.len())];
+            let offset = rng.random_range(0..=span.rows - length);
+            for t in 0..length {
+                index[t * batch_size + b] = ((span.start + offset + t) % self.capacity) as i64;
+            }
+        }
+        let index = Tensor::from_slice(&index).to_device(self.device);
+        let (h, b) = (horizon as i64, batch_size as i64);
+        let obs = self
+            .obs
+            .index_select(0, &index)
+            .view([h + 1, b, self.obs_dim as i64]);
+        // Actions, rewards and flags come from rows 1..=H of each slice.
+        let later = index.narrow(0, b, h * b);
+        let action = self
+            .action
+            .index_select(0, &later)
+            .view([h, b, self.action_dim as i64]);
+        let reward = self.reward.index_select(0, &later).view([h, b, 1]);
+        let terminated = self.terminated.index_select(0, &later).view([h, b, 1]);
+        Ok(Batch {
+            obs,
+            action,
+            reward,
+            terminated,
+        })
+    }
+}
+
+/// Copies `values` (rows × width) into `storage` from row `start`, wrapping at the end.
+fn write_rows(storage: &Tensor, start: usize, values: &[f32], width: usize, device: Device) {
+    let capacity = storage.size()[0] as usize;
+    let rows = values.len() / width;
+    let first = rows.min(capacity - start);
+    let shape = |n: usize| -> Vec<i64> {
+        if storage.dim() == 1 {
+            vec![n as i64]
+        } else {
+            vec![n as i64, width as i64]
+        }
+    };
+    let head = Tensor::from_slice(&values[..first * width]).view(shape(first).as_slice());
+    storage
+        .narrow(0, start as i64, first as i64)
+        .copy_(&head.to_device(device));
+    if first < rows {
+        let tail =
+            Tensor::from_slice(&values[first * width..]).view(shape(rows - first).as_slice());
+        storage
+            .narrow(0, 0, (rows - first) as i64)
+            .copy_(&tail.to_device(device));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// An episode whose observation at step t is `base + t` (obs_dim 2), action `base + t`.
+    fn episode(base: f32, steps: usize) -> Episode {
+        Episode {
+            obs: (0..=steps)
+                .flat_map(|t| [base + t as f32, -(base + t as f32)])
+                .collect(),
+            action: (0..steps).map(|t| base + t as f32).collect(),
+            reward: (0..steps).map(|t| base + t as f32 + 0.5).collect(),
+            terminated: vec![0.0; steps],
+        }
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    #[test]
+    fn slices_are_consecutive_rows_of_one_episode() {
+        let mut buffer = ReplayBuffer::new(100, 2, 1, Device::Cpu).unwrap();
+        buffer.add(&episode(0.0, 9)).unwrap();
+        buffer.add(&episode(100.0, 9)).unwrap();
+        assert_eq!(buffer.len(), 20);
+        let mut rng = Pcg64::seed_from_u64(0);
+        let batch = buffer.sample(64, 3, &mut rng).unwrap();
+        assert_eq!(batch.obs.size(), [4, 64, 2]);
+        assert_eq!(batch.action.size(), [3, 64, 1]);
+        assert_eq!(batch.reward.size(), [3, 64, 1]);
+        let obs = values(&batch.obs.select(2, 0));
+        let action = values(&batch.action);
+        let reward = values(&batch.reward);
+        for b in 0..64 {
+            let o0 = obs[b];
+            for t in 0..4 {
+                assert_eq!(obs[t * 64 + b], o0 + t as f32, "obs consecutive");
+            }
+            for t in 0..3 {
+                // a_t and r_t sit in row t+1 and belong to the transition o_t -> o_{t+1}.
+                assert_eq!(action[t * 64 + b], o0 + t as f32);
+                assert_eq!(reward[t * 64 + b], o0 + t as f32 + 0.5);
+            }
+            assert!(o0 % 100.0 <= 6.0, "slice stays inside its episode");
+        }
+    }
+
+    #[test]
+    fn sampling_is_uniform_over_episodes() {
+        let mut buffer = ReplayBuffer::new(1000, 2, 1, Device::Cpu).unwrap();
+        buffer.add(&episode(0.0, 3)).unwrap(); // one possible slice
+        buffer.add(&episode(1000.0, 300)).unwrap(); // many possible slices
+        let mut rng = Pcg64::seed_from_u64(1);
+        let batch = buffer.sample(4000, 3, &mut rng).unwrap();
+        let short = values(&batch.obs.get(0).select(1, 0))
+            .iter()
+            .filter(|&&o| o < 1000.0)
+            .count();
+        let share = short as f64 / 4000.0;
+        assert!(
+            (share - 0.5).abs() < 0.04,
+            "per-episode uniform: short episode share {share}"
+        );
+    }
+
+    #[test]
+    fn ring_overwrites_the_oldest_and_trims_it() {
+        let mut buffer = ReplayBuffer::new(25, 2, 1, Device::Cpu).unwrap();
+        buffer.add(&episode(0.0, 9)).unwrap(); // rows 0..10
+        buffer.add(&episode(100.0, 9)).unwrap(); // rows 10..20
+        buffer.add(&episode(200.0, 9)).unwrap(); // rows 20..25 then 0..5: trims episode 0
+        assert_eq!(buffer.len(), 25);
+        assert_eq!(buffer.num_episodes(), 3);
+        buffer.add(&episode(300.0, 9)).unwrap(); // rows 5..15: drops episode 0, trims episode 1
+        assert_eq!(buffer.num_episodes(), 3);
+        let mut rng = Pcg64::seed_from_u64(2);
+        let batch = buffer.sample(500, 3, &mut rng).unwrap();
+        let obs = values(&batch.obs.select(2, 0));
+        for b in 0..500 {
+            let o0 = obs[b];
+            assert!(o0 >= 100.0, "episode 0 is gone: {o0}");
+            if o0 < 200.0 {
+                assert!(o0 >= 105.0, "episode 1 lost its first 5 rows: {o0}");
+            }
+            for t in 0..4 {
+                assert_eq!(
+                    obs[t * 500 + b],
+                    o0 + t as f32,
+                    "a wrapped episode stays consecutive"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn too_short_episodes_are_not_sampled_and_bad_input_is_an_error() {
+        let mut buffer = ReplayBuffer::new(50, 2, 1, Device::Cpu).unwrap();
+        buffer.add(&episode(0.0, 2)).unwrap(); // 3 rows < H+1
+        let mut rng = Pcg64::seed_from_u64(3);
+        assert!(buffer.sample(4, 3, &mut rng).is_err());
+        let mut bad = episode(0.0, 4);
+        bad.action.pop();
+        assert!(buffer.add(&bad).is_err());
+        assert!(
+            buffer.add(&episode(0.0, 60)).is_err(),
+            "larger than the buffer"
+        );
+    }
+}

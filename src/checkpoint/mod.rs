@@ -1,0 +1,2 @@
+//! Checkpoints written by rank 0.
+pub mod store;

@@ -1,0 +1,93 @@
+//! Atomic checkpoint directories: `checkpoints/step_<N>/` appears whole or not at all.
+//!
+//! Files are written into a hidden temporary directory, synced, then the directory is renamed
+//! into place. A writer killed mid-way leaves only a `.tmp-*` directory, which loading ignores
+//! (and the next save removes), so the latest complete checkpoint is always the one picked.
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+const PREFIX: &str = "step_";
+const TMP_PREFIX: &str = ".tmp-";
+
+/// Writes `files` (name, bytes) as checkpoint `step` under `root`; returns its directory.
+pub fn save(root: &Path, step: u64, files: &[(&str, &[u8])]) -> Result<PathBuf> {
+    fs::create_dir_all(root).map_err(|e| Error::io(format!("create {}", root.display()), e))?;
+    remove_stale_temporaries(root);
+    let name = format!("{PREFIX}{step:012}");
+    let tmp = root.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
+    fs::create_dir_all(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
+    for (file_name, bytes) in files {
+        let path = tmp.join(file_name);
+        let mut file =
+            File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+        file.write_all(bytes)
+            .and_then(|_| file.sync_all())
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    }
+    sync_dir(&tmp)?;
+    let dest = root.join(&name);
+    if dest.exists() {
+        fs::remove_dir_all(&dest)
+            .map_err(|e| Error::io(format!("replace {}", dest.display()), e))?;
+    }
+    fs::rename(&tmp, &dest).map_err(|e| Error::io(format!("rename into {}", dest.display()), e))?;
+    sync_dir(root)?;
+    Ok(dest)
+}
+
+/// The complete checkpoint with the highest step under `root`, if any.
+pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
+    fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let step = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
+            entry.path().is_dir().then(|| (step, entry.path()))
+        })
+        .max_by_key(|(step, _)| *step)
+}
+
+fn remove_stale_temporaries(root: &Path) {
+    if let Ok(entries) = fs::read_dir(root) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(format!("sync {}", dir.display()), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latest_skips_half_written_checkpoints() {
+        let root = tempfile::tempdir().unwrap();
+        assert!(latest(root.path()).is_none());
+        save(root.path(), 100, &[("model.safetensors", b"one")]).unwrap();
+        save(root.path(), 200, &[("model.safetensors", b"two")]).unwrap();
+        // A writer killed mid-way at step 300 leaves only its temporary directory.
+        let partial = root
+            .path()
+            .join(format!("{TMP_PREFIX}{PREFIX}000000000300-1"));
+        fs::create_dir_all(&partial).unwrap();
+        fs::write(partial.join("model.safetensors"), b"hal").unwrap();
+        let (step, dir) = latest(root.path()).unwrap();
+        assert_eq!(step, 200);
+        assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"two");
+        save(root.path(), 300, &[("model.safetensors", b"three")]).unwrap();
+        assert!(!partial.exists(), "the next save clears stale temporaries");
+        assert_eq!(latest(root.path()).unwrap().0, 300);
+    }
+}

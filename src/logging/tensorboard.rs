@@ -1,0 +1,136 @@
+//! TensorBoard event files, written natively: a TFRecord stream of `Event` protobufs, each a
+//! scalar summary. Only the handful of protobuf fields a scalar needs are encoded.
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+
+pub struct EventWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl EventWriter {
+    /// Creates `events.out.tfevents.<time>.<host>` in `dir` and writes the version record.
+    pub fn create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        let name = format!("events.out.tfevents.{}.{host}", wall_time() as u64);
+        let path = dir.join(name);
+        let file =
+            File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+        let mut writer = Self {
+            path,
+            out: BufWriter::new(file),
+        };
+        let mut event = Vec::new();
+        put_double(&mut event, 1, wall_time());
+        put_bytes(&mut event, 3, b"brain.Event:2");
+        writer.record(&event)?;
+        writer.flush()?;
+        Ok(writer)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends one scalar (`tag` at `step`).
+    pub fn scalar(&mut self, tag: &str, value: f32, step: i64) -> Result<()> {
+        let mut summary_value = Vec::new();
+        put_bytes(&mut summary_value, 1, tag.as_bytes());
+        put_float(&mut summary_value, 2, value);
+        let mut summary = Vec::new();
+        put_bytes(&mut summary, 1, &summary_value);
+        let mut event = Vec::new();
+        put_double(&mut event, 1, wall_time());
+        put_varint_field(&mut event, 2, step as u64);
+        put_bytes(&mut event, 5, &summary);
+        self.record(&event)
+    }
+
+    pub fn flush(&mut self) -> Result<()> {
+        self.out
+            .flush()
+            .map_err(|e| Error::io(format!("write {}", self.path.display()), e))
+    }
+
+    fn record(&mut self, data: &[u8]) -> Result<()> {
+        let len = (data.len() as u64).to_le_bytes();
+        let mut bytes = Vec::with_capacity(data.len() + 16);
+        bytes.extend_from_slice(&len);
+        bytes.extend_from_slice(&masked_crc(&len).to_le_bytes());
+        bytes.extend_from_slice(data);
+        bytes.extend_from_slice(&masked_crc(data).to_le_bytes());
+        self.out
+            .write_all(&bytes)
+            .map_err(|e| Error::io(format!("write {}", self.path.display()), e))
+    }
+}
+
+fn wall_time() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// TFRecord's CRC: crc32c, rotated and offset so that CRCs of CRCs stay well distributed.
+fn masked_crc(data: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(data);
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn put_key(out: &mut Vec<u8>, field: u32, wire_type: u32) {
+    put_varint(out, u64::from(field << 3 | wire_type));
+}
+
+fn put_varint_field(out: &mut Vec<u8>, field: u32, value: u64) {
+    put_key(out, field, 0);
+    put_varint(out, value);
+}
+
+fn put_double(out: &mut Vec<u8>, field: u32, value: f64) {
+    put_key(out, field, 1);
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_float(out: &mut Vec<u8>, field: u32, value: f32) {
+    put_key(out, field, 5);
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, field: u32, value: &[u8]) {
+    put_key(out, field, 2);
+    put_varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_and_masked_crc() {
+        let mut out = Vec::new();
+        put_varint(&mut out, 300);
+        assert_eq!(out, [0xac, 0x02]);
+        // crc32c("123456789") = 0xe3069283 (the standard check value).
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+        assert_eq!(
+            masked_crc(b""),
+            0u32.rotate_right(15).wrapping_add(0xa282_ead8)
+        );
+    }
+}
