@@ -1,0 +1,254 @@
+//! The built-in launcher: `tdmpc2 train world_size=N` starts this node's ranks as child
+//! processes of the same binary (with torchrun's environment variables) and supervises them.
+//!
+//! - Output: rank 0 speaks as is; other ranks' lines are prefixed with `[rank r]`.
+//! - A rank that fails makes the launcher stop the others (SIGTERM, then SIGKILL after a grace
+//!   period) and exit non-zero, naming the rank and its last error lines.
+//! - Ctrl-C or SIGTERM is passed to every rank (rank 0 writes a checkpoint), then the launcher
+//!   exits non-zero.
+use std::collections::VecDeque;
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+/// How long ranks get to stop cleanly before they are killed.
+const GRACE: Duration = Duration::from_secs(20);
+/// Error lines kept per rank for the failure report.
+const TAIL_LINES: usize = 12;
+
+pub struct LaunchPlan {
+    /// Ranks of the whole job and of this node.
+    pub world_size: usize,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    /// The worker's command line (the same subcommand and arguments as the launcher's).
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+}
+
+impl LaunchPlan {
+    pub fn local_ranks(&self) -> usize {
+        self.world_size / self.nnodes
+    }
+}
+
+enum Event {
+    Line {
+        rank: usize,
+        text: String,
+        is_err: bool,
+    },
+    Exit {
+        rank: usize,
+        status: std::io::Result<std::process::ExitStatus>,
+    },
+}
+
+/// Runs the plan to completion; Ok only when every local rank exited 0.
+pub fn launch(plan: &LaunchPlan) -> Result<()> {
+    if plan.world_size % plan.nnodes != 0 {
+        return Err(Error::Config(format!(
+            "world_size={} must be a multiple of nnodes={} (world_size counts the ranks of all nodes)",
+            plan.world_size, plan.nnodes
+        )));
+    }
+    if plan.node_rank == 0 {
+        check_port_free(&plan.master_addr, plan.master_port)?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("start the launcher runtime", e))?;
+    runtime.block_on(supervise(plan))
+}
+
+/// Rank 0's rendezvous store binds master_port: fail now, clearly, rather than hang later.
+fn check_port_free(addr: &str, port: u16) -> Result<()> {
+    let local = matches!(addr, "127.0.0.1" | "localhost" | "0.0.0.0" | "::1");
+    let bind_addr = if local { "127.0.0.1" } else { "0.0.0.0" };
+    TcpListener::bind((bind_addr, port)).map(drop).map_err(|e| {
+        Error::Config(format!(
+            "master_port={port} is not free on this machine ({e}); pick another with master_port=PORT"
+        ))
+    })
+}
+
+async fn supervise(plan: &LaunchPlan) -> Result<()> {
+    let local = plan.local_ranks();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
+    let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
+    for local_rank in 0..local {
+        let rank = plan.node_rank * local + local_rank;
+        let mut child = Command::new(&plan.program)
+            .args(&plan.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", plan.world_size.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
+            .env("LOCAL_WORLD_SIZE", local.to_string())
+            .env("NODE_RANK", plan.node_rank.to_string())
+            .env("MASTER_ADDR", &plan.master_addr)
+            .env("MASTER_PORT", plan.master_port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| Error::io(format!("start rank {rank} ({})", plan.program.display()), e))?;
+        if let Some(out) = child.stdout.take() {
+            forward(out, rank, false, tx.clone());
+        }
+        if let Some(err) = child.stderr.take() {
+            forward(err, rank, true, tx.clone());
+        }
+        children.push(Some(child));
+    }
+    // The pids of ranks not yet reaped: only those may be signalled (a reaped pid can be reused).
+    let mut alive: Vec<Option<u32>> = Vec::with_capacity(local);
+    for (local_rank, slot) in children.iter_mut().enumerate() {
+        let rank = plan.node_rank * local + local_rank;
+        let mut child = slot.take().expect("spawned above");
+        let tx = tx.clone();
+        alive.push(child.id());
+        tokio::spawn(async move {
+            let status = child.wait().await;
+            let _ = tx.send(Event::Exit { rank, status });
+        });
+    }
+    drop(tx);
+
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| Error::io("watch SIGTERM", e))?;
+    let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); local];
+    let mut running = local;
+    let mut failure: Option<(usize, String)> = None;
+    let mut interrupted: Option<&'static str> = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
+
+    while running > 0 {
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(Event::Line { rank, text, is_err }) => {
+                    print_line(rank, &text, is_err);
+                    if is_err {
+                        let tail = &mut tails[rank - plan.node_rank * local];
+                        if tail.len() == TAIL_LINES { tail.pop_front(); }
+                        tail.push_back(text);
+                    }
+                }
+                Some(Event::Exit { rank, status }) => {
+                    running -= 1;
+                    alive[rank - plan.node_rank * local] = None;
+                    let ok = matches!(&status, Ok(s) if s.success());
+                    if !ok && failure.is_none() && interrupted.is_none() {
+                        failure = Some((rank, describe(&status)));
+                        stop_all(&alive, libc::SIGTERM);
+                        deadline = Some(tokio::time::Instant::now() + GRACE);
+                    }
+                }
+                None => break,
+            },
+            _ = interrupt.recv() => {
+                interrupted.get_or_insert("interrupted (Ctrl-C)");
+                stop_all(&alive, libc::SIGTERM);
+                deadline.get_or_insert(tokio::time::Instant::now() + GRACE * 3);
+            }
+            _ = terminate.recv() => {
+                interrupted.get_or_insert("terminated (SIGTERM)");
+                stop_all(&alive, libc::SIGTERM);
+                deadline.get_or_insert(tokio::time::Instant::now() + GRACE * 3);
+            }
+            _ = timeout => {
+                eprintln!("[launcher] ranks still running after the grace period; killing them");
+                stop_all(&alive, libc::SIGKILL);
+                deadline = None;
+            }
+        }
+    }
+    // Drain what is left of the children's output.
+    while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
+        print_line(rank, &text, is_err);
+    }
+    if let Some((rank, how)) = failure {
+        let tail = &tails[rank - plan.node_rank * local];
+        let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
+        return Err(Error::Other(format!(
+            "rank {rank} failed ({how}); the other ranks were stopped. Its last error lines:\n{}",
+            if lines.is_empty() {
+                "  (none)".to_owned()
+            } else {
+                lines
+                    .iter()
+                    .map(|l| format!("  {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        )));
+    }
+    if let Some(why) = interrupted {
+        return Err(Error::Other(format!("{why}: all ranks stopped")));
+    }
+    Ok(())
+}
+
+fn forward(
+    stream: impl AsyncRead + Unpin + Send + 'static,
+    rank: usize,
+    is_err: bool,
+    tx: mpsc::UnboundedSender<Event>,
+) {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stream).lines();
+        while let Ok(Some(text)) = lines.next_line().await {
+            if tx.send(Event::Line { rank, text, is_err }).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn print_line(rank: usize, text: &str, is_err: bool) {
+    match (rank, is_err) {
+        (0, false) => println!("{text}"),
+        (0, true) => eprintln!("{text}"),
+        (_, false) => println!("[rank {rank}] {text}"),
+        (_, true) => eprintln!("[rank {rank}] {text}"),
+    }
+}
+
+fn describe(status: &std::io::Result<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => "unknown exit".into(),
+        },
+        Err(e) => format!("could not be waited for: {e}"),
+    }
+}
+
+fn stop_all(alive: &[Option<u32>], sig: i32) {
+    for pid in alive.iter().flatten() {
+        // SAFETY: kill(2) on a child we have not reaped yet, with a valid signal number.
+        unsafe {
+            libc::kill(*pid as i32, sig);
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Distributed execution: who each rank is, and the collectives between ranks.
+pub mod group;
+pub mod rank;
+
+pub use group::ProcessGroup;
+pub use rank::{LaunchedBy, RankInfo};
+pub mod launcher;

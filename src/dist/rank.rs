@@ -1,0 +1,201 @@
+//! Who this process is: its rank among all ranks, and its place on its node. Read from the
+//! environment that torchrun, SLURM or our own launcher sets, else from the config.
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankInfo {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub local_world_size: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+/// Which launcher set the environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LaunchedBy {
+    /// torchrun, or our own launcher (both set RANK, WORLD_SIZE, LOCAL_RANK, ...).
+    Torchrun,
+    Slurm,
+    /// Nothing: a plain process, which is rank 0 of a single-rank run (or the launcher itself).
+    Nobody,
+}
+
+impl RankInfo {
+    /// The rank of a plain single process.
+    pub fn single(config: &Config) -> Self {
+        Self {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: config.master_addr.clone(),
+            master_port: config.master_port,
+        }
+    }
+
+    pub fn from_env(
+        config: &Config,
+        vars: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(Self, LaunchedBy)> {
+        let number = |key: &str| -> Result<Option<usize>> {
+            vars(key)
+                .map(|v| {
+                    v.trim().parse::<usize>().map_err(|_| {
+                        Error::Config(format!(
+                            "environment variable {key}={v} is not a non-negative integer"
+                        ))
+                    })
+                })
+                .transpose()
+        };
+        let port = |default: u16| -> Result<u16> {
+            match vars("MASTER_PORT") {
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::Config(format!("MASTER_PORT={v} is not a port number"))),
+                None => Ok(default),
+            }
+        };
+        if let (Some(rank), Some(world_size)) = (number("RANK")?, number("WORLD_SIZE")?) {
+            let local_rank = number("LOCAL_RANK")?.unwrap_or(0);
+            let local_world_size = number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
+            let info = Self {
+                rank,
+                world_size,
+                local_rank,
+                local_world_size,
+                master_addr: vars("MASTER_ADDR").unwrap_or_else(|| config.master_addr.clone()),
+                master_port: port(config.master_port)?,
+            };
+            return info.checked().map(|i| (i, LaunchedBy::Torchrun));
+        }
+        if let (Some(rank), Some(world_size)) = (number("SLURM_PROCID")?, number("SLURM_NTASKS")?) {
+            let nodes = vars("SLURM_JOB_NODELIST").or_else(|| vars("SLURM_NODELIST"));
+            let master_addr = match vars("MASTER_ADDR") {
+                Some(addr) => addr,
+                None => nodes
+                    .as_deref()
+                    .map(first_host)
+                    .unwrap_or_else(|| config.master_addr.clone()),
+            };
+            let info = Self {
+                rank,
+                world_size,
+                local_rank: number("SLURM_LOCALID")?.unwrap_or(0),
+                local_world_size: vars("SLURM_NTASKS_PER_NODE")
+                    .and_then(|v| v.split('(').next().and_then(|n| n.parse().ok()))
+                    .unwrap_or(1),
+                master_addr,
+                master_port: port(config.master_port)?,
+            };
+            return info.checked().map(|i| (i, LaunchedBy::Slurm));
+        }
+        Ok((Self::single(config), LaunchedBy::Nobody))
+    }
+
+    fn checked(self) -> Result<Self> {
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return Err(Error::Config(format!(
+                "rank {} is not below world size {}: check RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS)",
+                self.rank, self.world_size
+            )));
+        }
+        Ok(self)
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+/// The first host of a SLURM node list: `node[01-04,07],gpu2` → `node01`.
+pub fn first_host(list: &str) -> String {
+    let list = list.trim();
+    let end = list.find([',', '[']).unwrap_or(list.len());
+    let prefix = &list[..end];
+    if list[end..].starts_with('[') {
+        let inner = &list[end + 1..];
+        let first = inner.split([',', '-', ']']).next().unwrap_or("");
+        format!("{prefix}{first}")
+    } else {
+        prefix.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Source};
+    use std::collections::HashMap;
+
+    fn info(vars: &[(&str, &str)]) -> Result<(RankInfo, LaunchedBy)> {
+        let config = Config::load(&Source::default()).unwrap();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RankInfo::from_env(&config, &|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let (i, by) = info(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "10.1.2.3"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap();
+        assert_eq!(by, LaunchedBy::Torchrun);
+        assert_eq!(
+            (i.rank, i.world_size, i.local_rank, i.local_world_size),
+            (3, 4, 1, 2)
+        );
+        assert_eq!((i.master_addr.as_str(), i.master_port), ("10.1.2.3", 29500));
+    }
+
+    #[test]
+    fn slurm_variables() {
+        let (i, by) = info(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NTASKS_PER_NODE", "4(x2)"),
+            ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+        ])
+        .unwrap();
+        assert_eq!(by, LaunchedBy::Slurm);
+        assert_eq!(
+            (i.rank, i.world_size, i.local_rank, i.local_world_size),
+            (5, 8, 1, 4)
+        );
+        assert_eq!((i.master_addr.as_str(), i.master_port), ("gpu07", 12355));
+    }
+
+    #[test]
+    fn plain_process_and_bad_values() {
+        let (i, by) = info(&[]).unwrap();
+        assert_eq!((by, i.rank, i.world_size), (LaunchedBy::Nobody, 0, 1));
+        assert!(info(&[("RANK", "2"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string()
+            .contains("not below"));
+        assert!(info(&[("RANK", "x"), ("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string()
+            .contains("RANK=x"));
+    }
+
+    #[test]
+    fn first_host_of_node_lists() {
+        assert_eq!(first_host("node[01-04,07],gpu2"), "node01");
+        assert_eq!(first_host("gpu2,gpu3"), "gpu2");
+        assert_eq!(first_host("single"), "single");
+    }
+}
