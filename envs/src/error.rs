@@ -1,0 +1,47 @@
+//! The crate's error type.
+use std::fmt;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Python exception, rendered with its type and message.
+    #[error("python: {0}")]
+    Python(String),
+    #[error("unknown task `{name}`{}", SuggestionList(suggestions))]
+    UnknownTask {
+        name: String,
+        suggestions: Vec<String>,
+    },
+    #[error("action has {got} components, expected {expected}")]
+    ActionLength { expected: usize, got: usize },
+    #[error("action component {index} is not finite ({value})")]
+    NonFiniteAction { index: usize, value: f32 },
+    #[error("step called before reset or after the episode ended; call reset first")]
+    NeedsReset,
+    #[error("task `{task}` is not supported: {reason}")]
+    Unsupported { task: String, reason: String },
+    #[error("seed {seed} is not valid for `{task}`: {reason}")]
+    InvalidSeed {
+        task: String,
+        seed: u64,
+        reason: String,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+struct SuggestionList<'a>(&'a [String]);
+
+impl fmt::Display for SuggestionList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            [] => write!(f, " (not a native, DMControl or gymnasium task)"),
+            names => write!(f, "; did you mean: {}?", names.join(", ")),
+        }
+    }
+}
+
+impl From<pyo3::PyErr> for Error {
+    fn from(err: pyo3::PyErr) -> Self {
+        Error::Python(err.to_string())
+    }
+}

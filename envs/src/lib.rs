@@ -1,0 +1,17 @@
+//! Environments for tdmpc2: native Rust tasks, gymnasium and dm_control through pyo3.
+//!
+//! [`make`] returns a fully wrapped environment whose actions live in `[-1, 1]^action_dim`.
+pub mod bench;
+pub mod dmc;
+mod env;
+mod error;
+pub mod gym;
+pub mod native;
+pub mod np_random;
+pub mod python;
+mod registry;
+pub mod wrappers;
+
+pub use env::{ActionBox, BoxEnv, Env, EnvSpec, Step};
+pub use error::{Error, Result};
+pub use registry::{known_tasks, make};

@@ -1,0 +1,37 @@
+"""dm_control suite tasks the way TD-MPC2 loads them, one call per physics step."""
+import os
+
+# State observations need no OpenGL; without this, dm_control probes GLFW and warns headless.
+os.environ.setdefault("MUJOCO_GL", "disable")
+
+import numpy as np  # noqa: E402
+from dm_control import suite  # noqa: E402
+
+
+class DmcAdapter:
+    def __init__(self, domain, task, seed):
+        self.env = suite.load(
+            domain, task, task_kwargs={"random": seed}, visualize_reward=False
+        )
+        spec = self.env.action_spec()
+        self.action_shape = spec.shape
+        self.action_low = np.broadcast_to(spec.minimum, spec.shape).astype(np.float64).reshape(-1).tolist()
+        self.action_high = np.broadcast_to(spec.maximum, spec.shape).astype(np.float64).reshape(-1).tolist()
+        self.obs_dim = int(
+            sum(int(np.prod(v.shape)) for v in self.env.observation_spec().values())
+        )
+
+    @staticmethod
+    def _flatten(observation):
+        return np.concatenate(
+            [np.asarray(v, dtype=np.float32).reshape(-1) for v in observation.values()]
+        )
+
+    def reset(self, seed):
+        if seed is not None:
+            self.env.task.random.seed(seed)
+        return self._flatten(self.env.reset().observation)
+
+    def step(self, action):
+        ts = self.env.step(action.astype(np.float64).reshape(self.action_shape))
+        return self._flatten(ts.observation), float(ts.reward or 0.0)

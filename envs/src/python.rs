@@ -1,0 +1,147 @@
+//! The embedded Python interpreter, pointed at the project's virtual environment.
+//!
+//! Started outside an activated venv, the interpreter only sees its base installation, so
+//! `import torch` would fail. The venv's site-packages recorded at build time is added to
+//! `sys.path`; `TDMPC2_VENV` (a venv directory) or `TDMPC2_SITE_PACKAGES` override it.
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use crate::{Error, Result};
+
+const BUILD_SITE_PACKAGES: &str = env!("TDMPC2_SITE_PACKAGES");
+
+/// The site-packages directory the interpreter is pointed at.
+pub fn site_packages() -> PathBuf {
+    if let Ok(dir) = std::env::var("TDMPC2_SITE_PACKAGES") {
+        return PathBuf::from(dir);
+    }
+    if let Ok(venv) = std::env::var("TDMPC2_VENV") {
+        let lib = PathBuf::from(venv).join("lib");
+        let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path().join("site-packages"))
+                .find(|p| p.is_dir())
+        });
+        if let Some(dir) = found {
+            return dir;
+        }
+    }
+    PathBuf::from(BUILD_SITE_PACKAGES)
+}
+
+/// Starts the interpreter once and makes the venv importable. Cheap after the first call.
+pub fn init() -> Result<()> {
+    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            let dir = site_packages();
+            Python::attach(|py| -> PyResult<()> {
+                py.import("site")?
+                    .call_method1("addsitedir", (dir.to_string_lossy(),))?;
+                Ok(())
+            })
+            .map_err(|e| format!("cannot use site-packages {}: {e}", dir.display()))
+        })
+        .clone()
+        .map_err(Error::Python)
+}
+
+/// Runs `f` with the interpreter initialised and the GIL held.
+pub fn with_python<T>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<T>) -> Result<T> {
+    init()?;
+    Python::attach(f).map_err(|e| Error::Python(e.to_string()))
+}
+
+/// Like [`with_python`], for closures that produce the crate's own errors.
+pub fn attach<T>(f: impl for<'py> FnOnce(Python<'py>) -> Result<T>) -> Result<T> {
+    init()?;
+    Python::attach(f)
+}
+
+/// Imports Python source embedded in the binary as a module named `name`.
+pub fn load_module<'py>(
+    py: Python<'py>,
+    source: &str,
+    name: &str,
+) -> PyResult<Bound<'py, PyModule>> {
+    let to_c = |s: &str| {
+        std::ffi::CString::new(s)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+    };
+    PyModule::from_code(
+        py,
+        &to_c(source)?,
+        &to_c(&format!("{name}.py"))?,
+        &to_c(name)?,
+    )
+}
+
+/// Copies a 1-D float32 numpy array into a Vec.
+pub fn f32_vec(array: &Bound<'_, PyAny>) -> Result<Vec<f32>> {
+    let array = array
+        .cast::<PyArray1<f32>>()
+        .map_err(|e| Error::Python(e.to_string()))?;
+    Ok(array.readonly().as_array().to_vec())
+}
+
+/// Like [`attach`], but one thread at a time. Two threads importing interdependent modules
+/// concurrently can each be handed the other's partially initialised module (an
+/// ImportError about a circular import), so every call that may import goes through here.
+/// A thread waiting for its turn releases the GIL, so this cannot deadlock with it, also
+/// when called from inside `Python::attach`. Not reentrant.
+pub fn attach_exclusive<T>(f: impl for<'py> FnOnce(Python<'py>) -> Result<T>) -> Result<T> {
+    attach(|py| {
+        py.detach(|| IMPORT_TURN.acquire());
+        let _turn = ImportTurn;
+        f(py)
+    })
+}
+
+/// A lock whose waiting happens without the GIL and whose holding happens with it (a
+/// `MutexGuard` cannot cross `Python::detach`, so ownership is a flag).
+struct TurnLock {
+    busy: Mutex<bool>,
+    released: Condvar,
+}
+
+static IMPORT_TURN: TurnLock = TurnLock {
+    busy: Mutex::new(false),
+    released: Condvar::new(),
+};
+
+impl TurnLock {
+    fn flag(&self) -> MutexGuard<'_, bool> {
+        self.busy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn acquire(&self) {
+        let mut busy = self.flag();
+        while *busy {
+            busy = self
+                .released
+                .wait(busy)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *busy = true;
+    }
+
+    fn release(&self) {
+        *self.flag() = false;
+        self.released.notify_one();
+    }
+}
+
+/// Releases the import turn when dropped, also on panic.
+struct ImportTurn;
+
+impl Drop for ImportTurn {
+    fn drop(&mut self) {
+        IMPORT_TURN.release();
+    }
+}

@@ -1,0 +1,144 @@
+//! Task name -> fully wrapped environment.
+use crate::native::{mountain_car, pendulum, MountainCarContinuous, Pendulum};
+use crate::wrappers::wrap;
+use crate::{dmc, gym, native, Env, Error, Result};
+
+const MAX_SUGGESTIONS: usize = 5;
+const MIN_SIMILARITY: f64 = 0.5;
+
+/// Fully wrapped env for a task name: actions rescaled to [-1,1], action repeat, time limit.
+///
+/// Native tasks and the 28 DMControl tasks are matched first; any other gymnasium id goes
+/// through gymnasium, and `gym:<id>` forces gymnasium even for a natively implemented id.
+pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
+    if let Some(id) = task.strip_prefix(gym::PREFIX) {
+        let ids = gym::registered_ids()?;
+        if ids.iter().any(|known| known == id) {
+            return gym::make(id, seed);
+        }
+        let prefixed: Vec<String> = ids
+            .iter()
+            .map(|known| format!("{}{known}", gym::PREFIX))
+            .collect();
+        return Err(unknown(task, prefixed.iter().map(String::as_str)));
+    }
+    match task {
+        pendulum::ID => return wrap(Pendulum::new(seed), 1, pendulum::EPISODE_LENGTH),
+        mountain_car::ID => {
+            return wrap(
+                MountainCarContinuous::new(seed),
+                1,
+                mountain_car::EPISODE_LENGTH,
+            )
+        }
+        _ => {}
+    }
+    if dmc::TASKS.contains(&task) {
+        return dmc::make(task, seed);
+    }
+    if looks_like_gym_id(task) {
+        let ids = gym::registered_ids()?;
+        if ids.iter().any(|known| known == task) {
+            return gym::make(task, seed);
+        }
+        let names = known_tasks()
+            .into_iter()
+            .chain(ids.iter().map(String::as_str));
+        return Err(unknown(task, names));
+    }
+    Err(unknown(task, known_tasks()))
+}
+
+/// Names of all built-in tasks (native + the 28 DMC tasks), for listing/suggestions.
+pub fn known_tasks() -> Vec<&'static str> {
+    native::TASKS
+        .iter()
+        .chain(dmc::TASKS.iter())
+        .copied()
+        .collect()
+}
+
+/// gymnasium ids carry a version suffix (`-v4`) and are usually CamelCase.
+fn looks_like_gym_id(name: &str) -> bool {
+    let versioned = name.rsplit_once("-v").is_some_and(|(_, version)| {
+        !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())
+    });
+    versioned || name.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+fn unknown<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Error {
+    Error::UnknownTask {
+        name: name.into(),
+        suggestions: closest(name, candidates),
+    }
+}
+
+/// The candidates most similar to `name`, best first (case and `_`/`-` insensitive); among
+/// equally close names the lexicographically last wins, which puts newer `-vN` ids first.
+fn closest<'a>(name: &str, candidates: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let normalize = |s: &str| s.to_lowercase().replace('_', "-");
+    let target = normalize(name);
+    let mut scored: Vec<(f64, f64, &str)> = candidates
+        .into_iter()
+        .map(|c| {
+            let c_norm = normalize(c);
+            let edit = strsim::normalized_damerau_levenshtein(&target, &c_norm);
+            (edit, strsim::jaro_winkler(&target, &c_norm), c)
+        })
+        .filter(|&(edit, _, _)| edit >= MIN_SIMILARITY)
+        .collect();
+    scored.sort_by(|a, b| {
+        b.0.total_cmp(&a.0)
+            .then(b.1.total_cmp(&a.1))
+            .then(b.2.cmp(a.2))
+    });
+    scored.dedup_by(|a, b| a.2 == b.2);
+    scored
+        .into_iter()
+        .take(MAX_SUGGESTIONS)
+        .map(|(_, _, c)| c.to_string())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_tasks_lists_native_and_dmc() {
+        let tasks = known_tasks();
+        assert_eq!(tasks.len(), 30);
+        assert!(tasks.contains(&"Pendulum-v1") && tasks.contains(&"dog-run"));
+    }
+
+    #[test]
+    fn suggestions_rank_the_closest_first() {
+        assert_eq!(closest("walker-runn", known_tasks())[0], "walker-run");
+        assert_eq!(
+            closest("cartpole_swingup", known_tasks())[0],
+            "cartpole-swingup"
+        );
+        assert_eq!(closest("pendulum-v1", known_tasks())[0], "Pendulum-v1");
+        assert!(closest("zzzzzzzz", known_tasks()).is_empty());
+    }
+
+    #[test]
+    fn gym_ids_are_recognised() {
+        assert!(looks_like_gym_id("HalfCheetah-v5"));
+        assert!(looks_like_gym_id("pendulum-v1"));
+        assert!(!looks_like_gym_id("walker-run"));
+        assert!(!looks_like_gym_id("walker-v"));
+    }
+
+    #[test]
+    fn unknown_non_gym_names_need_no_python() {
+        let err = make("walker-runn", 0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("unknown task `walker-runn`") && err.contains("walker-run"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The main job in miniature: sets everything up, then trains TD-MPC2 on the native Pendulum-v1
+# with two ranks on CPU (one rank per GPU when GPUs are visible) and prints rank 0's eval lines.
+# Extra key=value arguments override the demo's settings.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+"$here/setup.sh"
+source "$here/env.sh"
+cd "$tdmpc2_root"
+bin=$(cargo metadata --format-version 1 --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2
+
+gpus=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+world_size=$(( gpus > 1 ? gpus : 2 ))
+exec "$bin" train task=Pendulum-v1 model_size=1 world_size="$world_size" \
+    steps=6000 eval_freq=2000 eval_episodes=4 batch_size=64 \
+    num_samples=128 num_elites=16 num_pi_trajs=8 iterations=4 \
+    exp_name=demo "$@"
