@@ -10,6 +10,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+pub use crate::agent::Batch;
 use crate::error::{Error, Result};
 
 /// One finished episode, as the actor hands it over.
@@ -35,14 +36,15 @@ impl Episode {
     }
 }
 
-/// A time-major training batch: obs (H+1, B, obs_dim), action (H, B, A), reward and
-/// terminated (H, B, 1).
-#[derive(Debug)]
-pub struct Batch {
-    pub obs: Tensor,
-    pub action: Tensor,
-    pub reward: Tensor,
-    pub terminated: Tensor,
+/// The buffer's bookkeeping, saved beside its tensors in a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BufferMeta {
+    capacity: usize,
+    obs_dim: usize,
+    action_dim: usize,
+    episodes: Vec<Span>,
+    cursor: usize,
+    filled: usize,
 }
 
 /// Where an episode's rows sit in the ring; `start + len` may wrap around.
@@ -173,6 +175,61 @@ impl ReplayBuffer {
                 self.episodes.pop_front();
             }
         }
+    }
+
+    /// The storage tensors (on the CPU) and bookkeeping, for a checkpoint.
+    pub fn export(&self) -> (Vec<(String, Tensor)>, BufferMeta) {
+        let tensors = [
+            ("obs", &self.obs),
+            ("action", &self.action),
+            ("reward", &self.reward),
+            ("terminated", &self.terminated),
+        ]
+        .into_iter()
+        .map(|(name, t)| (name.to_owned(), t.to_device(Device::Cpu)))
+        .collect();
+        let meta = BufferMeta {
+            capacity: self.capacity,
+            obs_dim: self.obs_dim,
+            action_dim: self.action_dim,
+            episodes: self.episodes.iter().copied().collect(),
+            cursor: self.cursor,
+            filled: self.filled,
+        };
+        (tensors, meta)
+    }
+
+    /// Restores what [`Self::export`] produced; the buffer must have the same layout.
+    pub fn restore(&mut self, tensors: &[(String, Tensor)], meta: BufferMeta) -> Result<()> {
+        if (meta.capacity, meta.obs_dim, meta.action_dim)
+            != (self.capacity, self.obs_dim, self.action_dim)
+        {
+            return Err(Error::Other(format!(
+                "the saved replay buffer has capacity {} and dims ({}, {}); this run needs {} and ({}, {})",
+                meta.capacity, meta.obs_dim, meta.action_dim, self.capacity, self.obs_dim, self.action_dim
+            )));
+        }
+        for (name, target) in [
+            ("obs", &self.obs),
+            ("action", &self.action),
+            ("reward", &self.reward),
+            ("terminated", &self.terminated),
+        ] {
+            let saved = tensors
+                .iter()
+                .find(|(n, _)| n == name)
+                .ok_or_else(|| Error::Other(format!("the saved replay buffer lacks '{name}'")))?;
+            if saved.1.size() != target.size() {
+                return Err(Error::Other(format!(
+                    "the saved replay buffer's '{name}' has the wrong shape"
+                )));
+            }
+            tch::no_grad(|| target.shallow_clone().copy_(&saved.1));
+        }
+        self.episodes = meta.episodes.into_iter().collect();
+        self.cursor = meta.cursor;
+        self.filled = meta.filled;
+        Ok(())
     }
 
     /// Samples `batch_size` slices of `horizon + 1` rows: an episode uniformly among those with

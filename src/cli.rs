@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, Source};
+use crate::dist::launcher::{self, LaunchPlan};
+use crate::dist::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
+use crate::trainer;
 
 #[derive(Debug, Parser)]
 #[command(name = "tdmpc2", version, about = "Distributed TD-MPC2 trainer")]
@@ -74,10 +77,32 @@ pub fn run(cli: Cli) -> Result<()> {
                 print!("{}", config.to_yaml()?);
                 return Ok(());
             }
-            Err(Error::Other("training is not available yet".into()))
+            train(config)
         }
         Command::Bench(args) => bench(&args),
     }
+}
+
+/// A plain process with world_size > 1 becomes the launcher of this node's ranks; a process
+/// started by a launcher (ours, torchrun or SLURM) is one rank.
+fn train(mut config: Config) -> Result<()> {
+    let (rank, launched_by) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
+    if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
+        let program =
+            std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+        let plan = LaunchPlan {
+            world_size: config.world_size,
+            nnodes: config.nnodes,
+            node_rank: config.node_rank,
+            master_addr: config.master_addr.clone(),
+            master_port: config.master_port,
+            program,
+            args: std::env::args().skip(1).collect(),
+        };
+        return launcher::launch(&plan);
+    }
+    config.world_size = rank.world_size;
+    trainer::run(config, rank)
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {

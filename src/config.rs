@@ -75,6 +75,8 @@ pub struct Config {
     pub save_agent: bool,
     pub seed: u64,
     pub save_freq: u64,
+    pub save_buffer: bool,
+    pub resume: Option<String>,
     // distributed
     pub world_size: usize,
     pub sync_freq: usize,
@@ -82,6 +84,7 @@ pub struct Config {
     pub master_port: u16,
     pub nnodes: usize,
     pub node_rank: usize,
+    pub dist_timeout: u64,
     // hardware
     pub device: String,
     pub num_threads: Option<usize>,
@@ -279,6 +282,16 @@ impl Config {
                 self.obs
             )));
         }
+        if self.dist_timeout == 0 {
+            return Err(range("dist_timeout", 0, "must be >= 1 second"));
+        }
+        if let Some(resume) = &self.resume {
+            if resume.is_empty() {
+                return Err(Error::Config(
+                    "resume= is empty; use resume=auto or resume=PATH".into(),
+                ));
+            }
+        }
         if self.num_threads == Some(0) {
             return Err(range(
                 "num_threads",
@@ -317,6 +330,50 @@ impl Config {
         self.action_dim = Some(spec.action_dim);
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
+    }
+
+    /// The agent's settings; needs a resolved config.
+    pub fn agent_config(&self) -> Result<crate::agent::AgentConfig> {
+        let unresolved =
+            || Error::Config("the config must be resolved against the task first".into());
+        let obs_shape = self.obs_shape.as_ref().ok_or_else(unresolved)?;
+        Ok(crate::agent::AgentConfig {
+            obs_dim: obs_shape.iter().product(),
+            action_dim: self.action_dim.ok_or_else(unresolved)?,
+            latent_dim: self.latent_dim,
+            enc_dim: self.enc_dim,
+            mlp_dim: self.mlp_dim,
+            num_enc_layers: self.num_enc_layers,
+            num_q: self.num_q,
+            num_bins: self.num_bins,
+            vmin: self.vmin,
+            vmax: self.vmax,
+            simnorm_dim: self.simnorm_dim,
+            dropout: self.dropout,
+            log_std_min: self.log_std_min,
+            log_std_max: self.log_std_max,
+            episodic: self.episodic,
+            horizon: self.horizon,
+            rho: self.rho,
+            discount: self.discount.ok_or_else(unresolved)?,
+            lr: self.lr,
+            enc_lr_scale: self.enc_lr_scale,
+            grad_clip_norm: self.grad_clip_norm,
+            tau: self.tau,
+            consistency_coef: self.consistency_coef,
+            reward_coef: self.reward_coef,
+            value_coef: self.value_coef,
+            termination_coef: self.termination_coef,
+            entropy_coef: self.entropy_coef,
+            mpc: self.mpc,
+            iterations: self.iterations,
+            num_samples: self.num_samples,
+            num_elites: self.num_elites,
+            num_pi_trajs: self.num_pi_trajs,
+            min_std: self.min_std,
+            max_std: self.max_std,
+            temperature: self.temperature,
+        })
     }
 
     /// The resolved config as YAML (what `--cfg job` prints and each run saves).

@@ -9,6 +9,8 @@ pub enum Error {
     Env(#[from] envs::Error),
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
+    #[error("agent: {0}")]
+    Agent(#[from] crate::agent::Error),
     #[error("{context}: {source}")]
     Io {
         context: String,

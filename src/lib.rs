@@ -1,11 +1,14 @@
 //! tdmpc2: a distributed TD-MPC2 trainer.
+pub mod agent;
 pub mod buffer;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod device;
 pub mod dist;
 pub mod error;
 pub mod logging;
+pub mod trainer;
 
 pub use config::Config;
 pub use error::{Error, Result};

@@ -4,7 +4,6 @@
 //! into place. A writer killed mid-way leaves only a `.tmp-*` directory, which loading ignores
 //! (and the next save removes), so the latest complete checkpoint is always the one picked.
 use std::fs::{self, File};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -12,20 +11,20 @@ use crate::error::{Error, Result};
 const PREFIX: &str = "step_";
 const TMP_PREFIX: &str = ".tmp-";
 
-/// Writes `files` (name, bytes) as checkpoint `step` under `root`; returns its directory.
-pub fn save(root: &Path, step: u64, files: &[(&str, &[u8])]) -> Result<PathBuf> {
+/// Writes checkpoint `step` under `root`: `write` fills a fresh temporary directory, whose files
+/// are then synced and which is renamed into place. Returns the checkpoint's directory.
+pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     fs::create_dir_all(root).map_err(|e| Error::io(format!("create {}", root.display()), e))?;
     remove_stale_temporaries(root);
     let name = format!("{PREFIX}{step:012}");
     let tmp = root.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
     fs::create_dir_all(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
-    for (file_name, bytes) in files {
-        let path = tmp.join(file_name);
-        let mut file =
-            File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?;
-        file.write_all(bytes)
-            .and_then(|_| file.sync_all())
-            .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    write(&tmp)?;
+    let files = fs::read_dir(&tmp).map_err(|e| Error::io(format!("list {}", tmp.display()), e))?;
+    for entry in files.flatten() {
+        File::open(entry.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(format!("sync {}", entry.path().display()), e))?;
     }
     sync_dir(&tmp)?;
     let dest = root.join(&name);
@@ -75,8 +74,13 @@ mod tests {
     fn latest_skips_half_written_checkpoints() {
         let root = tempfile::tempdir().unwrap();
         assert!(latest(root.path()).is_none());
-        save(root.path(), 100, &[("model.safetensors", b"one")]).unwrap();
-        save(root.path(), 200, &[("model.safetensors", b"two")]).unwrap();
+        let file = |bytes: &'static [u8]| {
+            move |dir: &Path| -> Result<()> {
+                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
+            }
+        };
+        save(root.path(), 100, file(b"one")).unwrap();
+        save(root.path(), 200, file(b"two")).unwrap();
         // A writer killed mid-way at step 300 leaves only its temporary directory.
         let partial = root
             .path()
@@ -86,7 +90,7 @@ mod tests {
         let (step, dir) = latest(root.path()).unwrap();
         assert_eq!(step, 200);
         assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"two");
-        save(root.path(), 300, &[("model.safetensors", b"three")]).unwrap();
+        save(root.path(), 300, file(b"three")).unwrap();
         assert!(!partial.exists(), "the next save clears stale temporaries");
         assert_eq!(latest(root.path()).unwrap().0, 300);
     }

@@ -1,14 +1,27 @@
-//! Rank 0's metrics: the console, `metrics.jsonl`, `train.csv`/`eval.csv` and TensorBoard
-//! event files in the run directory.
+//! Rank 0's metrics, fanned out to sinks: the console, `metrics.jsonl`, `train.csv`/`eval.csv`,
+//! TensorBoard event files, Weights & Biases and MLflow.
+mod console;
+mod csv;
+mod jsonl;
+pub mod mlflow;
+mod sink;
 pub mod tensorboard;
+pub mod wandb;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Write};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use crate::config::Config;
 use crate::error::{Error, Result};
-use tensorboard::EventWriter;
+pub use console::{console_line, Console};
+pub use csv::Csv;
+pub use jsonl::Jsonl;
+pub use mlflow::{Mlflow, MlflowOptions};
+pub use sink::Sink;
+pub use tensorboard::EventWriter;
+pub use wandb::{Wandb, WandbOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -48,104 +61,133 @@ impl Record {
     }
 }
 
-/// A CSV file whose columns are fixed by the first record written to it.
-struct CsvFile {
-    out: BufWriter<File>,
-    columns: Vec<String>,
+/// Where a run's metrics go. `metrics.jsonl` in `run_dir` is always written.
+#[derive(Debug, Clone)]
+pub struct LoggerOptions {
+    pub run_dir: PathBuf,
+    /// One line per record on stdout.
+    pub console: bool,
+    pub save_csv: bool,
+    /// Event files in `run_dir/tb`.
+    pub tensorboard: bool,
+    pub wandb: Option<WandbOptions>,
+    pub mlflow: Option<MlflowOptions>,
+    /// The resolved config: W&B's run config, MLflow's params.
+    pub config: serde_json::Value,
 }
 
+impl LoggerOptions {
+    /// Only `metrics.jsonl`.
+    pub fn new(run_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            run_dir: run_dir.into(),
+            console: false,
+            save_csv: false,
+            tensorboard: false,
+            wandb: None,
+            mlflow: None,
+            config: serde_json::Value::Null,
+        }
+    }
+
+    /// The sinks a config asks for (`save_csv`, `enable_tensorboard`, `enable_wandb`,
+    /// `enable_mlflow`), with the console on. Runs are named `wandb_name`, else `<task>-<seed>`,
+    /// and grouped by `exp_name`.
+    pub fn from_config(cfg: &Config, run_dir: &Path) -> Result<Self> {
+        let config =
+            serde_json::to_value(cfg).map_err(|e| Error::Other(format!("config to JSON: {e}")))?;
+        let run_name = cfg
+            .wandb_name
+            .clone()
+            .unwrap_or_else(|| format!("{}-{}", cfg.task, cfg.seed));
+        Ok(Self {
+            run_dir: run_dir.to_owned(),
+            console: true,
+            save_csv: cfg.save_csv,
+            tensorboard: cfg.enable_tensorboard,
+            wandb: cfg.enable_wandb.then(|| WandbOptions {
+                project: cfg.wandb_project.clone(),
+                entity: cfg.wandb_entity.clone(),
+                name: Some(run_name.clone()),
+                group: Some(cfg.exp_name.clone()),
+                silent: cfg.wandb_silent,
+                mode: None,
+            }),
+            mlflow: cfg.enable_mlflow.then(|| MlflowOptions {
+                experiment: cfg.exp_name.clone(),
+                run_name,
+                tracking_uri: None,
+            }),
+            config,
+        })
+    }
+}
+
+/// Writes each record to every sink. Call [`Logger::close`] at the end of a run: a logger
+/// dropped without it marks its W&B and MLflow runs as failed.
 pub struct Logger {
     dir: PathBuf,
-    jsonl: BufWriter<File>,
-    csv: BTreeMap<&'static str, CsvFile>,
-    save_csv: bool,
-    events: Option<EventWriter>,
-    console: bool,
+    sinks: Vec<Box<dyn Sink>>,
 }
 
 impl Logger {
-    pub fn create(dir: &Path, save_csv: bool, tensorboard: bool, console: bool) -> Result<Self> {
+    /// Creates the run directory and every sink `opts` asks for; W&B and MLflow start their
+    /// runs here.
+    pub fn open(opts: &LoggerOptions) -> Result<Self> {
+        let dir = &opts.run_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let jsonl = append(&dir.join("metrics.jsonl"))?;
-        let events = if tensorboard {
-            Some(EventWriter::create(&dir.join("tb"))?)
-        } else {
-            None
-        };
+        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+        if opts.console {
+            sinks.push(Box::new(Console));
+        }
+        sinks.push(Box::new(Jsonl::create(&dir.join("metrics.jsonl"))?));
+        if opts.save_csv {
+            sinks.push(Box::new(Csv::new(dir)));
+        }
+        if opts.tensorboard {
+            sinks.push(Box::new(EventWriter::create(&dir.join("tb"))?));
+        }
+        if let Some(wandb) = &opts.wandb {
+            sinks.push(Box::new(Wandb::create(wandb, dir, &opts.config)?));
+        }
+        if let Some(mlflow) = &opts.mlflow {
+            sinks.push(Box::new(Mlflow::create(mlflow, dir, &opts.config)?));
+        }
         Ok(Self {
-            dir: dir.to_owned(),
-            jsonl,
-            csv: BTreeMap::new(),
-            save_csv,
-            events,
-            console,
+            dir: dir.clone(),
+            sinks,
         })
     }
 
-    pub fn log(&mut self, record: &Record) -> Result<()> {
-        if self.console {
-            println!("{}", console_line(record));
-        }
-        let mut json = serde_json::Map::new();
-        json.insert("phase".into(), record.phase.name().into());
-        json.insert("step".into(), record.step.into());
-        for (k, v) in &record.values {
-            json.insert(k.clone(), serde_json::json!(v));
-        }
-        writeln!(self.jsonl, "{}", serde_json::Value::Object(json))
-            .and_then(|_| self.jsonl.flush())
-            .map_err(|e| Error::io("write metrics.jsonl", e))?;
-        if self.save_csv {
-            self.write_csv(record)?;
-        }
-        if let Some(events) = &mut self.events {
-            for (k, v) in &record.values {
-                events.scalar(
-                    &format!("{}/{k}", record.phase.name()),
-                    *v as f32,
-                    record.step as i64,
-                )?;
-            }
-            events.flush()?;
-        }
-        Ok(())
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
-    fn write_csv(&mut self, record: &Record) -> Result<()> {
-        let name = match record.phase {
-            Phase::Train => "train.csv",
-            Phase::Eval => "eval.csv",
-        };
-        if !self.csv.contains_key(name) {
-            let path = self.dir.join(name);
-            let fresh = !path.exists();
-            let mut out = append(&path)?;
-            let mut columns = vec!["step".to_owned()];
-            columns.extend(record.values.keys().cloned());
-            if fresh {
-                writeln!(out, "{}", columns.join(","))
-                    .map_err(|e| Error::io(format!("write {name}"), e))?;
-            }
-            self.csv.insert(name, CsvFile { out, columns });
-        }
-        let file = self.csv.get_mut(name).expect("inserted above");
-        let cells: Vec<String> = file
-            .columns
-            .iter()
-            .map(|c| match c.as_str() {
-                "step" => record.step.to_string(),
-                key => record
-                    .values
-                    .get(key)
-                    .map(|v| v.to_string())
-                    .unwrap_or_default(),
-            })
-            .collect();
-        writeln!(file.out, "{}", cells.join(","))
-            .and_then(|_| file.out.flush())
-            .map_err(|e| Error::io(format!("write {name}"), e))
+    /// Adds a sink after those of the options.
+    pub fn push(&mut self, sink: Box<dyn Sink>) {
+        self.sinks.push(sink);
     }
+
+    /// Writes `record` to every sink, also after one fails; the first failure is returned.
+    pub fn log(&mut self, record: &Record) -> Result<()> {
+        first_error(self.sinks.iter_mut().map(|s| s.write(record)))
+    }
+
+    /// Closes every sink (W&B `finish`, MLflow `end_run`), also after one fails.
+    pub fn close(mut self) -> Result<()> {
+        first_error(self.sinks.iter_mut().map(|s| s.close()))
+    }
+}
+
+fn first_error(results: impl Iterator<Item = Result<()>>) -> Result<()> {
+    let mut first = Ok(());
+    for result in results {
+        if first.is_ok() {
+            first = result;
+        }
+    }
+    first
 }
 
 fn append(path: &Path) -> Result<BufWriter<File>> {
@@ -157,30 +199,6 @@ fn append(path: &Path) -> Result<BufWriter<File>> {
         .map_err(|e| Error::io(format!("open {}", path.display()), e))
 }
 
-/// The official trainer's console style: `train  E: 12  I: 6,000  R: 512.3  T: 0:01:02 ...`.
-pub fn console_line(record: &Record) -> String {
-    let mut line = format!("{:<6}", record.phase.name());
-    let v = |k: &str| record.values.get(k).copied();
-    if let Some(e) = v("episode") {
-        line += &format!("  E: {:<6}", e as u64);
-    }
-    line += &format!("  I: {:<10}", record.step);
-    if let Some(r) = v("episode_reward") {
-        line += &format!("  R: {r:<9.1}");
-    }
-    if let Some(s) = v("episode_reward_std") {
-        line += &format!("  ±{s:<7.1}");
-    }
-    if let Some(t) = v("elapsed_time") {
-        let t = t as u64;
-        line += &format!("  T: {}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
-    }
-    if let Some(sps) = v("steps_per_second") {
-        line += &format!("  SPS: {sps:.1}");
-    }
-    line
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,7 +206,11 @@ mod tests {
     #[test]
     fn jsonl_and_csv_hold_every_record() {
         let dir = tempfile::tempdir().unwrap();
-        let mut logger = Logger::create(dir.path(), true, false, false).unwrap();
+        let mut logger = Logger::open(&LoggerOptions {
+            save_csv: true,
+            ..LoggerOptions::new(dir.path())
+        })
+        .unwrap();
         for step in [10u64, 20] {
             logger
                 .log(&Record::new(Phase::Eval, step).with("episode_reward", step as f64 * 1.5))
@@ -215,16 +237,57 @@ mod tests {
         assert_eq!(train, "step,episode,episode_reward\n20,2,3\n");
     }
 
+    struct Failing;
+
+    impl Sink for Failing {
+        fn name(&self) -> &'static str {
+            "failing"
+        }
+
+        fn write(&mut self, _: &Record) -> Result<()> {
+            Err(Error::Other("sink failed".into()))
+        }
+    }
+
     #[test]
-    fn console_line_reads_like_the_official_one() {
-        let r = Record::new(Phase::Eval, 6000)
-            .with("episode_reward", 512.34)
-            .with("elapsed_time", 3725.0);
-        let line = console_line(&r);
-        assert!(line.starts_with("eval"), "{line}");
-        assert!(
-            line.contains("I: 6000") && line.contains("R: 512.3") && line.contains("T: 1:02:05"),
-            "{line}"
-        );
+    fn a_failing_sink_reports_and_the_others_still_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut logger = Logger::open(&LoggerOptions::new(dir.path())).unwrap();
+        logger.sinks.insert(0, Box::new(Failing));
+        let err = logger
+            .log(&Record::new(Phase::Train, 1).with("loss", 0.5))
+            .unwrap_err();
+        assert!(err.to_string().contains("sink failed"), "{err}");
+        let jsonl = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(jsonl.lines().count(), 1);
+        logger.close().unwrap();
+    }
+
+    #[test]
+    fn options_follow_the_config() {
+        let source = crate::config::Source {
+            overrides: vec![
+                "task=walker-walk".into(),
+                "seed=3".into(),
+                "exp_name=abl".into(),
+                "enable_wandb=true".into(),
+                "enable_mlflow=true".into(),
+                "enable_tensorboard=false".into(),
+                "wandb_silent=true".into(),
+            ],
+            ..Default::default()
+        };
+        let cfg = Config::load(&source).unwrap();
+        let opts = LoggerOptions::from_config(&cfg, Path::new("runs/x")).unwrap();
+        assert!(!opts.tensorboard && opts.save_csv && opts.console);
+        let wandb = opts.wandb.unwrap();
+        assert_eq!(wandb.name.as_deref(), Some("walker-walk-3"));
+        assert_eq!(wandb.group.as_deref(), Some("abl"));
+        assert!(wandb.silent);
+        let mlflow = opts.mlflow.unwrap();
+        assert_eq!(mlflow.experiment, "abl");
+        assert_eq!(mlflow.run_name, "walker-walk-3");
+        assert_eq!(opts.config["seed"], 3);
+        assert_eq!(opts.config["task"], "walker-walk");
     }
 }

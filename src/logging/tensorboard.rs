@@ -5,6 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::{Record, Sink};
 use crate::error::{Error, Result};
 
 pub struct EventWriter {
@@ -68,6 +69,28 @@ impl EventWriter {
         self.out
             .write_all(&bytes)
             .map_err(|e| Error::io(format!("write {}", self.path.display()), e))
+    }
+}
+
+/// Each value becomes the scalar `<phase>/<key>` at the record's step.
+impl Sink for EventWriter {
+    fn name(&self) -> &'static str {
+        "tensorboard"
+    }
+
+    fn write(&mut self, record: &Record) -> Result<()> {
+        for (k, v) in &record.values {
+            self.scalar(
+                &format!("{}/{k}", record.phase.name()),
+                *v as f32,
+                record.step as i64,
+            )?;
+        }
+        self.flush()
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.flush()
     }
 }
 

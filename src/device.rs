@@ -1,0 +1,89 @@
+//! Which device and how many CPU threads a rank uses.
+use tch::Device;
+
+use crate::dist::RankInfo;
+use crate::error::{Error, Result};
+
+/// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r.
+pub fn select(setting: &str, rank: &RankInfo) -> Result<Device> {
+    let visible = tch::Cuda::device_count() as usize;
+    let wants_cuda = match setting {
+        "cpu" => return Ok(Device::Cpu),
+        "auto" => visible > 0,
+        _ => true,
+    };
+    if !wants_cuda {
+        return Ok(Device::Cpu);
+    }
+    if let Some(index) = setting.strip_prefix("cuda:") {
+        let index: usize = index
+            .parse()
+            .map_err(|_| Error::Config(format!("device={setting}: expected cuda:<index>")))?;
+        if index >= visible {
+            return Err(Error::Config(format!(
+                "device={setting}, but only {visible} GPU(s) are visible (CUDA_VISIBLE_DEVICES={})",
+                visible_devices()
+            )));
+        }
+        return Ok(Device::Cuda(index));
+    }
+    if rank.local_world_size > visible {
+        return Err(Error::Config(format!(
+            "device={setting} with {} local ranks, but {visible} GPU(s) are visible \
+             (CUDA_VISIBLE_DEVICES={}); lower world_size or use device=cpu",
+            rank.local_world_size,
+            visible_devices()
+        )));
+    }
+    Ok(Device::Cuda(rank.local_rank))
+}
+
+/// Threads per rank: the setting, else this machine's cores shared among the local ranks.
+pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
+    setting.unwrap_or_else(|| {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        (cores / local_ranks.max(1)).max(1)
+    })
+}
+
+fn visible_devices() -> String {
+    std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "<unset>".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rank(local_rank: usize, local_world_size: usize) -> RankInfo {
+        RankInfo {
+            rank: local_rank,
+            world_size: local_world_size,
+            local_rank,
+            local_world_size,
+            master_addr: "127.0.0.1".into(),
+            master_port: 12355,
+        }
+    }
+
+    #[test]
+    fn cpu_and_auto_without_gpus() {
+        assert_eq!(select("cpu", &rank(1, 2)).unwrap(), Device::Cpu);
+        if tch::Cuda::device_count() == 0 {
+            assert_eq!(select("auto", &rank(1, 2)).unwrap(), Device::Cpu);
+            let e = select("cuda", &rank(0, 2)).unwrap_err().to_string();
+            assert!(
+                e.contains("2 local ranks") && e.contains("CUDA_VISIBLE_DEVICES"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn threads_share_the_cores() {
+        assert_eq!(threads(Some(3), 8), 3);
+        assert!(threads(None, 1) >= 1);
+        assert_eq!(threads(None, 10_000), 1);
+    }
+}

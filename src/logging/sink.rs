@@ -1,0 +1,17 @@
+//! The one interface every metrics destination implements.
+use super::Record;
+use crate::error::Result;
+
+/// A destination for records: a file, the console, an experiment tracker.
+pub trait Sink: Send {
+    /// A short name for error messages, e.g. "wandb".
+    fn name(&self) -> &'static str;
+
+    fn write(&mut self, record: &Record) -> Result<()>;
+
+    /// Flushes and finishes the destination. Called once; a sink dropped without it treats
+    /// the run as failed where the destination knows the difference.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,113 @@
+//! Evaluation: each rank plays its share of `eval_episodes` in eval mode; the returns are
+//! gathered so that rank 0 reports over all episodes.
+use tch::{Kind, Tensor};
+
+use crate::agent::Agent;
+use crate::dist::ProcessGroup;
+use crate::error::Result;
+
+/// Summary over every rank's evaluation episodes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalSummary {
+    pub episodes: usize,
+    pub mean: f64,
+    pub std: f64,
+    pub min: f64,
+    pub max: f64,
+    pub mean_length: f64,
+    pub success: Option<f64>,
+}
+
+/// How many of `total` episodes rank `rank` of `world_size` plays (round robin).
+pub fn share(total: usize, rank: usize, world_size: usize) -> usize {
+    (total + world_size - 1 - rank) / world_size
+}
+
+/// Plays this rank's share and gathers every rank's results.
+pub fn evaluate(
+    agent: &mut Agent,
+    env: &mut dyn envs::Env,
+    total: usize,
+    seed: u64,
+    group: &ProcessGroup,
+) -> Result<EvalSummary> {
+    let (rank, world) = (group.rank(), group.world_size());
+    let slots = total.div_ceil(world);
+    // One row per slot: return, length, success (NaN when the task has none), played (0/1).
+    let mut rows = vec![f64::NAN; slots * 4];
+    for slot in 0..share(total, rank, world) {
+        let mut obs = env.reset(Some((seed + slot as u64) & 0xffff_ffff))?;
+        let (mut reward, mut length, mut success) = (0.0, 0usize, f64::NAN);
+        loop {
+            let action = agent.act(&obs, length == 0, true)?;
+            let step = env.step(&action)?;
+            reward += step.reward;
+            length += 1;
+            if let Some(s) = step.success {
+                success = s;
+            }
+            obs = step.obs;
+            if step.terminated || step.truncated {
+                break;
+            }
+        }
+        rows[slot * 4..slot * 4 + 4].copy_from_slice(&[reward, length as f64, success, 1.0]);
+    }
+    let local = Tensor::from_slice(&rows)
+        .to_kind(Kind::Double)
+        .view([slots as i64, 4]);
+    let all = group.all_gather(&local)?;
+    let all = Vec::<f64>::try_from(all.flatten(0, -1))?;
+    Ok(summarize(&all))
+}
+
+fn summarize(rows: &[f64]) -> EvalSummary {
+    let played: Vec<&[f64]> = rows.chunks(4).filter(|r| r[3] == 1.0).collect();
+    let n = played.len().max(1) as f64;
+    let returns: Vec<f64> = played.iter().map(|r| r[0]).collect();
+    let mean = returns.iter().sum::<f64>() / n;
+    let var = returns.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n;
+    let successes: Vec<f64> = played
+        .iter()
+        .map(|r| r[2])
+        .filter(|s| !s.is_nan())
+        .collect();
+    EvalSummary {
+        episodes: played.len(),
+        mean,
+        std: var.sqrt(),
+        min: returns.iter().copied().fold(f64::INFINITY, f64::min),
+        max: returns.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        mean_length: played.iter().map(|r| r[1]).sum::<f64>() / n,
+        success: (!successes.is_empty())
+            .then(|| successes.iter().sum::<f64>() / successes.len() as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_every_episode_once() {
+        for world in 1..6 {
+            for total in 0..13 {
+                let sum: usize = (0..world).map(|r| share(total, r, world)).sum();
+                assert_eq!(sum, total, "total {total} over {world} ranks");
+            }
+        }
+        assert_eq!((share(10, 0, 4), share(10, 3, 4)), (3, 2));
+    }
+
+    #[test]
+    fn summary_ignores_unplayed_slots() {
+        let nan = f64::NAN;
+        let rows = [1.0, 10.0, nan, 1.0, 3.0, 10.0, nan, 1.0, nan, nan, nan, nan];
+        let s = summarize(&rows);
+        assert_eq!(
+            (s.episodes, s.mean, s.std, s.min, s.max),
+            (2, 2.0, 1.0, 1.0, 3.0)
+        );
+        assert_eq!(s.success, None);
+    }
+}

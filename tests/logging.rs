@@ -1,0 +1,284 @@
+//! The trackers' files read back with the trackers' own Python packages: TensorBoard's
+//! EventAccumulator, W&B's offline transaction log, MLflow's client.
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use envs::python;
+use pyo3::prelude::*;
+use serde_json::{json, Value};
+use tdmpc2::logging::{Logger, LoggerOptions, MlflowOptions, Phase, Record, WandbOptions};
+
+/// Readers that return JSON, so the assertions stay on the Rust side.
+const READERS: &str = r#"
+import glob, json, os, struct
+
+def tensorboard_scalars(logdir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(logdir)
+    acc.Reload()
+    return json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)]
+                       for tag in acc.Tags()["scalars"]})
+
+def _leveldb_records(data):
+    # A .wandb file: a 7-byte header (":W&B", magic, version), then a LevelDB log: 32 KiB
+    # blocks of chunks, each with a 7-byte header (crc, length, type: 1 full, 2 first,
+    # 3 middle, 4 last).
+    assert data[:4] == b":W&B", data[:7]
+    block, pos, pending = 32768, 7, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            yield pending
+            pending = b""
+
+def wandb_offline_run(run_dir):
+    from wandb.proto import wandb_internal_pb2 as pb
+    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    out = {"files": files, "history": [], "config": {}, "exit_code": None}
+    for path in files:
+        with open(path, "rb") as f:
+            data = f.read()
+        for raw in _leveldb_records(data):
+            rec = pb.Record.FromString(raw)
+            kind = rec.WhichOneof("record_type")
+            if kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                       for i in rec.history.item}
+                out["history"].append(row)
+            elif kind == "run":
+                for item in rec.run.config.update:
+                    out["config"][item.key] = json.loads(item.value_json)
+            elif kind == "exit":
+                out["exit_code"] = rec.exit.exit_code
+    return json.dumps(out)
+
+def mlflow_runs(uri, experiment, metric):
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id]) if exp else []
+    return json.dumps([{
+        "name": r.info.run_name,
+        "status": r.info.status,
+        "params": r.data.params,
+        "history": sorted([m.step, m.value] for m in client.get_metric_history(r.info.run_id, metric)),
+    } for r in runs])
+"#;
+
+fn read(function: &str, args: &[String]) -> Value {
+    let text = python::attach_exclusive(|py| -> envs::Result<String> {
+        let module = python::load_module(py, READERS, "tdmpc2_logging_readers")?;
+        let args = pyo3::types::PyTuple::new(py, args)?;
+        Ok(module.getattr(function)?.call1(args)?.extract()?)
+    })
+    .unwrap_or_else(|e| panic!("{function}: {e}"));
+    serde_json::from_str(&text).expect("reader returns JSON")
+}
+
+fn path_arg(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn log_episodes(logger: &mut Logger) {
+    for (step, reward) in [(500u64, 12.5), (1000, 40.25)] {
+        logger
+            .log(
+                &Record::new(Phase::Train, step)
+                    .with("episode_reward", reward)
+                    .with("episode", step as f64 / 500.0),
+            )
+            .unwrap();
+        logger
+            .log(&Record::new(Phase::Eval, step).with("episode_reward", reward * 2.0))
+            .unwrap();
+    }
+}
+
+fn config() -> Value {
+    json!({"task": "walker-walk", "seed": 7, "obs_shape": [24], "lr": 3e-4, "wandb_entity": null})
+}
+
+#[test]
+fn tensorboard_events_read_back_with_tensorboard() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut logger = Logger::open(&LoggerOptions {
+        tensorboard: true,
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    log_episodes(&mut logger);
+    logger
+        .log(&Record::new(Phase::Train, 1500).with("consistency_loss", 0.1))
+        .unwrap();
+    logger.close().unwrap();
+
+    let scalars = read("tensorboard_scalars", &[path_arg(&dir.path().join("tb"))]);
+    let mut tags: Vec<&str> = scalars
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    tags.sort();
+    assert_eq!(
+        tags,
+        [
+            "eval/episode_reward",
+            "train/consistency_loss",
+            "train/episode",
+            "train/episode_reward"
+        ]
+    );
+    assert_eq!(
+        scalars["train/episode_reward"],
+        json!([[500, 12.5], [1000, 40.25]])
+    );
+    assert_eq!(
+        scalars["eval/episode_reward"],
+        json!([[500, 25.0], [1000, 80.5]])
+    );
+    // Stored as f32: 0.1 comes back as the nearest float.
+    assert_eq!(
+        scalars["train/consistency_loss"],
+        json!([[1500, f64::from(0.1f32)]])
+    );
+}
+
+/// One W&B run at a time: the last live run's close tears wandb down, which is what makes the
+/// run's files complete as soon as `close` returns (what these tests check). With runs
+/// overlapping, a finished run's file is completed by wandb-core a moment later.
+static WANDB_RUNS: Mutex<()> = Mutex::new(());
+
+fn one_wandb_run() -> MutexGuard<'static, ()> {
+    WANDB_RUNS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn wandb_options(mode: &str) -> WandbOptions {
+    WandbOptions {
+        project: "tdmpc2-test".into(),
+        entity: None,
+        name: Some("walker-walk-7".into()),
+        group: Some("test".into()),
+        silent: true,
+        mode: Some(mode.into()),
+    }
+}
+
+#[test]
+fn wandb_offline_run_holds_config_and_history() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let mut logger = Logger::open(&LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        config: config(),
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    log_episodes(&mut logger);
+    logger.close().unwrap();
+
+    let run = read("wandb_offline_run", &[path_arg(dir.path())]);
+    assert_eq!(run["files"].as_array().unwrap().len(), 1, "{run}");
+    assert_eq!(run["config"]["task"], "walker-walk", "{run}");
+    assert_eq!(run["config"]["obs_shape"], json!([24]));
+    assert_eq!(run["exit_code"], 0);
+    let points = |key: &str| -> Vec<(u64, f64)> {
+        run["history"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|row| Some((row["_step"].as_u64()?, row.get(key)?.as_f64()?)))
+            .collect()
+    };
+    assert_eq!(points("train/episode_reward"), [(500, 12.5), (1000, 40.25)]);
+    assert_eq!(points("eval/episode_reward"), [(500, 25.0), (1000, 80.5)]);
+    assert_eq!(points("train/episode"), [(500, 1.0), (1000, 2.0)]);
+}
+
+#[test]
+fn wandb_run_dropped_without_close_ends_failed() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let mut logger = Logger::open(&LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    logger
+        .log(&Record::new(Phase::Train, 1).with("episode_reward", 1.0))
+        .unwrap();
+    drop(logger);
+    let run = read("wandb_offline_run", &[path_arg(dir.path())]);
+    assert_eq!(run["exit_code"], 1, "{run}");
+    assert_eq!(run["history"].as_array().map(Vec::len), Some(1), "{run}");
+}
+
+#[test]
+fn wandb_init_failure_names_the_switch() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let err = match Logger::open(&LoggerOptions {
+        wandb: Some(wandb_options("no-such-mode")),
+        ..LoggerOptions::new(dir.path())
+    }) {
+        Ok(_) => panic!("an unknown wandb mode was accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("enable_wandb"), "{err}");
+    assert!(err.contains("no-such-mode"), "{err}");
+}
+
+#[test]
+fn mlflow_file_store_holds_params_metrics_and_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: PathBuf = dir.path().join("mlruns");
+    // The default store is <run_dir>/mlruns; a tracking server in the environment must not
+    // receive test runs.
+    let tracking_uri =
+        std::env::var_os("MLFLOW_TRACKING_URI").map(|_| format!("file://{}", store.display()));
+    let options = |run_name: &str| LoggerOptions {
+        mlflow: Some(MlflowOptions {
+            experiment: "logging-test".into(),
+            run_name: run_name.into(),
+            tracking_uri: tracking_uri.clone(),
+        }),
+        config: config(),
+        ..LoggerOptions::new(dir.path())
+    };
+    let mut logger = Logger::open(&options("walker-walk-7")).unwrap();
+    log_episodes(&mut logger);
+    logger.close().unwrap();
+    // Dropped without close, as when training fails.
+    drop(Logger::open(&options("crashed")).unwrap());
+
+    assert!(store.is_dir(), "no file store at {}", store.display());
+    let uri = format!("file://{}", store.display());
+    let runs = read(
+        "mlflow_runs",
+        &[uri, "logging-test".into(), "eval/episode_reward".into()],
+    );
+    let runs = runs.as_array().unwrap();
+    let run = |name: &str| {
+        runs.iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no run {name} in {runs:?}"))
+    };
+    let done = run("walker-walk-7");
+    assert_eq!(done["status"], "FINISHED");
+    assert_eq!(done["history"], json!([[500, 25.0], [1000, 80.5]]));
+    assert_eq!(done["params"]["task"], "walker-walk");
+    assert_eq!(done["params"]["obs_shape"], "[24]");
+    assert_eq!(done["params"]["seed"], "7");
+    assert_eq!(run("crashed")["status"], "FAILED");
+}
