@@ -65,7 +65,7 @@ impl RunArgs {
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
     let env = envs::make(&config.task, config.seed)?;
-    config.resolve(env.spec());
+    config.resolve(env.spec())?;
     Ok(config)
 }
 

@@ -310,7 +310,7 @@ impl Config {
 
     /// Applies the model-size preset and computes the fields the official parse step derives
     /// from the task: dimensions, episode length, discount, seed steps, planning iterations.
-    pub fn resolve(&mut self, spec: &envs::EnvSpec) {
+    pub fn resolve(&mut self, spec: &envs::EnvSpec) -> Result<()> {
         if let Some(p) = self.model_size.and_then(preset) {
             self.enc_dim = p.enc_dim;
             self.mlp_dim = p.mlp_dim;
@@ -319,17 +319,32 @@ impl Config {
             self.num_q = p.num_q;
         }
         let length = spec.episode_length;
+        // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
         let denom = length as f64 / self.discount_denom;
-        self.discount = Some(((denom - 1.0) / denom).clamp(self.discount_min, self.discount_max));
-        self.seed_steps = Some((5 * length as u64).max(1000));
-        // The official parser adds two planning iterations for large action spaces (dog, humanoid).
-        if self.action_dim.is_none() && spec.action_dim >= 20 {
+        let discount = ((denom - 1.0) / denom).clamp(self.discount_min, self.discount_max);
+        self.discount.get_or_insert(discount);
+        self.seed_steps.get_or_insert((5 * length as u64).max(1000));
+        // The official parser adds two planning iterations for large action spaces (dog,
+        // humanoid); a config resolved before already has them.
+        if self.episode_length.is_none() && spec.action_dim >= 20 {
             self.iterations += 2;
         }
         self.obs_shape = Some(spec.obs_shape.clone());
         self.action_dim = Some(spec.action_dim);
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
+        let seed_steps = self.seed_steps.unwrap_or_default();
+        if seed_steps < length as u64 {
+            return Err(range(
+                "seed_steps",
+                seed_steps,
+                &format!(
+                    "must be >= the episode length ({length}), so that the buffer holds an \
+                     episode before the first update"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The agent's settings; needs a resolved config.
@@ -690,7 +705,7 @@ mod tests {
             action_dim: 38,
             episode_length: 500,
         };
-        c.resolve(&spec);
+        c.resolve(&spec).unwrap();
         assert_eq!(
             (c.enc_dim, c.mlp_dim, c.latent_dim, c.num_q),
             (256, 384, 128, 2)
@@ -704,7 +719,8 @@ mod tests {
             obs_shape: vec![3],
             action_dim: 1,
             episode_length: 200,
-        });
+        })
+        .unwrap();
         assert_eq!(
             (c.discount, c.seed_steps, c.iterations),
             (Some(0.975), Some(1000), 6)
@@ -714,7 +730,8 @@ mod tests {
             obs_shape: vec![3],
             action_dim: 1,
             episode_length: 1000,
-        });
+        })
+        .unwrap();
         assert_eq!(c.discount, Some(0.995));
     }
 }

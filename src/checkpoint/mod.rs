@@ -37,6 +37,8 @@ struct Meta {
     episodes: u64,
     elapsed: f64,
     task: String,
+    /// Each rank's checksum of its learner state at this step; all equal by construction.
+    rank_checksums: Vec<f64>,
     model_optim_step: u64,
     policy_optim_step: u64,
 }
@@ -73,6 +75,7 @@ pub fn save(
     group: &ProcessGroup,
 ) -> Result<()> {
     let global_step = state.step * group.world_size() as u64;
+    let checksums = rank_checksums(agent, group)?;
     if config.save_buffer {
         let (tensors, meta) = learner.buffer.export();
         store::save(&buffers_dir(run_dir, group.rank()), global_step, |dir| {
@@ -97,6 +100,7 @@ pub fn save(
         episodes: state.episodes,
         elapsed: state.elapsed,
         task: config.task.clone(),
+        rank_checksums: checksums,
         model_optim_step: model_state.step,
         policy_optim_step: policy_state.step,
     };
@@ -116,6 +120,49 @@ pub fn save(
         write_json(&dir.join(META), &meta)
     })?;
     Ok(())
+}
+
+/// A checksum of everything that must be identical on all ranks after an optimiser step:
+/// parameters, target Qs, both optimisers' moments and steps, and the Q scale.
+pub fn learner_checksum(agent: &Agent) -> Tensor {
+    let model = &agent.model;
+    let learner = &agent.learner;
+    let (m, p) = (learner.model_optim.state(), learner.policy_optim.state());
+    let parts = [
+        &model.model_params.flat,
+        &model.policy_params.flat,
+        &model.target_params.flat,
+        &m.exp_avg,
+        &m.exp_avg_sq,
+        &p.exp_avg,
+        &p.exp_avg_sq,
+        learner.scale.value(),
+    ];
+    let mut total = Tensor::from((m.step + 3 * p.step) as f64);
+    for (i, part) in parts.into_iter().enumerate() {
+        let x = part
+            .detach()
+            .to_device(tch::Device::Cpu)
+            .to_kind(tch::Kind::Double);
+        // Position weights make the sum sensitive to where values sit, not only to their total.
+        let n = x.numel() as i64;
+        let weights =
+            Tensor::arange(n, (tch::Kind::Double, tch::Device::Cpu)).sin() + (i + 2) as f64;
+        total += (x * weights).sum(tch::Kind::Double);
+    }
+    total.view([1])
+}
+
+/// Every rank's [`learner_checksum`], gathered; an error when they differ.
+fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<Vec<f64>> {
+    let all = group.all_gather(&learner_checksum(agent))?;
+    let all = Vec::<f64>::try_from(&all)?;
+    if all.iter().any(|c| c.to_bits() != all[0].to_bits()) {
+        return Err(Error::Other(format!(
+            "learner state diverged across ranks (checksums {all:?}); this is a bug, please report it"
+        )));
+    }
+    Ok(all)
 }
 
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a

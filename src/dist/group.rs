@@ -91,7 +91,14 @@ impl ProcessGroup {
         let Some(dist) = &self.dist else {
             return Ok(());
         };
-        call(dist, "broadcast", tensor)
+        envs::python::with_python(|py| {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("src", 0)?;
+            dist.bind(py)
+                .call_method("broadcast", (to_python(py, tensor)?,), Some(&kwargs))?;
+            Ok(())
+        })
+        .map_err(|e| collective_error("broadcast", e))
     }
 
     /// Concatenates every rank's `tensor` along dimension 0, in rank order.
