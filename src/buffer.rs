@@ -113,6 +113,11 @@ impl ReplayBuffer {
         self.episodes.len()
     }
 
+    /// Whether some episode has at least `rows` rows.
+    pub fn can_sample(&self, rows: usize) -> bool {
+        self.episodes.iter().any(|s| s.rows >= rows)
+    }
+
     /// Appends a finished episode as L+1 rows, overwriting the oldest rows when full.
     pub fn add(&mut self, episode: &Episode) -> Result<()> {
         let steps = episode.len();

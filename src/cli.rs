@@ -20,6 +20,15 @@ pub struct Cli {
 pub enum Command {
     /// Train an agent. Settings are hydra-style overrides: `tdmpc2 train task=walker-run steps=1e5`.
     Train(RunArgs),
+    /// Evaluate a checkpoint: `tdmpc2 eval checkpoint=PATH task=TASK eval_episodes=N`.
+    Eval(RunArgs),
+    /// Convert an official TD-MPC2 checkpoint (`torch.save`) to our safetensors.
+    Import {
+        /// The official `.pt` file.
+        input: PathBuf,
+        /// The `.safetensors` file to write.
+        output: PathBuf,
+    },
     /// Environment and agent benchmarks, printed as JSON lines.
     Bench(BenchArgs),
 }
@@ -79,6 +88,12 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             train(config)
         }
+        Command::Eval(args) => evaluate(resolved_config(&args)?),
+        Command::Import { input, output } => {
+            let keys = crate::agent::import_official(&input, &output)?;
+            println!("wrote {} tensors to {}", keys.len(), output.display());
+            Ok(())
+        }
         Command::Bench(args) => bench(&args),
     }
 }
@@ -103,6 +118,41 @@ fn train(mut config: Config) -> Result<()> {
     }
     config.world_size = rank.world_size;
     trainer::run(config, rank)
+}
+
+/// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
+/// directory, a run directory, or a `.safetensors` file, ours or imported).
+fn evaluate(config: Config) -> Result<()> {
+    let Some(path) = config.checkpoint.as_deref() else {
+        return Err(Error::Config(
+            "eval needs checkpoint=PATH (a checkpoint directory, run directory or .safetensors file)".into(),
+        ));
+    };
+    let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
+    let rank = RankInfo::single(&config);
+    let device = crate::device::select(&config.device, &rank)?;
+    tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
+    let mut agent = crate::agent::Agent::new(config.agent_config()?, device, config.seed)?;
+    agent.model.load(&weights)?;
+    let mut env = envs::make(&config.task, config.seed)?;
+    let group = crate::dist::ProcessGroup::init(rank, "gloo", std::time::Duration::from_secs(1))?;
+    let summary = trainer::evaluate::evaluate(
+        &mut agent,
+        env.as_mut(),
+        config.eval_episodes,
+        config.seed,
+        &group,
+    )?;
+    println!(
+        "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
+        config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max
+    );
+    let line = serde_json::json!({
+        "task": config.task, "checkpoint": path, "episodes": summary.episodes,
+        "mean": summary.mean, "std": summary.std, "min": summary.min, "max": summary.max,
+    });
+    println!("{line}");
+    Ok(())
 }
 
 fn bench(args: &BenchArgs) -> Result<()> {

@@ -165,6 +165,25 @@ fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<Vec<f64>> {
     Ok(all)
 }
 
+/// The model weights a path names: a `.safetensors` file, a checkpoint directory, or a run
+/// (or checkpoints) directory whose latest checkpoint is taken.
+pub fn model_file(path: &Path) -> Result<PathBuf> {
+    if path.is_file() {
+        return Ok(path.to_owned());
+    }
+    if path.join(MODEL).is_file() {
+        return Ok(path.join(MODEL));
+    }
+    let latest = store::latest(path).or_else(|| store::latest(&checkpoints_dir(path)));
+    match latest {
+        Some((_, dir)) => Ok(dir.join(MODEL)),
+        None => Err(Error::Config(format!(
+            "checkpoint={}: no such file, and no checkpoint directory there",
+            path.display()
+        ))),
+    }
+}
+
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
 /// checkpoint directory.
 fn resume_source(config: &Config, run_dir: &Path) -> Result<Option<PathBuf>> {
@@ -237,8 +256,11 @@ pub fn resume(
     agent.learner.scale.set(&scale);
 
     let world = group.world_size() as u64;
-    if let Some((step, buffer_dir)) = store::latest(&buffers_dir(run_dir, group.rank())) {
-        if step == meta.global_step && meta.world_size == group.world_size() {
+    // The buffers live beside the run that wrote the checkpoint: <run>/checkpoints/step_N.
+    let source_run = dir.parent().and_then(Path::parent).unwrap_or(run_dir);
+    let buffer = store::at(&buffers_dir(source_run, group.rank()), meta.global_step);
+    match buffer {
+        Some(buffer_dir) if meta.world_size == group.world_size() => {
             let tensors = Tensor::read_safetensors(buffer_dir.join("buffer.safetensors"))?;
             let buffer_meta: BufferMeta = serde_json::from_slice(
                 &std::fs::read(buffer_dir.join("buffer.json"))
@@ -247,6 +269,11 @@ pub fn resume(
             .map_err(|e| fail("buffer.json", e))?;
             learner.buffer.restore(&tensors, buffer_meta)?;
         }
+        _ if group.rank() == 0 => eprintln!(
+            "warning: resuming without replay buffers (saved with save_buffer=true at the same \
+             world size); the buffer refills from new episodes"
+        ),
+        _ => {}
     }
     if group.rank() == 0 {
         eprintln!("Resumed from {} (step {})", dir.display(), meta.global_step);

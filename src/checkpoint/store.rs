@@ -37,6 +37,12 @@ pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> 
     Ok(dest)
 }
 
+/// The complete checkpoint of exactly `step` under `root`, if any.
+pub fn at(root: &Path, step: u64) -> Option<PathBuf> {
+    let dir = root.join(format!("{PREFIX}{step:012}"));
+    dir.is_dir().then_some(dir)
+}
+
 /// The complete checkpoint with the highest step under `root`, if any.
 pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
     fs::read_dir(root)

@@ -102,6 +102,11 @@ impl Actor {
         Ok(())
     }
 
+    /// Whether an episode with at least one step is waiting to be handed over.
+    pub fn has_episode(&self) -> bool {
+        !self.episode.is_empty()
+    }
+
     /// Hands over the finished episode and its statistics.
     pub fn take_episode(&mut self) -> (Episode, EpisodeStats) {
         (std::mem::take(&mut self.episode), self.stats)

@@ -63,6 +63,17 @@ impl<'g> Learner<'g> {
         Ok(())
     }
 
+    /// Whether every rank's buffer holds an episode long enough to sample from.
+    pub fn ready(&self) -> Result<bool> {
+        let local = self.buffer.can_sample(self.horizon + 1);
+        if self.group.world_size() == 1 {
+            return Ok(local);
+        }
+        let mut missing = Tensor::from_slice(&[if local { 0.0f32 } else { 1.0 }]);
+        self.group.all_reduce_sum(&mut missing)?;
+        Ok(missing.double_value(&[0]) == 0.0)
+    }
+
     pub fn sample(&self, rng: &mut Pcg64) -> Result<Batch> {
         self.buffer.sample(self.batch_size, self.horizon, rng)
     }

@@ -17,7 +17,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 
-use crate::agent::{Agent, HostNoise};
+use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::checkpoint::{self, TrainState};
 use crate::config::Config;
 use crate::dist::{ProcessGroup, RankInfo};
@@ -89,13 +89,17 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     let progress = (root && std::io::stderr().is_terminal()).then(|| progress_bar(config.steps));
 
     let start = Instant::now();
-    let elapsed = |state: &TrainState| state.elapsed + start.elapsed().as_secs_f64();
+    let elapsed_before = state.elapsed;
+    let elapsed = || elapsed_before + start.elapsed().as_secs_f64();
+    // A resumed run already evaluated and saved at its first step, before the checkpoint.
+    let first_step = state.step;
     let mut eval_due = state.step == 0;
     let mut save_due = false;
+    let mut ready_to_update = false;
     let mut last_info = None;
     while state.step <= local_steps {
         let global = state.step * world;
-        if state.step > 0 {
+        if state.step > first_step {
             let before = (state.step - 1) * world;
             eval_due |= crossed(config.eval_freq, before, global);
             save_due |= crossed(config.save_freq, before, global);
@@ -119,11 +123,8 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                         .with("episode_length", summary.mean_length)
                         .with("episodes", summary.episodes as f64)
                         .with("episode", state.episodes as f64)
-                        .with("elapsed_time", elapsed(&state))
-                        .with(
-                            "steps_per_second",
-                            global as f64 / elapsed(&state).max(1e-9),
-                        );
+                        .with("elapsed_time", elapsed())
+                        .with("steps_per_second", global as f64 / elapsed().max(1e-9));
                     if let Some(s) = summary.success {
                         record = record.with("episode_success", s);
                     }
@@ -131,7 +132,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                 }
                 eval_due = false;
             }
-            if state.step > 0 {
+            if actor.has_episode() {
                 let (episode, stats) = actor.take_episode();
                 learner.add_episode(&episode)?;
                 state.episodes += 1;
@@ -141,11 +142,8 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                         .with("episode_length", stats.length as f64)
                         .with("episode_terminated", stats.terminated as u8 as f64)
                         .with("episode", state.episodes as f64)
-                        .with("elapsed_time", elapsed(&state))
-                        .with(
-                            "steps_per_second",
-                            global as f64 / elapsed(&state).max(1e-9),
-                        );
+                        .with("elapsed_time", elapsed())
+                        .with("steps_per_second", global as f64 / elapsed().max(1e-9));
                     if let Some(s) = stats.success {
                         record = record.with("episode_success", s);
                     }
@@ -158,7 +156,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                 }
             }
             if save_due {
-                state.elapsed = elapsed(&state);
+                state.elapsed = elapsed();
                 checkpoint::save(&config, &dir, &state, &agent, &learner, &group)?;
                 reseed(&config, rank.rank, global, &mut agent, &mut rng);
                 save_due = false;
@@ -166,7 +164,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             actor.reset(derive_seed(config.seed, rank.rank, state.episodes, 0))?;
         }
         if stop::requested(&group)? {
-            state.elapsed = elapsed(&state);
+            state.elapsed = elapsed();
             checkpoint::save(&config, &dir, &state, &agent, &learner, &group)?;
             return Err(Error::Other(format!(
                 "stopped by a signal at step {global}; checkpoint written"
@@ -181,7 +179,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         };
         actor.step(&action)?;
 
-        if state.step >= seed_steps {
+        // Only a run resumed without its replay buffers can find it empty here.
+        ready_to_update = ready_to_update || (state.step >= seed_steps && learner.ready()?);
+        if state.step >= seed_steps && ready_to_update {
             let updates = if state.step == seed_steps {
                 seed_steps
             } else {
@@ -206,7 +206,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         logger.close()?;
     }
     state.step = local_steps;
-    state.elapsed = elapsed(&state);
+    state.elapsed = elapsed();
     checkpoint::save(&config, &dir, &state, &agent, &learner, &group)?;
     if root {
         eprintln!("Training finished: {}", dir.display());
@@ -226,7 +226,13 @@ fn derive_seed(seed: u64, rank: usize, counter: u64, purpose: u64) -> u64 {
 /// Re-derives every random stream from (seed, rank, step). Done at each checkpoint point, so a
 /// run resumed from that checkpoint draws exactly what the uninterrupted run draws.
 fn reseed(config: &Config, rank: usize, global_step: u64, agent: &mut Agent, rng: &mut Pcg64) {
-    tch::manual_seed(derive_seed(config.seed, rank, global_step, 2) as i64);
+    // Seeds torch's generator and the agent's own CPU dropout-mask stream.
+    agent.sample_noise = Box::new(TorchNoise::seeded(derive_seed(
+        config.seed,
+        rank,
+        global_step,
+        2,
+    )));
     // The per-batch stream (Q heads) is shared by all ranks: no rank in its seed.
     agent.batch_noise = Box::new(HostNoise::seeded(derive_seed(
         config.seed,

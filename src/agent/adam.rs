@@ -1,0 +1,216 @@
+//! Adam over a flat parameter buffer, update for update equal to `torch.optim.Adam`
+//! (no AMSGrad, no weight decay), with its state open for saving, restoring and comparing.
+use tch::{Kind, Tensor};
+
+use super::{Error, Result};
+
+/// A contiguous slice of the flat buffer sharing one learning rate (a torch param group).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParamGroup {
+    pub start: i64,
+    pub end: i64,
+    pub lr: f64,
+}
+
+/// The optimiser state: step count and both moment buffers (flat, parameter layout).
+#[derive(Debug)]
+pub struct AdamState {
+    pub step: u64,
+    pub exp_avg: Tensor,
+    pub exp_avg_sq: Tensor,
+}
+
+#[derive(Debug)]
+pub struct Adam {
+    pub groups: Vec<ParamGroup>,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    step: u64,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    /// Reused for the denominator, so a step allocates nothing.
+    scratch: Tensor,
+}
+
+impl Adam {
+    /// An optimiser for a flat buffer like `params` with the given groups (which must tile
+    /// disjoint ranges of it).
+    pub fn new(
+        params: &Tensor,
+        groups: Vec<ParamGroup>,
+        beta1: f64,
+        beta2: f64,
+        eps: f64,
+    ) -> Result<Self> {
+        let numel = params.size()[0];
+        for g in &groups {
+            if g.start < 0 || g.end > numel || g.start > g.end {
+                return Err(Error::Config(format!(
+                    "param group {g:?} outside 0..{numel}"
+                )));
+            }
+        }
+        Ok(Self {
+            groups,
+            beta1,
+            beta2,
+            eps,
+            step: 0,
+            exp_avg: params.zeros_like().detach(),
+            exp_avg_sq: params.zeros_like().detach(),
+            scratch: params.zeros_like().detach(),
+        })
+    }
+
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// One Adam step of `params` (flat) with `grads` (flat, same layout):
+    /// m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², p ← p − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε).
+    pub fn step(&mut self, params: &Tensor, grads: &Tensor) {
+        self.step += 1;
+        let t = self.step as i32;
+        let bias_correction1 = 1.0 - self.beta1.powi(t);
+        let bias_correction2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
+        tch::no_grad(|| {
+            let _ = self.exp_avg.lerp_(grads, 1.0 - self.beta1);
+            let _ = self.exp_avg_sq.g_mul_scalar_(self.beta2);
+            let _ = self
+                .exp_avg_sq
+                .addcmul_(grads, &(grads * (1.0 - self.beta2)));
+            let _ = self.exp_avg_sq.sqrt_out(&self.scratch);
+            let _ = self
+                .scratch
+                .g_div_scalar_(bias_correction2_sqrt)
+                .g_add_scalar_(self.eps);
+            for group in &self.groups {
+                let len = group.end - group.start;
+                let step_size = group.lr / bias_correction1;
+                let mut denom = self.scratch.narrow(0, group.start, len);
+                // p += (−step_size)·m/denom, folded into one addcdiv by scaling the denominator.
+                let _ = denom.g_div_scalar_(-step_size);
+                let mut p = params.narrow(0, group.start, len);
+                let _ = p.addcdiv_(&self.exp_avg.narrow(0, group.start, len), &denom);
+            }
+        });
+    }
+
+    /// The state, sharing storage with the optimiser (copy it to keep a snapshot).
+    pub fn state(&self) -> AdamState {
+        AdamState {
+            step: self.step,
+            exp_avg: self.exp_avg.shallow_clone(),
+            exp_avg_sq: self.exp_avg_sq.shallow_clone(),
+        }
+    }
+
+    /// Restores a saved state (moments in the same flat layout).
+    pub fn load_state(&mut self, state: &AdamState) -> Result<()> {
+        for (name, t) in [
+            ("exp_avg", &state.exp_avg),
+            ("exp_avg_sq", &state.exp_avg_sq),
+        ] {
+            if t.size() != self.exp_avg.size() {
+                return Err(Error::Shape {
+                    what: name.into(),
+                    expected: self.exp_avg.size(),
+                    got: t.size(),
+                });
+            }
+        }
+        tch::no_grad(|| {
+            self.exp_avg.copy_(&state.exp_avg);
+            self.exp_avg_sq.copy_(&state.exp_avg_sq);
+        });
+        self.step = state.step;
+        Ok(())
+    }
+}
+
+/// Scales `grads` (flat) in place so that their L2 norm is at most `max_norm`, as
+/// `torch.nn.utils.clip_grad_norm_`; returns the norm before clipping (a device scalar, no sync).
+pub fn clip_grad_norm(grads: &mut Tensor, max_norm: f64) -> Tensor {
+    tch::no_grad(|| {
+        let norm = grads.norm();
+        let coef = ((&norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+        let _ = grads.g_mul_(&coef);
+        norm
+    })
+}
+
+/// `f64` view of a flat float tensor's elements (for tests and diagnostics).
+pub fn to_vec(t: &Tensor) -> Vec<f64> {
+    Vec::<f64>::try_from(&t.to_kind(Kind::Double).view([-1])).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_steps_match_a_hand_computation() {
+        let lr = 0.1;
+        let (b1, b2, eps) = (0.9, 0.999, 1e-8);
+        let params = Tensor::from_slice(&[1.0f32, -2.0, 0.5]);
+        let mut adam = Adam::new(
+            &params,
+            vec![
+                ParamGroup {
+                    start: 0,
+                    end: 2,
+                    lr,
+                },
+                ParamGroup {
+                    start: 2,
+                    end: 3,
+                    lr: lr * 0.3,
+                },
+            ],
+            b1,
+            b2,
+            eps,
+        )
+        .unwrap();
+        let grads = [[0.5f64, -1.0, 2.0], [0.1, 0.3, -4.0]];
+        let mut expected = [1.0f64, -2.0, 0.5];
+        let (mut m, mut v) = ([0.0f64; 3], [0.0f64; 3]);
+        for (t, g) in grads.iter().enumerate() {
+            let step = (t + 1) as i32;
+            for i in 0..3 {
+                m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+                v[i] = b2 * v[i] + (1.0 - b2) * g[i] * g[i];
+                let group_lr = if i < 2 { lr } else { lr * 0.3 };
+                let denom = v[i].sqrt() / (1.0 - b2.powi(step)).sqrt() + eps;
+                expected[i] -= group_lr / (1.0 - b1.powi(step)) * m[i] / denom;
+            }
+            let g: Vec<f32> = g.iter().map(|&x| x as f32).collect();
+            adam.step(&params, &Tensor::from_slice(&g));
+        }
+        let got = to_vec(&params);
+        for i in 0..3 {
+            assert!(
+                (got[i] - expected[i]).abs() < 1e-6,
+                "{got:?} vs {expected:?}"
+            );
+        }
+        assert_eq!(adam.step_count(), 2);
+        let state = adam.state();
+        assert!((to_vec(&state.exp_avg)[0] - m[0]).abs() < 1e-7);
+        assert!((to_vec(&state.exp_avg_sq)[2] - v[2]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn clipping_scales_only_above_the_threshold() {
+        let mut g = Tensor::from_slice(&[3.0f32, 4.0]);
+        let norm = clip_grad_norm(&mut g, 1.0);
+        assert_eq!(norm.double_value(&[]), 5.0);
+        let clipped = to_vec(&g);
+        assert!((clipped[0] - 0.6).abs() < 1e-6 && (clipped[1] - 0.8).abs() < 1e-6);
+        let mut small = Tensor::from_slice(&[0.3f32, 0.4]);
+        let small_norm = clip_grad_norm(&mut small, 1.0);
+        assert!((small_norm.double_value(&[]) - 0.5).abs() < 1e-7);
+        assert_eq!(to_vec(&small), to_vec(&Tensor::from_slice(&[0.3f32, 0.4])));
+    }
+}

@@ -1,0 +1,348 @@
+//! Timing of planning and updates against the machine's matrix-multiply throughput.
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::config::AgentConfig;
+use super::noise::{HostNoise, TorchNoise};
+use super::planner::Planner;
+use super::update::{Batch, Learner};
+use super::world_model::WorldModel;
+use super::Result;
+
+/// What to measure.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchOptions {
+    pub device: String,
+    /// Torch intra-op threads; `None` keeps the current setting.
+    pub threads: Option<usize>,
+    pub batch_size: usize,
+    /// Timed repetitions (after one warm-up) per measurement.
+    pub plan_repeats: usize,
+    pub update_repeats: usize,
+    /// Model sizes to run (1 and/or 5).
+    pub model_sizes: Vec<u32>,
+    /// Tasks to run: "walker-run" and/or "dog-run".
+    pub tasks: Vec<String>,
+    pub seed: u64,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        Self {
+            device: "cpu".into(),
+            threads: None,
+            batch_size: 256,
+            plan_repeats: 10,
+            update_repeats: 10,
+            model_sizes: vec![1, 5],
+            tasks: vec!["walker-run".into(), "dog-run".into()],
+            seed: 1,
+        }
+    }
+}
+
+/// Results of one (model size, task) pair.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchCase {
+    pub model_size: u32,
+    pub task: String,
+    pub obs_dim: usize,
+    pub action_dim: usize,
+    pub iterations: usize,
+    pub num_params: i64,
+    /// Median milliseconds per call.
+    pub plan_ms: f64,
+    pub update_ms: f64,
+    /// Fastest call (less sensitive to other load on the machine).
+    pub plan_ms_min: f64,
+    pub update_ms_min: f64,
+    /// Matrix-multiply work per call (2 FLOP per multiply-add), in GFLOP.
+    pub plan_gflop: f64,
+    pub update_gflop: f64,
+    /// Achieved matmul GFLOP/s, and as a fraction of the measured sgemm rate.
+    pub plan_gflops: f64,
+    pub update_gflops: f64,
+    pub plan_fraction: f64,
+    pub update_fraction: f64,
+}
+
+/// The whole benchmark.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BenchReport {
+    pub device: String,
+    pub threads: usize,
+    pub batch_size: usize,
+    /// GFLOP/s of a large square float32 matmul timed in the same run.
+    pub matmul_gflops: f64,
+    /// The 1-minute load average before and after (Linux), to spot a busy machine.
+    pub load_average: Option<(f64, f64)>,
+    pub cases: Vec<BenchCase>,
+}
+
+/// Dimensions of the benchmarked tasks: (obs_dim, action_dim).
+pub fn task_dims(task: &str) -> Option<(usize, usize)> {
+    match task {
+        "walker-run" => Some((24, 6)),
+        "dog-run" => Some((223, 38)),
+        _ => None,
+    }
+}
+
+/// The official model-size presets 1 and 5 on top of the defaults.
+pub fn sized_config(model_size: u32, obs_dim: usize, action_dim: usize) -> Option<AgentConfig> {
+    let base = AgentConfig::with_dims(obs_dim, action_dim, 0.99);
+    match model_size {
+        1 => Some(AgentConfig {
+            enc_dim: 256,
+            mlp_dim: 384,
+            latent_dim: 128,
+            num_q: 2,
+            ..base
+        }),
+        5 => Some(base),
+        _ => None,
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        0.5 * (values[n / 2 - 1] + values[n / 2])
+    }
+}
+
+fn synchronize(device: Device) {
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// Milliseconds of each of `repeats` calls after one warm-up call.
+fn time_ms(device: Device, repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+    f()?;
+    synchronize(device);
+    let mut times = Vec::with_capacity(repeats);
+    for _ in 0..repeats {
+        let start = Instant::now();
+        f()?;
+        synchronize(device);
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(times)
+}
+
+/// Multiply-adds of one row through linear layers of the given widths.
+fn mlp_macs(widths: &[usize]) -> f64 {
+    widths.windows(2).map(|w| (w[0] * w[1]) as f64).sum()
+}
+
+/// Matmul FLOPs of one plan and one update (2 per multiply-add); backward counts one matmul for
+/// weight gradients and one for input gradients, except where the input needs no gradient.
+pub fn flop_counts(c: &AgentConfig, batch: usize) -> (f64, f64) {
+    let (z, a, m, e) = (c.latent_dim, c.action_dim, c.mlp_dim, c.enc_dim);
+    let mut enc_widths = vec![c.obs_dim];
+    enc_widths.extend(std::iter::repeat_n(
+        e,
+        c.num_enc_layers.saturating_sub(1).max(1),
+    ));
+    enc_widths.push(z);
+    let encoder = mlp_macs(&enc_widths);
+    let encoder_first = (enc_widths[0] * enc_widths[1]) as f64;
+    let dynamics = mlp_macs(&[z + a, m, m, z]);
+    let reward = mlp_macs(&[z + a, m, m, c.num_bins]);
+    let q_head = reward;
+    let policy = mlp_macs(&[z, m, m, 2 * a]);
+    let policy_first = (z * m) as f64;
+    let (h, n, p) = (
+        c.horizon as f64,
+        c.num_samples as f64,
+        c.num_pi_trajs as f64,
+    );
+    let num_q = c.num_q as f64;
+
+    // What the planner computes: the first step's layers take the one encoded latent once
+    // (its share of the first matmul) and each candidate's action; the policy trajectories are
+    // rolled out in the first iteration only.
+    let first_step = |mlp: f64, rows: f64| (z * m) as f64 + rows * (mlp - (z * m) as f64);
+    let rollout = |rows: f64| {
+        first_step(reward, rows)
+            + first_step(dynamics, rows)
+            + (h - 1.0) * rows * (reward + dynamics)
+    };
+    let policy_trajectories = policy
+        + first_step(dynamics, p)
+        + (h - 2.0).max(0.0) * p * dynamics
+        + (h - 1.0) * p * policy;
+    let iterations = c.iterations as f64;
+    let plan = encoder
+        + policy_trajectories
+        + rollout(n)
+        + (iterations - 1.0) * rollout(n - p)
+        + iterations * n * (policy + 2.0 * q_head);
+
+    let b = batch as f64;
+    let rows = h * b;
+    let targets = rows * (encoder + policy + 2.0 * q_head);
+    let model_forward = b * encoder + rows * (dynamics + reward + num_q * q_head);
+    let model_backward = 2.0 * model_forward - b * encoder_first;
+    let policy_rows = (h + 1.0) * b;
+    let policy_forward = policy_rows * (policy + 2.0 * q_head);
+    // Q parameters are detached: only input gradients through the two heads.
+    let policy_backward = policy_rows * (2.0 * policy - policy_first + 2.0 * q_head);
+    let update = targets + model_forward + model_backward + policy_forward + policy_backward;
+    (2.0 * plan, 2.0 * update)
+}
+
+/// GFLOP/s of a square float32 matmul of side `n` (median of a few runs).
+pub fn matmul_gflops(device: Device, n: i64) -> f64 {
+    let x = Tensor::randn([n, n], (Kind::Float, device));
+    let y = Tensor::randn([n, n], (Kind::Float, device));
+    let flop = 2.0 * (n as f64).powi(3);
+    let times = time_ms(device, 5, || {
+        let _ = x.matmul(&y);
+        Ok(())
+    })
+    .unwrap_or_default();
+    flop / (median(times) * 1e-3) / 1e9
+}
+
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+fn parse_device(name: &str) -> Device {
+    match name {
+        "cuda" => Device::Cuda(0),
+        "auto" => Device::cuda_if_available(),
+        _ => Device::Cpu,
+    }
+}
+
+/// Runs the benchmark.
+pub fn bench(options: &BenchOptions) -> Result<BenchReport> {
+    if let Some(threads) = options.threads {
+        tch::set_num_threads(threads as i32);
+    }
+    let device = parse_device(&options.device);
+    super::kernels::retain_freed_memory();
+    let load_before = load_average();
+    let matmul = matmul_gflops(device, 2048);
+    let mut cases = Vec::new();
+    for &size in &options.model_sizes {
+        for task in &options.tasks {
+            let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
+                super::Error::Config(format!("unknown bench task `{task}` (walker-run, dog-run)"))
+            })?;
+            let config = sized_config(size, obs_dim, action_dim)
+                .ok_or_else(|| super::Error::Config(format!("unknown model size {size} (1, 5)")))?;
+            cases.push(bench_case(&config, size, task, options, device, matmul)?);
+        }
+    }
+    Ok(BenchReport {
+        device: format!("{device:?}"),
+        threads: tch::get_num_threads() as usize,
+        batch_size: options.batch_size,
+        matmul_gflops: matmul,
+        load_average: load_before.zip(load_average()),
+        cases,
+    })
+}
+
+fn bench_case(
+    config: &AgentConfig,
+    size: u32,
+    task: &str,
+    options: &BenchOptions,
+    device: Device,
+    matmul: f64,
+) -> Result<BenchCase> {
+    let mut sample_noise = TorchNoise::seeded(options.seed);
+    let mut batch_noise = HostNoise::seeded(options.seed);
+    let mut model = WorldModel::new(config, device)?;
+    let mut learner = Learner::new(config, &model)?;
+    let mut planner = Planner::new(config, device);
+    let (h, b) = (config.horizon as i64, options.batch_size as i64);
+    let options_f = (Kind::Float, device);
+    let batch = Batch {
+        obs: Tensor::randn([h + 1, b, config.obs_dim as i64], options_f),
+        action: Tensor::rand([h, b, config.action_dim as i64], options_f) * 2.0 - 1.0,
+        reward: Tensor::randn([h, b, 1], options_f),
+        terminated: Tensor::zeros([h, b, 1], options_f),
+    };
+    let obs = Tensor::randn([1, config.obs_dim as i64], options_f);
+
+    let update_times = time_ms(device, options.update_repeats, || {
+        learner
+            .update(&mut model, &batch, &mut sample_noise, &mut batch_noise)
+            .map(|_| ())
+    })?;
+    let mut first = true;
+    let plan_times = time_ms(device, options.plan_repeats, || {
+        let t0 = std::mem::take(&mut first);
+        planner
+            .plan(&model, &obs, t0, false, &mut sample_noise)
+            .map(|_| ())
+    })?;
+    let min = |times: &[f64]| times.iter().copied().fold(f64::INFINITY, f64::min);
+    let (plan_ms_min, update_ms_min) = (min(&plan_times), min(&update_times));
+    let plan_ms = median(plan_times);
+    let update_ms = median(update_times);
+    let (plan_flop, update_flop) = flop_counts(config, options.batch_size);
+    let plan_gflops = plan_flop / (plan_ms * 1e-3) / 1e9;
+    let update_gflops = update_flop / (update_ms * 1e-3) / 1e9;
+    Ok(BenchCase {
+        model_size: size,
+        task: task.to_string(),
+        obs_dim: config.obs_dim,
+        action_dim: config.action_dim,
+        iterations: config.iterations,
+        num_params: model.num_params(),
+        plan_ms,
+        update_ms,
+        plan_ms_min,
+        update_ms_min,
+        plan_gflop: plan_flop / 1e9,
+        update_gflop: update_flop / 1e9,
+        plan_gflops,
+        update_gflops,
+        plan_fraction: plan_gflops / matmul,
+        update_fraction: update_gflops / matmul,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flop_counts_scale_with_the_work() {
+        let small = sized_config(1, 24, 6).unwrap();
+        let large = sized_config(5, 24, 6).unwrap();
+        let (plan_small, update_small) = flop_counts(&small, 256);
+        let (plan_large, update_large) = flop_counts(&large, 256);
+        assert!(plan_large > 2.0 * plan_small && update_large > 2.0 * update_small);
+        // Size 5 walker-run: ~3 G multiply-adds per iteration → ~33 GFLOP per plan.
+        assert!(
+            (30.0..36.0).contains(&(plan_large / 1e9)),
+            "{}",
+            plan_large / 1e9
+        );
+        let (_, update_double) = flop_counts(&large, 512);
+        assert!((update_double / update_large - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

@@ -1,0 +1,191 @@
+//! The agent's settings, fully resolved (no optional or derived fields left).
+use serde::{Deserialize, Serialize};
+
+use super::{Error, Result};
+
+/// Everything the agent needs, with the official TD-MPC2 names. Built directly by tests, or
+/// from the run configuration by the trainer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    // dimensions
+    pub obs_dim: usize,
+    pub action_dim: usize,
+    pub latent_dim: usize,
+    pub enc_dim: usize,
+    pub mlp_dim: usize,
+    pub num_enc_layers: usize,
+    pub num_q: usize,
+    pub num_bins: usize,
+    pub vmin: f64,
+    pub vmax: f64,
+    pub simnorm_dim: usize,
+    pub dropout: f64,
+    pub log_std_min: f64,
+    pub log_std_max: f64,
+    pub episodic: bool,
+    // learning
+    pub horizon: usize,
+    pub rho: f64,
+    pub discount: f64,
+    pub lr: f64,
+    pub enc_lr_scale: f64,
+    pub grad_clip_norm: f64,
+    pub tau: f64,
+    pub consistency_coef: f64,
+    pub reward_coef: f64,
+    pub value_coef: f64,
+    pub termination_coef: f64,
+    pub entropy_coef: f64,
+    // planning
+    pub mpc: bool,
+    /// Already includes the +2 for large action spaces (applied by config resolution).
+    pub iterations: usize,
+    pub num_samples: usize,
+    pub num_elites: usize,
+    pub num_pi_trajs: usize,
+    pub min_std: f64,
+    pub max_std: f64,
+    pub temperature: f64,
+}
+
+impl AgentConfig {
+    /// The official defaults (model size 5) for the given task dimensions and discount.
+    pub fn with_dims(obs_dim: usize, action_dim: usize, discount: f64) -> Self {
+        Self {
+            obs_dim,
+            action_dim,
+            latent_dim: 512,
+            enc_dim: 256,
+            mlp_dim: 512,
+            num_enc_layers: 2,
+            num_q: 5,
+            num_bins: 101,
+            vmin: -10.0,
+            vmax: 10.0,
+            simnorm_dim: 8,
+            dropout: 0.01,
+            log_std_min: -10.0,
+            log_std_max: 2.0,
+            episodic: false,
+            horizon: 3,
+            rho: 0.5,
+            discount,
+            lr: 3e-4,
+            enc_lr_scale: 0.3,
+            grad_clip_norm: 20.0,
+            tau: 0.01,
+            consistency_coef: 20.0,
+            reward_coef: 0.1,
+            value_coef: 0.1,
+            termination_coef: 1.0,
+            entropy_coef: 1e-4,
+            mpc: true,
+            iterations: 6 + if action_dim >= 20 { 2 } else { 0 },
+            num_samples: 512,
+            num_elites: 64,
+            num_pi_trajs: 24,
+            min_std: 0.05,
+            max_std: 2.0,
+            temperature: 0.5,
+        }
+    }
+
+    /// Width of one bin of the two-hot support (in symlog space).
+    pub fn bin_size(&self) -> f64 {
+        (self.vmax - self.vmin) / (self.num_bins as f64 - 1.0)
+    }
+
+    /// Rejects settings the agent cannot run with.
+    pub fn validate(&self) -> Result<()> {
+        let fail = |msg: String| Err(Error::Config(msg));
+        for (name, value) in [
+            ("obs_dim", self.obs_dim),
+            ("action_dim", self.action_dim),
+            ("latent_dim", self.latent_dim),
+            ("enc_dim", self.enc_dim),
+            ("mlp_dim", self.mlp_dim),
+            ("num_enc_layers", self.num_enc_layers),
+            ("horizon", self.horizon),
+            ("simnorm_dim", self.simnorm_dim),
+        ] {
+            if value == 0 {
+                return fail(format!("{name} must be at least 1"));
+            }
+        }
+        if self.num_q < 2 {
+            return fail(format!(
+                "num_q must be at least 2 (two heads are sampled), got {}",
+                self.num_q
+            ));
+        }
+        if self.num_bins < 2 {
+            return fail(format!(
+                "num_bins must be at least 2, got {}",
+                self.num_bins
+            ));
+        }
+        if self.vmax <= self.vmin {
+            return fail(format!(
+                "vmax ({}) must exceed vmin ({})",
+                self.vmax, self.vmin
+            ));
+        }
+        if !self.latent_dim.is_multiple_of(self.simnorm_dim) {
+            return fail(format!(
+                "latent_dim ({}) must be a multiple of simnorm_dim ({})",
+                self.latent_dim, self.simnorm_dim
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return fail(format!("dropout must be in [0, 1), got {}", self.dropout));
+        }
+        if self.log_std_max < self.log_std_min {
+            return fail("log_std_max must not be below log_std_min".into());
+        }
+        if self.mpc {
+            if self.iterations == 0 {
+                return fail("iterations must be at least 1".into());
+            }
+            if self.num_pi_trajs >= self.num_samples {
+                return fail(format!(
+                    "num_pi_trajs ({}) must be below num_samples ({})",
+                    self.num_pi_trajs, self.num_samples
+                ));
+            }
+            if self.num_elites == 0 || self.num_elites > self.num_samples {
+                return fail(format!(
+                    "num_elites must be in 1..={} (num_samples), got {}",
+                    self.num_samples, self.num_elites
+                ));
+            }
+            if self.min_std > self.max_std {
+                return fail("min_std must not exceed max_std".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_large_action_spaces_get_more_iterations() {
+        let walker = AgentConfig::with_dims(24, 6, 0.99);
+        walker.validate().unwrap();
+        assert_eq!(walker.iterations, 6);
+        assert_eq!(AgentConfig::with_dims(223, 38, 0.99).iterations, 8);
+        assert!((walker.bin_size() - 0.2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn invalid_settings_are_rejected() {
+        let mut config = AgentConfig::with_dims(24, 6, 0.99);
+        config.latent_dim = 30;
+        assert!(matches!(config.validate(), Err(Error::Config(_))));
+        let mut config = AgentConfig::with_dims(24, 6, 0.99);
+        config.num_q = 1;
+        assert!(config.validate().is_err());
+    }
+}

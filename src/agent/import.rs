@@ -1,0 +1,158 @@
+//! Converts an official TD-MPC2 checkpoint (`torch.save({"model": state_dict})`) into our
+//! safetensors file, reading it with `torch.load(weights_only=True)` in the embedded Python.
+use std::path::Path;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyAnyMethods, PyDict, PyDictMethods};
+use tch::{Kind, Tensor};
+
+use super::world_model::{Q_DETACHED, Q_ONLINE, Q_TARGET};
+use super::{Error, Result};
+
+/// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
+const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];
+
+/// Maps an official key to ours; `None` drops it (bookkeeping, the detached Q view).
+fn convert_key(key: &str) -> Option<String> {
+    let key = key.strip_prefix("module.").unwrap_or(key);
+    if key.ends_with("__batch_size") || key.ends_with("__device") || key.starts_with(Q_DETACHED) {
+        return None;
+    }
+    // Pre-compile checkpoints: `_Qs.params.<n>` / `_target_Qs.params.<n>`, four tensors per layer.
+    for (legacy, ours) in [("_Qs.params.", Q_ONLINE), ("_target_Qs.params.", Q_TARGET)] {
+        if let Some(index) = key
+            .strip_prefix(legacy)
+            .and_then(|rest| rest.parse::<usize>().ok())
+        {
+            return Some(format!(
+                "{ours}.{}.{}",
+                index / 4,
+                LEGACY_Q_NAMES[index % 4]
+            ));
+        }
+    }
+    Some(key.to_string())
+}
+
+/// One tensor read from Python: name, shape and float32 bytes.
+struct RawTensor {
+    name: String,
+    shape: Vec<i64>,
+    bytes: Vec<u8>,
+}
+
+/// Flattens (possibly nested, tensordict-like) mappings of tensors into dotted names.
+fn collect<'py>(
+    prefix: &str,
+    mapping: &Bound<'py, PyAny>,
+    out: &mut Vec<RawTensor>,
+) -> PyResult<()> {
+    let torch = mapping.py().import("torch")?;
+    let tensor_type = torch.getattr("Tensor")?;
+    let items = mapping.call_method0("items")?;
+    for item in items.try_iter()? {
+        let (key, value): (Bound<'py, PyAny>, Bound<'py, PyAny>) = item?.extract()?;
+        let key: String = key.str()?.extract()?;
+        let name = if prefix.is_empty() {
+            key
+        } else {
+            format!("{prefix}.{key}")
+        };
+        if value.is_instance(&tensor_type)? {
+            let value = value.call_method0("detach")?.call_method0("cpu")?;
+            let value = value
+                .call_method1("to", (torch.getattr("float32")?,))?
+                .call_method0("contiguous")?;
+            let shape: Vec<i64> = value
+                .getattr("shape")?
+                .call_method0("__iter__")?
+                .try_iter()?
+                .map(|d| d.and_then(|d| d.extract::<i64>()))
+                .collect::<PyResult<_>>()?;
+            let bytes: Vec<u8> = value
+                .call_method0("numpy")?
+                .call_method0("tobytes")?
+                .extract()?;
+            out.push(RawTensor { name, shape, bytes });
+        } else if value.hasattr("items")? {
+            collect(&name, &value, out)?;
+        }
+        // Anything else (batch sizes, devices, None) is bookkeeping.
+    }
+    Ok(())
+}
+
+/// Reads the official checkpoint at `pt_path` and writes its model weights under our names to
+/// `out_path` (safetensors). Returns the names written.
+pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
+    let path_text = pt_path.to_string_lossy().to_string();
+    let raw = envs::python::with_python(|py| {
+        let torch = py.import("torch")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("weights_only", true)?;
+        kwargs.set_item("map_location", "cpu")?;
+        let checkpoint = torch.call_method("load", (path_text.as_str(),), Some(&kwargs))?;
+        let state = match checkpoint.get_item("model") {
+            Ok(model) if model.hasattr("items")? => model,
+            _ => checkpoint,
+        };
+        let mut out = Vec::new();
+        collect("", &state, &mut out)?;
+        Ok(out)
+    })
+    .map_err(|e| Error::Checkpoint {
+        path: path_text.clone(),
+        message: e.to_string(),
+    })?;
+
+    let mut named = Vec::new();
+    for t in raw {
+        let Some(name) = convert_key(&t.name) else {
+            continue;
+        };
+        let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
+        named.push((name, tensor));
+    }
+    if named.is_empty() {
+        return Err(Error::Checkpoint {
+            path: path_text,
+            message: "no tensors found".into(),
+        });
+    }
+    let tmp = out_path.with_extension("safetensors.tmp");
+    let fail = |message: String| Error::Checkpoint {
+        path: out_path.display().to_string(),
+        message,
+    };
+    Tensor::write_safetensors(&named, &tmp).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string()))?;
+    Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_converted_or_dropped() {
+        assert_eq!(
+            convert_key("_Qs.params.0.weight").as_deref(),
+            Some("_Qs.params.0.weight")
+        );
+        assert_eq!(
+            convert_key("module._pi.2.bias").as_deref(),
+            Some("_pi.2.bias")
+        );
+        assert_eq!(convert_key("_Qs.params.__batch_size"), None);
+        assert_eq!(convert_key("_target_Qs_params.__device"), None);
+        assert_eq!(convert_key("_detach_Qs_params.1.weight"), None);
+        assert_eq!(
+            convert_key("_Qs.params.6").as_deref(),
+            Some("_Qs.params.1.ln.weight")
+        );
+        assert_eq!(
+            convert_key("_target_Qs.params.9").as_deref(),
+            Some("_target_Qs_params.2.bias")
+        );
+    }
+}

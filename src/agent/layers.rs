@@ -1,0 +1,532 @@
+//! Building blocks: NormedLinear MLPs and the stacked Q ensemble.
+use tch::{Device, Kind, Tensor};
+
+use super::kernels;
+use super::noise::Noise;
+use super::params::ParamVisitor;
+use super::Result;
+
+/// LayerNorm epsilon of `nn.LayerNorm`.
+const LAYER_NORM_EPS: f64 = 1e-5;
+
+/// Standard deviation of the truncated-normal initialisation of every linear weight.
+const INIT_STD: f64 = 0.02;
+
+/// The activation closing a normed layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Mish,
+    /// Softmax within consecutive groups of this many features.
+    SimNorm(i64),
+}
+
+impl Activation {
+    pub fn apply(self, x: &Tensor) -> Tensor {
+        match self {
+            Activation::Mish => kernels::mish(x),
+            Activation::SimNorm(group) => simnorm(x, group),
+        }
+    }
+}
+
+/// Simplicial normalisation: softmax over groups of `group` features of the last dim.
+pub fn simnorm(x: &Tensor, group: i64) -> Tensor {
+    let shape = x.size();
+    let mut grouped = shape.clone();
+    if let Some(last) = grouped.last_mut() {
+        *last /= group;
+    }
+    grouped.push(group);
+    x.view(grouped.as_slice())
+        .softmax(-1, Kind::Float)
+        .view(shape.as_slice())
+}
+
+/// Truncated normal N(0, 0.02²) on [−2, 2] (the bounds lie 100σ out, so this is a plain normal).
+fn trunc_normal(shape: &[i64]) -> Tensor {
+    (Tensor::randn(shape, (Kind::Float, Device::Cpu)) * INIT_STD).clamp(-2.0, 2.0)
+}
+
+/// LayerNorm affine parameters.
+#[derive(Debug)]
+pub struct Norm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+}
+
+/// A linear layer, optionally followed by dropout, LayerNorm and an activation (the official
+/// `NormedLinear`); without a norm it is a plain `nn.Linear`.
+#[derive(Debug)]
+pub struct Layer {
+    /// (out, in), as in PyTorch.
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub norm: Option<Norm>,
+    pub activation: Option<Activation>,
+    pub dropout: f64,
+}
+
+impl Layer {
+    pub fn plain(input: i64, output: i64) -> Self {
+        Self {
+            weight: trunc_normal(&[output, input]),
+            bias: Tensor::zeros([output], (Kind::Float, Device::Cpu)),
+            norm: None,
+            activation: None,
+            dropout: 0.0,
+        }
+    }
+
+    pub fn normed(input: i64, output: i64, activation: Activation, dropout: f64) -> Self {
+        Self {
+            norm: Some(Norm {
+                weight: Tensor::ones([output], (Kind::Float, Device::Cpu)),
+                bias: Tensor::zeros([output], (Kind::Float, Device::Cpu)),
+            }),
+            activation: Some(activation),
+            dropout,
+            ..Self::plain(input, output)
+        }
+    }
+
+    pub fn output_dim(&self) -> i64 {
+        self.weight.size()[0]
+    }
+
+    /// Linear → LayerNorm → activation (dropout, used only by the Q ensemble, is applied there).
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.finish(x.linear(&self.weight, Some(&self.bias)))
+    }
+
+    /// LayerNorm and activation of a linear output.
+    pub fn finish(&self, linear: Tensor) -> Tensor {
+        let mut y = linear;
+        if let Some(norm) = &self.norm {
+            y = y.layer_norm(
+                [self.output_dim()],
+                Some(&norm.weight),
+                Some(&norm.bias),
+                LAYER_NORM_EPS,
+                true,
+            );
+        }
+        match self.activation {
+            Some(activation) => activation.apply(&y),
+            None => y,
+        }
+    }
+}
+
+impl ParamVisitor for Layer {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
+        f(format!("{prefix}.weight"), &mut self.weight);
+        f(format!("{prefix}.bias"), &mut self.bias);
+        if let Some(norm) = &mut self.norm {
+            f(format!("{prefix}.ln.weight"), &mut norm.weight);
+            f(format!("{prefix}.ln.bias"), &mut norm.bias);
+        }
+    }
+}
+
+/// The official `mlp`: NormedLinear+Mish hidden layers (dropout only on the first), then a
+/// NormedLinear with `output_activation`, or a plain Linear without one.
+#[derive(Debug)]
+pub struct Mlp {
+    pub layers: Vec<Layer>,
+}
+
+impl Mlp {
+    pub fn new(
+        input: i64,
+        hidden: &[i64],
+        output: i64,
+        output_activation: Option<Activation>,
+        dropout: f64,
+    ) -> Self {
+        let mut layers = Vec::with_capacity(hidden.len() + 1);
+        let mut width = input;
+        for (i, &h) in hidden.iter().enumerate() {
+            let p = if i == 0 { dropout } else { 0.0 };
+            layers.push(Layer::normed(width, h, Activation::Mish, p));
+            width = h;
+        }
+        layers.push(match output_activation {
+            Some(activation) => Layer::normed(width, output, activation, 0.0),
+            None => Layer::plain(width, output),
+        });
+        Self { layers }
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Tensor {
+        self.forward_from(self.layers[0].forward(x))
+    }
+
+    /// The MLP on `cat([shared, per_row], -1)` where `shared` (1, S) is the same for every row
+    /// of `per_row` (N, R): the first layer's shared part is computed once.
+    pub fn forward_shared_prefix(&self, shared: &Tensor, per_row: &Tensor) -> Tensor {
+        let first = &self.layers[0];
+        let width = shared.size()[1];
+        let rest = per_row.size()[1];
+        let shared_part = shared.linear(&first.weight.narrow(1, 0, width), Some(&first.bias));
+        let linear =
+            per_row.linear::<Tensor>(&first.weight.narrow(1, width, rest), None) + shared_part;
+        self.forward_from(first.finish(linear))
+    }
+
+    /// The layers after the first, given the first's output.
+    fn forward_from(&self, first_output: Tensor) -> Tensor {
+        let mut h = first_output;
+        for layer in &self.layers[1..] {
+            h = layer.forward(&h);
+        }
+        h
+    }
+
+    pub fn last_mut(&mut self) -> &mut Layer {
+        let last = self.layers.len() - 1;
+        &mut self.layers[last]
+    }
+}
+
+impl ParamVisitor for Mlp {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.visit_params(&format!("{prefix}.{i}"), f);
+        }
+    }
+}
+
+/// Which members of the ensemble to evaluate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heads {
+    All,
+    /// Two members (the official code always averages or mins two random heads).
+    Pair(i64, i64),
+}
+
+/// Reborrows an optional noise source for one call.
+fn reborrow<'s>(noise: &'s mut Option<&mut dyn Noise>) -> Option<&'s mut dyn Noise> {
+    match noise {
+        Some(n) => Some(&mut **n),
+        None => None,
+    }
+}
+
+/// `num` identical MLPs whose parameters are stacked along a leading member dimension
+/// (the official vmapped ensemble): weights (K, out, in), biases and norms (K, out).
+#[derive(Debug)]
+pub struct Ensemble {
+    pub layers: Vec<Layer>,
+    pub size: i64,
+}
+
+impl Ensemble {
+    /// `members` MLPs like [`Mlp::new`], stacked.
+    pub fn new(members: i64, input: i64, hidden: &[i64], output: i64, dropout: f64) -> Self {
+        let mlps: Vec<Mlp> = (0..members)
+            .map(|_| Mlp::new(input, hidden, output, None, dropout))
+            .collect();
+        let depth = mlps[0].layers.len();
+        let stack = |get: &dyn Fn(&Layer) -> &Tensor, i: usize| {
+            Tensor::stack(
+                &mlps
+                    .iter()
+                    .map(|m| get(&m.layers[i]).shallow_clone())
+                    .collect::<Vec<_>>(),
+                0,
+            )
+        };
+        let layers = (0..depth)
+            .map(|i| {
+                let template = &mlps[0].layers[i];
+                Layer {
+                    weight: stack(&|l| &l.weight, i),
+                    bias: stack(&|l| &l.bias, i),
+                    norm: template.norm.as_ref().map(|_| Norm {
+                        weight: stack(&|l| &l.norm.as_ref().expect("normed layer").weight, i),
+                        bias: stack(&|l| &l.norm.as_ref().expect("normed layer").bias, i),
+                    }),
+                    activation: template.activation,
+                    dropout: template.dropout,
+                }
+            })
+            .collect();
+        Self {
+            layers,
+            size: members,
+        }
+    }
+
+    /// A copy with its own storage (on the CPU), e.g. for the target network.
+    pub fn deep_copy(&self) -> Self {
+        let copy = |t: &Tensor| t.detach().to_device(Device::Cpu).copy();
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    weight: copy(&l.weight),
+                    bias: copy(&l.bias),
+                    norm: l.norm.as_ref().map(|n| Norm {
+                        weight: copy(&n.weight),
+                        bias: copy(&n.bias),
+                    }),
+                    activation: l.activation,
+                    dropout: l.dropout,
+                })
+                .collect(),
+            size: self.size,
+        }
+    }
+
+    /// Evaluates the chosen members on a shared input `x` (…, in); returns (k, …, out).
+    /// `detach` cuts the parameters from autograd (gradients reach `x` only). With `dropout`
+    /// (training), each member's first layer gets its own mask from that noise source.
+    pub fn forward(
+        &self,
+        x: &Tensor,
+        heads: Heads,
+        detach: bool,
+        mut dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let leading = x.size();
+        let input = *leading.last().expect("ensemble input has a feature dim");
+        let rows: i64 = leading[..leading.len() - 1].iter().product();
+        let x = x.reshape([rows, input]);
+        let out = match heads {
+            Heads::All => self.forward_all(&x, detach, dropout)?,
+            Heads::Pair(i, j) => {
+                let first = self.forward_member(&x, i, detach, reborrow(&mut dropout))?;
+                let second = self.forward_member(&x, j, detach, dropout)?;
+                Tensor::stack(&[first, second], 0)
+            }
+        };
+        let mut shape = vec![out.size()[0]];
+        shape.extend_from_slice(&leading[..leading.len() - 1]);
+        shape.push(out.size()[2]);
+        Ok(out.view(shape.as_slice()))
+    }
+
+    fn dropout_and_finish(
+        &self,
+        layer: &Layer,
+        linear: Tensor,
+        norm: Option<(Tensor, Tensor)>,
+        dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let mut h = linear;
+        if let Some(noise) = dropout {
+            if layer.dropout > 0.0 {
+                let mask = noise.dropout_mask(&h.size(), layer.dropout, h.device())?;
+                h *= mask;
+            }
+        }
+        if let Some((weight, bias)) = norm {
+            let out = *h.size().last().expect("features");
+            h = if weight.dim() == 1 {
+                h.layer_norm([out], Some(&weight), Some(&bias), LAYER_NORM_EPS, true)
+            } else {
+                // Per-member affine parameters broadcast over the rows.
+                let normalized =
+                    h.layer_norm([out], None::<Tensor>, None::<Tensor>, LAYER_NORM_EPS, true);
+                bias.addcmul(&normalized, &weight)
+            };
+        }
+        Ok(match layer.activation {
+            Some(activation) => activation.apply(&h),
+            None => h,
+        })
+    }
+
+    /// All members: the first layer as one matmul over the stacked weights (rows, K·out), the
+    /// others as batched matmuls; returns (K, rows, out).
+    fn forward_all(
+        &self,
+        x: &Tensor,
+        detach: bool,
+        mut dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let param = |t: &Tensor| {
+            if detach {
+                t.detach()
+            } else {
+                t.shallow_clone()
+            }
+        };
+        let k = self.size;
+        let first = &self.layers[0];
+        let (out, input) = (first.weight.size()[1], first.weight.size()[2]);
+        let bias = param(&first.bias).view([1, k * out]);
+        let linear = bias
+            .addmm(x, &param(&first.weight).view([k * out, input]).tr())
+            .view([-1, k, out]);
+        let norm = first
+            .norm
+            .as_ref()
+            .map(|n| (param(&n.weight), param(&n.bias)));
+        // (rows, K, out) → (K, rows, out) as a strided view; batched matmul reads it directly.
+        let mut h = self
+            .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
+            .transpose(0, 1);
+        for layer in &self.layers[1..] {
+            let bias = param(&layer.bias).unsqueeze(1);
+            let linear = bias.baddbmm(&h, &param(&layer.weight).transpose(1, 2), 1.0, 1.0);
+            let norm = layer
+                .norm
+                .as_ref()
+                .map(|n| (param(&n.weight).unsqueeze(1), param(&n.bias).unsqueeze(1)));
+            h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
+        }
+        Ok(h)
+    }
+
+    /// One member through views of its parameters (no copies); returns (rows, out).
+    fn forward_member(
+        &self,
+        x: &Tensor,
+        member: i64,
+        detach: bool,
+        mut dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let param = |t: &Tensor| {
+            let t = t.select(0, member);
+            if detach {
+                t.detach()
+            } else {
+                t
+            }
+        };
+        let mut h = x.shallow_clone();
+        for layer in &self.layers {
+            let linear = h.linear(&param(&layer.weight), Some(&param(&layer.bias)));
+            let norm = layer
+                .norm
+                .as_ref()
+                .map(|n| (param(&n.weight), param(&n.bias)));
+            h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
+        }
+        Ok(h)
+    }
+}
+
+impl ParamVisitor for Ensemble {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            layer.visit_params(&format!("{prefix}.{i}"), f);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::noise::TorchNoise;
+
+    #[test]
+    fn simnorm_makes_groups_sum_to_one() {
+        let x = Tensor::randn([3, 16], (Kind::Float, Device::Cpu));
+        let y = simnorm(&x, 8)
+            .view([3, 2, 8])
+            .sum_dim_intlist(-1, false, Kind::Float);
+        assert!((y - 1.0).abs().max().double_value(&[]) < 1e-6);
+    }
+
+    fn member(ensemble: &Ensemble, k: i64) -> Mlp {
+        Mlp {
+            layers: ensemble
+                .layers
+                .iter()
+                .map(|l| Layer {
+                    weight: l.weight.get(k),
+                    bias: l.bias.get(k),
+                    norm: l.norm.as_ref().map(|n| Norm {
+                        weight: n.weight.get(k),
+                        bias: n.bias.get(k),
+                    }),
+                    activation: l.activation,
+                    dropout: 0.0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn ensemble_members_match_separate_mlps() {
+        tch::manual_seed(3);
+        let ensemble = Ensemble::new(3, 5, &[7, 7], 4, 0.0);
+        let x = Tensor::randn([2, 6, 5], (Kind::Float, Device::Cpu));
+        let all = ensemble.forward(&x, Heads::All, false, None).unwrap();
+        assert_eq!(all.size(), vec![3, 2, 6, 4]);
+        for k in 0..3 {
+            let single = member(&ensemble, k).forward(&x);
+            assert!((single - all.get(k)).abs().max().double_value(&[]) < 1e-5);
+        }
+        let pair = ensemble.forward(&x, Heads::Pair(2, 0), true, None).unwrap();
+        assert!((pair.get(0) - all.get(2)).abs().max().double_value(&[]) < 1e-5);
+        assert!((pair.get(1) - all.get(0)).abs().max().double_value(&[]) < 1e-5);
+    }
+
+    #[test]
+    fn mlp_with_a_shared_prefix_matches_the_concatenated_input() {
+        tch::manual_seed(4);
+        let mlp = Mlp::new(7, &[9, 9], 3, Some(Activation::SimNorm(3)), 0.0);
+        let shared = Tensor::randn([1, 5], (Kind::Float, Device::Cpu));
+        let per_row = Tensor::randn([4, 2], (Kind::Float, Device::Cpu));
+        let full = Tensor::cat(&[shared.expand([4, 5], false), per_row.shallow_clone()], 1);
+        let diff = (mlp.forward(&full) - mlp.forward_shared_prefix(&shared, &per_row))
+            .abs()
+            .max();
+        assert!(diff.double_value(&[]) < 1e-6);
+    }
+
+    #[test]
+    fn q_dropout_masks_differ_per_member_and_follow_the_mode() {
+        let p = 0.25;
+        let mut ensemble = Ensemble::new(4, 3, &[256, 8], 2, p);
+        assert_eq!(ensemble.layers[0].dropout, p);
+        assert_eq!(ensemble.layers[1].dropout, 0.0);
+        // Make the first layer output exactly 1 before dropout, and look at it directly.
+        ensemble.layers[0].norm = None;
+        ensemble.layers[0].activation = None;
+        ensemble.layers[0].bias = Tensor::ones([4, 256], (Kind::Float, Device::Cpu));
+        ensemble.layers[0].weight = Tensor::zeros([4, 256, 3], (Kind::Float, Device::Cpu));
+        let first = Ensemble {
+            layers: ensemble.layers.drain(..1).collect(),
+            size: 4,
+        };
+        let x = Tensor::randn([64, 3], (Kind::Float, Device::Cpu));
+        let mut noise = TorchNoise::seeded(5);
+        let train = first
+            .forward(&x, Heads::All, false, Some(&mut noise))
+            .unwrap();
+        let dropped = train.eq(0.0).to_kind(Kind::Float);
+        let rate = dropped.mean(Kind::Float).double_value(&[]);
+        assert!((rate - p).abs() < 0.02, "drop rate {rate}");
+        // Survivors are rescaled by 1/(1-p).
+        assert!((train.max().double_value(&[]) - 1.0 / (1.0 - p)).abs() < 1e-6);
+        // Different members get different masks.
+        let differ = dropped
+            .get(0)
+            .ne_tensor(&dropped.get(1))
+            .to_kind(Kind::Float)
+            .mean(Kind::Float);
+        assert!(differ.double_value(&[]) > 0.2);
+        let pair = first
+            .forward(&x, Heads::Pair(0, 1), true, Some(&mut noise))
+            .unwrap();
+        let pair_dropped = pair.eq(0.0).to_kind(Kind::Float);
+        assert!((pair_dropped.mean(Kind::Float).double_value(&[]) - p).abs() < 0.03);
+        assert!(
+            pair_dropped
+                .get(0)
+                .ne_tensor(&pair_dropped.get(1))
+                .to_kind(Kind::Float)
+                .mean(Kind::Float)
+                .double_value(&[])
+                > 0.2
+        );
+        // Eval mode: no dropout at all.
+        let eval = first.forward(&x, Heads::All, false, None).unwrap();
+        assert_eq!(eval.eq(0.0).sum(Kind::Int64).int64_value(&[]), 0);
+    }
+}

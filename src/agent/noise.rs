@@ -1,0 +1,295 @@
+//! Sources of the agent's random draws, so that tests can replay recorded draws.
+//!
+//! Three kinds of draw exist: standard normal tensors, permutations (the Q heads picked), and
+//! Exp(1) tensors (the Gumbel noise of the planner's elite choice). Permutations come back to
+//! the host: the agent only needs their first entries as plain indices, which avoids a
+//! device-to-host transfer on accelerators.
+use std::collections::VecDeque;
+
+use rand::rngs::{SmallRng, StdRng};
+use rand::{Rng, SeedableRng};
+use tch::{Device, Kind, Tensor};
+
+use super::kernels;
+use super::{Error, Result};
+
+/// The kind of a random draw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoiseKind {
+    /// Standard normal, of a shape.
+    Randn,
+    /// A uniformly random permutation of 0..n.
+    Randperm,
+    /// Exp(1), of a shape.
+    Exponential,
+    /// A dropout mask: 0 with probability p, else 1/(1−p).
+    DropoutMask,
+}
+
+/// A stream of random draws.
+pub trait Noise {
+    /// Standard normal samples of `shape` on `device` (float32).
+    fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor>;
+    /// A random permutation of `0..n`.
+    fn randperm(&mut self, n: i64) -> Result<Vec<i64>>;
+    /// Exp(1) samples of `shape` on `device` (float32).
+    fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor>;
+    /// A dropout mask of `shape` on `device`: 0 with probability `p`, else 1/(1−p).
+    fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor>;
+}
+
+/// A dropout mask from torch's generator on accelerators, from `rng` on the CPU (torch draws
+/// CPU Bernoulli samples one by one, which is an order of magnitude slower).
+fn dropout_mask_on(rng: &mut SmallRng, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
+    if device == Device::Cpu {
+        return Ok(kernels::dropout_mask(rng, shape, p));
+    }
+    let mut keep = Tensor::f_empty(shape, (Kind::Float, device))?;
+    Ok(keep
+        .f_bernoulli_float_(1.0 - p)?
+        .f_mul_scalar(1.0 / (1.0 - p))?)
+}
+
+/// Draws from torch's global generator on the tensor's device (no host round trip for normal
+/// and exponential draws). Seeding it seeds the whole process's torch generator. CPU dropout
+/// masks come from a stream of its own.
+#[derive(Debug)]
+pub struct TorchNoise {
+    mask_rng: SmallRng,
+}
+
+impl TorchNoise {
+    /// Seeds torch's global generators (CPU and all accelerators) and returns the stream.
+    pub fn seeded(seed: u64) -> Self {
+        tch::manual_seed(seed as i64);
+        Self {
+            mask_rng: SmallRng::seed_from_u64(seed),
+        }
+    }
+}
+
+impl Noise for TorchNoise {
+    fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        Ok(Tensor::f_randn(shape, (Kind::Float, device))?)
+    }
+
+    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
+        let perm = Tensor::f_randperm(n, (Kind::Int64, Device::Cpu))?;
+        Ok(Vec::<i64>::try_from(&perm)?)
+    }
+
+    fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let mut out = Tensor::f_empty(shape, (Kind::Float, device))?;
+        Ok(out.f_exponential_(1.0)?)
+    }
+
+    fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
+        dropout_mask_on(&mut self.mask_rng, shape, p, device)
+    }
+}
+
+/// A host-side stream from a seeded [`StdRng`]: identical on every process given the same
+/// seed, whatever the device. Used for the draws that all ranks must share.
+#[derive(Debug)]
+pub struct HostNoise {
+    rng: StdRng,
+}
+
+impl HostNoise {
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    fn host_tensor(values: Vec<f32>, shape: &[i64], device: Device) -> Result<Tensor> {
+        Ok(Tensor::from_slice(&values)
+            .f_view(shape)?
+            .f_to_device(device)?)
+    }
+}
+
+impl Noise for HostNoise {
+    fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let count = shape.iter().product::<i64>().max(0) as usize;
+        let mut values = Vec::with_capacity(count);
+        while values.len() < count {
+            // Box–Muller: two independent normals per pair of uniforms.
+            let u1: f64 = 1.0 - self.rng.random::<f64>();
+            let u2: f64 = self.rng.random::<f64>();
+            let radius = (-2.0 * u1.ln()).sqrt();
+            let angle = 2.0 * std::f64::consts::PI * u2;
+            values.push((radius * angle.cos()) as f32);
+            if values.len() < count {
+                values.push((radius * angle.sin()) as f32);
+            }
+        }
+        Self::host_tensor(values, shape, device)
+    }
+
+    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
+        let mut perm: Vec<i64> = (0..n.max(0)).collect();
+        for i in (1..perm.len()).rev() {
+            let j = self.rng.random_range(0..=i);
+            perm.swap(i, j);
+        }
+        Ok(perm)
+    }
+
+    fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let count = shape.iter().product::<i64>().max(0) as usize;
+        let values = (0..count)
+            .map(|_| -(1.0 - self.rng.random::<f64>()).ln() as f32)
+            .collect();
+        Self::host_tensor(values, shape, device)
+    }
+
+    fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
+        let mut rng = SmallRng::seed_from_u64(self.rng.random());
+        let mask = kernels::dropout_mask(&mut rng, shape, p);
+        Ok(mask.f_to_device(device)?)
+    }
+}
+
+/// Hands back recorded draws in order; a draw of another kind or shape than the next recorded
+/// one is an error (the caller's draw order has diverged from the recording).
+#[derive(Debug, Default)]
+pub struct ReplayNoise {
+    queue: VecDeque<(NoiseKind, Tensor)>,
+    served: usize,
+}
+
+impl ReplayNoise {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a recorded draw. Permutations are given as integer tensors.
+    pub fn push(&mut self, kind: NoiseKind, tensor: Tensor) {
+        self.queue.push_back((kind, tensor));
+    }
+
+    /// Draws not yet served.
+    pub fn remaining(&self) -> usize {
+        self.queue.len()
+    }
+
+    fn next(&mut self, kind: NoiseKind, shape: &[i64]) -> Result<Tensor> {
+        let index = self.served;
+        let (recorded_kind, tensor) = self.queue.pop_front().ok_or_else(|| {
+            Error::Replay(format!(
+                "draw {index} ({kind:?} {shape:?}) requested, but the recording is exhausted"
+            ))
+        })?;
+        if recorded_kind != kind || tensor.size() != shape {
+            return Err(Error::Replay(format!(
+                "draw {index}: requested {kind:?} {shape:?}, recorded {recorded_kind:?} {:?}",
+                tensor.size()
+            )));
+        }
+        self.served += 1;
+        Ok(tensor)
+    }
+}
+
+impl Noise for ReplayNoise {
+    fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        Ok(self
+            .next(NoiseKind::Randn, shape)?
+            .f_to_kind(Kind::Float)?
+            .f_to_device(device)?)
+    }
+
+    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
+        let perm = self
+            .next(NoiseKind::Randperm, &[n])?
+            .f_to_kind(Kind::Int64)?;
+        Ok(Vec::<i64>::try_from(&perm)?)
+    }
+
+    fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        Ok(self
+            .next(NoiseKind::Exponential, shape)?
+            .f_to_kind(Kind::Float)?
+            .f_to_device(device)?)
+    }
+
+    fn dropout_mask(&mut self, shape: &[i64], _p: f64, device: Device) -> Result<Tensor> {
+        Ok(self
+            .next(NoiseKind::DropoutMask, shape)?
+            .f_to_kind(Kind::Float)?
+            .f_to_device(device)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_serves_in_order_and_rejects_mismatches() {
+        let mut replay = ReplayNoise::new();
+        replay.push(
+            NoiseKind::Randn,
+            Tensor::ones([2, 3], (Kind::Float, Device::Cpu)),
+        );
+        replay.push(NoiseKind::Randperm, Tensor::from_slice(&[2i64, 0, 1]));
+        let first = replay.randn(&[2, 3], Device::Cpu).unwrap();
+        assert_eq!(first.sum(Kind::Float).double_value(&[]), 6.0);
+        assert!(matches!(
+            replay.randn(&[3], Device::Cpu),
+            Err(Error::Replay(_))
+        ));
+        let mut replay = ReplayNoise::new();
+        replay.push(NoiseKind::Randperm, Tensor::from_slice(&[2i64, 0, 1]));
+        assert_eq!(replay.randperm(3).unwrap(), vec![2, 0, 1]);
+        assert!(matches!(
+            replay.exponential(&[1], Device::Cpu),
+            Err(Error::Replay(_))
+        ));
+    }
+
+    #[test]
+    fn host_noise_is_reproducible_and_well_formed() {
+        let mut a = HostNoise::seeded(7);
+        let mut b = HostNoise::seeded(7);
+        let perm = a.randperm(5).unwrap();
+        assert_eq!(perm, b.randperm(5).unwrap());
+        let mut sorted = perm.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
+        let normal = a.randn(&[20000], Device::Cpu).unwrap();
+        let mean = normal.mean(Kind::Float).double_value(&[]);
+        let std = normal.std(true).double_value(&[]);
+        assert!(
+            mean.abs() < 0.05 && (std - 1.0).abs() < 0.05,
+            "mean {mean} std {std}"
+        );
+        let exp = a.exponential(&[20000], Device::Cpu).unwrap();
+        assert!(exp.min().double_value(&[]) >= 0.0);
+        assert!((exp.mean(Kind::Float).double_value(&[]) - 1.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn torch_noise_draws_the_requested_shapes() {
+        let mut noise = TorchNoise::seeded(3);
+        assert_eq!(
+            noise.randn(&[3, 4], Device::Cpu).unwrap().size(),
+            vec![3, 4]
+        );
+        assert_eq!(
+            noise.exponential(&[5], Device::Cpu).unwrap().size(),
+            vec![5]
+        );
+        let mut perm = noise.randperm(6).unwrap();
+        perm.sort();
+        assert_eq!(perm, (0..6).collect::<Vec<_>>());
+        let mask = noise.dropout_mask(&[4, 1000], 0.5, Device::Cpu).unwrap();
+        let rate = mask
+            .eq(0.0)
+            .to_kind(Kind::Float)
+            .mean(Kind::Float)
+            .double_value(&[]);
+        assert!((rate - 0.5).abs() < 0.03 && mask.max().double_value(&[]) == 2.0);
+    }
+}

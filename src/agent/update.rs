@@ -1,0 +1,588 @@
+//! The TD-MPC2 update (official `_update`, `update_pi` and the soft target update), split into
+//! gradient computation and optimiser steps so that a distributed trainer can all-reduce or
+//! accumulate gradients in between:
+//!
+//! 1. [`Learner::world_model_backward`] → gradients in [`Learner::model_grads_mut`]
+//! 2. [`Learner::step_world_model`] (clip, Adam)
+//! 3. [`Learner::policy_backward`] (the Q scale is updated from values the caller may gather
+//!    from all ranks) → gradients in [`Learner::policy_grads_mut`]
+//! 4. [`Learner::step_policy`] (clip, Adam)
+//! 5. [`WorldModel::soft_update_target`]
+//!
+//! [`Learner::update`] runs all five for a single process.
+use serde::{Deserialize, Serialize};
+use tch::{Kind, Reduction, Tensor};
+
+use super::adam::{clip_grad_norm, Adam, ParamGroup};
+use super::config::AgentConfig;
+use super::layers::Heads;
+use super::noise::Noise;
+use super::scale::RunningScale;
+use super::world_model::{QParams, QReduce, WorldModel};
+use super::{expect_shape, Result};
+
+const BETAS: (f64, f64) = (0.9, 0.999);
+const MODEL_EPS: f64 = 1e-8;
+const POLICY_EPS: f64 = 1e-5;
+
+/// A batch of H+1 consecutive steps for B sequences, time-major.
+#[derive(Debug)]
+pub struct Batch {
+    /// (H+1, B, obs_dim)
+    pub obs: Tensor,
+    /// (H, B, action_dim)
+    pub action: Tensor,
+    /// (H, B, 1)
+    pub reward: Tensor,
+    /// (H, B, 1); zeros for non-episodic tasks.
+    pub terminated: Tensor,
+}
+
+impl Batch {
+    /// The batch on `device` (no copy when it is already there).
+    pub fn to_device(&self, device: tch::Device) -> Batch {
+        Batch {
+            obs: self.obs.to_device(device),
+            action: self.action.to_device(device),
+            reward: self.reward.to_device(device),
+            terminated: self.terminated.to_device(device),
+        }
+    }
+
+    /// Checks the shapes against the model and horizon; returns the batch size.
+    pub fn validate(&self, model: &WorldModel, horizon: i64) -> Result<i64> {
+        let b = *self.obs.size().get(1).unwrap_or(&0);
+        expect_shape("batch.obs", &self.obs, &[horizon + 1, b, model.obs_dim])?;
+        expect_shape(
+            "batch.action",
+            &self.action,
+            &[horizon, b, model.action_dim],
+        )?;
+        expect_shape("batch.reward", &self.reward, &[horizon, b, 1])?;
+        expect_shape("batch.terminated", &self.terminated, &[horizon, b, 1])?;
+        Ok(b)
+    }
+}
+
+/// Losses of one world-model backward pass (device scalars) and the latents for the policy.
+#[derive(Debug)]
+pub struct WorldModelPass {
+    pub consistency_loss: Tensor,
+    pub reward_loss: Tensor,
+    pub value_loss: Tensor,
+    pub termination_loss: Tensor,
+    pub total_loss: Tensor,
+    /// The rollout ẑ_0..ẑ_H, detached: (H+1, B, latent_dim).
+    pub latents: Tensor,
+}
+
+/// Results of one policy backward pass (device scalars).
+#[derive(Debug)]
+pub struct PolicyPass {
+    pub pi_loss: Tensor,
+    pub entropy: Tensor,
+    pub scaled_entropy: Tensor,
+}
+
+/// The logged statistics of one update, kept on the device until [`UpdateInfo::fetch`].
+#[derive(Debug)]
+pub struct UpdateInfo {
+    /// The values in the order of [`UpdateStats::FIELDS`].
+    pub values: Tensor,
+}
+
+/// The logged statistics of one update, on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct UpdateStats {
+    pub consistency_loss: f64,
+    pub reward_loss: f64,
+    pub value_loss: f64,
+    pub termination_loss: f64,
+    pub total_loss: f64,
+    pub grad_norm: f64,
+    pub pi_loss: f64,
+    pub pi_grad_norm: f64,
+    pub pi_entropy: f64,
+    pub pi_scaled_entropy: f64,
+    pub pi_scale: f64,
+}
+
+impl UpdateStats {
+    pub const FIELDS: [&'static str; 11] = [
+        "consistency_loss",
+        "reward_loss",
+        "value_loss",
+        "termination_loss",
+        "total_loss",
+        "grad_norm",
+        "pi_loss",
+        "pi_grad_norm",
+        "pi_entropy",
+        "pi_scaled_entropy",
+        "pi_scale",
+    ];
+
+    /// `(name, value)` pairs in [`Self::FIELDS`] order.
+    pub fn named(&self) -> [(&'static str, f64); 11] {
+        let v = [
+            self.consistency_loss,
+            self.reward_loss,
+            self.value_loss,
+            self.termination_loss,
+            self.total_loss,
+            self.grad_norm,
+            self.pi_loss,
+            self.pi_grad_norm,
+            self.pi_entropy,
+            self.pi_scaled_entropy,
+            self.pi_scale,
+        ];
+        let mut out = [("", 0.0); 11];
+        for (i, name) in Self::FIELDS.iter().enumerate() {
+            out[i] = (name, v[i]);
+        }
+        out
+    }
+}
+
+impl UpdateInfo {
+    /// Copies the statistics to the host (one synchronisation).
+    pub fn fetch(&self) -> Result<UpdateStats> {
+        let v = Vec::<f64>::try_from(
+            &self
+                .values
+                .to_kind(Kind::Double)
+                .to_device(tch::Device::Cpu),
+        )?;
+        Ok(UpdateStats {
+            consistency_loss: v[0],
+            reward_loss: v[1],
+            value_loss: v[2],
+            termination_loss: v[3],
+            total_loss: v[4],
+            grad_norm: v[5],
+            pi_loss: v[6],
+            pi_grad_norm: v[7],
+            pi_entropy: v[8],
+            pi_scaled_entropy: v[9],
+            pi_scale: v[10],
+        })
+    }
+}
+
+/// Optimiser state, Q scale and gradient buffers of the TD-MPC2 update.
+#[derive(Debug)]
+pub struct Learner {
+    config: AgentConfig,
+    pub model_optim: Adam,
+    pub policy_optim: Adam,
+    pub scale: RunningScale,
+    model_grads: Tensor,
+    policy_grads: Tensor,
+    /// Whether the gradient buffers hold gradients not yet consumed by a step (the next
+    /// backward adds to them instead of overwriting).
+    model_grads_pending: bool,
+    policy_grads_pending: bool,
+    /// ρ^t for t = 0..=H.
+    rho_powers: Tensor,
+}
+
+impl Learner {
+    pub fn new(config: &AgentConfig, model: &WorldModel) -> Result<Self> {
+        config.validate()?;
+        let flat = &model.model_params.flat;
+        let (enc_start, enc_end) = model.encoder_range();
+        let model_groups = vec![
+            ParamGroup {
+                start: enc_start,
+                end: enc_end,
+                lr: config.lr * config.enc_lr_scale,
+            },
+            ParamGroup {
+                start: enc_end,
+                end: model.model_params.numel(),
+                lr: config.lr,
+            },
+        ];
+        let model_optim = Adam::new(flat, model_groups, BETAS.0, BETAS.1, MODEL_EPS)?;
+        let policy_flat = &model.policy_params.flat;
+        let policy_groups = vec![ParamGroup {
+            start: 0,
+            end: model.policy_params.numel(),
+            lr: config.lr,
+        }];
+        let policy_optim = Adam::new(policy_flat, policy_groups, BETAS.0, BETAS.1, POLICY_EPS)?;
+        let rho: Vec<f32> = (0..=config.horizon)
+            .map(|t| config.rho.powi(t as i32) as f32)
+            .collect();
+        Ok(Self {
+            config: config.clone(),
+            model_optim,
+            policy_optim,
+            scale: RunningScale::new(config.tau, model.device()),
+            model_grads: flat.zeros_like().detach(),
+            policy_grads: policy_flat.zeros_like().detach(),
+            model_grads_pending: false,
+            policy_grads_pending: false,
+            rho_powers: Tensor::from_slice(&rho).to_device(model.device()),
+        })
+    }
+
+    /// The world-model gradient buffer (layout of `model.model_params`), e.g. for an all-reduce.
+    pub fn model_grads_mut(&mut self) -> &mut Tensor {
+        &mut self.model_grads
+    }
+
+    /// The policy gradient buffer (layout of `model.policy_params`).
+    pub fn policy_grads_mut(&mut self) -> &mut Tensor {
+        &mut self.policy_grads
+    }
+
+    /// TD targets y_t = r_t + γ(1 − d_t)·min of two target heads at (z'_{t+1}, π(z'_{t+1})),
+    /// with z' from the online encoder. Returns (next latents, targets).
+    fn td_targets(
+        &self,
+        model: &WorldModel,
+        batch: &Batch,
+        sample_noise: &mut dyn Noise,
+        batch_noise: &mut dyn Noise,
+    ) -> Result<(Tensor, Tensor)> {
+        let h = self.config.horizon as i64;
+        tch::no_grad(|| {
+            let next_z = model.encode(&batch.obs.narrow(0, 1, h));
+            let mut shape = next_z.size();
+            if let Some(last) = shape.last_mut() {
+                *last = model.action_dim;
+            }
+            let eps = sample_noise.randn(&shape, model.device())?;
+            let action = model.pi_action(&next_z, &eps);
+            let heads = self.pick_two(batch_noise)?;
+            let q = model.q_value(&next_z, &action, QParams::Target, heads, QReduce::Min, None)?;
+            let continuing = (1.0f64 - &batch.terminated) * self.config.discount;
+            Ok((next_z, &batch.reward + continuing * q))
+        })
+    }
+
+    /// The first two entries of a random permutation of the Q heads.
+    fn pick_two(&self, batch_noise: &mut dyn Noise) -> Result<(i64, i64)> {
+        let perm = batch_noise.randperm(self.config.num_q as i64)?;
+        match perm.as_slice() {
+            [first, second, ..] => Ok((*first, *second)),
+            _ => Err(super::Error::Replay(format!(
+                "permutation of {} heads has fewer than 2 entries",
+                self.config.num_q
+            ))),
+        }
+    }
+
+    /// Computes the world-model losses on `batch` and adds their gradients to the world-model
+    /// gradient buffer. Draws: policy noise for the TD actions (sample stream), then one
+    /// permutation for the target heads (batch stream).
+    pub fn world_model_backward(
+        &mut self,
+        model: &WorldModel,
+        batch: &Batch,
+        sample_noise: &mut dyn Noise,
+        batch_noise: &mut dyn Noise,
+    ) -> Result<WorldModelPass> {
+        let h = self.config.horizon as i64;
+        batch.validate(model, h)?;
+        let batch = &batch.to_device(model.device());
+        let (next_z, td_targets) = self.td_targets(model, batch, sample_noise, batch_noise)?;
+        let cfg = &self.config;
+
+        // Latent rollout from the encoded first observation, with gradients.
+        let mut z = model.encode(&batch.obs.get(0));
+        let mut latents = vec![z.shallow_clone()];
+        for t in 0..h {
+            z = model.next(&z, &batch.action.get(t));
+            latents.push(z.shallow_clone());
+        }
+        let zs = Tensor::stack(&latents, 0);
+        let rho = self.rho_powers.narrow(0, 0, h);
+        let per_step_mean = |x: &Tensor| x.flatten(1, -1).mean_dim(-1, false, Kind::Float);
+
+        let predicted = zs.narrow(0, 1, h);
+        let consistency =
+            (per_step_mean(&(&predicted - &next_z).square()) * &rho).sum(Kind::Float) / h as f64;
+
+        let rollout = zs.narrow(0, 0, h);
+        let reward_logits = model.reward(&rollout, &batch.action);
+        let reward_ce = model.two_hot.soft_ce(&reward_logits, &batch.reward);
+        let reward_loss = (per_step_mean(&reward_ce) * &rho).sum(Kind::Float) / h as f64;
+
+        let q_logits = model.q_logits(
+            &rollout,
+            &batch.action,
+            QParams::Online,
+            Heads::All,
+            Some(sample_noise),
+        )?;
+        let value_ce = model.two_hot.soft_ce(&q_logits, &td_targets); // (K, H, B, 1)
+        let value_per_step = value_ce
+            .flatten(2, -1)
+            .mean_dim(-1, false, Kind::Float)
+            .sum_dim_intlist(0, false, Kind::Float);
+        let value_loss = (value_per_step * &rho).sum(Kind::Float) / (h * cfg.num_q as i64) as f64;
+
+        let termination_loss = match model.termination.as_ref() {
+            Some(head) => head
+                .forward(&predicted)
+                .binary_cross_entropy_with_logits::<Tensor>(
+                    &batch.terminated,
+                    None,
+                    None,
+                    Reduction::Mean,
+                ),
+            None => Tensor::zeros([], (Kind::Float, model.device())),
+        };
+        let total_loss = &consistency * cfg.consistency_coef
+            + &reward_loss * cfg.reward_coef
+            + &termination_loss * cfg.termination_coef
+            + &value_loss * cfg.value_coef;
+
+        let grads =
+            Tensor::f_run_backward(&[&total_loss], model.model_params.views(), false, false)?;
+        model
+            .model_params
+            .gather_grads(&grads, &mut self.model_grads, self.model_grads_pending)?;
+        self.model_grads_pending = true;
+        Ok(WorldModelPass {
+            consistency_loss: consistency.detach(),
+            reward_loss: reward_loss.detach(),
+            value_loss: value_loss.detach(),
+            termination_loss: termination_loss.detach(),
+            total_loss: total_loss.detach(),
+            latents: zs.detach(),
+        })
+    }
+
+    /// Clips the accumulated world-model gradients and takes an Adam step; returns the norm
+    /// before clipping.
+    pub fn step_world_model(&mut self, model: &WorldModel) -> Tensor {
+        let norm = clip_grad_norm(&mut self.model_grads, self.config.grad_clip_norm);
+        self.model_optim
+            .step(&model.model_params.flat, &self.model_grads);
+        self.model_grads_pending = false;
+        norm
+    }
+
+    /// Computes the policy loss on the (detached) latents and adds its gradients to the policy
+    /// gradient buffer. Before the loss, the Q scale is updated from `gather(Q(ẑ_0, π(ẑ_0)))`:
+    /// a distributed caller gathers the values of all ranks there; otherwise pass the identity.
+    /// Draws: policy noise (sample stream), then one permutation for the two online heads
+    /// (batch stream).
+    pub fn policy_backward(
+        &mut self,
+        model: &WorldModel,
+        latents: &Tensor,
+        sample_noise: &mut dyn Noise,
+        batch_noise: &mut dyn Noise,
+        gather: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
+    ) -> Result<PolicyPass> {
+        let cfg = &self.config;
+        let mut shape = latents.size();
+        if let Some(last) = shape.last_mut() {
+            *last = model.action_dim;
+        }
+        let eps = sample_noise.randn(&shape, model.device())?;
+        let policy = model.pi(latents, &eps);
+        let heads = self.pick_two(batch_noise)?;
+        let q = model.q_value(
+            latents,
+            &policy.action,
+            QParams::Detached,
+            heads,
+            QReduce::Avg,
+            Some(sample_noise),
+        )?;
+        let gathered = gather(&q.get(0).detach())?;
+        self.scale.update(&gathered);
+        let q = self.scale.normalize(&q);
+        let objective = (&policy.scaled_entropy * cfg.entropy_coef + q).mean_dim(
+            [1, 2].as_slice(),
+            false,
+            Kind::Float,
+        );
+        let pi_loss = (-objective * &self.rho_powers).mean(Kind::Float);
+        let grads = Tensor::f_run_backward(&[&pi_loss], model.policy_params.views(), false, false)?;
+        model.policy_params.gather_grads(
+            &grads,
+            &mut self.policy_grads,
+            self.policy_grads_pending,
+        )?;
+        self.policy_grads_pending = true;
+        Ok(PolicyPass {
+            pi_loss: pi_loss.detach(),
+            entropy: policy.entropy.detach().mean(Kind::Float),
+            scaled_entropy: policy.scaled_entropy.detach().mean(Kind::Float),
+        })
+    }
+
+    /// Clips the accumulated policy gradients and takes an Adam step; returns the norm before
+    /// clipping.
+    pub fn step_policy(&mut self, model: &WorldModel) -> Tensor {
+        let norm = clip_grad_norm(&mut self.policy_grads, self.config.grad_clip_norm);
+        self.policy_optim
+            .step(&model.policy_params.flat, &self.policy_grads);
+        self.policy_grads_pending = false;
+        norm
+    }
+
+    /// One complete update for a single process.
+    pub fn update(
+        &mut self,
+        model: &mut WorldModel,
+        batch: &Batch,
+        sample_noise: &mut dyn Noise,
+        batch_noise: &mut dyn Noise,
+    ) -> Result<UpdateInfo> {
+        let wm = self.world_model_backward(model, batch, sample_noise, batch_noise)?;
+        let grad_norm = self.step_world_model(model);
+        let pi = self.policy_backward(model, &wm.latents, sample_noise, batch_noise, &mut |q| {
+            Ok(q.shallow_clone())
+        })?;
+        let pi_grad_norm = self.step_policy(model);
+        model.soft_update_target(self.config.tau);
+        Ok(self.info(&wm, grad_norm, &pi, pi_grad_norm))
+    }
+
+    /// Assembles the logged statistics.
+    pub fn info(
+        &self,
+        wm: &WorldModelPass,
+        grad_norm: Tensor,
+        pi: &PolicyPass,
+        pi_grad_norm: Tensor,
+    ) -> UpdateInfo {
+        let scalars = [
+            wm.consistency_loss.shallow_clone(),
+            wm.reward_loss.shallow_clone(),
+            wm.value_loss.shallow_clone(),
+            wm.termination_loss.shallow_clone(),
+            wm.total_loss.shallow_clone(),
+            grad_norm,
+            pi.pi_loss.shallow_clone(),
+            pi_grad_norm,
+            pi.entropy.shallow_clone(),
+            pi.scaled_entropy.shallow_clone(),
+            self.scale.value().view([]),
+        ];
+        UpdateInfo {
+            values: Tensor::stack(&scalars, 0).to_kind(Kind::Float),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::noise::{NoiseKind, ReplayNoise, TorchNoise};
+    use tch::Device;
+
+    fn small_config() -> AgentConfig {
+        AgentConfig {
+            enc_dim: 16,
+            mlp_dim: 16,
+            latent_dim: 8,
+            num_q: 3,
+            dropout: 0.0,
+            ..AgentConfig::with_dims(5, 2, 0.99)
+        }
+    }
+
+    fn random_batch(b: i64) -> Batch {
+        let o = (Kind::Float, Device::Cpu);
+        Batch {
+            obs: Tensor::randn([4, b, 5], o),
+            action: Tensor::rand([3, b, 2], o) * 2.0 - 1.0,
+            reward: Tensor::randn([3, b, 1], o),
+            terminated: Tensor::zeros([3, b, 1], o),
+        }
+    }
+
+    fn narrow(batch: &Batch, start: i64, len: i64) -> Batch {
+        Batch {
+            obs: batch.obs.narrow(1, start, len),
+            action: batch.action.narrow(1, start, len),
+            reward: batch.reward.narrow(1, start, len),
+            terminated: batch.terminated.narrow(1, start, len),
+        }
+    }
+
+    #[test]
+    fn world_model_gradients_accumulate_over_micro_batches() {
+        tch::manual_seed(0);
+        let config = small_config();
+        let model = WorldModel::new(&config, Device::Cpu).unwrap();
+        let batch = random_batch(6);
+        let eps = Tensor::randn([3, 6, 2], (Kind::Float, Device::Cpu));
+        let perm = || Tensor::from_slice(&[2i64, 0, 1]);
+
+        let mut whole = Learner::new(&config, &model).unwrap();
+        let (mut sample, mut perms) = (ReplayNoise::new(), ReplayNoise::new());
+        sample.push(NoiseKind::Randn, eps.shallow_clone());
+        perms.push(NoiseKind::Randperm, perm());
+        whole
+            .world_model_backward(&model, &batch, &mut sample, &mut perms)
+            .unwrap();
+
+        let mut parts = Learner::new(&config, &model).unwrap();
+        for (start, len) in [(0, 3), (3, 3)] {
+            let (mut sample, mut perms) = (ReplayNoise::new(), ReplayNoise::new());
+            sample.push(NoiseKind::Randn, eps.narrow(1, start, len));
+            perms.push(NoiseKind::Randperm, perm());
+            parts
+                .world_model_backward(&model, &narrow(&batch, start, len), &mut sample, &mut perms)
+                .unwrap();
+        }
+        // Losses are batch means: the sum of two half-batch gradients is twice the whole's.
+        let expected = whole.model_grads_mut().shallow_clone() * 2.0;
+        let diff = (parts.model_grads_mut().shallow_clone() - &expected)
+            .abs()
+            .max()
+            .double_value(&[]);
+        assert!(
+            diff < 1e-5 * (1.0 + expected.abs().max().double_value(&[])),
+            "diff {diff}"
+        );
+        assert!(expected.abs().max().double_value(&[]) > 0.0);
+
+        // A step consumes the gradients: the next backward overwrites instead of adding.
+        let norm = parts.step_world_model(&model);
+        assert!(norm.double_value(&[]) > 0.0);
+        assert_eq!(parts.model_optim.step_count(), 1);
+    }
+
+    #[test]
+    fn full_update_moves_parameters_and_targets_and_reports_finite_stats() {
+        tch::manual_seed(1);
+        let config = AgentConfig {
+            dropout: 0.01,
+            ..small_config()
+        };
+        let mut model = WorldModel::new(&config, Device::Cpu).unwrap();
+        let mut learner = Learner::new(&config, &model).unwrap();
+        let before = model.model_params.flat.copy();
+        let target_before = model.target_params.flat.copy();
+        let mut sample = TorchNoise::seeded(1);
+        let mut perms = crate::agent::noise::HostNoise::seeded(1);
+        let stats = learner
+            .update(&mut model, &random_batch(8), &mut sample, &mut perms)
+            .unwrap()
+            .fetch()
+            .unwrap();
+        for (name, value) in stats.named() {
+            assert!(value.is_finite(), "{name} = {value}");
+        }
+        assert!(stats.total_loss > 0.0 && stats.grad_norm > 0.0 && stats.pi_grad_norm > 0.0);
+        assert!(!model.model_params.flat.equal(&before));
+        assert!(!model.target_params.flat.equal(&target_before));
+        // A batch of the wrong shape is an error.
+        let mut bad = random_batch(4);
+        bad.reward = Tensor::zeros([3, 4, 2], (Kind::Float, Device::Cpu));
+        assert!(learner
+            .update(&mut model, &bad, &mut sample, &mut perms)
+            .is_err());
+    }
+}

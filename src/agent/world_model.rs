@@ -1,0 +1,502 @@
+//! The TD-MPC2 world model: encoder, latent dynamics, reward, optional termination, policy
+//! prior and the Q ensemble with its target copy. Parameter names are the official
+//! state-dict keys.
+use std::collections::HashMap;
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::AgentConfig;
+use super::layers::{Activation, Ensemble, Heads, Mlp};
+use super::math::{self, TwoHot};
+use super::noise::Noise;
+use super::params::FlatParams;
+use super::{Error, Result};
+
+pub const ENCODER: &str = "_encoder.state";
+pub const DYNAMICS: &str = "_dynamics";
+pub const REWARD: &str = "_reward";
+pub const TERMINATION: &str = "_termination";
+pub const POLICY: &str = "_pi";
+pub const Q_ONLINE: &str = "_Qs.params";
+pub const Q_TARGET: &str = "_target_Qs_params";
+/// The official second view of the online Q parameters; accepted on load and ignored.
+pub const Q_DETACHED: &str = "_detach_Qs_params";
+pub const LOG_STD_MIN: &str = "log_std_min";
+pub const LOG_STD_DIF: &str = "log_std_dif";
+
+/// Which copy of the Q parameters to evaluate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QParams {
+    /// The trained parameters, with gradients.
+    Online,
+    /// The trained parameters cut from autograd (the policy loss differentiates only w.r.t. the
+    /// action).
+    Detached,
+    /// The Polyak-averaged copy; always evaluated without dropout.
+    Target,
+}
+
+/// How two sampled Q heads are combined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QReduce {
+    Min,
+    Avg,
+}
+
+/// The policy prior's output for a batch of latents.
+#[derive(Debug)]
+pub struct PolicyOutput {
+    /// tanh-squashed sampled action.
+    pub action: Tensor,
+    /// The Gaussian mean before tanh.
+    pub mean_raw: Tensor,
+    /// tanh of the mean (the deterministic action).
+    pub mean: Tensor,
+    /// log σ after squashing into [log_std_min, log_std_max].
+    pub log_std: Tensor,
+    /// −log π(a) (…, 1).
+    pub entropy: Tensor,
+    /// The official scaled entropy (…, 1).
+    pub scaled_entropy: Tensor,
+}
+
+/// Model components and their parameter buffers.
+#[derive(Debug)]
+pub struct WorldModel {
+    pub encoder: Mlp,
+    pub dynamics: Mlp,
+    pub reward: Mlp,
+    pub termination: Option<Mlp>,
+    pub policy: Mlp,
+    pub q: Ensemble,
+    pub target_q: Ensemble,
+    /// Encoder, dynamics, reward, termination and online Q parameters (the world-model optimiser).
+    pub model_params: FlatParams,
+    /// Policy-prior parameters (the policy optimiser).
+    pub policy_params: FlatParams,
+    /// Target Q parameters, laid out like the online Q range of `model_params`.
+    pub target_params: FlatParams,
+    pub two_hot: TwoHot,
+    pub log_std_min: f64,
+    pub log_std_dif: f64,
+    pub action_dim: i64,
+    pub latent_dim: i64,
+    pub obs_dim: i64,
+    device: Device,
+}
+
+impl WorldModel {
+    /// A freshly initialised model. Initialisation draws from torch's global CPU generator, so
+    /// the result does not depend on `device`.
+    pub fn new(config: &AgentConfig, device: Device) -> Result<Self> {
+        config.validate()?;
+        let z = config.latent_dim as i64;
+        let a = config.action_dim as i64;
+        let m = config.mlp_dim as i64;
+        let bins = config.num_bins as i64;
+        let simnorm = Activation::SimNorm(config.simnorm_dim as i64);
+        let enc_hidden =
+            vec![config.enc_dim as i64; config.num_enc_layers.saturating_sub(1).max(1)];
+        let mut encoder = Mlp::new(config.obs_dim as i64, &enc_hidden, z, Some(simnorm), 0.0);
+        let mut dynamics = Mlp::new(z + a, &[m, m], z, Some(simnorm), 0.0);
+        let mut reward = Mlp::new(z + a, &[m, m], bins, None, 0.0);
+        let mut termination = config.episodic.then(|| Mlp::new(z, &[m, m], 1, None, 0.0));
+        let mut policy = Mlp::new(z, &[m, m], 2 * a, None, 0.0);
+        let mut q = Ensemble::new(config.num_q as i64, z + a, &[m, m], bins, config.dropout);
+        let _ = reward.last_mut().weight.zero_();
+        if let Some(last) = q.layers.last_mut() {
+            let _ = last.weight.zero_();
+        }
+        let mut target_q = q.deep_copy();
+
+        let model_params = {
+            let mut modules: Vec<(&str, &mut dyn super::params::ParamVisitor)> = vec![
+                (ENCODER, &mut encoder),
+                (DYNAMICS, &mut dynamics),
+                (REWARD, &mut reward),
+            ];
+            if let Some(t) = termination.as_mut() {
+                modules.push((TERMINATION, t));
+            }
+            modules.push((Q_ONLINE, &mut q));
+            FlatParams::pack(&mut modules, device, true)
+        };
+        let policy_params = FlatParams::pack(&mut [(POLICY, &mut policy)], device, true);
+        let target_params = FlatParams::pack(&mut [(Q_TARGET, &mut target_q)], device, false);
+        Ok(Self {
+            encoder,
+            dynamics,
+            reward,
+            termination,
+            policy,
+            q,
+            target_q,
+            model_params,
+            policy_params,
+            target_params,
+            two_hot: TwoHot::new(config.num_bins, config.vmin, config.vmax, device),
+            log_std_min: config.log_std_min,
+            log_std_dif: config.log_std_max - config.log_std_min,
+            action_dim: a,
+            latent_dim: z,
+            obs_dim: config.obs_dim as i64,
+            device,
+        })
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The online Q parameters' range `[start, end)` inside `model_params`.
+    pub fn q_range(&self) -> (i64, i64) {
+        self.model_params
+            .range_of(Q_ONLINE)
+            .expect("the model has Q parameters")
+    }
+
+    /// The encoder's range inside `model_params` (its own learning rate).
+    pub fn encoder_range(&self) -> (i64, i64) {
+        self.model_params
+            .range_of(ENCODER)
+            .expect("the model has an encoder")
+    }
+
+    /// Observations (…, obs_dim) → latents (…, latent_dim).
+    pub fn encode(&self, obs: &Tensor) -> Tensor {
+        self.encoder.forward(obs)
+    }
+
+    /// Next latent from a latent and an action.
+    pub fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
+        self.dynamics.forward(&Tensor::cat(&[z, a], -1))
+    }
+
+    /// Reward logits (…, num_bins).
+    pub fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor {
+        self.reward.forward(&Tensor::cat(&[z, a], -1))
+    }
+
+    /// [`Self::next`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
+    pub fn next_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+        self.dynamics.forward_shared_prefix(z, a)
+    }
+
+    /// [`Self::reward`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
+    pub fn reward_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+        self.reward.forward_shared_prefix(z, a)
+    }
+
+    /// Termination logits (…, 1), if the model is episodic.
+    pub fn termination_logits(&self, z: &Tensor) -> Option<Tensor> {
+        self.termination.as_ref().map(|t| t.forward(z))
+    }
+
+    /// The policy prior with given standard-normal noise `eps` (shape of the action).
+    pub fn pi(&self, z: &Tensor, eps: &Tensor) -> PolicyOutput {
+        let out = self.policy.forward(z);
+        let parts = out.chunk(2, -1);
+        let mean_raw = parts[0].shallow_clone();
+        let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
+        let gaussian = math::gaussian_log_prob(eps, &log_std);
+        let unsquashed = &mean_raw + eps * log_std.exp();
+        let action = unsquashed.tanh();
+        let log_prob = math::squash_correction(&action, &gaussian);
+        let scaled_entropy = math::scaled_entropy(&gaussian, &log_prob, self.action_dim);
+        PolicyOutput {
+            mean: mean_raw.tanh(),
+            mean_raw,
+            log_std,
+            entropy: -&log_prob,
+            scaled_entropy,
+            action,
+        }
+    }
+
+    /// Only the sampled action of the policy prior (skips the entropy terms).
+    pub fn pi_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
+        let out = self.policy.forward(z);
+        let parts = out.chunk(2, -1);
+        let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
+        (&parts[0] + eps * log_std.exp()).tanh()
+    }
+
+    /// Q logits of the chosen heads: (k, …, num_bins). `dropout` (training) supplies the first
+    /// layer's masks; the target copy never uses dropout.
+    pub fn q_logits(
+        &self,
+        z: &Tensor,
+        a: &Tensor,
+        params: QParams,
+        heads: Heads,
+        dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let x = Tensor::cat(&[z, a], -1);
+        match params {
+            QParams::Online => self.q.forward(&x, heads, false, dropout),
+            QParams::Detached => self.q.forward(&x, heads, true, dropout),
+            QParams::Target => self.target_q.forward(&x, heads, false, None),
+        }
+    }
+
+    /// The official `Q(..., return_type='min'|'avg')`: two heads `(first, second)`, decoded and
+    /// combined; (…, 1).
+    pub fn q_value(
+        &self,
+        z: &Tensor,
+        a: &Tensor,
+        params: QParams,
+        pair: (i64, i64),
+        reduce: QReduce,
+        dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let logits = self.q_logits(z, a, params, Heads::Pair(pair.0, pair.1), dropout)?;
+        let values = self.two_hot.decode(&logits);
+        Ok(match reduce {
+            QReduce::Min => values.amin(0, false),
+            QReduce::Avg => values.sum_dim_intlist(0, false, Kind::Float) / 2.0,
+        })
+    }
+
+    /// Polyak update of the target Qs: θ̄ ← θ̄ + τ(θ − θ̄).
+    pub fn soft_update_target(&mut self, tau: f64) {
+        let (start, end) = self.q_range();
+        let online = self.model_params.flat.narrow(0, start, end - start);
+        tch::no_grad(|| {
+            let _ = self.target_params.flat.lerp_(&online, tau);
+        });
+    }
+
+    /// Every state-dict entry: parameters, target Qs and the log-std buffers, on the CPU.
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = Vec::new();
+        for buffer in [&self.model_params, &self.policy_params, &self.target_params] {
+            for (entry, view) in buffer.entries.iter().zip(buffer.views()) {
+                out.push((
+                    entry.name.clone(),
+                    view.detach().to_device(Device::Cpu).contiguous(),
+                ));
+            }
+        }
+        out.push((LOG_STD_MIN.into(), Tensor::from(self.log_std_min as f32)));
+        out.push((LOG_STD_DIF.into(), Tensor::from(self.log_std_dif as f32)));
+        out
+    }
+
+    /// Loads a state dict (official keys; a leading `module.` is stripped, `_detach_Qs_params.*`
+    /// ignored). Every parameter must be present with its shape; unknown keys are an error.
+    pub fn load_named(&mut self, tensors: Vec<(String, Tensor)>) -> Result<()> {
+        let mut by_name: HashMap<String, Tensor> = HashMap::new();
+        for (name, tensor) in tensors {
+            let name = name.strip_prefix("module.").unwrap_or(&name).to_string();
+            if name.starts_with(Q_DETACHED) {
+                continue;
+            }
+            by_name.insert(name, tensor);
+        }
+        for buffer in [&self.model_params, &self.policy_params, &self.target_params] {
+            buffer.load(&mut |name| by_name.remove(name))?;
+        }
+        let mut scalar = |key: &str| -> Result<Option<f64>> {
+            match by_name.remove(key) {
+                None => Ok(None),
+                Some(t) if t.numel() == 1 => {
+                    Ok(Some(t.to_kind(Kind::Double).view([-1]).double_value(&[0])))
+                }
+                Some(t) => Err(Error::Shape {
+                    what: key.into(),
+                    expected: vec![],
+                    got: t.size(),
+                }),
+            }
+        };
+        let min = scalar(LOG_STD_MIN)?;
+        let dif = scalar(LOG_STD_DIF)?;
+        if let Some(min) = min {
+            self.log_std_min = min;
+        }
+        if let Some(dif) = dif {
+            self.log_std_dif = dif;
+        }
+        if !by_name.is_empty() {
+            let mut unknown: Vec<String> = by_name.into_keys().collect();
+            unknown.sort();
+            return Err(Error::Config(format!(
+                "unexpected keys in state dict: {}",
+                unknown.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the state dict as safetensors (atomically: a temporary file, then a rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let tensors = self.named_tensors();
+        let tmp = path.with_extension("safetensors.tmp");
+        let fail = |message: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            message,
+        };
+        Tensor::write_safetensors(&tensors, &tmp).map_err(|e| fail(e.to_string()))?;
+        std::fs::rename(&tmp, path).map_err(|e| fail(e.to_string()))
+    }
+
+    /// Reads a safetensors state dict written by [`WorldModel::save`] or [`super::import_official`].
+    pub fn load(&mut self, path: &Path) -> Result<()> {
+        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        self.load_named(tensors).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })
+    }
+
+    /// Copies all parameters of `other` (same architecture) into this model.
+    pub fn copy_from(&mut self, other: &WorldModel) -> Result<()> {
+        for (mine, theirs) in [
+            (&self.model_params, &other.model_params),
+            (&self.policy_params, &other.policy_params),
+            (&self.target_params, &other.target_params),
+        ] {
+            if mine.entries != theirs.entries {
+                return Err(Error::Config(
+                    "copy_from: the models' architectures differ".into(),
+                ));
+            }
+            tch::no_grad(|| mine.flat.detach().copy_(&theirs.flat));
+        }
+        self.log_std_min = other.log_std_min;
+        self.log_std_dif = other.log_std_dif;
+        Ok(())
+    }
+
+    /// Number of trainable parameters (world model and policy).
+    pub fn num_params(&self) -> i64 {
+        self.model_params.numel() + self.policy_params.numel()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small_config() -> AgentConfig {
+        AgentConfig {
+            enc_dim: 32,
+            mlp_dim: 32,
+            latent_dim: 16,
+            num_q: 3,
+            dropout: 0.5,
+            ..AgentConfig::with_dims(5, 2, 0.99)
+        }
+    }
+
+    #[test]
+    fn initial_reward_and_q_decode_to_zero() {
+        tch::manual_seed(0);
+        let model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
+        let z = model.encode(&Tensor::randn([4, 5], (Kind::Float, Device::Cpu)));
+        let a = Tensor::zeros([4, 2], (Kind::Float, Device::Cpu));
+        let r = model.two_hot.decode(&model.reward(&z, &a));
+        assert!(r.abs().max().double_value(&[]) < 1e-6);
+        let q = model
+            .q_value(&z, &a, QParams::Online, (0, 2), QReduce::Min, None)
+            .unwrap();
+        assert!(q.abs().max().double_value(&[]) < 1e-6);
+        // Names follow the official state dict.
+        let names: Vec<String> = model.named_tensors().into_iter().map(|(n, _)| n).collect();
+        for key in [
+            "_encoder.state.0.ln.weight",
+            "_dynamics.2.ln.bias",
+            "_reward.2.weight",
+            "_pi.2.bias",
+            "_Qs.params.0.weight",
+            "_target_Qs_params.2.bias",
+            "log_std_dif",
+        ] {
+            assert!(names.iter().any(|n| n == key), "missing {key}");
+        }
+        assert_eq!(model.q.layers[0].weight.size(), vec![3, 32, 18]);
+    }
+
+    #[test]
+    fn target_qs_never_use_dropout_but_online_qs_do_in_training() {
+        tch::manual_seed(1);
+        let mut model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
+        // Give the final layers weight so dropout is visible in the logits.
+        tch::no_grad(|| {
+            let _ = model.model_params.flat.normal_(0.0, 0.3);
+            let (start, end) = model.q_range();
+            let online_q = model.model_params.flat.narrow(0, start, end - start);
+            model.target_params.flat.copy_(&online_q);
+        });
+        let z = Tensor::randn([8, 16], (Kind::Float, Device::Cpu));
+        let a = Tensor::randn([8, 2], (Kind::Float, Device::Cpu));
+        let mut noise = crate::agent::noise::TorchNoise::seeded(1);
+        let eval1 = model
+            .q_logits(&z, &a, QParams::Online, Heads::All, None)
+            .unwrap();
+        let eval2 = model
+            .q_logits(&z, &a, QParams::Online, Heads::All, None)
+            .unwrap();
+        assert!(eval1.allclose(&eval2, 0.0, 0.0, false));
+        let target_train = model
+            .q_logits(&z, &a, QParams::Target, Heads::All, Some(&mut noise))
+            .unwrap();
+        assert!((target_train - &eval1).abs().max().double_value(&[]) < 1e-5);
+        let train = model
+            .q_logits(&z, &a, QParams::Online, Heads::All, Some(&mut noise))
+            .unwrap();
+        assert!((train - &eval1).abs().max().double_value(&[]) > 1e-3);
+        let detached = model
+            .q_logits(&z, &a, QParams::Detached, Heads::All, Some(&mut noise))
+            .unwrap();
+        assert!((detached - &eval1).abs().max().double_value(&[]) > 1e-3);
+        model.soft_update_target(0.5);
+    }
+
+    #[test]
+    fn save_and_load_round_trip() {
+        tch::manual_seed(2);
+        let config = small_config();
+        let model = WorldModel::new(&config, Device::Cpu).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        model.save(&path).unwrap();
+        tch::manual_seed(3);
+        let mut other = WorldModel::new(&config, Device::Cpu).unwrap();
+        other.load(&path).unwrap();
+        assert!(other
+            .model_params
+            .flat
+            .allclose(&model.model_params.flat, 0.0, 0.0, false));
+        assert!(other
+            .policy_params
+            .flat
+            .allclose(&model.policy_params.flat, 0.0, 0.0, false));
+        // A missing key is an error, not a panic.
+        let mut partial = model.named_tensors();
+        partial.retain(|(n, _)| n != "_pi.0.weight");
+        assert!(other.load_named(partial).is_err());
+        // Unknown keys are rejected; `module.` prefixes and detached copies are accepted.
+        let mut renamed: Vec<(String, Tensor)> = model
+            .named_tensors()
+            .into_iter()
+            .map(|(n, t)| (format!("module.{n}"), t))
+            .collect();
+        renamed.push((
+            "_detach_Qs_params.0.weight".into(),
+            Tensor::zeros([1], (Kind::Float, Device::Cpu)),
+        ));
+        other.load_named(renamed).unwrap();
+        let mut extra = model.named_tensors();
+        extra.push((
+            "bogus".into(),
+            Tensor::zeros([1], (Kind::Float, Device::Cpu)),
+        ));
+        assert!(other.load_named(extra).is_err());
+    }
+}
