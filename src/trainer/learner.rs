@@ -131,7 +131,11 @@ impl<'g> Learner<'g> {
         let pi_grad_norm = learner.step_policy(model);
         model.soft_update_target(self.tau);
         let (wm, pi) = (mean_passes(&passes), mean_policy(&policy_passes));
-        Ok(learner.info(&wm, grad_norm, &pi, pi_grad_norm))
+        // Losses are per-rank means: averaged, they are the losses of the whole N·k·B batch
+        // (the grad norms and the scale are already global and stay as they are).
+        let mut info = learner.info(&wm, grad_norm, &pi, pi_grad_norm);
+        group.all_reduce_mean(&mut info.values)?;
+        Ok(info)
     }
 }
 

@@ -1,0 +1,413 @@
+//! Data-parallel correctness on CPU with gloo, through real processes:
+//! - N ranks with batch B equal one rank with batch N·B (parameters, scale, losses);
+//! - sync_freq=2 on one rank equals one update on the doubled batch (world model);
+//! - every rank ends with the same learner state (the checkpoints' per-rank checksums);
+//! - a dying rank stops the run, naming the rank; a taken master_port is a clear error.
+//!
+//! Worker processes are this test binary re-run on `worker_entry` with TDMPC2_TEST_WORKER set.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tch::{Device, Kind, Tensor};
+use tdmpc2::agent::{Agent, Batch, NoiseKind, ReplayNoise};
+use tdmpc2::config::{Config, Source};
+use tdmpc2::dist::{ProcessGroup, RankInfo};
+use tdmpc2::trainer::learner::Learner;
+
+const B: i64 = 8;
+const H: i64 = 3;
+const OBS: i64 = 5;
+const ACT: i64 = 2;
+const NUM_Q: i64 = 2;
+
+fn config(batch_size: i64, sync_freq: usize) -> Config {
+    let overrides = [
+        format!("batch_size={batch_size}"),
+        format!("sync_freq={sync_freq}"),
+        "horizon=3".into(),
+        "latent_dim=16".into(),
+        "enc_dim=32".into(),
+        "mlp_dim=32".into(),
+        format!("num_q={NUM_Q}"),
+        "dropout=0".into(),
+        "obs_shape=[5]".into(),
+        "action_dim=2".into(),
+        "discount=0.99".into(),
+    ];
+    Config::load(&Source {
+        overrides: overrides.to_vec(),
+        ..Source::default()
+    })
+    .unwrap()
+}
+
+/// The union batch of `parts` batches of B, deterministic.
+fn union_batch(parts: i64) -> Batch {
+    let _guard = tch::no_grad_guard();
+    tch::manual_seed(123);
+    let n = parts * B;
+    Batch {
+        obs: Tensor::randn([H + 1, n, OBS], (Kind::Float, Device::Cpu)),
+        action: Tensor::rand([H, n, ACT], (Kind::Float, Device::Cpu)) * 2.0 - 1.0,
+        reward: Tensor::randn([H, n, 1], (Kind::Float, Device::Cpu)),
+        terminated: Tensor::zeros([H, n, 1], (Kind::Float, Device::Cpu)),
+    }
+}
+
+fn part(batch: &Batch, index: i64) -> Batch {
+    let slice = |t: &Tensor| t.narrow(1, index * B, B).copy();
+    Batch {
+        obs: slice(&batch.obs),
+        action: slice(&batch.action),
+        reward: slice(&batch.reward),
+        terminated: slice(&batch.terminated),
+    }
+}
+
+/// The per-sample noise of one update on `parts` batches, and the two head permutations.
+fn update_noise(parts: i64) -> (Tensor, Tensor, Vec<i64>, Vec<i64>) {
+    tch::manual_seed(7);
+    let td = Tensor::randn([H, parts * B, ACT], (Kind::Float, Device::Cpu));
+    let pi = Tensor::randn([H + 1, parts * B, ACT], (Kind::Float, Device::Cpu));
+    (td, pi, vec![1, 0], vec![0, 1])
+}
+
+/// Replayed draws for micro-batches `indices` of the union (in update order: every world-model
+/// pass, then every policy pass).
+fn replay(indices: &[i64], parts: i64) -> (ReplayNoise, ReplayNoise) {
+    let (td, pi, td_perm, pi_perm) = update_noise(parts);
+    let width = B;
+    let mut sample = ReplayNoise::new();
+    let mut batch = ReplayNoise::new();
+    let perm = |p: &[i64]| Tensor::from_slice(p);
+    for &i in indices {
+        sample.push(NoiseKind::Randn, td.narrow(1, i * width, width).copy());
+        batch.push(NoiseKind::Randperm, perm(&td_perm));
+    }
+    for &i in indices {
+        sample.push(NoiseKind::Randn, pi.narrow(1, i * width, width).copy());
+        batch.push(NoiseKind::Randperm, perm(&pi_perm));
+    }
+    (sample, batch)
+}
+
+fn agent(config: &Config) -> Agent {
+    Agent::new(config.agent_config().unwrap(), Device::Cpu, 5).unwrap()
+}
+
+/// Parameters, scale and losses after one synchronised update, as named tensors.
+fn outcome(agent: &Agent, info: &tdmpc2::agent::UpdateInfo) -> Vec<(String, Tensor)> {
+    let mut out = agent.model.named_tensors();
+    out.push(("scale".into(), agent.learner.scale.value().copy()));
+    out.push(("info".into(), info.values.copy()));
+    out
+}
+
+/// One update of this rank (`rank` of `world`) on its part of the union; returns the outcome.
+fn rank_update(group: &ProcessGroup, parts: i64) -> Vec<(String, Tensor)> {
+    let config = config(B, 1);
+    let mut agent = agent(&config);
+    let mut learner = Learner::new(&config, 100, Device::Cpu, group).unwrap();
+    let (sample, batch) = replay(&[group.rank() as i64], parts);
+    agent.sample_noise = Box::new(sample);
+    agent.batch_noise = Box::new(batch);
+    let info = learner
+        .update_on(
+            &mut agent,
+            &[part(&union_batch(parts), group.rank() as i64)],
+        )
+        .unwrap();
+    outcome(&agent, &info)
+}
+
+#[test]
+fn worker_entry() {
+    let Ok(out) = std::env::var("TDMPC2_TEST_WORKER") else {
+        return;
+    };
+    let config = config(B, 1);
+    let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
+    let world = rank.world_size as i64;
+    let group = ProcessGroup::init(rank, "gloo", Duration::from_secs(60)).unwrap();
+    let result = rank_update(&group, world);
+    if group.rank() == 0 {
+        Tensor::write_safetensors(&result, &out).unwrap();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run_workers(world: usize, out: &Path) {
+    let port = free_port().to_string();
+    let children: Vec<_> = (0..world)
+        .map(|rank| {
+            Command::new(std::env::current_exe().unwrap())
+                .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
+                .env("TDMPC2_TEST_WORKER", out)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a worker failed");
+    }
+}
+
+fn assert_close(a: &[(String, Tensor)], b: &[(String, Tensor)], what: &str) {
+    let mut checked = 0;
+    for (name, ta) in a {
+        let tb = &b
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{name} missing"))
+            .1;
+        let diff = (ta - tb).abs().max().double_value(&[]);
+        let scale = tb.abs().max().double_value(&[]).max(1.0);
+        assert!(diff <= 1e-5 * scale, "{what}: {name} differs by {diff}");
+        checked += 1;
+    }
+    assert!(checked > 10);
+}
+
+#[test]
+fn two_ranks_with_batch_b_equal_one_rank_with_batch_2b() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("rank0.safetensors");
+    run_workers(2, &out);
+    let distributed = Tensor::read_safetensors(&out).unwrap();
+
+    let single = ProcessGroup::init(
+        RankInfo::single(&config(B, 1)),
+        "gloo",
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let config = config(2 * B, 1);
+    let mut agent = agent(&config);
+    let mut learner = Learner::new(&config, 100, Device::Cpu, &single).unwrap();
+    let (td, pi, td_perm, pi_perm) = update_noise(2);
+    let mut sample = ReplayNoise::new();
+    sample.push(NoiseKind::Randn, td);
+    sample.push(NoiseKind::Randn, pi);
+    let mut batch = ReplayNoise::new();
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&td_perm));
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&pi_perm));
+    agent.sample_noise = Box::new(sample);
+    agent.batch_noise = Box::new(batch);
+    let info = learner.update_on(&mut agent, &[union_batch(2)]).unwrap();
+    let reference = outcome(&agent, &info);
+    assert_close(&distributed, &reference, "2 ranks × B vs 1 rank × 2B");
+
+    // The update moved the parameters: the comparison is not between two untouched models.
+    let fresh = self::agent(&config).model.named_tensors();
+    let moved = fresh
+        .iter()
+        .zip(&reference)
+        .any(|((_, a), (_, b))| !a.allclose(b, 1e-7, 1e-7, false));
+    assert!(moved);
+}
+
+#[test]
+fn sync_freq_two_equals_one_update_on_the_doubled_batch() {
+    let single = ProcessGroup::init(
+        RankInfo::single(&config(B, 1)),
+        "gloo",
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let union = union_batch(2);
+
+    let accumulated = config(B, 2);
+    let mut agent_a = agent(&accumulated);
+    let mut learner = Learner::new(&accumulated, 100, Device::Cpu, &single).unwrap();
+    let (sample, batch) = replay(&[0, 1], 2);
+    agent_a.sample_noise = Box::new(sample);
+    agent_a.batch_noise = Box::new(batch);
+    learner
+        .update_on(&mut agent_a, &[part(&union, 0), part(&union, 1)])
+        .unwrap();
+
+    let doubled = config(2 * B, 1);
+    let mut agent_b = agent(&doubled);
+    let mut learner = Learner::new(&doubled, 100, Device::Cpu, &single).unwrap();
+    let (td, pi, td_perm, pi_perm) = update_noise(2);
+    let mut sample = ReplayNoise::new();
+    sample.push(NoiseKind::Randn, td);
+    sample.push(NoiseKind::Randn, pi);
+    let mut batch = ReplayNoise::new();
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&td_perm));
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&pi_perm));
+    agent_b.sample_noise = Box::new(sample);
+    agent_b.batch_noise = Box::new(batch);
+    learner.update_on(&mut agent_b, &[union]).unwrap();
+
+    let world_model = |a: &Agent| -> Vec<(String, Tensor)> {
+        a.model
+            .named_tensors()
+            .into_iter()
+            .filter(|(n, _)| !n.starts_with("_pi"))
+            .collect()
+    };
+    assert_close(
+        &world_model(&agent_a),
+        &world_model(&agent_b),
+        "sync_freq=2 vs doubled batch",
+    );
+}
+
+const TINY: &[&str] = &[
+    "train",
+    "task=Pendulum-v1",
+    "model_size=1",
+    "batch_size=16",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=2",
+    "iterations=1",
+    "seed_steps=200",
+    "eval_episodes=2",
+    "num_threads=1",
+    "enable_tensorboard=false",
+];
+
+fn launcher(args: &[String]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn meta(run_dir: &Path, step: u64) -> serde_json::Value {
+    let path: PathBuf = run_dir
+        .join("checkpoints")
+        .join(format!("step_{step:012}"))
+        .join("meta.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn every_rank_holds_the_same_learner_state() {
+    for world in [2usize, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let steps = 600 * world as u64;
+        let out = launcher(&[
+            format!("world_size={world}"),
+            format!("steps={steps}"),
+            format!("save_freq={}", 400 * world),
+            format!("eval_freq={steps}"),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", dir.path().display()),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for step in [400 * world as u64, steps] {
+            let checksums = meta(dir.path(), step)["rank_checksums"]
+                .as_array()
+                .unwrap()
+                .clone();
+            assert_eq!(checksums.len(), world);
+            assert!(
+                checksums.iter().all(|c| c == &checksums[0]),
+                "{world} ranks at {step}: {checksums:?}"
+            );
+        }
+        assert_ne!(
+            meta(dir.path(), 400 * world as u64)["rank_checksums"][0],
+            meta(dir.path(), steps)["rank_checksums"][0]
+        );
+    }
+}
+
+#[test]
+fn a_dying_rank_stops_the_run_and_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    // A long run whose rank 1 is SIGKILLed mid-way.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "world_size=2".to_string(),
+            "steps=1000000".into(),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", dir.path().display()),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    let killed = kill_rank(child.id(), 1);
+    assert!(killed, "found rank 1's process");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("rank 1 failed"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "stopped within a bounded time"
+    );
+}
+
+/// SIGKILLs the child of `launcher` whose environment says RANK=`rank`.
+fn kill_rank(launcher: u32, rank: usize) -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in entries.flatten() {
+        let pid = entry.file_name().to_string_lossy().to_string();
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .unwrap_or("");
+        if ppid != launcher.to_string() {
+            continue;
+        }
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let wanted = format!("RANK={rank}");
+        if environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes()) {
+            return Command::new("kill")
+                .args(["-9", &pid])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+        }
+    }
+    false
+}
+
+#[test]
+fn a_taken_master_port_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = launcher(&[
+        "world_size=2".into(),
+        "steps=400".into(),
+        format!("master_port={port}"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("master_port={port} is not free")),
+        "{stderr}"
+    );
+}
