@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Multi-GPU training in one line, as the seed project's launcher:
+#   scripts/run_ddp.sh TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]
+#   scripts/run_ddp.sh dog-run 5 8 1 steps=20000000 eval_freq=100000
+# Sets everything up on first use, then starts WORLD_SIZE local ranks with the built-in launcher.
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]" >&2
+    exit 2
+fi
+task=$1 model_size=$2
+shift 2
+world_size=8 sync_freq=1
+if [ $# -gt 0 ] && [[ $1 != *=* ]]; then world_size=$1; shift; fi
+if [ $# -gt 0 ] && [[ $1 != *=* ]]; then sync_freq=$1; shift; fi
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+"$here/setup.sh" >&2
+source "$here/env.sh"
+bin=$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 --no-deps \
+    | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2
+exec "$bin" train --config-name=config_ddp task="$task" model_size="$model_size" \
+    world_size="$world_size" sync_freq="$sync_freq" "$@"
