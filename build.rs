@@ -22,5 +22,11 @@ fn main() {
     let site = lines.next().expect("site-packages path");
     let libdir = lines.next().expect("libpython directory");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
+    // Tests start the venv's tools (torchrun) beside the binary.
+    let venv_bin = std::path::Path::new(&python)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    println!("cargo:rustc-env=TDMPC2_TEST_VENV_BIN={venv_bin}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{site}/torch/lib");
 }

@@ -411,3 +411,87 @@ fn a_taken_master_port_is_a_clear_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn runs_under_torchrun() {
+    let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");
+    if !torchrun.is_file() {
+        eprintln!("no torchrun in the venv: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(torchrun)
+        .args([
+            "--no-python",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+        ])
+        .arg(format!("--master_port={}", free_port()))
+        .arg(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "steps=800".to_string(),
+            "save_freq=800".into(),
+            "eval_freq=800".into(),
+        ])
+        .arg(format!("run_dir={}", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta = meta(dir.path(), 800);
+    assert_eq!(
+        meta["world_size"], 2,
+        "torchrun's WORLD_SIZE decides the ranks"
+    );
+    assert_eq!(meta["rank_checksums"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn two_nodes_on_one_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let node = |rank: usize| {
+        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(TINY)
+            .args([
+                "world_size=2".to_string(),
+                "nnodes=2".into(),
+                format!("node_rank={rank}"),
+                "master_addr=127.0.0.1".into(),
+                format!("master_port={port}"),
+                "steps=800".into(),
+                "save_freq=800".into(),
+                "eval_freq=800".into(),
+                format!(
+                    "run_dir={}",
+                    dir.path().join(format!("node{rank}")).display()
+                ),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (first, second) = (node(0), node(1));
+    for child in [first, second] {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Rank 0 (node 0) writes the checkpoints, with both ranks' checksums.
+    let meta = meta(&dir.path().join("node0"), 800);
+    let checksums = meta["rank_checksums"].as_array().unwrap().clone();
+    assert_eq!(checksums.len(), 2);
+    assert_eq!(checksums[0], checksums[1]);
+    assert!(
+        !dir.path().join("node1").join("checkpoints").exists(),
+        "only rank 0 writes checkpoints"
+    );
+}
