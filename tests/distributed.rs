@@ -495,3 +495,38 @@ fn two_nodes_on_one_machine() {
         "only rank 0 writes checkpoints"
     );
 }
+
+#[test]
+fn sigterm_stops_every_rank_after_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "world_size=2".to_string(),
+            "steps=1000000".into(),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", dir.path().display()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(8));
+    let stopped = Instant::now();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a stopped run exits non-zero");
+    assert!(stderr.contains("terminated (SIGTERM)"), "{stderr}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(60),
+        "stopped within a bounded time"
+    );
+    let (step, latest) =
+        tdmpc2::checkpoint::store::latest(&dir.path().join("checkpoints")).expect("a checkpoint");
+    assert!(step > 0);
+    assert!(latest.join("model.safetensors").is_file());
+}
