@@ -299,7 +299,7 @@ impl Config {
                 "must be >= 1 (or null for cores / local ranks)",
             ));
         }
-        if self.simnorm_dim > 0 && self.latent_dim % self.simnorm_dim != 0 {
+        if self.simnorm_dim > 0 && !self.latent_dim.is_multiple_of(self.simnorm_dim) {
             return Err(Error::Config(format!(
                 "latent_dim={} must be a multiple of simnorm_dim={}",
                 self.latent_dim, self.simnorm_dim

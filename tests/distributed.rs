@@ -339,7 +339,7 @@ fn a_dying_rank_stops_the_run_and_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     // A long run whose rank 1 is SIGKILLed mid-way.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(TINY)
         .args([
             "world_size=2".to_string(),

@@ -55,7 +55,7 @@ enum Event {
 
 /// Runs the plan to completion; Ok only when every local rank exited 0.
 pub fn launch(plan: &LaunchPlan) -> Result<()> {
-    if plan.world_size % plan.nnodes != 0 {
+    if !plan.world_size.is_multiple_of(plan.nnodes) {
         return Err(Error::Config(format!(
             "world_size={} must be a multiple of nnodes={} (world_size counts the ranks of all nodes)",
             plan.world_size, plan.nnodes
