@@ -31,6 +31,9 @@ pub enum Command {
     },
     /// Environment and agent benchmarks, printed as JSON lines.
     Bench(BenchArgs),
+    /// One rank of `bench --cases ddp` (started by the bench itself).
+    #[command(hide = true)]
+    BenchWorker(crate::bench::ddp::WorkerArgs),
 }
 
 /// How a run's configuration is assembled.
@@ -52,12 +55,24 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// What to measure: env (environment steps/s).
+    /// What to measure: env (environment steps/s), ddp (data-parallel scaling of agent steps/s).
     #[arg(long, value_delimiter = ',', default_value = "env")]
     pub cases: Vec<String>,
     /// Agent steps per environment measurement.
     #[arg(long, default_value_t = 2000)]
     pub env_steps: usize,
+    /// ddp: rank counts to measure; each rank gets cores / ranks threads.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub ranks: Vec<usize>,
+    /// ddp: micro-batches per synchronised update.
+    #[arg(long, default_value_t = 1)]
+    pub sync_freq: usize,
+    /// ddp: timed agent steps (plan + update) per rank.
+    #[arg(long, default_value_t = 30)]
+    pub ddp_steps: usize,
+    /// ddp: untimed agent steps before the timed ones.
+    #[arg(long, default_value_t = 3)]
+    pub ddp_warmup: usize,
 }
 
 impl RunArgs {
@@ -95,6 +110,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench(&args),
+        Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
     }
 }
 
@@ -170,9 +186,19 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     println!("{line}");
                 }
             }
+            "ddp" => {
+                let options = crate::bench::ddp::DdpOptions {
+                    ranks: args.ranks.clone(),
+                    sync_freq: args.sync_freq,
+                    steps: args.ddp_steps,
+                    warmup: args.ddp_warmup,
+                    seed: 1,
+                };
+                crate::bench::ddp::run(&options, &mut |line| println!("{line}"))?;
+            }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env"
+                    "unknown bench case '{other}'; allowed: env, ddp"
                 )))
             }
         }

@@ -85,6 +85,8 @@ pub struct Config {
     pub nnodes: usize,
     pub node_rank: usize,
     pub dist_timeout: u64,
+    pub lr_scale: String,
+    pub lr_warmup_steps: u64,
     // hardware
     pub device: String,
     pub num_threads: Option<usize>,
@@ -282,6 +284,12 @@ impl Config {
                 self.obs
             )));
         }
+        if !["none", "linear", "sqrt"].contains(&self.lr_scale.as_str()) {
+            return Err(Error::Config(format!(
+                "lr_scale={} is not a scaling rule; allowed: none, linear, sqrt",
+                self.lr_scale
+            )));
+        }
         if self.dist_timeout == 0 {
             return Err(range("dist_timeout", 0, "must be >= 1 second"));
         }
@@ -347,6 +355,16 @@ impl Config {
         Ok(())
     }
 
+    /// The learning-rate multiplier for the effective batch (world_size × sync_freq).
+    pub fn lr_multiplier(&self) -> f64 {
+        let batches = (self.world_size * self.sync_freq) as f64;
+        match self.lr_scale.as_str() {
+            "linear" => batches,
+            "sqrt" => batches.sqrt(),
+            _ => 1.0,
+        }
+    }
+
     /// The agent's settings; needs a resolved config.
     pub fn agent_config(&self) -> Result<crate::agent::AgentConfig> {
         let unresolved =
@@ -371,7 +389,7 @@ impl Config {
             horizon: self.horizon,
             rho: self.rho,
             discount: self.discount.ok_or_else(unresolved)?,
-            lr: self.lr,
+            lr: self.lr * self.lr_multiplier(),
             enc_lr_scale: self.enc_lr_scale,
             grad_clip_norm: self.grad_clip_norm,
             tau: self.tau,

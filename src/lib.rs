@@ -1,5 +1,6 @@
 //! tdmpc2: a distributed TD-MPC2 trainer.
 pub mod agent;
+pub mod bench;
 pub mod buffer;
 pub mod checkpoint;
 pub mod cli;

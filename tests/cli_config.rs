@@ -132,6 +132,8 @@ fn every_validation_error_is_clear() {
         ("model_size=3", "valid sizes: 1, 5, 19, 48, 317"),
         ("task=walker-runn", "walker-run"),
         ("novalue", "overrides are key=value"),
+        ("lr_scale=cubic", "allowed: none, linear, sqrt"),
+        ("seed_steps=10", "seed_steps=10 is out of range"),
     ];
     for (arg, needle) in cases {
         let e = rejected(&["train", "--cfg", "job", arg]);

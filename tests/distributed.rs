@@ -530,3 +530,40 @@ fn sigterm_stops_every_rank_after_a_checkpoint() {
     assert!(step > 0);
     assert!(latest.join("model.safetensors").is_file());
 }
+
+#[test]
+fn lr_scale_and_warmup_set_the_optimiser_rates() {
+    let single = ProcessGroup::init(
+        RankInfo::single(&config(B, 1)),
+        "gloo",
+        Duration::from_secs(1),
+    )
+    .unwrap();
+    let mut scaled = config(B, 1);
+    scaled.world_size = 4;
+    scaled.lr_scale = "sqrt".into();
+    scaled.lr_warmup_steps = 10;
+    let mut agent = agent(&scaled);
+    let lrs = |a: &Agent| {
+        a.learner
+            .model_optim
+            .groups
+            .iter()
+            .map(|g| g.lr)
+            .collect::<Vec<_>>()
+    };
+    let expected = scaled.lr * 2.0; // sqrt(world_size 4 × sync_freq 1)
+    assert_eq!(lrs(&agent), vec![expected * scaled.enc_lr_scale, expected]);
+    assert_eq!(agent.learner.policy_optim.groups[0].lr, expected);
+
+    let mut learner = Learner::new(&scaled, 100, Device::Cpu, &single).unwrap();
+    learner
+        .update_on(&mut agent, &[part(&union_batch(1), 0)])
+        .unwrap();
+    let warm = lrs(&agent);
+    assert!(
+        (warm[1] - expected / 10.0).abs() < 1e-12,
+        "first of 10 warm-up steps: {warm:?}"
+    );
+    assert!((agent.learner.policy_optim.groups[0].lr - expected / 10.0).abs() < 1e-12);
+}

@@ -5,6 +5,8 @@
 //! stored latents, then one policy step). Gradients are averaged over ranks and micro-batches,
 //! so N ranks × k micro-batches of B behave as one update on a batch of N·k·B. The Q scale is
 //! updated at every micro-batch from the Q values gathered from all ranks.
+use std::time::Instant;
+
 use rand_pcg::Pcg64;
 use tch::{Device, Tensor};
 
@@ -20,7 +22,21 @@ pub struct Learner<'g> {
     horizon: usize,
     sync_freq: usize,
     tau: f64,
+    warmup_steps: u64,
+    /// The optimisers' configured learning rates per group (world model, policy), which the
+    /// warm-up scales.
+    base_lrs: Option<(Vec<f64>, Vec<f64>)>,
     group: &'g ProcessGroup,
+    comm: CommTimes,
+}
+
+/// Seconds spent inside the update's collectives since the learner was made (for benchmarks).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CommTimes {
+    /// The two all-reduces of the flat gradient buffers.
+    pub grad_all_reduce: f64,
+    /// The Q-value all-gathers and the all-reduce of the logged info.
+    pub other: f64,
 }
 
 impl<'g> Learner<'g> {
@@ -42,8 +58,15 @@ impl<'g> Learner<'g> {
             horizon: config.horizon,
             sync_freq: config.sync_freq,
             tau: config.tau,
+            warmup_steps: config.lr_warmup_steps,
+            base_lrs: None,
             group,
+            comm: CommTimes::default(),
         })
+    }
+
+    pub fn comm_times(&self) -> CommTimes {
+        self.comm
     }
 
     pub fn add_episode(&mut self, episode: &Episode) -> Result<()> {
@@ -86,8 +109,31 @@ impl<'g> Learner<'g> {
         self.update_on(agent, &batches)
     }
 
+    /// Linear learning-rate warm-up over the first `lr_warmup_steps` optimiser steps.
+    fn warm_up(&mut self, agent: &mut Agent) {
+        if self.warmup_steps == 0 {
+            return;
+        }
+        let optimisers = [
+            &mut agent.learner.model_optim,
+            &mut agent.learner.policy_optim,
+        ];
+        let (model_base, policy_base) = self.base_lrs.get_or_insert_with(|| {
+            let lrs = |o: &crate::agent::Adam| o.groups.iter().map(|g| g.lr).collect::<Vec<_>>();
+            (lrs(optimisers[0]), lrs(optimisers[1]))
+        });
+        let step = optimisers[0].step_count() + 1;
+        let factor = (step as f64 / self.warmup_steps as f64).min(1.0);
+        for (optimiser, base) in optimisers.into_iter().zip([&*model_base, &*policy_base]) {
+            for (group, lr) in optimiser.groups.iter_mut().zip(base) {
+                group.lr = lr * factor;
+            }
+        }
+    }
+
     /// One synchronised update on the given micro-batches.
     pub fn update_on(&mut self, agent: &mut Agent, batches: &[Batch]) -> Result<UpdateInfo> {
+        self.warm_up(agent);
         let group = self.group;
         if group.world_size() == 1 && batches.len() == 1 {
             return Ok(agent.update(&batches[0])?);
@@ -109,13 +155,19 @@ impl<'g> Learner<'g> {
                 batch_noise.as_mut(),
             )?);
         }
+        let started = Instant::now();
         average(group, learner.model_grads_mut(), micro)?;
+        self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
         let grad_norm = learner.step_world_model(model);
 
+        let mut gather_seconds = 0.0;
         let mut gather = |q: &Tensor| -> crate::agent::Result<Tensor> {
-            group
+            let started = Instant::now();
+            let gathered = group
                 .all_gather(q)
-                .map_err(|e| crate::agent::Error::Config(e.to_string()))
+                .map_err(|e| crate::agent::Error::Config(e.to_string()));
+            gather_seconds += started.elapsed().as_secs_f64();
+            gathered
         };
         let mut policy_passes = Vec::with_capacity(passes.len());
         for pass in &passes {
@@ -127,14 +179,19 @@ impl<'g> Learner<'g> {
                 &mut gather,
             )?);
         }
+        self.comm.other += gather_seconds;
+        let started = Instant::now();
         average(group, learner.policy_grads_mut(), micro)?;
+        self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
         let pi_grad_norm = learner.step_policy(model);
         model.soft_update_target(self.tau);
         let (wm, pi) = (mean_passes(&passes), mean_policy(&policy_passes));
         // Losses are per-rank means: averaged, they are the losses of the whole N·k·B batch
         // (the grad norms and the scale are already global and stay as they are).
         let mut info = learner.info(&wm, grad_norm, &pi, pi_grad_norm);
+        let started = Instant::now();
         group.all_reduce_mean(&mut info.values)?;
+        self.comm.other += started.elapsed().as_secs_f64();
         Ok(info)
     }
 }

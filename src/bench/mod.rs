@@ -1,0 +1,2 @@
+//! Benchmarks of the trainer as a whole (the agent's own are in `agent::bench`).
+pub mod ddp;
