@@ -55,12 +55,22 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// What to measure: env (environment steps/s), ddp (data-parallel scaling of agent steps/s).
-    #[arg(long, value_delimiter = ',', default_value = "env")]
+    /// What to measure: env (environment steps/s), agent (plan and update ms vs matmul
+    /// throughput), ddp (data-parallel scaling of agent steps/s).
+    #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// Agent steps per environment measurement.
     #[arg(long, default_value_t = 2000)]
     pub env_steps: usize,
+    /// agent: model sizes to time (1 and/or 5).
+    #[arg(long, value_delimiter = ',', default_value = "1,5")]
+    pub model_sizes: Vec<u32>,
+    /// agent: task dimensions to time (walker-run and/or dog-run).
+    #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
+    pub tasks: Vec<String>,
+    /// agent: torch threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// ddp: rank counts to measure; each rank gets cores / ranks threads.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub ranks: Vec<usize>,
@@ -186,6 +196,24 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     println!("{line}");
                 }
             }
+            "agent" => {
+                let options = crate::agent::bench::BenchOptions {
+                    model_sizes: args.model_sizes.clone(),
+                    tasks: args.tasks.clone(),
+                    threads: args.threads,
+                    ..Default::default()
+                };
+                let report = crate::agent::bench::bench(&options)?;
+                for case in &report.cases {
+                    let mut line = serde_json::to_value(case).map_err(|e| Error::Other(e.to_string()))?;
+                    line["case"] = "agent".into();
+                    line["device"] = report.device.clone().into();
+                    line["threads"] = report.threads.into();
+                    line["batch_size"] = report.batch_size.into();
+                    line["matmul_gflops"] = report.matmul_gflops.into();
+                    println!("{line}");
+                }
+            }
             "ddp" => {
                 let options = crate::bench::ddp::DdpOptions {
                     ranks: args.ranks.clone(),
@@ -198,7 +226,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, ddp"
+                    "unknown bench case '{other}'; allowed: env, agent, ddp"
                 )))
             }
         }
