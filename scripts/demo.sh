@@ -11,7 +11,8 @@ bin=$(cargo metadata --format-version 1 --no-deps | python -c 'import json,sys; 
 
 gpus=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 world_size=$(( gpus > 1 ? gpus : 2 ))
+# A smaller planner and batch than the official defaults keep the CPU demo to a few minutes.
 exec "$bin" train task=Pendulum-v1 model_size=1 world_size="$world_size" \
-    steps=6000 eval_freq=2000 eval_episodes=4 batch_size=64 \
-    num_samples=128 num_elites=16 num_pi_trajs=8 iterations=4 \
+    steps=3200 seed_steps=600 eval_freq=1600 eval_episodes=4 batch_size=64 \
+    num_samples=128 num_elites=16 num_pi_trajs=8 iterations=3 \
     exp_name=demo "$@"

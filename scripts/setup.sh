@@ -16,10 +16,19 @@ root=$tdmpc2_root
 venv=$TDMPC2_VENV
 say() { printf '[setup] %s\n' "$*" >&2; }
 
+# The first interpreter that actually runs (a pyenv shim for a version that is not selected
+# exists on PATH but fails).
 find_python() {
-    if [ -n "${TDMPC2_PYTHON:-}" ]; then echo "$TDMPC2_PYTHON"; return; fi
-    if command -v python3.12 >/dev/null 2>&1; then command -v python3.12; return; fi
-    local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+    local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv} candidate
+    for candidate in ${TDMPC2_PYTHON:-} "$pyenv_root"/versions/3.12.*/bin/python3.12 python3.12 python3; do
+        if "$candidate" -c 'import sys; assert sys.version_info >= (3, 10)' >/dev/null 2>&1; then
+            command -v "$candidate"
+            return
+        fi
+    done
+    echo "no Python >= 3.10 found; set TDMPC2_PYTHON" >&2
+    return 1
+}
     local candidate
     for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12; do
         [ -x "$candidate" ] && { echo "$candidate"; return; }
