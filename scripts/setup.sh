@@ -29,12 +29,6 @@ find_python() {
     echo "no Python >= 3.10 found; set TDMPC2_PYTHON" >&2
     return 1
 }
-    local candidate
-    for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12; do
-        [ -x "$candidate" ] && { echo "$candidate"; return; }
-    done
-    command -v python3
-}
 
 if [ ! -x "$venv/bin/python" ]; then
     python=$(find_python)
