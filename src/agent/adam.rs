@@ -2,6 +2,7 @@
 //! (no AMSGrad, no weight decay), with its state open for saving, restoring and comparing.
 use tch::{Kind, Tensor};
 
+use super::kernels::{self, AdamCoefficients};
 use super::{Error, Result};
 
 /// A contiguous slice of the flat buffer sharing one learning rate (a torch param group).
@@ -29,8 +30,8 @@ pub struct Adam {
     step: u64,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    /// Reused for the denominator, so a step allocates nothing.
-    scratch: Tensor,
+    /// The denominator buffer of the tensor-operation path (off the CPU), made on first use.
+    scratch: Option<Tensor>,
 }
 
 impl Adam {
@@ -59,7 +60,7 @@ impl Adam {
             step: 0,
             exp_avg: params.zeros_like().detach(),
             exp_avg_sq: params.zeros_like().detach(),
-            scratch: params.zeros_like().detach(),
+            scratch: None,
         })
     }
 
@@ -74,21 +75,58 @@ impl Adam {
         let t = self.step as i32;
         let bias_correction1 = 1.0 - self.beta1.powi(t);
         let bias_correction2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
+        let buffers = [params, grads, &self.exp_avg, &self.exp_avg_sq];
+        let len = self.exp_avg.numel();
+        if !kernels::adam_step_applies(buffers, len)
+            || params.numel() != len
+            || grads.numel() != len
+        {
+            self.step_with_tensor_ops(params, grads, bias_correction1, bias_correction2_sqrt);
+            return;
+        }
+        for group in &self.groups {
+            let coefficients = AdamCoefficients {
+                one_minus_beta1: (1.0 - self.beta1) as f32,
+                beta2: self.beta2 as f32,
+                one_minus_beta2: (1.0 - self.beta2) as f32,
+                bias_correction2_sqrt: bias_correction2_sqrt as f32,
+                eps: self.eps as f32,
+                neg_step_size: (-group.lr / bias_correction1) as f32,
+            };
+            kernels::adam_step(
+                buffers,
+                group.start as usize,
+                group.end as usize,
+                coefficients,
+            );
+        }
+    }
+
+    /// The same step as tensor operations over whole buffers (any device).
+    fn step_with_tensor_ops(
+        &mut self,
+        params: &Tensor,
+        grads: &Tensor,
+        bias_correction1: f64,
+        bias_correction2_sqrt: f64,
+    ) {
+        let scratch = self
+            .scratch
+            .get_or_insert_with(|| params.zeros_like().detach());
         tch::no_grad(|| {
             let _ = self.exp_avg.lerp_(grads, 1.0 - self.beta1);
             let _ = self.exp_avg_sq.g_mul_scalar_(self.beta2);
             let _ = self
                 .exp_avg_sq
                 .addcmul_(grads, &(grads * (1.0 - self.beta2)));
-            let _ = self.exp_avg_sq.sqrt_out(&self.scratch);
-            let _ = self
-                .scratch
+            let _ = self.exp_avg_sq.sqrt_out(scratch);
+            let _ = scratch
                 .g_div_scalar_(bias_correction2_sqrt)
                 .g_add_scalar_(self.eps);
             for group in &self.groups {
                 let len = group.end - group.start;
                 let step_size = group.lr / bias_correction1;
-                let mut denom = self.scratch.narrow(0, group.start, len);
+                let mut denom = scratch.narrow(0, group.start, len);
                 // p += (−step_size)·m/denom, folded into one addcdiv by scaling the denominator.
                 let _ = denom.g_div_scalar_(-step_size);
                 let mut p = params.narrow(0, group.start, len);
@@ -199,6 +237,45 @@ mod tests {
         let state = adam.state();
         assert!((to_vec(&state.exp_avg)[0] - m[0]).abs() < 1e-7);
         assert!((to_vec(&state.exp_avg_sq)[2] - v[2]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn fused_cpu_step_equals_the_tensor_operation_step() {
+        let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let reference = params.copy();
+        let groups = vec![
+            ParamGroup {
+                start: 0,
+                end: 300,
+                lr: 1e-3,
+            },
+            ParamGroup {
+                start: 300,
+                end: 1000,
+                lr: 3e-4,
+            },
+        ];
+        let mut fused = Adam::new(&params, groups.clone(), 0.9, 0.999, 1e-8).unwrap();
+        let mut tensor_ops = Adam::new(&reference, groups, 0.9, 0.999, 1e-8).unwrap();
+        for t in 1..=3i32 {
+            let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+            fused.step(&params, &grads);
+            tensor_ops.step += 1;
+            tensor_ops.step_with_tensor_ops(
+                &reference,
+                &grads,
+                1.0 - 0.9f64.powi(t),
+                (1.0 - 0.999f64.powi(t)).sqrt(),
+            );
+        }
+        assert!((&params - &reference).abs().max().double_value(&[]) < 1e-7);
+        assert!(
+            (&fused.exp_avg_sq - &tensor_ops.exp_avg_sq)
+                .abs()
+                .max()
+                .double_value(&[])
+                < 1e-7
+        );
     }
 
     #[test]

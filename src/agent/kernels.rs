@@ -119,6 +119,76 @@ fn on_cpu(x: &Tensor) -> bool {
     x.device() == Device::Cpu && x.kind() == Kind::Float && x.numel() > 0
 }
 
+/// Scalars of one Adam step of one parameter group, in float32 as torch applies them.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamCoefficients {
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    pub bias_correction2_sqrt: f32,
+    pub eps: f32,
+    /// −lr/(1 − β₁ᵗ)
+    pub neg_step_size: f32,
+}
+
+/// torch's single-tensor Adam, element by element: lerp for the first moment, then the second
+/// moment, the bias-corrected denominator and the addcdiv.
+fn adam_slice_generic(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamCoefficients) {
+    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+        *m += c.one_minus_beta1 * (g - *m);
+        *v = *v * c.beta2 + c.one_minus_beta2 * g * g;
+        let denom = v.sqrt() / c.bias_correction2_sqrt + c.eps;
+        *p += c.neg_step_size * (*m / denom);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn adam_slice_avx2(
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    c: AdamCoefficients,
+) {
+    adam_slice_generic(p, g, m, v, c)
+}
+
+/// Whether [`adam_step`] can run on these buffers: contiguous 1-D float32 CPU tensors of at
+/// least `len` elements.
+pub fn adam_step_applies(buffers: [&Tensor; 4], len: usize) -> bool {
+    buffers
+        .iter()
+        .all(|t| on_cpu(t) && t.is_contiguous() && t.dim() == 1 && t.numel() >= len)
+}
+
+/// One fused Adam pass over `[start, end)` of flat CPU float buffers (parameters, gradients,
+/// moments), instead of nine tensor passes.
+///
+/// # Panics
+/// If [`adam_step_applies`] does not hold for `end`, or `start > end`.
+pub fn adam_step(buffers: [&Tensor; 4], start: usize, end: usize, coefficients: AdamCoefficients) {
+    assert!(
+        adam_step_applies(buffers, end) && start <= end,
+        "adam_step on unsuitable buffers"
+    );
+    let [params, grads, exp_avg, exp_avg_sq] = buffers;
+    // SAFETY: contiguous float buffers of at least `end` elements (asserted above), distinct
+    // allocations owned by the optimiser and the model; nothing else touches them during the
+    // call (the optimiser runs on the thread that owns the model).
+    unsafe {
+        let p = &mut slice_of(params)[start..end];
+        let g = &as_slice(grads)[start..end];
+        let m = &mut slice_of(exp_avg)[start..end];
+        let v = &mut slice_of(exp_avg_sq)[start..end];
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            return adam_slice_avx2(p, g, m, v, coefficients);
+        }
+        adam_slice_generic(p, g, m, v, coefficients);
+    }
+}
+
 /// Keeps freed heap memory in the process instead of returning it to the kernel: allocations up
 /// to 32 MiB come from the heap (not fresh `mmap`s) and the heap top is not trimmed. Torch's CPU
 /// allocator frees and re-allocates every activation of every step, so without this each
@@ -156,6 +226,13 @@ unsafe fn as_slice(t: &Tensor) -> &[f32] {
 
 /// SAFETY: `t` is a freshly allocated contiguous CPU float tensor nobody else references.
 unsafe fn as_mut_slice(t: &mut Tensor) -> &mut [f32] {
+    slice_of(t)
+}
+
+/// SAFETY: `t` is a contiguous CPU float tensor whose storage nothing else reads or writes while
+/// the slice lives.
+#[allow(clippy::mut_from_ref)]
+unsafe fn slice_of(t: &Tensor) -> &mut [f32] {
     std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, t.numel())
 }
 
