@@ -7,5 +7,5 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/env.sh"
 cd "$tdmpc2_root"
 start=$(date +%s)
-cargo test --release --workspace "$@"
+cargo test --release --workspace --no-fail-fast "$@"
 echo "[test] suite took $(( $(date +%s) - start )) s"

@@ -205,7 +205,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 };
                 let report = crate::agent::bench::bench(&options)?;
                 for case in &report.cases {
-                    let mut line = serde_json::to_value(case).map_err(|e| Error::Other(e.to_string()))?;
+                    let mut line =
+                        serde_json::to_value(case).map_err(|e| Error::Other(e.to_string()))?;
                     line["case"] = "agent".into();
                     line["device"] = report.device.clone().into();
                     line["threads"] = report.threads.into();

@@ -48,17 +48,26 @@ fn a_short_run_beats_a_random_policy() {
         .arg(format!("run_dir={}", dir.path().display()))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
     let last_eval: serde_json::Value = metrics
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|r| r["phase"] == "eval")
-        .last()
+        .rfind(|r| r["phase"] == "eval")
         .unwrap();
     assert_eq!(last_eval["step"], 1600);
     let learned = last_eval["episode_reward"].as_f64().unwrap();
     eprintln!("random policy {random:.1}, after 1600 steps {learned:.1}");
-    assert!(random < -900.0, "the random baseline is what Pendulum gives: {random}");
-    assert!(learned > random + 400.0, "no learning: {learned:.1} vs random {random:.1}");
+    assert!(
+        random < -900.0,
+        "the random baseline is what Pendulum gives: {random}"
+    );
+    assert!(
+        learned > random + 400.0,
+        "no learning: {learned:.1} vs random {random:.1}"
+    );
 }

@@ -43,6 +43,8 @@ fn crossed(every: u64, before: u64, now: u64) -> bool {
 }
 
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
+    // First thing: a stop requested during start-up must still end in a checkpoint.
+    stop::install_handlers();
     let device = crate::device::select(&config.device, &rank)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
     let backend = if device.is_cuda() { "nccl" } else { "gloo" };
@@ -51,7 +53,6 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         backend,
         Duration::from_secs(config.dist_timeout),
     )?;
-    stop::install_handlers();
     let world = group.world_size() as u64;
     let root = group.rank() == 0;
     let dir = run_dir(&config);
