@@ -92,6 +92,18 @@ fn replay(indices: &[i64], parts: i64) -> (ReplayNoise, ReplayNoise) {
     (sample, batch)
 }
 
+/// Replayed draws for one update on the whole union of `parts` batches.
+fn replay_whole(parts: i64) -> (ReplayNoise, ReplayNoise) {
+    let (td, pi, td_perm, pi_perm) = update_noise(parts);
+    let mut sample = ReplayNoise::new();
+    sample.push(NoiseKind::Randn, td);
+    sample.push(NoiseKind::Randn, pi);
+    let mut batch = ReplayNoise::new();
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&td_perm));
+    batch.push(NoiseKind::Randperm, Tensor::from_slice(&pi_perm));
+    (sample, batch)
+}
+
 fn agent(config: &Config) -> Agent {
     Agent::new(config.agent_config().unwrap(), Device::Cpu, 5).unwrap()
 }
@@ -197,13 +209,7 @@ fn two_ranks_with_batch_b_equal_one_rank_with_batch_2b() {
     let config = config(2 * B, 1);
     let mut agent = agent(&config);
     let mut learner = Learner::new(&config, 100, Device::Cpu, &single).unwrap();
-    let (td, pi, td_perm, pi_perm) = update_noise(2);
-    let mut sample = ReplayNoise::new();
-    sample.push(NoiseKind::Randn, td);
-    sample.push(NoiseKind::Randn, pi);
-    let mut batch = ReplayNoise::new();
-    batch.push(NoiseKind::Randperm, Tensor::from_slice(&td_perm));
-    batch.push(NoiseKind::Randperm, Tensor::from_slice(&pi_perm));
+    let (sample, batch) = replay_whole(2);
     agent.sample_noise = Box::new(sample);
     agent.batch_noise = Box::new(batch);
     let info = learner.update_on(&mut agent, &[union_batch(2)]).unwrap();
@@ -242,13 +248,7 @@ fn sync_freq_two_equals_one_update_on_the_doubled_batch() {
     let doubled = config(2 * B, 1);
     let mut agent_b = agent(&doubled);
     let mut learner = Learner::new(&doubled, 100, Device::Cpu, &single).unwrap();
-    let (td, pi, td_perm, pi_perm) = update_noise(2);
-    let mut sample = ReplayNoise::new();
-    sample.push(NoiseKind::Randn, td);
-    sample.push(NoiseKind::Randn, pi);
-    let mut batch = ReplayNoise::new();
-    batch.push(NoiseKind::Randperm, Tensor::from_slice(&td_perm));
-    batch.push(NoiseKind::Randperm, Tensor::from_slice(&pi_perm));
+    let (sample, batch) = replay_whole(2);
     agent_b.sample_noise = Box::new(sample);
     agent_b.batch_noise = Box::new(batch);
     learner.update_on(&mut agent_b, &[union]).unwrap();
