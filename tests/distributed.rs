@@ -42,8 +42,17 @@ fn config(batch_size: i64, sync_freq: usize) -> Config {
     .unwrap()
 }
 
+/// Tests run on parallel threads but share torch's global generator: every helper that seeds
+/// and draws from it holds this lock, so seeding and drawing stay together.
+static TORCH_RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn rng_lock() -> std::sync::MutexGuard<'static, ()> {
+    TORCH_RNG.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The union batch of `parts` batches of B, deterministic.
 fn union_batch(parts: i64) -> Batch {
+    let _lock = rng_lock();
     let _guard = tch::no_grad_guard();
     tch::manual_seed(123);
     let n = parts * B;
@@ -67,6 +76,7 @@ fn part(batch: &Batch, index: i64) -> Batch {
 
 /// The per-sample noise of one update on `parts` batches, and the two head permutations.
 fn update_noise(parts: i64) -> (Tensor, Tensor, Vec<i64>, Vec<i64>) {
+    let _lock = rng_lock();
     tch::manual_seed(7);
     let td = Tensor::randn([H, parts * B, ACT], (Kind::Float, Device::Cpu));
     let pi = Tensor::randn([H + 1, parts * B, ACT], (Kind::Float, Device::Cpu));
@@ -105,6 +115,7 @@ fn replay_whole(parts: i64) -> (ReplayNoise, ReplayNoise) {
 }
 
 fn agent(config: &Config) -> Agent {
+    let _lock = rng_lock();
     Agent::new(config.agent_config().unwrap(), Device::Cpu, 5).unwrap()
 }
 
