@@ -1,6 +1,6 @@
 //! Adam over a flat parameter buffer, update for update equal to `torch.optim.Adam`
 //! (no AMSGrad, no weight decay), with its state open for saving, restoring and comparing.
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 use super::kernels::{self, AdamCoefficients};
 use super::{Error, Result};
@@ -178,14 +178,14 @@ pub fn clip_grad_norm(grads: &mut Tensor, max_norm: f64) -> Tensor {
     })
 }
 
-/// `f64` view of a flat float tensor's elements (for tests and diagnostics).
-pub fn to_vec(t: &Tensor) -> Vec<f64> {
-    Vec::<f64>::try_from(&t.to_kind(Kind::Double).view([-1])).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Kind;
+
+    fn to_vec(t: &Tensor) -> Vec<f64> {
+        Vec::<f64>::try_from(&t.to_kind(Kind::Double).view([-1])).unwrap()
+    }
 
     #[test]
     fn two_steps_match_a_hand_computation() {

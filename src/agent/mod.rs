@@ -26,7 +26,7 @@ pub use adam::{clip_grad_norm, Adam, AdamState};
 pub use config::AgentConfig;
 pub use import::import_official;
 pub use noise::{HostNoise, Noise, NoiseKind, ReplayNoise, TorchNoise};
-pub use planner::Planner;
+pub use planner::{LatentModel, Planner};
 pub use scale::RunningScale;
 pub use update::{Batch, Learner, PolicyPass, UpdateInfo, UpdateStats, WorldModelPass};
 pub use world_model::{PolicyOutput, QParams, WorldModel};

@@ -381,11 +381,15 @@ impl Learner {
         gather: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
     ) -> Result<PolicyPass> {
         let cfg = &self.config;
-        let mut shape = latents.size();
-        if let Some(last) = shape.last_mut() {
-            *last = model.action_dim;
-        }
-        let eps = sample_noise.randn(&shape, model.device())?;
+        let steps = cfg.horizon as i64 + 1;
+        let batch_size = *latents.size().get(1).unwrap_or(&0);
+        expect_shape(
+            "policy latents",
+            latents,
+            &[steps, batch_size, model.latent_dim],
+        )?;
+        let latents = &latents.to_device(model.device());
+        let eps = sample_noise.randn(&[steps, batch_size, model.action_dim], model.device())?;
         let policy = model.pi(latents, &eps);
         let heads = self.pick_two(batch_noise)?;
         let q = model.q_value(
