@@ -29,4 +29,9 @@ fn main() {
         .unwrap_or_default();
     println!("cargo:rustc-env=TDMPC2_TEST_VENV_BIN={venv_bin}");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{site}/torch/lib");
+    // tch sees GPUs only once libtorch_cuda is loaded, and the linker's --as-needed would drop
+    // it because no symbol of it is referenced directly.
+    if std::path::Path::new(&format!("{site}/torch/lib/libtorch_cuda.so")).exists() {
+        println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
+    }
 }

@@ -71,6 +71,9 @@ pub struct BenchArgs {
     /// agent: torch threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// agent: where to run the model.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
+    pub device: String,
     /// ddp: rank counts to measure; each rank gets cores / ranks threads.
     #[arg(long, value_delimiter = ',', default_value = "1,2")]
     pub ranks: Vec<usize>,
@@ -201,6 +204,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     model_sizes: args.model_sizes.clone(),
                     tasks: args.tasks.clone(),
                     threads: args.threads,
+                    device: args.device.clone(),
                     ..Default::default()
                 };
                 let report = crate::agent::bench::bench(&options)?;
