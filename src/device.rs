@@ -4,9 +4,22 @@ use tch::Device;
 use crate::dist::RankInfo;
 use crate::error::{Error, Result};
 
-/// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r.
+/// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r, unless the
+/// scheduler shows each task only its own GPU (`srun --gpus-per-task=1`), which is then GPU 0.
 pub fn select(setting: &str, rank: &RankInfo) -> Result<Device> {
     let visible = tch::Cuda::device_count() as usize;
+    choose(setting, rank, visible, gpu_bound_per_task())
+}
+
+/// SLURM bound one GPU to this task: it sees exactly one, and srun started it.
+fn gpu_bound_per_task() -> bool {
+    let one_visible = std::env::var("CUDA_VISIBLE_DEVICES")
+        .map(|v| !v.is_empty() && !v.contains(','))
+        .unwrap_or(false);
+    one_visible && std::env::var_os("SLURM_LOCALID").is_some()
+}
+
+fn choose(setting: &str, rank: &RankInfo, visible: usize, bound_per_task: bool) -> Result<Device> {
     let wants_cuda = match setting {
         "cpu" => return Ok(Device::Cpu),
         "auto" => visible > 0,
@@ -26,6 +39,9 @@ pub fn select(setting: &str, rank: &RankInfo) -> Result<Device> {
             )));
         }
         return Ok(Device::Cuda(index));
+    }
+    if bound_per_task && visible == 1 {
+        return Ok(Device::Cuda(0));
     }
     if rank.local_world_size > visible {
         return Err(Error::Config(format!(
@@ -78,6 +94,45 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn local_rank_takes_its_gpu_and_too_few_gpus_is_an_error() {
+        assert_eq!(
+            choose("cuda", &rank(3, 4), 4, false).unwrap(),
+            Device::Cuda(3)
+        );
+        assert_eq!(
+            choose("auto", &rank(1, 2), 2, false).unwrap(),
+            Device::Cuda(1)
+        );
+        assert_eq!(choose("auto", &rank(1, 2), 0, false).unwrap(), Device::Cpu);
+        let e = choose("cuda", &rank(0, 8), 4, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("8 local ranks") && e.contains("4 GPU(s)"), "{e}");
+        let e = choose("cuda:2", &rank(0, 1), 2, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device=cuda:2") && e.contains("only 2"), "{e}");
+        let e = choose("cuda:x", &rank(0, 1), 2, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cuda:<index>"), "{e}");
+    }
+
+    #[test]
+    fn a_gpu_bound_per_task_is_gpu_zero() {
+        assert_eq!(
+            choose("cuda", &rank(3, 4), 1, true).unwrap(),
+            Device::Cuda(0)
+        );
+        // Bound per task but seeing several: the local rank indexes them as usual.
+        assert_eq!(
+            choose("cuda", &rank(1, 4), 4, true).unwrap(),
+            Device::Cuda(1)
+        );
+        assert!(choose("cuda", &rank(3, 4), 1, false).is_err());
     }
 
     #[test]

@@ -588,3 +588,94 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
     );
     assert!((agent.learner.policy_optim.groups[0].lr - expected / 10.0).abs() < 1e-12);
 }
+
+#[test]
+fn a_checkpoint_moves_between_world_sizes() {
+    // Resuming checks the loaded learner state against the checksum saved with it, so a run
+    // that goes on at another world size started from exactly the saved state.
+    for (from, to) in [(2usize, 1usize), (1, 2)] {
+        let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(TINY)
+            .args([
+                format!("world_size={from}"),
+                "steps=800".into(),
+                "save_freq=400".into(),
+                "eval_freq=400".into(),
+                format!("master_port={}", free_port()),
+                format!("run_dir={}", first.path().display()),
+            ])
+            .env("NCCL_DEBUG", "WARN")
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{from} ranks: {log}");
+        if from > 1 {
+            assert!(
+                log.contains("collectives: gloo; settings: NCCL_DEBUG=WARN"),
+                "rank 0 names the backend settings: {log}"
+            );
+        }
+        let saved = first.path().join("checkpoints").join("step_000000000400");
+        let out = launcher(&[
+            format!("world_size={to}"),
+            "steps=800".into(),
+            "save_freq=400".into(),
+            "eval_freq=800".into(),
+            format!("resume={}", saved.display()),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", second.path().display()),
+        ]);
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{from} → {to} ranks: {log}");
+        assert!(log.contains("Resumed from"), "{log}");
+        let end = meta(second.path(), 800);
+        let checksums = end["rank_checksums"].as_array().unwrap();
+        assert_eq!(checksums.len(), to);
+        assert!(
+            checksums.iter().all(|c| c == &checksums[0]),
+            "{checksums:?}"
+        );
+        assert_ne!(
+            checksums[0],
+            meta(first.path(), 400)["rank_checksums"][0],
+            "the resumed run trained on"
+        );
+    }
+}
+
+#[test]
+fn a_damaged_checkpoint_is_refused_on_resume() {
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = launcher(&[
+        "steps=300".into(),
+        "save_freq=300".into(),
+        "eval_freq=300".into(),
+        format!("run_dir={}", first.path().display()),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let saved = first.path().join("checkpoints").join("step_000000000300");
+    // Same shapes, different values: loads without a shape error, yet is not what was saved.
+    let state = saved.join("state.safetensors");
+    let tensors: Vec<(String, Tensor)> = Tensor::read_safetensors(&state)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| if n == "scale" { (n, t + 1.0) } else { (n, t) })
+        .collect();
+    Tensor::write_safetensors(&tensors, &state).unwrap();
+    let out = launcher(&[
+        "steps=600".into(),
+        format!("resume={}", saved.display()),
+        format!("run_dir={}", second.path().display()),
+    ]);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        log.contains("does not load back") && log.contains("damaged"),
+        "{log}"
+    );
+}

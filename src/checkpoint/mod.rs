@@ -254,6 +254,17 @@ pub fn resume(
     agent.learner.model_optim.load_state(&model_state)?;
     agent.learner.policy_optim.load_state(&policy_state)?;
     agent.learner.scale.set(&scale);
+    let loaded = learner_checksum(agent).double_value(&[0]);
+    match meta.rank_checksums.first() {
+        Some(saved) if saved.to_bits() == loaded.to_bits() => {}
+        saved => {
+            return Err(Error::Other(format!(
+                "resume: {} does not load back to the learner state that was saved (checksum \
+                 {loaded} vs {saved:?}); the checkpoint is damaged, pick an earlier one",
+                dir.display()
+            )))
+        }
+    }
 
     let world = group.world_size() as u64;
     // The buffers live beside the run that wrote the checkpoint: <run>/checkpoints/step_N.

@@ -56,6 +56,26 @@ impl ProcessGroup {
         })
     }
 
+    /// The backend and the environment variables that tune it, as one line for the log.
+    pub fn describe(backend: &str) -> String {
+        let mut settings: Vec<String> = std::env::vars()
+            .filter(|(k, _)| {
+                ["NCCL_", "TORCH_NCCL_", "GLOO_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        settings.sort();
+        if settings.is_empty() {
+            format!(
+                "collectives: {backend}; no NCCL_*/TORCH_NCCL_*/GLOO_* settings in the environment"
+            )
+        } else {
+            format!("collectives: {backend}; settings: {}", settings.join(" "))
+        }
+    }
+
     pub fn info(&self) -> &RankInfo {
         &self.info
     }

@@ -55,6 +55,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     )?;
     let world = group.world_size() as u64;
     let root = group.rank() == 0;
+    if root && world > 1 {
+        eprintln!("{}", ProcessGroup::describe(backend));
+    }
     let dir = run_dir(&config);
     let agent_config = config.agent_config()?;
 
