@@ -1,6 +1,6 @@
-//! Training end to end through the real binary on the native Pendulum-v1 (no Python env):
-//! the run directory, exact resume, evaluation of a checkpoint, and checkpoints that survive a
-//! writer killed at any moment.
+//! Training end to end through the real binary, mostly on the native Pendulum-v1 (no Python
+//! env): the run directory, exact resume, evaluation of a checkpoint, checkpoints that survive a
+//! writer killed at any moment, and one dm_control task.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -240,4 +240,64 @@ fn a_killed_writer_never_leaves_a_checkpoint_that_loads_half_written() {
         tdmpc2::checkpoint::store::latest(&dir.path().join("checkpoints")).is_some(),
         "some checkpoint landed"
     );
+}
+
+#[test]
+fn a_dm_control_task_trains_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tdmpc2(
+        &[
+            "train",
+            "task=cartpole-swingup",
+            "model_size=1",
+            "steps=1000",
+            "seed_steps=500",
+            "batch_size=16",
+            "num_samples=32",
+            "num_elites=4",
+            "num_pi_trajs=2",
+            "iterations=1",
+            "eval_freq=1000",
+            "eval_episodes=1",
+            "num_threads=1",
+            "enable_tensorboard=false",
+        ],
+        &[format!("run_dir={}", dir.path().display())],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let trains: Vec<&serde_json::Value> = lines.iter().filter(|l| l["phase"] == "train").collect();
+    assert_eq!(
+        trains.len(),
+        2,
+        "two 500-step episodes (1000 env steps each)"
+    );
+    for t in &trains {
+        assert_eq!(t["episode_length"], 500.0);
+        let r = t["episode_reward"].as_f64().unwrap();
+        assert!((0.0..=500.0).contains(&r), "a cartpole return: {r}");
+    }
+    assert!(trains[1]["grad_norm"].is_number(), "updates ran");
+    let evals: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["phase"] == "eval")
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, [0, 1000]);
+    let config = std::fs::read_to_string(dir.path().join("config.yaml")).unwrap();
+    assert!(config.contains("cartpole-swingup"), "{config}");
+    assert!(checkpoint(dir.path(), 1000)
+        .join("model.safetensors")
+        .is_file());
+    for file in ["train.csv", "eval.csv"] {
+        assert!(dir.path().join(file).is_file(), "{file}");
+    }
 }
