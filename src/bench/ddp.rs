@@ -317,6 +317,7 @@ fn measure(
     for rank in 0..ranks {
         let mut child = Command::new(program)
             .arg("bench-worker")
+            .envs(crate::dist::launcher::rank_env_defaults())
             .args(["--threads", &threads.to_string()])
             .args(["--sync-freq", &options.sync_freq.to_string()])
             .args(["--steps", &options.steps.to_string()])
