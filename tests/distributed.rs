@@ -303,6 +303,22 @@ fn launcher(args: &[String]) -> std::process::Output {
         .unwrap()
 }
 
+/// Two ranks on a run far too long to finish, for the tests that stop it from outside.
+fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "world_size=2".to_string(),
+            "steps=1000000".into(),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", run_dir.display()),
+        ])
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 fn meta(run_dir: &Path, step: u64) -> serde_json::Value {
     let path: PathBuf = run_dir
         .join("checkpoints")
@@ -352,18 +368,7 @@ fn a_dying_rank_stops_the_run_and_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let started = Instant::now();
     // A long run whose rank 1 is SIGKILLed mid-way.
-    let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
-        .args([
-            "world_size=2".to_string(),
-            "steps=1000000".into(),
-            format!("master_port={}", free_port()),
-            format!("run_dir={}", dir.path().display()),
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_endless_two_rank_run(dir.path(), Stdio::piped());
     std::thread::sleep(Duration::from_secs(6));
     let killed = kill_rank(child.id(), 1);
     assert!(killed, "found rank 1's process");
@@ -512,18 +517,7 @@ fn two_nodes_on_one_machine() {
 #[test]
 fn sigterm_stops_every_rank_after_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
-        .args([
-            "world_size=2".to_string(),
-            "steps=1000000".into(),
-            format!("master_port={}", free_port()),
-            format!("run_dir={}", dir.path().display()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_endless_two_rank_run(dir.path(), Stdio::null());
     // Stop once training is under way (start-up is slow on a loaded machine).
     let metrics = dir.path().join("metrics.jsonl");
     let waiting = Instant::now();
