@@ -86,6 +86,9 @@ pub struct BenchArgs {
     /// ddp: untimed agent steps before the timed ones.
     #[arg(long, default_value_t = 3)]
     pub ddp_warmup: usize,
+    /// ddp: repetitions of the measurements (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub ddp_rounds: usize,
 }
 
 impl RunArgs {
@@ -225,6 +228,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     sync_freq: args.sync_freq,
                     steps: args.ddp_steps,
                     warmup: args.ddp_warmup,
+                    rounds: args.ddp_rounds,
                     seed: 1,
                 };
                 crate::bench::ddp::run(&options, &mut |line| println!("{line}"))?;

@@ -106,7 +106,8 @@ pub fn sized_config(model_size: u32, obs_dim: usize, action_dim: usize) -> Optio
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// The median (the mean of the middle two for an even count); NaN for none.
+pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n == 0 {

@@ -6,7 +6,11 @@
 //! synchronised update (UTD 1) on a buffer of random episodes, with model_size=1 and walker-run
 //! dimensions. Efficiency compares the per-rank throughput of N ranks with that of one rank
 //! at the same threads per rank, so it measures the cost of synchronisation, not of splitting
-//! the cores.
+//! the cores. It splits into what the machine loses when all its cores are busy (N independent
+//! one-rank processes at once, no synchronisation) and what synchronisation costs on top. A
+//! shared machine drifts in speed over minutes, so the measurements run in rounds, each one-rank
+//! baseline next to its multi-rank runs (in alternating order), and the figures reported are the
+//! medians of the rounds' ratios.
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::net::TcpListener;
@@ -20,6 +24,7 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
+use crate::agent::bench::median;
 use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::buffer::Episode;
 use crate::config::{Config, Source};
@@ -47,6 +52,8 @@ pub struct DdpOptions {
     /// Timed agent steps per rank, after `warmup` untimed ones.
     pub steps: usize,
     pub warmup: usize,
+    /// Repetitions of the whole set of measurements; the figures reported are medians.
+    pub rounds: usize,
     pub seed: u64,
 }
 
@@ -127,9 +134,20 @@ impl Summary {
         self.allreduce_ms / self.update_ms.max(1e-12)
     }
 
-    fn line(&self, options: &DdpOptions, role: &'static str, load: Option<f64>) -> DdpLine {
+    fn allreduce_isolated_fraction(&self) -> f64 {
+        self.allreduce_isolated_ms / self.update_ms.max(1e-12)
+    }
+
+    fn line(
+        &self,
+        options: &DdpOptions,
+        round_index: usize,
+        role: &'static str,
+        load: Option<f64>,
+    ) -> DdpLine {
         DdpLine {
             case: "ddp",
+            round: round_index,
             role,
             ranks: self.ranks,
             threads_per_rank: self.threads,
@@ -153,6 +171,7 @@ impl Summary {
 #[derive(Debug, Serialize)]
 struct DdpLine {
     case: &'static str,
+    round: usize,
     /// "scaling" for a rank count asked for, "baseline" for the one-rank run at the same
     /// threads per rank.
     role: &'static str,
@@ -174,16 +193,87 @@ struct DdpLine {
     load_average: Option<f64>,
 }
 
+/// How the workers of one measurement run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Layout {
+    /// One process group of all workers: data-parallel training.
+    Group,
+    /// Each worker alone (world size 1), all at the same time: sharing the machine without
+    /// any synchronisation.
+    Independent,
+}
+
+/// One round's comparison of a rank count with its one-rank baseline.
+#[derive(Debug, Clone)]
+struct RoundResult {
+    baseline: Summary,
+    independent: Summary,
+    multi: Summary,
+}
+
+impl RoundResult {
+    /// Per-rank throughput at N ranks over the one-rank throughput at the same threads.
+    fn efficiency(&self) -> f64 {
+        self.multi.per_rank / self.baseline.per_rank.max(1e-12)
+    }
+
+    /// What the machine keeps with all N processes busy: independent over alone.
+    fn machine_share(&self) -> f64 {
+        self.independent.per_rank / self.baseline.per_rank.max(1e-12)
+    }
+
+    /// What synchronisation keeps: N ranks in one group over N independent processes.
+    fn sync_share(&self) -> f64 {
+        self.multi.per_rank / self.independent.per_rank.max(1e-12)
+    }
+}
+
+/// A rank count's figures over all rounds: medians, and every round's efficiency.
 #[derive(Debug, Serialize)]
 struct Efficiency {
     ranks: usize,
     threads_per_rank: usize,
     baseline_steps_per_second: f64,
     steps_per_second_per_rank: f64,
-    /// steps_per_second_per_rank / baseline_steps_per_second.
+    /// Median over rounds of steps_per_second_per_rank / baseline_steps_per_second.
     efficiency: f64,
+    efficiency_by_round: Vec<f64>,
+    /// Median over rounds of the independent processes' throughput over one alone: the part
+    /// of the efficiency lost to the machine (shared caches, memory bandwidth, neighbours).
+    machine_share: f64,
+    /// Median over rounds of the ranks' throughput over the independent processes': the part
+    /// lost to synchronisation (collectives and waiting for the slower rank).
+    sync_share: f64,
     aggregate_steps_per_second: f64,
+    /// Time in the gradient all-reduces over update time, waiting for the slower rank included.
     allreduce_fraction_of_update: f64,
+    /// The same with the transfer alone (ranks aligned by a barrier first).
+    allreduce_isolated_fraction_of_update: f64,
+}
+
+impl Efficiency {
+    fn of(rounds: &[RoundResult]) -> Self {
+        let median_of = |f: &dyn Fn(&RoundResult) -> f64, digits| {
+            round(median(rounds.iter().map(f).collect()), digits)
+        };
+        let first = &rounds[0].multi;
+        Self {
+            ranks: first.ranks,
+            threads_per_rank: first.threads,
+            baseline_steps_per_second: median_of(&|r| r.baseline.per_rank, 3),
+            steps_per_second_per_rank: median_of(&|r| r.multi.per_rank, 3),
+            efficiency: median_of(&|r| r.efficiency(), 4),
+            efficiency_by_round: rounds.iter().map(|r| round(r.efficiency(), 4)).collect(),
+            machine_share: median_of(&|r| r.machine_share(), 4),
+            sync_share: median_of(&|r| r.sync_share(), 4),
+            aggregate_steps_per_second: median_of(&|r| r.multi.aggregate, 3),
+            allreduce_fraction_of_update: median_of(&|r| r.multi.allreduce_fraction(), 4),
+            allreduce_isolated_fraction_of_update: median_of(
+                &|r| r.multi.allreduce_isolated_fraction(),
+                4,
+            ),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -192,6 +282,7 @@ struct EfficiencyLine {
     cores: usize,
     sync_freq: usize,
     steps: usize,
+    rounds: usize,
     efficiency: Vec<Efficiency>,
 }
 
@@ -216,6 +307,7 @@ pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
     for (name, value) in [
         ("--sync-freq", options.sync_freq),
         ("--ddp-steps", options.steps),
+        ("--ddp-rounds", options.rounds),
     ] {
         if value == 0 {
             return Err(Error::Config(format!("{name}=0: must be >= 1")));
@@ -225,44 +317,64 @@ pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let mut done: BTreeMap<(usize, usize), Summary> = BTreeMap::new();
-    let mut measured = |ranks: usize, threads: usize, role: &'static str| -> Result<Summary> {
-        if let Some(summary) = done.get(&(ranks, threads)) {
-            return Ok(summary.clone());
+    let mut by_ranks: BTreeMap<usize, Vec<RoundResult>> = BTreeMap::new();
+    for round_index in 0..options.rounds {
+        // Within a round a configuration is measured once (the baseline of 2 ranks on 4 cores
+        // is the 1-rank run of `--ranks 1,2,4` at 2 threads).
+        let mut done: BTreeMap<(usize, usize, Layout), Summary> = BTreeMap::new();
+        let mut measured = |ranks: usize, threads: usize, layout: Layout| -> Result<Summary> {
+            if let Some(summary) = done.get(&(ranks, threads, layout)) {
+                return Ok(summary.clone());
+            }
+            let role = match layout {
+                Layout::Independent => "independent",
+                Layout::Group if ranks == 1 && !options.ranks.contains(&1) => "baseline",
+                Layout::Group => "scaling",
+            };
+            let load = load_average();
+            let reports = measure(&program, ranks, threads, layout, options)?;
+            let summary = Summary::of(ranks, threads, &reports);
+            emit(&to_line(&summary.line(options, round_index, role, load))?);
+            done.insert((ranks, threads, layout), summary.clone());
+            Ok(summary)
+        };
+        for &ranks in &options.ranks {
+            let threads = (cores / ranks).max(1);
+            if ranks == 1 {
+                measured(1, threads, Layout::Group)?;
+                continue;
+            }
+            // Alternating the order cancels a steady drift of the machine's speed.
+            let result = if round_index % 2 == 0 {
+                let baseline = measured(1, threads, Layout::Group)?;
+                let independent = measured(ranks, threads, Layout::Independent)?;
+                let multi = measured(ranks, threads, Layout::Group)?;
+                RoundResult {
+                    baseline,
+                    independent,
+                    multi,
+                }
+            } else {
+                let multi = measured(ranks, threads, Layout::Group)?;
+                let independent = measured(ranks, threads, Layout::Independent)?;
+                let baseline = measured(1, threads, Layout::Group)?;
+                RoundResult {
+                    baseline,
+                    independent,
+                    multi,
+                }
+            };
+            by_ranks.entry(ranks).or_default().push(result);
         }
-        let load = load_average();
-        let reports = measure(&program, ranks, threads, options)?;
-        let summary = Summary::of(ranks, threads, &reports);
-        emit(&to_line(&summary.line(options, role, load))?);
-        done.insert((ranks, threads), summary.clone());
-        Ok(summary)
-    };
-    let mut scaling = Vec::new();
-    for &ranks in &options.ranks {
-        let threads = (cores / ranks).max(1);
-        if ranks == 1 {
-            measured(1, threads, "scaling")?;
-            continue;
-        }
-        let baseline = measured(1, threads, "baseline")?;
-        let multi = measured(ranks, threads, "scaling")?;
-        scaling.push(Efficiency {
-            ranks,
-            threads_per_rank: threads,
-            baseline_steps_per_second: round(baseline.per_rank, 3),
-            steps_per_second_per_rank: round(multi.per_rank, 3),
-            efficiency: round(multi.per_rank / baseline.per_rank.max(1e-12), 4),
-            aggregate_steps_per_second: round(multi.aggregate, 3),
-            allreduce_fraction_of_update: round(multi.allreduce_fraction(), 4),
-        });
     }
-    if !scaling.is_empty() {
+    if !by_ranks.is_empty() {
         emit(&to_line(&EfficiencyLine {
             case: "ddp_efficiency",
             cores,
             sync_freq: options.sync_freq,
             steps: options.steps,
-            efficiency: scaling,
+            rounds: options.rounds,
+            efficiency: by_ranks.values().map(|r| Efficiency::of(r)).collect(),
         })?);
     }
     Ok(())
@@ -307,14 +419,19 @@ fn measure(
     program: &Path,
     ranks: usize,
     threads: usize,
+    layout: Layout,
     options: &DdpOptions,
 ) -> Result<Vec<WorkerReport>> {
-    let port = free_port()?;
+    let group_port = free_port()?;
     let mut workers = Workers {
         children: Vec::with_capacity(ranks),
         outputs: Vec::with_capacity(ranks),
     };
     for rank in 0..ranks {
+        let (rank_in_group, world_size, port) = match layout {
+            Layout::Group => (rank, ranks, group_port),
+            Layout::Independent => (0, 1, free_port()?),
+        };
         let mut child = Command::new(program)
             .arg("bench-worker")
             .envs(crate::dist::launcher::rank_env_defaults())
@@ -323,10 +440,10 @@ fn measure(
             .args(["--steps", &options.steps.to_string()])
             .args(["--warmup", &options.warmup.to_string()])
             .args(["--seed", &options.seed.to_string()])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", ranks.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", ranks.to_string())
+            .env("RANK", rank_in_group.to_string())
+            .env("WORLD_SIZE", world_size.to_string())
+            .env("LOCAL_RANK", rank_in_group.to_string())
+            .env("LOCAL_WORLD_SIZE", world_size.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env("OMP_NUM_THREADS", threads.to_string())
@@ -601,12 +718,47 @@ mod tests {
     }
 
     #[test]
+    fn efficiency_is_the_median_over_rounds() {
+        let summary = |ranks, per_rank, allreduce_ms| Summary {
+            ranks,
+            threads: 1,
+            per_rank,
+            aggregate: per_rank * ranks as f64,
+            plan_ms: 100.0,
+            update_ms: 100.0,
+            allreduce_ms,
+            other_collectives_ms: 1.0,
+            allreduce_isolated_ms: allreduce_ms / 2.0,
+        };
+        let round = |baseline, independent, multi, allreduce_ms| RoundResult {
+            baseline: summary(1, baseline, 0.0),
+            independent: summary(2, independent, 0.0),
+            multi: summary(2, multi, allreduce_ms),
+        };
+        // A slow round (a busy neighbour) does not move the median.
+        let e = Efficiency::of(&[
+            round(2.0, 2.0, 1.9, 8.0),
+            round(2.0, 1.5, 1.2, 30.0),
+            round(1.0, 0.96, 0.92, 6.0),
+        ]);
+        assert_eq!(e.efficiency_by_round, vec![0.95, 0.6, 0.92]);
+        assert_eq!(e.efficiency, 0.92);
+        assert_eq!(e.machine_share, 0.96);
+        // 1.9 / 2.0, 1.2 / 1.5, 0.92 / 0.96
+        assert_eq!(e.sync_share, 0.95);
+        assert_eq!(e.allreduce_fraction_of_update, 0.08);
+        assert_eq!(e.allreduce_isolated_fraction_of_update, 0.04);
+        assert_eq!((e.ranks, e.threads_per_rank), (2, 1));
+    }
+
+    #[test]
     fn bad_options_are_config_errors() {
         let options = DdpOptions {
             ranks: vec![0],
             sync_freq: 1,
             steps: 1,
             warmup: 0,
+            rounds: 1,
             seed: 1,
         };
         let e = run(&options, &mut |_| {}).unwrap_err();
@@ -621,6 +773,16 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("--ddp-steps"), "{e}");
+        let e = run(
+            &DdpOptions {
+                ranks: vec![1],
+                rounds: 0,
+                ..options
+            },
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--ddp-rounds"), "{e}");
     }
 
     #[test]
