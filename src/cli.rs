@@ -143,6 +143,7 @@ fn train(mut config: Config) -> Result<()> {
             node_rank: config.node_rank,
             master_addr: config.master_addr.clone(),
             master_port: config.master_port,
+            cpu_affinity: config.cpu_affinity,
             program,
             args: std::env::args().skip(1).collect(),
         };

@@ -90,6 +90,7 @@ pub struct Config {
     // hardware
     pub device: String,
     pub num_threads: Option<usize>,
+    pub cpu_affinity: bool,
     // output
     pub run_dir: Option<String>,
     // derived (filled by `resolve`)

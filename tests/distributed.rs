@@ -327,6 +327,28 @@ fn meta(run_dir: &Path, step: u64) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
+/// With at least one CPU per rank, the launcher plans one slice of CPUs per rank and rank 0
+/// runs on its slice; with fewer, nobody is pinned.
+fn assert_pinned_as_planned(stderr: &str, world: usize) {
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let plan = stderr.lines().find_map(|l| {
+        l.split_once("rank → CPUs ")
+            .map(|(_, list)| list.to_owned())
+    });
+    let pinned = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("rank 0 pinned to CPUs ").map(str::to_owned));
+    if cpus < world {
+        assert_eq!((plan, pinned), (None, None), "{stderr}");
+        return;
+    }
+    let plan = plan.unwrap_or_else(|| panic!("no CPU plan for {world} ranks: {stderr}"));
+    let slices: Vec<&str> = plan.split(", ").collect();
+    assert_eq!(slices.len(), world, "{plan}");
+    let first = slices[0].strip_prefix("0 → ").unwrap();
+    assert_eq!(pinned.as_deref(), Some(first), "{stderr}");
+}
+
 #[test]
 fn every_rank_holds_the_same_learner_state() {
     for world in [2usize, 3] {
@@ -340,11 +362,9 @@ fn every_rank_holds_the_same_learner_state() {
             format!("master_port={}", free_port()),
             format!("run_dir={}", dir.path().display()),
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_pinned_as_planned(&stderr, world);
         for step in [400 * world as u64, steps] {
             let checksums = meta(dir.path(), step)["rank_checksums"]
                 .as_array()
@@ -619,10 +639,15 @@ fn a_checkpoint_moves_between_world_sizes() {
             format!("resume={}", saved.display()),
             format!("master_port={}", free_port()),
             format!("run_dir={}", second.path().display()),
+            "cpu_affinity=false".into(),
         ]);
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{from} → {to} ranks: {log}");
         assert!(log.contains("Resumed from"), "{log}");
+        assert!(
+            !log.contains("CPU affinity") && !log.contains("pinned"),
+            "{log}"
+        );
         let end = meta(second.path(), 800);
         let checksums = end["rank_checksums"].as_array().unwrap();
         assert_eq!(checksums.len(), to);

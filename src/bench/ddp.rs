@@ -28,7 +28,7 @@ use crate::agent::bench::median;
 use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::buffer::Episode;
 use crate::config::{Config, Source};
-use crate::dist::{ProcessGroup, RankInfo};
+use crate::dist::{affinity, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::trainer::learner::Learner;
 
@@ -423,6 +423,11 @@ fn measure(
     options: &DdpOptions,
 ) -> Result<Vec<WorkerReport>> {
     let group_port = free_port()?;
+    // As the launcher does: each of several ranks on its own slice of the CPUs.
+    let cpu_slices = match ranks {
+        1 => None,
+        _ => affinity::split(&affinity::allowed_cpus()?, ranks),
+    };
     let mut workers = Workers {
         children: Vec::with_capacity(ranks),
         outputs: Vec::with_capacity(ranks),
@@ -446,6 +451,11 @@ fn measure(
             .env("LOCAL_WORLD_SIZE", world_size.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
+            .envs(
+                cpu_slices
+                    .as_ref()
+                    .map(|slices| (affinity::CPUS_ENV, affinity::format_list(&slices[rank]))),
+            )
             .env("OMP_NUM_THREADS", threads.to_string())
             .env("MKL_NUM_THREADS", threads.to_string())
             .stdin(Stdio::null())
@@ -638,6 +648,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     let (rank, _) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
     tch::set_num_threads(args.threads as i32);
     let group = ProcessGroup::init(rank.clone(), "gloo", GROUP_TIMEOUT)?;
+    crate::dist::affinity::apply_from_env()?;
     let device = Device::Cpu;
     let mut agent = Agent::new(config.agent_config()?, device, config.seed)?;
     let mut learner = Learner::new(&config, EPISODES * (EPISODE_LENGTH + 1), device, &group)?;

@@ -16,6 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
+use super::affinity;
 use crate::error::{Error, Result};
 
 /// How long ranks get to stop cleanly before they are killed.
@@ -30,6 +31,8 @@ pub struct LaunchPlan {
     pub node_rank: usize,
     pub master_addr: String,
     pub master_port: u16,
+    /// Whether each local rank gets its own slice of the CPUs (see `affinity`).
+    pub cpu_affinity: bool,
     /// The worker's command line (the same subcommand and arguments as the launcher's).
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
@@ -96,10 +99,38 @@ fn missing_defaults(is_set: impl Fn(&str) -> bool) -> Vec<(&'static str, &'stati
         .collect()
 }
 
+/// Each local rank's CPUs, when pinning is on and there are at least as many CPUs as ranks.
+fn cpu_slices(plan: &LaunchPlan) -> Result<Option<Vec<Vec<usize>>>> {
+    if !plan.cpu_affinity || plan.local_ranks() < 2 {
+        return Ok(None);
+    }
+    let allowed = affinity::allowed_cpus()?;
+    let slices = affinity::split(&allowed, plan.local_ranks());
+    if let Some(slices) = &slices {
+        let list: Vec<String> = slices
+            .iter()
+            .enumerate()
+            .map(|(r, cpus)| {
+                format!(
+                    "{} → {}",
+                    plan.node_rank * plan.local_ranks() + r,
+                    affinity::format_list(cpus)
+                )
+            })
+            .collect();
+        eprintln!(
+            "CPU affinity (cpu_affinity=false turns it off): rank → CPUs {}",
+            list.join(", ")
+        );
+    }
+    Ok(slices)
+}
+
 async fn supervise(plan: &LaunchPlan) -> Result<()> {
     let local = plan.local_ranks();
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
+    let cpu_slices = cpu_slices(plan)?;
     for local_rank in 0..local {
         let rank = plan.node_rank * local + local_rank;
         let mut child = Command::new(&plan.program)
@@ -112,6 +143,12 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
             .env("NODE_RANK", plan.node_rank.to_string())
             .env("MASTER_ADDR", &plan.master_addr)
             .env("MASTER_PORT", plan.master_port.to_string())
+            .envs(cpu_slices.as_ref().map(|slices| {
+                (
+                    affinity::CPUS_ENV,
+                    affinity::format_list(&slices[local_rank]),
+                )
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

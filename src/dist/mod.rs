@@ -1,4 +1,5 @@
 //! Distributed execution: who each rank is, and the collectives between ranks.
+pub mod affinity;
 pub mod group;
 pub mod rank;
 

@@ -53,8 +53,16 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         backend,
         Duration::from_secs(config.dist_timeout),
     )?;
+    // After the group: its communication threads, already started, keep every CPU.
+    let pinned = crate::dist::affinity::apply_from_env()?;
     let world = group.world_size() as u64;
     let root = group.rank() == 0;
+    if let (true, Some(cpus)) = (root, pinned) {
+        eprintln!(
+            "rank 0 pinned to CPUs {}",
+            crate::dist::affinity::format_list(&cpus)
+        );
+    }
     if root && world > 1 {
         eprintln!("{}", ProcessGroup::describe(backend));
     }
