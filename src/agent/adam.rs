@@ -268,13 +268,15 @@ mod tests {
                 (1.0 - 0.999f64.powi(t)).sqrt(),
             );
         }
-        assert!((&params - &reference).abs().max().double_value(&[]) < 1e-7);
+        // Within rounding: parameters reach |x| ≈ 4, where one f32 ulp is 4.8e-7 (a wrong
+        // term would be off by about the learning rate, 1e-4).
+        assert!((&params - &reference).abs().max().double_value(&[]) < 2e-6);
         assert!(
             (&fused.exp_avg_sq - &tensor_ops.exp_avg_sq)
                 .abs()
                 .max()
                 .double_value(&[])
-                < 1e-7
+                < 1e-6
         );
     }
 
