@@ -631,16 +631,22 @@ fn a_checkpoint_moves_between_world_sizes() {
             );
         }
         let saved = first.path().join("checkpoints").join("step_000000000400");
-        let out = launcher(&[
-            format!("world_size={to}"),
-            "steps=800".into(),
-            "save_freq=400".into(),
-            "eval_freq=800".into(),
-            format!("resume={}", saved.display()),
-            format!("master_port={}", free_port()),
-            format!("run_dir={}", second.path().display()),
-            "cpu_affinity=false".into(),
-        ]);
+        // Pinning off: a TDMPC2_CPUS inherited by the launcher does not reach the ranks.
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(TINY)
+            .args([
+                format!("world_size={to}"),
+                "steps=800".into(),
+                "save_freq=400".into(),
+                "eval_freq=800".into(),
+                format!("resume={}", saved.display()),
+                format!("master_port={}", free_port()),
+                format!("run_dir={}", second.path().display()),
+                "cpu_affinity=false".into(),
+            ])
+            .env("TDMPC2_CPUS", "0")
+            .output()
+            .unwrap();
         let log = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{from} → {to} ranks: {log}");
         assert!(log.contains("Resumed from"), "{log}");
