@@ -344,27 +344,32 @@ pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
                 measured(1, threads, Layout::Group)?;
                 continue;
             }
-            // Alternating the order cancels a steady drift of the machine's speed.
-            let result = if round_index % 2 == 0 {
-                let baseline = measured(1, threads, Layout::Group)?;
-                let independent = measured(ranks, threads, Layout::Independent)?;
-                let multi = measured(ranks, threads, Layout::Group)?;
-                RoundResult {
-                    baseline,
-                    independent,
-                    multi,
-                }
-            } else {
-                let multi = measured(ranks, threads, Layout::Group)?;
-                let independent = measured(ranks, threads, Layout::Independent)?;
-                let baseline = measured(1, threads, Layout::Group)?;
-                RoundResult {
-                    baseline,
-                    independent,
-                    multi,
-                }
-            };
-            by_ranks.entry(ranks).or_default().push(result);
+            // Baseline, independent, multi-rank; reversed in odd rounds, which cancels a steady
+            // drift of the machine's speed.
+            let mut plan = [
+                (1, Layout::Group),
+                (ranks, Layout::Independent),
+                (ranks, Layout::Group),
+            ];
+            let odd = round_index % 2 == 1;
+            if odd {
+                plan.reverse();
+            }
+            let mut summaries = plan
+                .iter()
+                .map(|&(n, layout)| measured(n, threads, layout))
+                .collect::<Result<Vec<_>>>()?;
+            if odd {
+                summaries.reverse();
+            }
+            let [baseline, independent, multi]: [Summary; 3] = summaries
+                .try_into()
+                .map_err(|_| Error::Other("a bench round measured the wrong count".into()))?;
+            by_ranks.entry(ranks).or_default().push(RoundResult {
+                baseline,
+                independent,
+                multi,
+            });
         }
     }
     if !by_ranks.is_empty() {
@@ -774,26 +779,20 @@ mod tests {
         };
         let e = run(&options, &mut |_| {}).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
-        let e = run(
-            &DdpOptions {
-                ranks: vec![1],
-                steps: 0,
-                ..options
-            },
-            &mut |_| {},
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("--ddp-steps"), "{e}");
-        let e = run(
-            &DdpOptions {
-                ranks: vec![1],
-                rounds: 0,
-                ..options
-            },
-            &mut |_| {},
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("--ddp-rounds"), "{e}");
+        let zero_steps = DdpOptions {
+            ranks: vec![1],
+            steps: 0,
+            ..options.clone()
+        };
+        let zero_rounds = DdpOptions {
+            ranks: vec![1],
+            rounds: 0,
+            ..options
+        };
+        for (bad, name) in [(zero_steps, "--ddp-steps"), (zero_rounds, "--ddp-rounds")] {
+            let e = run(&bad, &mut |_| {}).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+        }
     }
 
     #[test]

@@ -42,6 +42,10 @@ impl LaunchPlan {
     pub fn local_ranks(&self) -> usize {
         self.world_size / self.nnodes
     }
+
+    fn global_rank(&self, local_rank: usize) -> usize {
+        self.node_rank * self.local_ranks() + local_rank
+    }
 }
 
 enum Event {
@@ -110,13 +114,7 @@ fn cpu_slices(plan: &LaunchPlan) -> Result<Option<Vec<Vec<usize>>>> {
         let list: Vec<String> = slices
             .iter()
             .enumerate()
-            .map(|(r, cpus)| {
-                format!(
-                    "{} → {}",
-                    plan.node_rank * plan.local_ranks() + r,
-                    affinity::format_list(cpus)
-                )
-            })
+            .map(|(r, cpus)| format!("{} → {}", plan.global_rank(r), affinity::format_list(cpus)))
             .collect();
         eprintln!(
             "CPU affinity (cpu_affinity=false turns it off): rank → CPUs {}",
@@ -132,7 +130,7 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
     let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
     let cpu_slices = cpu_slices(plan)?;
     for local_rank in 0..local {
-        let rank = plan.node_rank * local + local_rank;
+        let rank = plan.global_rank(local_rank);
         let mut child = Command::new(&plan.program)
             .args(&plan.args)
             .envs(rank_env_defaults())
@@ -168,7 +166,7 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
     // The pids of ranks not yet reaped: only those may be signalled (a reaped pid can be reused).
     let mut alive: Vec<Option<u32>> = Vec::with_capacity(local);
     for (local_rank, slot) in children.iter_mut().enumerate() {
-        let rank = plan.node_rank * local + local_rank;
+        let rank = plan.global_rank(local_rank);
         let mut child = slot.take().expect("spawned above");
         let tx = tx.clone();
         alive.push(child.id());

@@ -54,9 +54,10 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         Duration::from_secs(config.dist_timeout),
     )?;
     // After the group: its communication threads, already started, keep every CPU.
-    let pinned = match config.cpu_affinity {
-        true => crate::dist::affinity::apply_from_env()?,
-        false => None,
+    let pinned = if config.cpu_affinity {
+        crate::dist::affinity::apply_from_env()?
+    } else {
+        None
     };
     let world = group.world_size() as u64;
     let root = group.rank() == 0;
