@@ -33,17 +33,20 @@ fn manifest() -> serde_json::Value {
     serde_json::from_str(&text).expect("manifest is JSON")
 }
 
-/// The fixture's configuration (manifest.json) as an agent config.
+/// The fixture's configuration (manifest.json) as an agent config. The observation size is
+/// the recorded input's last dimension (the manifest records the task, not its dimensions).
 fn config() -> AgentConfig {
     let m = manifest();
     let c = &m["config"];
+    let obs = &read("fixture.safetensors")["batch.obs"];
+    let obs_dim = *obs.size().last().expect("batch.obs has dimensions") as usize;
     let f = |k: &str| c[k].as_f64().unwrap_or_else(|| panic!("config.{k}"));
     let u = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("config.{k}")) as usize;
     let episode_length = f("episode_length");
     let frac = episode_length / f("discount_denom");
     let discount = ((frac - 1.0) / frac).clamp(f("discount_min"), f("discount_max"));
     AgentConfig {
-        obs_dim: 24,
+        obs_dim,
         action_dim: u("action_dim"),
         latent_dim: u("latent_dim"),
         enc_dim: u("enc_dim"),
@@ -439,4 +442,84 @@ torch.save({'model': state}, path)
         assert!(a.equal(b), "imported parameters differ");
     }
     assert!(import_official(&dir.path().join("missing.pt"), &out).is_err());
+}
+
+/// The gradient norm at a size where float32 summation order shows (model size 5 with dog-run
+/// dimensions, 4.6M world-model parameters): ours equals `torch.nn.utils.clip_grad_norm_` over
+/// the same parameters, the call the official update makes, while one norm over the flat
+/// buffer does not.
+#[test]
+fn grad_norm_equals_torchs_at_model_size_5_with_dog_run_dimensions() {
+    use pyo3::prelude::*;
+    use tdmpc2::agent::adam::grad_norm;
+
+    let config = AgentConfig {
+        obs_dim: 223,
+        action_dim: 38,
+        enc_dim: 256,
+        mlp_dim: 512,
+        latent_dim: 512,
+        num_enc_layers: 2,
+        num_q: 5,
+        ..config()
+    };
+    let model = WorldModel::new(&config, Device::Cpu).expect("model");
+    let layout = &model.model_params.entries;
+    let numel = model.model_params.numel();
+    assert!(numel > 4_000_000, "{numel} parameters");
+    // Deterministic gradients with parameters of very different scales, as in training.
+    let grads = Tensor::arange(numel, (Kind::Float, Device::Cpu))
+        .g_mul_scalar(0.37)
+        .sin();
+    for (i, entry) in layout.iter().enumerate() {
+        let _ = grads
+            .narrow(0, entry.offset, entry.numel)
+            .g_mul_scalar_(10f64.powi(i as i32 % 4 - 2));
+    }
+    let ours = grad_norm(&grads, layout).double_value(&[]);
+
+    let torchs = envs::python::with_python(|py| {
+        let torch = py.import("torch")?;
+        let parameters = pyo3::types::PyList::empty(py);
+        for entry in layout {
+            let grad = grads
+                .narrow(0, entry.offset, entry.numel)
+                .view(entry.shape.as_slice());
+            let wrapped = grad.pyobject_wrap().expect("wrap");
+            // SAFETY: THPVariable_Wrap returns a new reference to a valid Python object.
+            let grad = unsafe { Bound::from_owned_ptr(py, wrapped as *mut pyo3::ffi::PyObject) };
+            let parameter = torch
+                .getattr("nn")?
+                .getattr("Parameter")?
+                .call1((grad.call_method0("clone")?,))?;
+            parameter.setattr("grad", grad)?;
+            parameters.append(parameter)?;
+        }
+        let clip = torch
+            .getattr("nn")?
+            .getattr("utils")?
+            .getattr("clip_grad_norm_")?;
+        clip.call1((parameters, 1e30))?
+            .call_method0("item")?
+            .extract::<f64>()
+    })
+    .expect("torch.nn.utils.clip_grad_norm_");
+
+    let exact = grads.to_kind(Kind::Double).norm().double_value(&[]);
+    let flat = grads.norm().double_value(&[]);
+    eprintln!(
+        "grad norm: ours {ours}, torch {torchs}, flat float32 {flat}, float64 {exact} \
+         (relative to torch: ours {:.1e}, flat {:.1e})",
+        (ours - torchs).abs() / torchs,
+        (flat - torchs).abs() / torchs
+    );
+    assert!(
+        (ours - torchs).abs() <= 1e-7 * torchs,
+        "ours {ours} vs torch {torchs}"
+    );
+    // The size is large enough for the summation order to matter.
+    assert!(
+        (flat - torchs).abs() > 1e-6 * torchs,
+        "flat {flat} vs torch {torchs}"
+    );
 }

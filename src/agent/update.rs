@@ -360,7 +360,11 @@ impl Learner {
     /// Clips the accumulated world-model gradients and takes an Adam step; returns the norm
     /// before clipping.
     pub fn step_world_model(&mut self, model: &WorldModel) -> Tensor {
-        let norm = clip_grad_norm(&mut self.model_grads, self.config.grad_clip_norm);
+        let norm = clip_grad_norm(
+            &mut self.model_grads,
+            &model.model_params.entries,
+            self.config.grad_clip_norm,
+        );
         self.model_optim
             .step(&model.model_params.flat, &self.model_grads);
         self.model_grads_pending = false;
@@ -426,7 +430,11 @@ impl Learner {
     /// Clips the accumulated policy gradients and takes an Adam step; returns the norm before
     /// clipping.
     pub fn step_policy(&mut self, model: &WorldModel) -> Tensor {
-        let norm = clip_grad_norm(&mut self.policy_grads, self.config.grad_clip_norm);
+        let norm = clip_grad_norm(
+            &mut self.policy_grads,
+            &model.policy_params.entries,
+            self.config.grad_clip_norm,
+        );
         self.policy_optim
             .step(&model.policy_params.flat, &self.policy_grads);
         self.policy_grads_pending = false;
