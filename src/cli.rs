@@ -168,7 +168,7 @@ fn evaluate(config: Config) -> Result<()> {
     let mut agent = crate::agent::Agent::new(config.agent_config()?, device, config.seed)?;
     agent.model.load(&weights)?;
     let mut env = envs::make(&config.task, config.seed)?;
-    let group = crate::dist::ProcessGroup::init(rank, "gloo", std::time::Duration::from_secs(1))?;
+    let group = crate::dist::ProcessGroup::alone(rank);
     let summary = trainer::evaluate::evaluate(
         &mut agent,
         env.as_mut(),

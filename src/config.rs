@@ -85,11 +85,14 @@ pub struct Config {
     pub nnodes: usize,
     pub node_rank: usize,
     pub dist_timeout: u64,
+    pub dist_backend: String,
+    pub dist_force_group: bool,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
     // hardware
     pub device: String,
     pub num_threads: Option<usize>,
+    pub tf32: bool,
     pub cpu_affinity: bool,
     // output
     pub run_dir: Option<String>,
@@ -290,6 +293,19 @@ impl Config {
                 "lr_scale={} is not a scaling rule; allowed: none, linear, sqrt",
                 self.lr_scale
             )));
+        }
+        if !crate::dist::Backend::SETTINGS.contains(&self.dist_backend.as_str()) {
+            return Err(Error::Config(format!(
+                "dist_backend={} is not a backend; allowed: {}",
+                self.dist_backend,
+                crate::dist::Backend::SETTINGS.join(", ")
+            )));
+        }
+        if self.dist_backend == "nccl" && self.device == "cpu" {
+            return Err(Error::Config(
+                "dist_backend=nccl needs GPUs, but device=cpu; use dist_backend=gloo or auto"
+                    .into(),
+            ));
         }
         if self.dist_timeout == 0 {
             return Err(range("dist_timeout", 0, "must be >= 1 second"));

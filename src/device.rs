@@ -1,4 +1,5 @@
 //! Which device and how many CPU threads a rank uses.
+use pyo3::prelude::*;
 use tch::Device;
 
 use crate::dist::RankInfo;
@@ -62,6 +63,39 @@ pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
             .unwrap_or(1);
         (cores / local_ranks.max(1)).max(1)
     })
+}
+
+/// TF32 matmuls and cudnn's autotuner on CUDA, as the official code sets them (matmul
+/// precision "high"); `tf32=false` keeps full float32. Set through the embedded torch, which
+/// shares its libtorch (and so these global flags) with tch. Nothing changes on the CPU.
+pub fn set_tf32(device: Device, on: bool) -> Result<()> {
+    if !device.is_cuda() {
+        return Ok(());
+    }
+    envs::python::with_python(|py| {
+        let torch = py.import("torch")?;
+        let precision = if on { "high" } else { "highest" };
+        torch.call_method1("set_float32_matmul_precision", (precision,))?;
+        let cudnn = torch.getattr("backends")?.getattr("cudnn")?;
+        cudnn.setattr("benchmark", on)?;
+        Ok(())
+    })
+    .map_err(|e| Error::Other(format!("cannot set tf32={on}: {e}")))
+}
+
+/// What `compile` does on this device, as one line for the log (None when there is nothing to
+/// say).
+pub fn compile_note(device: Device, compile: bool) -> Option<&'static str> {
+    match (compile, device.is_cuda()) {
+        (false, _) => None,
+        (true, false) => {
+            Some("compile=true: CUDA graphs apply on CUDA only; on the CPU nothing changes")
+        }
+        (true, true) => Some(
+            "compile=true: CUDA-graph capture of plan and update is not part of this build yet; \
+             running eagerly",
+        ),
+    }
 }
 
 fn visible_devices() -> String {
@@ -133,6 +167,15 @@ mod tests {
             Device::Cuda(1)
         );
         assert!(choose("cuda", &rank(3, 4), 1, false).is_err());
+    }
+
+    #[test]
+    fn compile_and_tf32_change_nothing_on_the_cpu() {
+        assert!(set_tf32(Device::Cpu, true).is_ok());
+        assert_eq!(compile_note(Device::Cpu, false), None);
+        assert!(compile_note(Device::Cpu, true)
+            .unwrap()
+            .contains("nothing changes"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::{Agent, Batch, NoiseKind, ReplayNoise};
 use tdmpc2::config::{Config, Source};
-use tdmpc2::dist::{ProcessGroup, RankInfo};
+use tdmpc2::dist::{Backend, ProcessGroup, RankInfo};
 use tdmpc2::trainer::learner::Learner;
 
 const B: i64 = 8;
@@ -154,7 +154,14 @@ fn worker_entry() {
     let config = config(B, 1);
     let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
     let world = rank.world_size as i64;
-    let group = ProcessGroup::init(rank, "gloo", Duration::from_secs(60)).unwrap();
+    let group = ProcessGroup::init(
+        rank,
+        Backend::Gloo,
+        Device::Cpu,
+        Duration::from_secs(60),
+        false,
+    )
+    .unwrap();
     let result = rank_update(&group, world);
     if group.rank() == 0 {
         Tensor::write_safetensors(&result, &out).unwrap();
@@ -213,12 +220,7 @@ fn two_ranks_with_batch_b_equal_one_rank_with_batch_2b() {
     run_workers(2, &out);
     let distributed = Tensor::read_safetensors(&out).unwrap();
 
-    let single = ProcessGroup::init(
-        RankInfo::single(&config(B, 1)),
-        "gloo",
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let single = ProcessGroup::alone(RankInfo::single(&config(B, 1)));
     let config = config(2 * B, 1);
     let mut agent = agent(&config);
     let mut learner = Learner::new(&config, 100, Device::Cpu, &single).unwrap();
@@ -240,12 +242,7 @@ fn two_ranks_with_batch_b_equal_one_rank_with_batch_2b() {
 
 #[test]
 fn sync_freq_two_equals_one_update_on_the_doubled_batch() {
-    let single = ProcessGroup::init(
-        RankInfo::single(&config(B, 1)),
-        "gloo",
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let single = ProcessGroup::alone(RankInfo::single(&config(B, 1)));
     let union = union_batch(2);
 
     let accumulated = config(B, 2);
@@ -567,12 +564,7 @@ fn sigterm_stops_every_rank_after_a_checkpoint() {
 
 #[test]
 fn lr_scale_and_warmup_set_the_optimiser_rates() {
-    let single = ProcessGroup::init(
-        RankInfo::single(&config(B, 1)),
-        "gloo",
-        Duration::from_secs(1),
-    )
-    .unwrap();
+    let single = ProcessGroup::alone(RankInfo::single(&config(B, 1)));
     let mut scaled = config(B, 1);
     scaled.world_size = 4;
     scaled.lr_scale = "sqrt".into();

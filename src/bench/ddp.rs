@@ -652,7 +652,13 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     let config = worker_config(args)?;
     let (rank, _) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
     tch::set_num_threads(args.threads as i32);
-    let group = ProcessGroup::init(rank.clone(), "gloo", GROUP_TIMEOUT)?;
+    let group = ProcessGroup::init(
+        rank.clone(),
+        crate::dist::Backend::Gloo,
+        Device::Cpu,
+        GROUP_TIMEOUT,
+        false,
+    )?;
     crate::dist::affinity::apply_from_env()?;
     let device = Device::Cpu;
     let mut agent = Agent::new(config.agent_config()?, device, config.seed)?;

@@ -1,29 +1,90 @@
 //! The process group: PyTorch's c10d through `torch.distributed` in the embedded interpreter
-//! (gloo on CPU, nccl on CUDA, `env://` rendezvous). Tensors cross into Python without a copy:
-//! the Python tensor shares the tch tensor's storage, so in-place collectives land in ours.
+//! (`env://` rendezvous). Tensors cross into Python without a copy: the Python tensor shares the
+//! tch tensor's storage, so in-place collectives land in ours.
+//!
+//! The rule callers cannot break: every collective accepts CPU tensors and tensors on the rank's
+//! device. Gloo serves both; NCCL is always joined device-keyed (`cpu:gloo,cuda:nccl`), so the
+//! small host-side collectives (stop flag, readiness, evaluation) go through gloo beside it.
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
-use tch::Tensor;
+use tch::{Device, Tensor};
 
 use super::rank::RankInfo;
 use crate::error::{Error, Result};
 
+/// Which c10d backend carries the collectives (`dist_backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Gloo for every tensor, CPU or CUDA (how two ranks share one GPU).
+    Gloo,
+    /// NCCL for CUDA tensors, with gloo beside it for CPU tensors.
+    Nccl,
+}
+
+impl Backend {
+    /// The values `dist_backend` accepts.
+    pub const SETTINGS: [&'static str; 3] = ["auto", "gloo", "nccl"];
+
+    /// The backend for `setting` on `device`: `auto` is NCCL on CUDA and gloo on CPU.
+    pub fn choose(setting: &str, device: Device) -> Result<Self> {
+        match (setting, device.is_cuda()) {
+            ("gloo", _) | ("auto", false) => Ok(Self::Gloo),
+            ("nccl", true) | ("auto", true) => Ok(Self::Nccl),
+            ("nccl", false) => Err(Error::Config(
+                "dist_backend=nccl needs a CUDA device, but this rank runs on the CPU; use \
+                 dist_backend=gloo (or auto), or device=cuda"
+                    .into(),
+            )),
+            (other, _) => Err(Error::Config(format!(
+                "dist_backend={other} is not a backend; allowed: {}",
+                Self::SETTINGS.join(", ")
+            ))),
+        }
+    }
+
+    /// The `backend` argument of `init_process_group`.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Self::Gloo => "gloo",
+            Self::Nccl => "cpu:gloo,cuda:nccl",
+        }
+    }
+}
+
 pub struct ProcessGroup {
     info: RankInfo,
-    /// `torch.distributed`, present when world_size > 1.
+    /// `torch.distributed`, present when there is a real group.
     dist: Option<Py<PyModule>>,
 }
 
 impl ProcessGroup {
-    /// Joins the group described by `info` (a single rank needs no group at all).
-    pub fn init(info: RankInfo, backend: &str, timeout: Duration) -> Result<Self> {
-        if info.world_size == 1 {
-            return Ok(Self { info, dist: None });
+    /// A lone rank with no group: every collective leaves its tensor as it is.
+    pub fn alone(info: RankInfo) -> Self {
+        Self { info, dist: None }
+    }
+
+    /// Joins the group described by `info` for collectives on `device`. A single rank needs
+    /// no group unless `force` asks for one (to run the real collectives with one rank).
+    pub fn init(
+        info: RankInfo,
+        backend: Backend,
+        device: Device,
+        timeout: Duration,
+        force: bool,
+    ) -> Result<Self> {
+        if info.world_size == 1 && !force {
+            return Ok(Self::alone(info));
         }
         let dist = envs::python::with_python(|py| {
-            py.import("torch")?;
+            let torch = py.import("torch")?;
+            if let Device::Cuda(index) = device {
+                // NCCL's communicators bind to the current device.
+                torch
+                    .getattr("cuda")?
+                    .call_method1("set_device", (index,))?;
+            }
             let os = py.import("os")?;
             let environ = os.getattr("environ")?;
             environ.set_item("MASTER_ADDR", &info.master_addr)?;
@@ -31,7 +92,7 @@ impl ProcessGroup {
             let dist = py.import("torch.distributed")?;
             let datetime = py.import("datetime")?;
             let kwargs = PyDict::new(py);
-            kwargs.set_item("backend", backend)?;
+            kwargs.set_item("backend", backend.torch_name())?;
             kwargs.set_item("init_method", "env://")?;
             kwargs.set_item("rank", info.rank)?;
             kwargs.set_item("world_size", info.world_size)?;
@@ -57,7 +118,8 @@ impl ProcessGroup {
     }
 
     /// The backend and the environment variables that tune it, as one line for the log.
-    pub fn describe(backend: &str) -> String {
+    pub fn describe(backend: Backend) -> String {
+        let backend = backend.torch_name();
         let mut settings: Vec<String> = std::env::vars()
             .filter(|(k, _)| {
                 ["NCCL_", "TORCH_NCCL_", "GLOO_"]
@@ -86,6 +148,11 @@ impl ProcessGroup {
 
     pub fn world_size(&self) -> usize {
         self.info.world_size
+    }
+
+    /// Whether collectives really run (several ranks, or one rank in a forced group).
+    pub fn is_real(&self) -> bool {
+        self.dist.is_some()
     }
 
     /// Averages `tensor` in place across ranks (sum then divide: gloo has no AVG).
@@ -185,4 +252,33 @@ fn to_python<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyAny
         .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?;
     // SAFETY: THPVariable_Wrap returns a new reference to a valid Python object.
     unsafe { Bound::from_owned_ptr_or_err(py, ptr as *mut pyo3::ffi::PyObject) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_follows_the_setting_and_the_device() {
+        let cuda = Device::Cuda(0);
+        assert_eq!(Backend::choose("auto", Device::Cpu).unwrap(), Backend::Gloo);
+        assert_eq!(Backend::choose("auto", cuda).unwrap(), Backend::Nccl);
+        assert_eq!(Backend::choose("gloo", cuda).unwrap(), Backend::Gloo);
+        assert_eq!(Backend::choose("nccl", cuda).unwrap(), Backend::Nccl);
+        let e = Backend::choose("nccl", Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dist_backend=nccl") && e.contains("gloo"), "{e}");
+        let e = Backend::choose("mpi", cuda).unwrap_err().to_string();
+        assert!(
+            e.contains("dist_backend=mpi") && e.contains("auto, gloo, nccl"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn nccl_always_has_gloo_beside_it_for_cpu_tensors() {
+        assert_eq!(Backend::Nccl.torch_name(), "cpu:gloo,cuda:nccl");
+        assert_eq!(Backend::Gloo.torch_name(), "gloo");
+    }
 }

@@ -3,6 +3,6 @@ pub mod affinity;
 pub mod group;
 pub mod rank;
 
-pub use group::ProcessGroup;
+pub use group::{Backend, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};
 pub mod launcher;

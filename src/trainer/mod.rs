@@ -20,7 +20,7 @@ use rand_pcg::Pcg64;
 use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::checkpoint::{self, TrainState};
 use crate::config::Config;
-use crate::dist::{ProcessGroup, RankInfo};
+use crate::dist::{Backend, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
 use actor::Actor;
@@ -47,11 +47,14 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     stop::install_handlers();
     let device = crate::device::select(&config.device, &rank)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
-    let backend = if device.is_cuda() { "nccl" } else { "gloo" };
+    crate::device::set_tf32(device, config.tf32)?;
+    let backend = Backend::choose(&config.dist_backend, device)?;
     let group = ProcessGroup::init(
         rank.clone(),
         backend,
+        device,
         Duration::from_secs(config.dist_timeout),
+        config.dist_force_group,
     )?;
     // After the group: its communication threads, already started, keep every CPU.
     let pinned = if config.cpu_affinity {
@@ -67,8 +70,13 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             crate::dist::affinity::format_list(&cpus)
         );
     }
-    if root && world > 1 {
+    if root && group.is_real() {
         eprintln!("{}", ProcessGroup::describe(backend));
+    }
+    if root {
+        if let Some(line) = crate::device::compile_note(device, config.compile) {
+            eprintln!("{line}");
+        }
     }
     let dir = run_dir(&config);
     let agent_config = config.agent_config()?;
