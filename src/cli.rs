@@ -163,7 +163,7 @@ fn evaluate(config: Config) -> Result<()> {
     };
     let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
     let rank = RankInfo::single(&config);
-    let device = crate::device::select(&config.device, &rank)?;
+    let device = crate::device::select(&config.device, &rank, false)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
     let mut agent = crate::agent::Agent::new(config.agent_config()?, device, config.seed)?;
     agent.model.load(&weights)?;

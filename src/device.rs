@@ -7,9 +7,11 @@ use crate::error::{Error, Result};
 
 /// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r, unless the
 /// scheduler shows each task only its own GPU (`srun --gpus-per-task=1`), which is then GPU 0.
-pub fn select(setting: &str, rank: &RankInfo) -> Result<Device> {
+/// With `share_gpus` (collectives over gloo, which unlike NCCL lets ranks share a GPU) more
+/// local ranks than GPUs take them in turn: rank r takes GPU r mod the visible count.
+pub fn select(setting: &str, rank: &RankInfo, share_gpus: bool) -> Result<Device> {
     let visible = tch::Cuda::device_count() as usize;
-    choose(setting, rank, visible, gpu_bound_per_task())
+    choose(setting, rank, visible, gpu_bound_per_task(), share_gpus)
 }
 
 /// SLURM bound one GPU to this task: it sees exactly one, and srun started it.
@@ -20,7 +22,13 @@ fn gpu_bound_per_task() -> bool {
     one_visible && std::env::var_os("SLURM_LOCALID").is_some()
 }
 
-fn choose(setting: &str, rank: &RankInfo, visible: usize, bound_per_task: bool) -> Result<Device> {
+fn choose(
+    setting: &str,
+    rank: &RankInfo,
+    visible: usize,
+    bound_per_task: bool,
+    share_gpus: bool,
+) -> Result<Device> {
     let wants_cuda = match setting {
         "cpu" => return Ok(Device::Cpu),
         "auto" => visible > 0,
@@ -44,10 +52,14 @@ fn choose(setting: &str, rank: &RankInfo, visible: usize, bound_per_task: bool) 
     if bound_per_task && visible == 1 {
         return Ok(Device::Cuda(0));
     }
+    if share_gpus && visible > 0 {
+        return Ok(Device::Cuda(rank.local_rank % visible));
+    }
     if rank.local_world_size > visible {
         return Err(Error::Config(format!(
             "device={setting} with {} local ranks, but {visible} GPU(s) are visible \
-             (CUDA_VISIBLE_DEVICES={}); lower world_size or use device=cpu",
+             (CUDA_VISIBLE_DEVICES={}); lower world_size, use device=cpu, or \
+             dist_backend=gloo to let ranks share GPUs",
             rank.local_world_size,
             visible_devices()
         )));
@@ -119,10 +131,10 @@ mod tests {
 
     #[test]
     fn cpu_and_auto_without_gpus() {
-        assert_eq!(select("cpu", &rank(1, 2)).unwrap(), Device::Cpu);
+        assert_eq!(select("cpu", &rank(1, 2), false).unwrap(), Device::Cpu);
         if tch::Cuda::device_count() == 0 {
-            assert_eq!(select("auto", &rank(1, 2)).unwrap(), Device::Cpu);
-            let e = select("cuda", &rank(0, 2)).unwrap_err().to_string();
+            assert_eq!(select("auto", &rank(1, 2), true).unwrap(), Device::Cpu);
+            let e = select("cuda", &rank(0, 2), true).unwrap_err().to_string();
             assert!(
                 e.contains("2 local ranks") && e.contains("CUDA_VISIBLE_DEVICES"),
                 "{e}"
@@ -133,40 +145,63 @@ mod tests {
     #[test]
     fn local_rank_takes_its_gpu_and_too_few_gpus_is_an_error() {
         assert_eq!(
-            choose("cuda", &rank(3, 4), 4, false).unwrap(),
+            choose("cuda", &rank(3, 4), 4, false, false).unwrap(),
             Device::Cuda(3)
         );
         assert_eq!(
-            choose("auto", &rank(1, 2), 2, false).unwrap(),
+            choose("auto", &rank(1, 2), 2, false, false).unwrap(),
             Device::Cuda(1)
         );
-        assert_eq!(choose("auto", &rank(1, 2), 0, false).unwrap(), Device::Cpu);
-        let e = choose("cuda", &rank(0, 8), 4, false)
+        assert_eq!(
+            choose("auto", &rank(1, 2), 0, false, false).unwrap(),
+            Device::Cpu
+        );
+        let e = choose("cuda", &rank(0, 8), 4, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("8 local ranks") && e.contains("4 GPU(s)"), "{e}");
-        let e = choose("cuda:2", &rank(0, 1), 2, false)
+        let e = choose("cuda:2", &rank(0, 1), 2, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("device=cuda:2") && e.contains("only 2"), "{e}");
-        let e = choose("cuda:x", &rank(0, 1), 2, false)
+        let e = choose("cuda:x", &rank(0, 1), 2, false, false)
             .unwrap_err()
             .to_string();
         assert!(e.contains("cuda:<index>"), "{e}");
     }
 
     #[test]
+    fn ranks_share_gpus_in_turn_over_gloo() {
+        assert_eq!(
+            choose("cuda", &rank(1, 2), 1, false, true).unwrap(),
+            Device::Cuda(0)
+        );
+        assert_eq!(
+            choose("auto", &rank(3, 4), 2, false, true).unwrap(),
+            Device::Cuda(1)
+        );
+        assert_eq!(
+            choose("auto", &rank(1, 2), 0, false, true).unwrap(),
+            Device::Cpu
+        );
+        let e = choose("cuda", &rank(1, 2), 1, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dist_backend=gloo"), "{e}");
+    }
+
+    #[test]
     fn a_gpu_bound_per_task_is_gpu_zero() {
         assert_eq!(
-            choose("cuda", &rank(3, 4), 1, true).unwrap(),
+            choose("cuda", &rank(3, 4), 1, true, false).unwrap(),
             Device::Cuda(0)
         );
         // Bound per task but seeing several: the local rank indexes them as usual.
         assert_eq!(
-            choose("cuda", &rank(1, 4), 4, true).unwrap(),
+            choose("cuda", &rank(1, 4), 4, true, false).unwrap(),
             Device::Cuda(1)
         );
-        assert!(choose("cuda", &rank(3, 4), 1, false).is_err());
+        assert!(choose("cuda", &rank(3, 4), 1, false, false).is_err());
     }
 
     #[test]

@@ -1,0 +1,27 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+use std::path::PathBuf;
+
+/// The tdmpc2 binary: `TDMPC2_BIN` when set (test binaries built here and run on another
+/// machine, e.g. a GPU machine without a Rust toolchain), else the one cargo built.
+pub fn tdmpc2_bin() -> PathBuf {
+    std::env::var_os("TDMPC2_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tdmpc2")))
+}
+
+/// A TCP port that was free a moment ago (for `master_port`).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free local port")
+}
+
+/// Every tensor of a safetensors file, sorted by name.
+pub fn tensors(file: &std::path::Path) -> Vec<(String, tch::Tensor)> {
+    let mut t = tch::Tensor::read_safetensors(file)
+        .unwrap_or_else(|e| panic!("{} is a complete safetensors file: {e}", file.display()));
+    t.sort_by(|a, b| a.0.cmp(&b.0));
+    t
+}

@@ -1,0 +1,116 @@
+//! The collectives on every device path. Here: a one-rank run in a forced process group (real
+//! gloo collectives) trains exactly as the same run without a group. On a GPU (ignored
+//! elsewhere; `scripts/gpu_check.sh` runs them): one rank through NCCL in a forced group, and
+//! two ranks sharing one GPU through gloo, each training and checkpointing.
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{free_port, tdmpc2_bin, tensors};
+
+const TINY: &[&str] = &[
+    "train",
+    "task=Pendulum-v1",
+    "model_size=1",
+    "batch_size=16",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=2",
+    "iterations=1",
+    "seed_steps=200",
+    "steps=400",
+    "eval_freq=400",
+    "save_freq=400",
+    "eval_episodes=2",
+    "num_threads=1",
+    "enable_tensorboard=false",
+];
+
+fn train(run_dir: &Path, extra: &[&str]) -> Output {
+    Command::new(tdmpc2_bin())
+        .args(TINY)
+        .args(extra)
+        .arg(format!("run_dir={}", run_dir.display()))
+        .arg(format!("master_port={}", free_port()))
+        .output()
+        .expect("the tdmpc2 binary runs")
+}
+
+fn final_weights(run_dir: &Path) -> Vec<(String, tch::Tensor)> {
+    tensors(
+        &run_dir
+            .join("checkpoints")
+            .join("step_000000000400")
+            .join("model.safetensors"),
+    )
+}
+
+fn assert_trained(out: &Output, what: &str) -> String {
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{what}: {log}");
+    assert!(log.contains("Training finished"), "{what}: {log}");
+    log
+}
+
+#[test]
+fn a_forced_one_rank_group_runs_the_collectives_and_changes_nothing() {
+    let (forced, plain) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = train(forced.path(), &["dist_force_group=true", "device=cpu"]);
+    let log = assert_trained(&out, "forced group");
+    assert!(log.contains("collectives: gloo"), "a real group: {log}");
+    let out = train(plain.path(), &["device=cpu"]);
+    let log = assert_trained(&out, "no group");
+    assert!(!log.contains("collectives:"), "no group: {log}");
+    let (a, b) = (final_weights(forced.path()), final_weights(plain.path()));
+    assert_eq!(a.len(), b.len());
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        assert!(
+            x.equal(y),
+            "{name} differs between the forced group and no group"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn one_rank_trains_through_nccl_in_a_forced_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train(dir.path(), &["device=cuda", "dist_force_group=true"]);
+    let log = assert_trained(&out, "NCCL, one rank");
+    assert!(log.contains("collectives: cpu:gloo,cuda:nccl"), "{log}");
+    assert!(!final_weights(dir.path()).is_empty());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn two_ranks_share_one_gpu_through_gloo() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train(
+        dir.path(),
+        &[
+            "device=cuda",
+            "dist_backend=gloo",
+            "world_size=2",
+            "steps=800",
+        ],
+    );
+    let log = assert_trained(&out, "two ranks on one GPU");
+    assert!(log.contains("collectives: gloo"), "{log}");
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            dir.path()
+                .join("checkpoints")
+                .join("step_000000000800")
+                .join("meta.json"),
+        )
+        .expect("the final checkpoint's meta.json"),
+    )
+    .expect("meta.json is JSON");
+    let checksums = meta["rank_checksums"].as_array().expect("rank_checksums");
+    assert_eq!(checksums.len(), 2);
+    assert_eq!(
+        checksums[0], checksums[1],
+        "both ranks hold the same learner"
+    );
+}
