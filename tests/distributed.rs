@@ -696,3 +696,87 @@ fn a_damaged_checkpoint_is_refused_on_resume() {
         "{log}"
     );
 }
+
+/// The pids of `parent`'s children.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let ppid: u32 = stat
+                .rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
+}
+
+/// Whether `pid` is still a running process (a zombie is not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| stat.rsplit(')').next().map(|s| s.trim_start().to_owned()))
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Waits until the run's metrics hold a train record at `step` or later.
+fn wait_for_train_record(run_dir: &Path, step: u64, limit: Duration) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap_or_default();
+        let reached = text.lines().any(|line| {
+            serde_json::from_str::<serde_json::Value>(line).is_ok_and(|record| {
+                record["phase"] == "train" && record["step"].as_u64().unwrap_or(0) >= step
+            })
+        });
+        if reached {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+#[test]
+fn ranks_die_with_a_killed_launcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut launcher = spawn_endless_two_rank_run(dir.path(), Stdio::null());
+    // Into training, past the pretraining (200 seed steps per rank, then an episode).
+    let trained = wait_for_train_record(dir.path(), 800, Duration::from_secs(240));
+    let ranks = children_of(launcher.id());
+    if !trained || ranks.len() != 2 {
+        let _ = launcher.kill();
+        for &pid in &ranks {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+    assert!(trained, "the run reached training");
+    assert_eq!(ranks.len(), 2, "the launcher runs two ranks");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let killed = Instant::now();
+    while ranks.iter().any(|&pid| running(pid)) && killed.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let alive: Vec<u32> = ranks.into_iter().filter(|&pid| running(pid)).collect();
+    for &pid in &alive {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(
+        alive.is_empty(),
+        "ranks {alive:?} outlived their launcher by 5 s"
+    );
+    // They stopped as on Ctrl-C, with a checkpoint (the run saves nothing else this early).
+    let saved = std::fs::read_dir(dir.path().join("checkpoints"))
+        .map(|entries| entries.flatten().count())
+        .unwrap_or(0);
+    assert!(saved > 0, "a checkpoint was written when the launcher died");
+}

@@ -141,6 +141,10 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
             .env("NODE_RANK", plan.node_rank.to_string())
             .env("MASTER_ADDR", &plan.master_addr)
             .env("MASTER_PORT", plan.master_port.to_string())
+            .env(
+                super::lifeline::LAUNCHER_PID_ENV,
+                std::process::id().to_string(),
+            )
             // The launcher's own slices only: not a value inherited from its environment.
             .env_remove(affinity::CPUS_ENV)
             .envs(cpu_slices.as_ref().map(|slices| {

@@ -1,6 +1,7 @@
 //! Distributed execution: who each rank is, and the collectives between ranks.
 pub mod affinity;
 pub mod group;
+pub mod lifeline;
 pub mod rank;
 
 pub use group::{Backend, ProcessGroup};

@@ -45,6 +45,7 @@ fn crossed(every: u64, before: u64, now: u64) -> bool {
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // First thing: a stop requested during start-up must still end in a checkpoint.
     stop::install_handlers();
+    crate::dist::lifeline::bind_to_launcher()?;
     let device = crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
     tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
     crate::device::set_tf32(device, config.tf32)?;

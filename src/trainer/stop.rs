@@ -11,6 +11,11 @@ use crate::error::Result;
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
+    request();
+}
+
+/// Asks the training loop to stop, as Ctrl-C does. Async-signal-safe: one atomic store.
+pub fn request() {
     REQUESTED.store(true, Ordering::SeqCst);
 }
 

@@ -1,0 +1,109 @@
+//! A rank started by the built-in launcher dies with it. Without this, a launcher killed by
+//! SIGKILL or the OOM killer leaves its ranks training as orphans, each failing later on a
+//! broken output pipe with no checkpoint.
+//!
+//! The kernel sends the rank SIGHUP when its parent dies (`PR_SET_PDEATHSIG`). Its handler
+//! points stdout and stderr at /dev/null (the pipes to the launcher are broken, and a write
+//! there would fail) and stops the rank the way Ctrl-C does: every rank agrees at the next step
+//! and rank 0 writes a checkpoint. A watchdog makes sure of the rest: once the launcher is gone
+//! it ends the process after a short grace period.
+use std::os::fd::IntoRawFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// The launcher's pid, as it passes it to the ranks it starts.
+pub const LAUNCHER_PID_ENV: &str = "TDMPC2_LAUNCHER_PID";
+
+/// How long an orphaned rank may take to checkpoint before it is ended.
+const ORPHAN_GRACE: Duration = Duration::from_secs(3);
+const POLL: Duration = Duration::from_millis(200);
+
+/// Binds this process's life to the launcher named in the environment (nothing to do when no
+/// built-in launcher started it).
+pub fn bind_to_launcher() -> Result<()> {
+    let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) else {
+        return Ok(());
+    };
+    let launcher = parse_pid(&value.to_string_lossy())?;
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| Error::io("open /dev/null", e))?;
+    NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
+    // SAFETY: the handler only calls dup2 and stores to atomics, which are async-signal-safe.
+    unsafe { libc::signal(libc::SIGHUP, on_orphaned as *const () as libc::sighandler_t) };
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGHUP as libc::c_ulong) };
+    if set != 0 {
+        return Err(Error::io(
+            "ask for SIGTERM when the launcher dies (prctl)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // The launcher may have died before the request above: then it is not the parent anymore.
+    if parent() != launcher {
+        return Err(Error::Other(format!(
+            "the launcher (pid {launcher}) exited before this rank started"
+        )));
+    }
+    std::thread::Builder::new()
+        .name("launcher-watch".into())
+        .spawn(move || watch(launcher))
+        .map_err(|e| Error::io("start the launcher watchdog", e))?;
+    Ok(())
+}
+
+fn parse_pid(value: &str) -> Result<libc::pid_t> {
+    value
+        .trim()
+        .parse()
+        .ok()
+        .filter(|pid: &libc::pid_t| *pid > 0)
+        .ok_or_else(|| Error::Config(format!("{LAUNCHER_PID_ENV}={value} is not a process id")))
+}
+
+fn parent() -> libc::pid_t {
+    // SAFETY: getppid cannot fail.
+    unsafe { libc::getppid() }
+}
+
+/// /dev/null, opened before the handler may need it.
+static NULL_FD: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_orphaned(_: libc::c_int) {
+    let null = NULL_FD.load(Ordering::SeqCst);
+    if null >= 0 {
+        for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
+            // SAFETY: dup2 is async-signal-safe; `null` stays open for the process's life.
+            unsafe { libc::dup2(null, fd) };
+        }
+    }
+    crate::trainer::stop::request();
+}
+
+fn watch(launcher: libc::pid_t) {
+    while parent() == launcher {
+        std::thread::sleep(POLL);
+    }
+    // SAFETY: the handler is installed; raising it again is harmless if the kernel already did.
+    unsafe { libc::raise(libc::SIGHUP) };
+    std::thread::sleep(ORPHAN_GRACE);
+    // SAFETY: ends the process at once, as the launcher's SIGKILL would have.
+    unsafe { libc::_exit(1) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_launcher_pid_must_be_a_process_id() {
+        assert_eq!(parse_pid(" 42\n").unwrap(), 42);
+        for bad in ["x1", "", "0", "-3"] {
+            let e = parse_pid(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("TDMPC2_LAUNCHER_PID={bad}")), "{e}");
+        }
+    }
+}
