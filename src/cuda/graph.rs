@@ -87,7 +87,8 @@ impl CudaGraph {
     /// pool, current for this thread until the capture ends): libraries such as cuBLAS allocate
     /// workspaces on first use, which must not happen inside a capture. Two or three warm-up
     /// calls are usual; callers that warmed up on the same shapes themselves may pass 0. The
-    /// whole device is synchronised before the warm-up, before the capture and after it.
+    /// whole device is synchronised before the warm-up and before the capture, and the side
+    /// stream after it, so inputs prepared on the caller's stream are ready.
     ///
     /// Without a `pool` the graph gets a private memory pool. Captures are serialised by a
     /// global lock; other threads must not use the GPU while one is in progress.
