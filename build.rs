@@ -26,6 +26,10 @@ fn main() {
     if cuda_wheel {
         println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,--as-needed");
     }
+    println!(
+        "cargo:rustc-env=TDMPC2_TORCH_CUDA_WHEEL={}",
+        u8::from(cuda_wheel)
+    );
     graph_shim(&python, Path::new(site), cuda_wheel);
 }
 
@@ -54,13 +58,13 @@ fn graph_shim(python: &str, site: &Path, cuda_wheel: bool) {
         "cargo:rerun-if-changed={}",
         site.join("torch/lib").display()
     );
+    let left_out = |reason: &str| {
+        println!("cargo:warning=CUDA graphs left out: {reason}");
+        println!("cargo:rustc-env=TDMPC2_CUDA_GRAPHS_MISSING={reason}");
+    };
     let inputs = match ShimInputs::find(site, cuda_wheel) {
         Ok(inputs) => inputs,
-        Err(reason) => {
-            println!("cargo:warning=CUDA graphs left out: {reason}");
-            println!("cargo:rustc-env=TDMPC2_CUDA_GRAPHS_MISSING={reason}");
-            return;
-        }
+        Err(reason) => return left_out(&reason),
     };
     let abi = run_python(
         python,
@@ -76,7 +80,11 @@ fn graph_shim(python: &str, site: &Path, cuda_wheel: bool) {
     for dir in &inputs.includes {
         build.flag("-isystem").flag(dir.display().to_string());
     }
-    build.file(SOURCE).compile("tdmpc2_graph_shim");
+    // A wheel whose headers do not compile costs the graphs, not the build.
+    if let Err(e) = build.file(SOURCE).try_compile("tdmpc2_graph_shim") {
+        let first_line = e.to_string().lines().next().unwrap_or_default().to_string();
+        return left_out(&format!("{SOURCE} did not compile: {first_line}"));
+    }
 
     let torch_lib = site.join("torch/lib");
     let cudart_dir = inputs.cudart.parent().expect("cudart has a directory");

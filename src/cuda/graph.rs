@@ -389,6 +389,17 @@ mod tests {
         assert!(err.to_string().starts_with("CUDA graphs"), "{err}");
     }
 
+    /// A shim that stops compiling against a CUDA wheel must not go unnoticed as a warning.
+    #[test]
+    fn a_cuda_wheel_gets_the_shim() {
+        if env!("TDMPC2_TORCH_CUDA_WHEEL") == "1" {
+            assert!(
+                cfg!(tdmpc2_cuda_graphs),
+                "the torch wheel has CUDA, but the shim was left out (see the build warning)"
+            );
+        }
+    }
+
     #[test]
     fn a_cpu_device_is_refused() {
         let err = CudaGraph::capture(Device::Cpu, None, 0, || Ok::<_, GraphError>(()))
