@@ -17,6 +17,8 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    CudaGraph(#[from] crate::cuda::GraphError),
     #[error("python: {0}")]
     Python(String),
     #[error("{0}")]

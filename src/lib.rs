@@ -5,6 +5,7 @@ pub mod buffer;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod cuda;
 pub mod device;
 pub mod dist;
 pub mod error;

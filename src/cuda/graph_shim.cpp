@@ -1,0 +1,156 @@
+// C ABI over at::cuda::CUDAGraph for the Rust side (src/cuda/graph.rs).
+//
+// Every function returns nullptr on success, or a malloc'd error message that the caller frees
+// with tdmpc2_cuda_free_error. No C++ exception crosses this boundary.
+//
+// Only headers that need no CUDA compiler: not ATen/cuda/CUDAEvent.h or CUDAContext.h, which
+// pull cuda_fp16.h and the CCCL headers.
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+
+namespace {
+
+char* copy_message(const char* text) {
+  size_t n = std::strlen(text);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) {
+    std::memcpy(out, text, n + 1);
+  }
+  return out;
+}
+
+// Runs body, turning any exception into an error message.
+template <typename F>
+char* guarded(F&& body) noexcept {
+  try {
+    body();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    return copy_message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return copy_message(e.what());
+  } catch (...) {
+    return copy_message("unknown C++ exception");
+  }
+}
+
+}  // namespace
+
+// A graph, the side stream it is captured on, and the caller's stream while the side stream is
+// current.
+struct Tdmpc2CudaGraph {
+  c10::DeviceIndex device;
+  c10::cuda::CUDAStream side;
+  std::optional<c10::cuda::CUDAStream> saved;
+  at::cuda::CUDAGraph graph;
+
+  Tdmpc2CudaGraph(c10::DeviceIndex device, c10::cuda::CUDAStream side)
+      : device(device), side(side) {}
+};
+
+extern "C" {
+
+void tdmpc2_cuda_free_error(char* message) { std::free(message); }
+
+// Visible CUDA devices; 0 without a driver or a device (never an error).
+char* tdmpc2_cuda_device_count(int64_t* out) {
+  return guarded([&] { *out = c10::cuda::device_count(); });
+}
+
+char* tdmpc2_cuda_synchronize(int64_t device) {
+  return guarded([&] {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    c10::cuda::device_synchronize();
+  });
+}
+
+// A memory pool id that several captures can share.
+char* tdmpc2_cuda_graph_pool_handle(uint64_t* first, uint64_t* second) {
+  return guarded([&] {
+    auto id = at::cuda::graph_pool_handle();
+    *first = id.first;
+    *second = id.second;
+  });
+}
+
+char* tdmpc2_cuda_graph_new(int64_t device, Tdmpc2CudaGraph** out) {
+  *out = nullptr;
+  return guarded([&] {
+    auto index = static_cast<c10::DeviceIndex>(device);
+    c10::cuda::CUDAGuard guard(index);
+    *out = new Tdmpc2CudaGraph(index, c10::cuda::getStreamFromPool(false, index));
+  });
+}
+
+void tdmpc2_cuda_graph_delete(Tdmpc2CudaGraph* graph) {
+  if (graph == nullptr) {
+    return;
+  }
+  char* error = guarded([&] {
+    if (graph->saved) {
+      c10::cuda::setCurrentCUDAStream(*graph->saved);
+    }
+    c10::cuda::CUDAGuard guard(graph->device);
+    delete graph;
+  });
+  std::free(error);
+}
+
+// Waits for all work on the device, then makes the side stream current for this thread.
+char* tdmpc2_cuda_graph_enter_side_stream(Tdmpc2CudaGraph* graph) {
+  return guarded([&] {
+    TORCH_CHECK(!graph->saved, "the side stream is already current");
+    c10::cuda::CUDAGuard guard(graph->device);
+    c10::cuda::device_synchronize();
+    graph->saved = c10::cuda::getCurrentCUDAStream(graph->device);
+    c10::cuda::setCurrentCUDAStream(graph->side);
+  });
+}
+
+// Waits for the side stream's work (warm-up), then restores the caller's stream.
+char* tdmpc2_cuda_graph_leave_side_stream(Tdmpc2CudaGraph* graph) {
+  return guarded([&] {
+    if (!graph->saved) {
+      return;
+    }
+    c10::cuda::setCurrentCUDAStream(*graph->saved);
+    graph->saved.reset();
+    graph->side.synchronize();
+  });
+}
+
+// Starts capturing on the side stream (which must be current) into the given pool; {0, 0} asks
+// for a private pool.
+char* tdmpc2_cuda_graph_capture_begin(
+    Tdmpc2CudaGraph* graph, uint64_t pool_first, uint64_t pool_second) {
+  return guarded([&] {
+    TORCH_CHECK(graph->saved, "capture_begin needs the side stream to be current");
+    c10::cuda::CUDAGuard guard(graph->device);
+    c10::cuda::device_synchronize();
+    graph->graph.capture_begin({pool_first, pool_second});
+  });
+}
+
+char* tdmpc2_cuda_graph_capture_end(Tdmpc2CudaGraph* graph) {
+  return guarded([&] {
+    c10::cuda::CUDAGuard guard(graph->device);
+    graph->graph.capture_end();
+  });
+}
+
+// Launches the graph on the caller's current stream of the graph's device.
+char* tdmpc2_cuda_graph_replay(Tdmpc2CudaGraph* graph) {
+  return guarded([&] { graph->graph.replay(); });
+}
+
+}  // extern "C"

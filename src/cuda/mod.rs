@@ -1,0 +1,4 @@
+//! CUDA-only machinery that tch does not offer: graph capture and replay.
+mod graph;
+
+pub use graph::{cuda_graphs_available, synchronize, CudaGraph, GraphError, GraphPool};
