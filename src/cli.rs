@@ -154,14 +154,16 @@ fn train(mut config: Config) -> Result<()> {
 }
 
 /// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
-/// directory, a run directory, or a `.safetensors` file, ours or imported).
+/// directory or any file in one, a run directory, or a `.safetensors` file, ours or imported),
+/// checked against the hash its checkpoint recorded.
 fn evaluate(config: Config) -> Result<()> {
     let Some(path) = config.checkpoint.as_deref() else {
         return Err(Error::Config(
-            "eval needs checkpoint=PATH (a checkpoint directory, run directory or .safetensors file)".into(),
+            "eval needs checkpoint=PATH (a checkpoint directory or a file in one, a run directory, or a .safetensors file)".into(),
         ));
     };
     let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
+    crate::checkpoint::verify_model(&weights)?;
     let rank = RankInfo::single(&config);
     let device = crate::device::select(&config.device, &rank)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
