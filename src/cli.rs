@@ -135,6 +135,9 @@ pub fn run(cli: Cli) -> Result<()> {
 fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
+        if config.node_rank == 0 {
+            trainer::lock::check_free(&trainer::run_dir(&config))?;
+        }
         let program =
             std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
         let plan = LaunchPlan {

@@ -131,6 +131,23 @@ impl RunLock {
     }
 }
 
+/// Refuses at once when a run holds `dir`'s lock, without taking it: the built-in launcher asks
+/// before it starts ranks, so that a refused rank 0 does not leave the others waiting.
+pub fn check_free(dir: &Path) -> Result<()> {
+    let path = dir.join(LOCK);
+    let Ok(mut file) = File::open(&path) else {
+        return Ok(());
+    };
+    // SAFETY: flock on a descriptor this function owns; closing it drops the shared lock.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    let held = rc != 0
+        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+    if held {
+        return Err(in_use(dir, &path, read_owner(&mut file)));
+    }
+    Ok(())
+}
+
 impl Drop for RunLock {
     fn drop(&mut self) {
         // Removed while still held, so no other run can lock the old file after us.
@@ -192,8 +209,11 @@ mod tests {
                 && err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+        let err = check_free(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("is in use"), "{err}");
         drop(first);
         assert!(!dir.path().join(LOCK).exists(), "removed on release");
+        check_free(dir.path()).unwrap();
         let _again = RunLock::acquire(dir.path()).unwrap();
     }
 
