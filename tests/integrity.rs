@@ -75,7 +75,10 @@ fn a_two_rank_checkpoint_resumes_on_one_rank_with_more_threads() {
     let saved = checkpoint(first.path(), 800);
     let checksums = meta(&saved)["rank_checksums"].as_array().unwrap().clone();
     assert_eq!(checksums.len(), 2);
-    assert!(checksums[0].is_u64(), "an exact integer checksum: {checksums:?}");
+    assert!(
+        checksums[0].is_u64(),
+        "an exact integer checksum: {checksums:?}"
+    );
 
     // One rank now runs with every core's threads: the state sums differently, hashes the same.
     let mut extra = args(&["world_size=1", "steps=1000"]);
@@ -153,10 +156,7 @@ impl Watched {
             }
             if start.elapsed() > limit {
                 let _ = self.child.kill();
-                panic!(
-                    "still running {limit:?} later: {}",
-                    self.seen.join("\n")
-                );
+                panic!("still running {limit:?} later: {}", self.seen.join("\n"));
             }
             std::thread::sleep(Duration::from_millis(100));
         };
@@ -191,7 +191,10 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     let (status, stderr) = run.finish(Duration::from_secs(60));
     let took = signalled.elapsed();
     assert!(!status.success(), "a stopped run exits non-zero: {stderr}");
-    assert!(took < Duration::from_secs(15), "stopped in {took:?}: {stderr}");
+    assert!(
+        took < Duration::from_secs(15),
+        "stopped in {took:?}: {stderr}"
+    );
     assert!(
         stderr.contains("stopped by a signal during pretraining"),
         "{stderr}"
@@ -219,7 +222,7 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
 fn a_run_directory_serves_one_run_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
     let long = args(&["steps=1000000", "num_threads=1"]);
-    let mut first = Watched::spawn(command("train", dir.path(), &long));
+    let first = Watched::spawn(command("train", dir.path(), &long));
     let lock = dir.path().join(".lock");
     let waiting = Instant::now();
     while !std::fs::read_to_string(&lock).is_ok_and(|t| t.contains("host="))
@@ -228,6 +231,8 @@ fn a_run_directory_serves_one_run_at_a_time() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let pid = first.child.id();
+    let owner = std::fs::read_to_string(&lock).unwrap();
+    assert!(owner.contains(&format!("pid={pid}\n")), "{owner}");
 
     let started = Instant::now();
     let out = run("train", dir.path(), &args(&["steps=400", "num_threads=1"]));
@@ -238,7 +243,10 @@ fn a_run_directory_serves_one_run_at_a_time() {
             && stderr.contains(&format!("pid {pid} on ")),
         "{stderr}"
     );
-    assert!(started.elapsed() < Duration::from_secs(30), "refused at once");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused at once"
+    );
     // Two ranks: the built-in launcher refuses before it starts any.
     let started = Instant::now();
     let out = run(
@@ -253,14 +261,21 @@ fn a_run_directory_serves_one_run_at_a_time() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("is in use by another run"), "{stderr}");
-    assert!(started.elapsed() < Duration::from_secs(30), "refused at once");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused at once"
+    );
 
     // SIGKILL leaves the lock file behind; the next run takes it over.
     first.signal("KILL");
     let (status, _) = first.finish(Duration::from_secs(30));
     assert!(!status.success());
     assert!(lock.is_file(), "a killed run leaves its lock file");
-    let out = run("train", dir.path(), &args(&["steps=400", "num_threads=1", "resume=null"]));
+    let out = run(
+        "train",
+        dir.path(),
+        &args(&["steps=400", "num_threads=1", "resume=null"]),
+    );
     let stderr = assert_ok(&out);
     assert!(
         stderr.contains("taking over the stale lock") && stderr.contains(&format!("pid {pid} ")),
@@ -272,7 +287,12 @@ fn a_run_directory_serves_one_run_at_a_time() {
 #[test]
 fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = args(&["steps=400", "save_freq=400", "eval_freq=400", "num_threads=1"]);
+    let settings = args(&[
+        "steps=400",
+        "save_freq=400",
+        "eval_freq=400",
+        "num_threads=1",
+    ]);
     assert_ok(&run("train", dir.path(), &settings));
     let saved = checkpoint(dir.path(), 400);
     let eval = |path: &Path| {
@@ -289,13 +309,20 @@ fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
     for file in ["state.safetensors", "meta.json"] {
         let out = eval(&saved.join(file));
         let stderr = assert_ok(&out);
-        assert!(stderr.contains("taking the weights of its checkpoint"), "{stderr}");
+        assert!(
+            stderr.contains("taking the weights of its checkpoint"),
+            "{stderr}"
+        );
         assert!(String::from_utf8_lossy(&out.stdout).contains("\"episodes\":1"));
     }
 
     // 4 KB of garbage in the middle of the weights: same size, loads as tensors, yet damaged.
     let model = saved.join("model.safetensors");
-    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(&model).unwrap();
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&model)
+        .unwrap();
     let len = file.metadata().unwrap().len();
     file.seek(SeekFrom::Start(len / 2)).unwrap();
     let mut block = vec![0u8; 4096];

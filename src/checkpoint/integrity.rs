@@ -11,10 +11,13 @@ use crate::error::{Error, Result};
 /// Elements copied to the host at a time, so a large model's hash needs little extra memory.
 const CHUNK: i64 = 1 << 22;
 
+/// Named crc32c values, in a fixed order.
+pub type Parts = Vec<(&'static str, u32)>;
+
 /// The parts of the learner state that must be identical on all ranks after an optimiser step
 /// (parameters, target Qs, both optimisers' moments and steps, the Q scale), each with the
 /// crc32c of its bytes, in a fixed order.
-pub fn learner_parts(agent: &Agent) -> Vec<(&'static str, u32)> {
+pub fn learner_parts(agent: &Agent) -> Parts {
     let model = &agent.model;
     let learner = &agent.learner;
     let (m, p) = (learner.model_optim.state(), learner.policy_optim.state());
@@ -28,7 +31,7 @@ pub fn learner_parts(agent: &Agent) -> Vec<(&'static str, u32)> {
         ("policy_optim.exp_avg_sq", &p.exp_avg_sq),
         ("scale", learner.scale.value()),
     ];
-    let mut parts: Vec<(&'static str, u32)> = tensors
+    let mut parts: Parts = tensors
         .into_iter()
         .map(|(name, t)| (name, tensor_crc(t)))
         .collect();
@@ -57,7 +60,10 @@ fn tensor_crc(tensor: &Tensor) -> u32 {
     let mut start = 0;
     while start < n {
         let len = CHUNK.min(n - start);
-        let chunk = flat.narrow(0, start, len).to_device(Device::Cpu).contiguous();
+        let chunk = flat
+            .narrow(0, start, len)
+            .to_device(Device::Cpu)
+            .contiguous();
         let mut bytes = vec![0u8; len as usize * elt];
         chunk.copy_data_u8(&mut bytes, len as usize);
         crc = crc32c::crc32c_append(crc, &bytes);
@@ -69,8 +75,8 @@ fn tensor_crc(tensor: &Tensor) -> u32 {
 /// crc32c of a file's bytes.
 pub fn file_crc(path: &Path) -> Result<u32> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let mut file =
+        std::fs::File::open(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     let mut buf = vec![0u8; 1 << 20];
     let mut crc = 0;
     loop {
@@ -95,7 +101,11 @@ mod tests {
         assert_eq!(base, tensor_crc(&a.copy()), "same bytes, same hash");
         let b = a.copy();
         let _ = b.narrow(0, 9_999_999, 1).fill_(-1.0);
-        assert_ne!(base, tensor_crc(&b), "the last element of the last chunk counts");
+        assert_ne!(
+            base,
+            tensor_crc(&b),
+            "the last element of the last chunk counts"
+        );
         assert_ne!(base, tensor_crc(&a.view([1000, 10000])), "the shape counts");
         // A non-contiguous view hashes as its row-major copy.
         let t = a.view([1000, 10000]).transpose(0, 1);

@@ -155,10 +155,7 @@ pub fn save(
 
 /// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ
 /// when ranks disagree. Returns this rank's parts and every rank's combined checksum.
-fn rank_checksums(
-    agent: &Agent,
-    group: &ProcessGroup,
-) -> Result<(Vec<(&'static str, u32)>, Vec<u32>)> {
+fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<(integrity::Parts, Vec<u32>)> {
     let parts = integrity::learner_parts(agent);
     let local: Vec<i64> = parts.iter().map(|(_, crc)| *crc as i64).collect();
     let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
@@ -235,7 +232,8 @@ pub fn verify_model(path: &Path) -> Result<()> {
 /// checksums left out, and [`Meta::format`] says it cannot be verified.
 fn read_meta(dir: &Path) -> Result<Meta> {
     let path = dir.join(META);
-    let bytes = std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     let mut value: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))?;
     let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(1);
@@ -525,8 +523,13 @@ mod tests {
         // Intact files that do not load back: the message names the part, not damage.
         let original = std::fs::read(dir.join(META)).unwrap();
         rewrite_meta(&dir, |m| m["learner_parts"]["scale"] = 1.into());
-        let err = resume_into(&config, &dir, &expected).unwrap_err().to_string();
-        assert!(err.contains("scale differs") && !err.contains("damaged"), "{err}");
+        let err = resume_into(&config, &dir, &expected)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("scale differs") && !err.contains("damaged"),
+            "{err}"
+        );
 
         // An older checkpoint (float checksums, no hashes) loads with a warning.
         rewrite_meta(&dir, |m| {
@@ -546,7 +549,9 @@ mod tests {
         std::fs::write(&model, &bytes).unwrap();
         for err in [
             verify_model(&model).unwrap_err().to_string(),
-            resume_into(&config, &dir, &expected).unwrap_err().to_string(),
+            resume_into(&config, &dir, &expected)
+                .unwrap_err()
+                .to_string(),
         ] {
             assert!(
                 err.contains(&model.display().to_string()) && err.contains("damaged"),

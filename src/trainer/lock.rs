@@ -140,8 +140,7 @@ pub fn check_free(dir: &Path) -> Result<()> {
     };
     // SAFETY: flock on a descriptor this function owns; closing it drops the shared lock.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-    let held = rc != 0
-        && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+    let held = rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
     if held {
         return Err(in_use(dir, &path, read_owner(&mut file)));
     }
