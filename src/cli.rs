@@ -135,6 +135,9 @@ pub fn run(cli: Cli) -> Result<()> {
 fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
+        if config.node_rank == 0 {
+            trainer::lock::check_free(&trainer::run_dir(&config))?;
+        }
         let program =
             std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
         let plan = LaunchPlan {
@@ -154,14 +157,16 @@ fn train(mut config: Config) -> Result<()> {
 }
 
 /// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
-/// directory, a run directory, or a `.safetensors` file, ours or imported).
+/// directory or any file in one, a run directory, or a `.safetensors` file, ours or imported),
+/// checked against the hash its checkpoint recorded.
 fn evaluate(config: Config) -> Result<()> {
     let Some(path) = config.checkpoint.as_deref() else {
         return Err(Error::Config(
-            "eval needs checkpoint=PATH (a checkpoint directory, run directory or .safetensors file)".into(),
+            "eval needs checkpoint=PATH (a checkpoint directory or a file in one, a run directory, or a .safetensors file)".into(),
         ));
     };
     let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
+    crate::checkpoint::verify_model(&weights)?;
     let rank = RankInfo::single(&config);
     let device = crate::device::select(&config.device, &rank, false)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
@@ -175,7 +180,8 @@ fn evaluate(config: Config) -> Result<()> {
         config.eval_episodes,
         config.seed,
         &group,
-    )?;
+    )?
+    .ok_or_else(|| Error::Other("evaluation stopped by a signal".into()))?;
     println!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
         config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max

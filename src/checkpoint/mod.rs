@@ -3,11 +3,17 @@
 //! Q scale; `meta.json`: counters). With `save_buffer=true` every rank also saves its replay
 //! buffer. Each checkpoint directory is written atomically (see [`store`]).
 //!
+//! Integrity: `meta.json` records the crc32c of each file's bytes and of every part of the
+//! learner state (see [`integrity`]). Loading checks the files first (a mismatch means the file
+//! is damaged), then that the loaded state hashes to what was saved.
+//!
 //! Random streams are not saved: at every checkpoint point the trainer re-derives them from
 //! (seed, rank, step), in an uninterrupted run and in a resumed one alike, so resuming
 //! continues exactly.
+pub mod integrity;
 pub mod store;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -28,19 +34,36 @@ pub struct TrainState {
     pub episodes: u64,
     /// Seconds of training before this process started (for elapsed_time and steps/s).
     pub elapsed: f64,
+    /// Updates of the seed-data pretraining already made, when a stop interrupted it.
+    pub pretrain_updates: u64,
 }
+
+/// `meta.json`'s format: 2 since checksums are crc32c of bytes and files carry hashes (format
+/// 1 held float sums of the learner state, which depended on the thread count).
+const FORMAT: u32 = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Meta {
+    #[serde(default)]
+    format: u32,
     global_step: u64,
     world_size: usize,
     episodes: u64,
     elapsed: f64,
     task: String,
     /// Each rank's checksum of its learner state at this step; all equal by construction.
-    rank_checksums: Vec<f64>,
+    #[serde(default)]
+    rank_checksums: Vec<u32>,
+    /// The checksum of each part of the learner state, to say what differs on a mismatch.
+    #[serde(default)]
+    learner_parts: BTreeMap<String, u32>,
+    /// crc32c of each file's bytes.
+    #[serde(default)]
+    files: BTreeMap<String, u32>,
     model_optim_step: u64,
     policy_optim_step: u64,
+    #[serde(default)]
+    pretrain_updates: u64,
 }
 
 const MODEL: &str = "model.safetensors";
@@ -75,7 +98,7 @@ pub fn save(
     group: &ProcessGroup,
 ) -> Result<()> {
     let global_step = state.step * group.world_size() as u64;
-    let checksums = rank_checksums(agent, group)?;
+    let (parts, checksums) = rank_checksums(agent, group)?;
     if config.save_buffer {
         let (tensors, meta) = learner.buffer.export();
         store::save(&buffers_dir(run_dir, group.rank()), global_step, |dir| {
@@ -94,15 +117,19 @@ pub fn save(
     };
     let model_state = agent.learner.model_optim.state();
     let policy_state = agent.learner.policy_optim.state();
-    let meta = Meta {
+    let mut meta = Meta {
+        format: FORMAT,
         global_step,
         world_size: group.world_size(),
         episodes: state.episodes,
         elapsed: state.elapsed,
         task: config.task.clone(),
         rank_checksums: checksums,
+        learner_parts: parts.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        files: BTreeMap::new(),
         model_optim_step: model_state.step,
         policy_optim_step: policy_state.step,
+        pretrain_updates: state.pretrain_updates,
     };
     let mut tensors = optim("model_optim", model_state);
     tensors.extend(optim("policy_optim", policy_state));
@@ -117,58 +144,63 @@ pub fn save(
     store::save(&checkpoints_dir(run_dir), global_step, |dir| {
         Tensor::write_safetensors(&agent.model.named_tensors(), dir.join(MODEL))?;
         Tensor::write_safetensors(&tensors, dir.join(STATE))?;
+        for name in [MODEL, STATE] {
+            meta.files
+                .insert(name.into(), integrity::file_crc(&dir.join(name))?);
+        }
         write_json(&dir.join(META), &meta)
     })?;
     Ok(())
 }
 
-/// A checksum of everything that must be identical on all ranks after an optimiser step:
-/// parameters, target Qs, both optimisers' moments and steps, and the Q scale.
-pub fn learner_checksum(agent: &Agent) -> Tensor {
-    let model = &agent.model;
-    let learner = &agent.learner;
-    let (m, p) = (learner.model_optim.state(), learner.policy_optim.state());
-    let parts = [
-        &model.model_params.flat,
-        &model.policy_params.flat,
-        &model.target_params.flat,
-        &m.exp_avg,
-        &m.exp_avg_sq,
-        &p.exp_avg,
-        &p.exp_avg_sq,
-        learner.scale.value(),
-    ];
-    let mut total = Tensor::from((m.step + 3 * p.step) as f64);
-    for (i, part) in parts.into_iter().enumerate() {
-        let x = part
-            .detach()
-            .to_device(tch::Device::Cpu)
-            .to_kind(tch::Kind::Double);
-        // Position weights make the sum sensitive to where values sit, not only to their total.
-        let n = x.numel() as i64;
-        let weights =
-            Tensor::arange(n, (tch::Kind::Double, tch::Device::Cpu)).sin() + (i + 2) as f64;
-        total += (x * weights).sum(tch::Kind::Double);
+/// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ
+/// when ranks disagree. Returns this rank's parts and every rank's combined checksum.
+fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<(integrity::Parts, Vec<u32>)> {
+    let parts = integrity::learner_parts(agent);
+    let local: Vec<i64> = parts.iter().map(|(_, crc)| *crc as i64).collect();
+    let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
+    let n = parts.len();
+    let mut combined = Vec::new();
+    let mut differing = Vec::new();
+    for (rank, row) in all.chunks(n).enumerate() {
+        let named: Vec<(&str, u32)> = parts
+            .iter()
+            .zip(row)
+            .map(|((name, _), crc)| (*name, *crc as u32))
+            .collect();
+        for ((name, mine), (_, theirs)) in parts.iter().zip(&named) {
+            if mine != theirs {
+                differing.push(format!("{name} on rank {rank}"));
+            }
+        }
+        combined.push(integrity::combine(&named));
     }
-    total.view([1])
-}
-
-/// Every rank's [`learner_checksum`], gathered; an error when they differ.
-fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<Vec<f64>> {
-    let all = group.all_gather(&learner_checksum(agent))?;
-    let all = Vec::<f64>::try_from(&all)?;
-    if all.iter().any(|c| c.to_bits() != all[0].to_bits()) {
+    if !differing.is_empty() {
         return Err(Error::Other(format!(
-            "learner state diverged across ranks (checksums {all:?}); this is a bug, please report it"
+            "learner state diverged across ranks (differs from rank {}: {}); this is a bug, \
+             please report it",
+            group.rank(),
+            differing.join(", ")
         )));
     }
-    Ok(all)
+    Ok((parts, combined))
 }
 
-/// The model weights a path names: a `.safetensors` file, a checkpoint directory, or a run
-/// (or checkpoints) directory whose latest checkpoint is taken.
+/// The model weights a path names: `model.safetensors` of a checkpoint directory (the
+/// directory itself or any file in it), the latest checkpoint of a run (or checkpoints)
+/// directory, or any other `.safetensors` file (an imported one).
 pub fn model_file(path: &Path) -> Result<PathBuf> {
     if path.is_file() {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let in_checkpoint = dir.join(MODEL).is_file() && dir.join(META).is_file();
+        if in_checkpoint && path.file_name() != Some(MODEL.as_ref()) {
+            eprintln!(
+                "checkpoint={}: taking the weights of its checkpoint, {}",
+                path.display(),
+                dir.join(MODEL).display()
+            );
+            return Ok(dir.join(MODEL));
+        }
         return Ok(path.to_owned());
     }
     if path.join(MODEL).is_file() {
@@ -184,6 +216,65 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
     }
 }
 
+/// Checks a weights file against the hash its checkpoint's `meta.json` recorded. A file outside
+/// a checkpoint directory (an imported one) has nothing to check against; a checkpoint written
+/// before hashes were recorded loads with a warning.
+pub fn verify_model(path: &Path) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if path.file_name() != Some(MODEL.as_ref()) || !dir.join(META).is_file() {
+        return Ok(());
+    }
+    let meta = read_meta(dir)?;
+    verify_files(dir, &meta, &[MODEL])
+}
+
+/// Reads `meta.json`; a checkpoint of format 1 (float checksums, no file hashes) reads with its
+/// checksums left out, and [`Meta::format`] says it cannot be verified.
+fn read_meta(dir: &Path) -> Result<Meta> {
+    let path = dir.join(META);
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let mut value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))?;
+    let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(1);
+    if format > FORMAT as u64 {
+        return Err(Error::Other(format!(
+            "{}: written by a newer tdmpc2 (format {format}; this one reads up to {FORMAT})",
+            path.display()
+        )));
+    }
+    if format < FORMAT as u64 {
+        if let Some(object) = value.as_object_mut() {
+            object.remove("rank_checksums");
+        }
+    }
+    serde_json::from_value(value).map_err(|e| fail(&path.display().to_string(), e))
+}
+
+/// Compares each of `names` in `dir` with the hash `meta` recorded when it was saved.
+fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
+    for name in names {
+        let path = dir.join(name);
+        let Some(saved) = meta.files.get(*name) else {
+            eprintln!(
+                "warning: {} records no hash of {name} (written by an older tdmpc2): its bytes \
+                 cannot be verified",
+                dir.join(META).display()
+            );
+            continue;
+        };
+        let now = integrity::file_crc(&path)?;
+        if now != *saved {
+            return Err(Error::Other(format!(
+                "{} is damaged: its bytes do not match the hash recorded when it was saved \
+                 (crc32c {now:08x}, saved {saved:08x}); use another checkpoint",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
 /// checkpoint directory.
 fn resume_source(config: &Config, run_dir: &Path) -> Result<Option<PathBuf>> {
@@ -191,7 +282,12 @@ fn resume_source(config: &Config, run_dir: &Path) -> Result<Option<PathBuf>> {
         None | Some("") | Some("none") => Ok(None),
         Some("auto") => Ok(store::latest(&checkpoints_dir(run_dir)).map(|(_, dir)| dir)),
         Some(path) => {
-            let dir = PathBuf::from(path);
+            let given = PathBuf::from(path);
+            // Any file of a checkpoint names its directory.
+            let dir = match given.parent() {
+                Some(parent) if given.is_file() && parent.join(META).is_file() => parent.into(),
+                _ => given,
+            };
             if dir.join(META).is_file() {
                 Ok(Some(dir))
             } else if let Some((_, latest)) =
@@ -220,16 +316,22 @@ pub fn resume(
     let Some(dir) = resume_source(config, run_dir)? else {
         return Ok(None);
     };
-    let meta: Meta = serde_json::from_slice(
-        &std::fs::read(dir.join(META))
-            .map_err(|e| Error::io(format!("read {}", dir.display()), e))?,
-    )
-    .map_err(|e| fail(&format!("{}/{META}", dir.display()), e))?;
+    let meta = read_meta(&dir)?;
     if meta.task != config.task {
         return Err(Error::Config(format!(
             "resume: the checkpoint was trained on task={}, this run has task={}",
             meta.task, config.task
         )));
+    }
+    if meta.format < FORMAT && group.rank() == 0 {
+        eprintln!(
+            "warning: {} was written by an older tdmpc2 (float checksums, no file hashes): \
+             resuming from it without verifying what it loads",
+            dir.display()
+        );
+    }
+    if meta.format == FORMAT {
+        verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
     agent.model.load(&dir.join(MODEL))?;
     let tensors = Tensor::read_safetensors(dir.join(STATE))?;
@@ -254,15 +356,21 @@ pub fn resume(
     agent.learner.model_optim.load_state(&model_state)?;
     agent.learner.policy_optim.load_state(&policy_state)?;
     agent.learner.scale.set(&scale);
-    let loaded = learner_checksum(agent).double_value(&[0]);
-    match meta.rank_checksums.first() {
-        Some(saved) if saved.to_bits() == loaded.to_bits() => {}
-        saved => {
+    if meta.format == FORMAT {
+        let differing: Vec<&str> = integrity::learner_parts(agent)
+            .into_iter()
+            .filter(|(name, crc)| meta.learner_parts.get(*name) != Some(crc))
+            .map(|(name, _)| name)
+            .collect();
+        if !differing.is_empty() {
             return Err(Error::Other(format!(
-                "resume: {} does not load back to the learner state that was saved (checksum \
-                 {loaded} vs {saved:?}); the checkpoint is damaged, pick an earlier one",
-                dir.display()
-            )))
+                "resume: {}: its files are intact, but the learner state does not load back to \
+                 what was saved ({} differ{}); this tdmpc2 reads the checkpoint differently \
+                 from the one that wrote it",
+                dir.display(),
+                differing.join(", "),
+                if differing.len() == 1 { "s" } else { "" }
+            )));
         }
     }
 
@@ -293,5 +401,162 @@ pub fn resume(
         step: meta.global_step / world,
         episodes: meta.episodes,
         elapsed: meta.elapsed,
+        pretrain_updates: meta.pretrain_updates,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Source;
+    use crate::dist::RankInfo;
+    use tch::{Device, Kind};
+
+    fn config(run_dir: &Path) -> Config {
+        let overrides = [
+            "model_size=1",
+            "obs_shape=[5]",
+            "action_dim=2",
+            "discount=0.99",
+            "num_threads=1",
+        ];
+        let mut overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+        overrides.push(format!("run_dir={}", run_dir.display()));
+        Config::load(&Source {
+            overrides,
+            ..Source::default()
+        })
+        .unwrap()
+    }
+
+    /// An agent whose every part holds distinct values (moments and scale included).
+    fn agent(config: &Config, seed: u64) -> Agent {
+        let mut agent = Agent::new(config.agent_config().unwrap(), Device::Cpu, seed).unwrap();
+        tch::manual_seed(seed as i64);
+        for (optim, steps) in [
+            (&mut agent.learner.model_optim, 7),
+            (&mut agent.learner.policy_optim, 5),
+        ] {
+            let shape = optim.state().exp_avg;
+            let state = AdamState {
+                step: steps,
+                exp_avg: shape.randn_like(),
+                exp_avg_sq: shape.rand_like(),
+            };
+            optim.load_state(&state).unwrap();
+        }
+        agent
+            .learner
+            .scale
+            .set(&Tensor::from_slice(&[3.25f32]).to_kind(Kind::Float));
+        agent
+    }
+
+    #[test]
+    fn the_learner_checksum_ignores_the_thread_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent = agent(&config(dir.path()), 3);
+        let threads = tch::get_num_threads();
+        tch::set_num_threads(1);
+        let one = integrity::learner_parts(&agent);
+        tch::set_num_threads(2);
+        let two = integrity::learner_parts(&agent);
+        tch::set_num_threads(threads);
+        assert_eq!(one, two);
+        assert!(
+            agent.model.model_params.flat.numel() > 100_000,
+            "large enough for a parallel reduction"
+        );
+    }
+
+    /// Resumes a fresh agent from `dir`; on success its learner state must hash to `expected`.
+    fn resume_into(
+        config: &Config,
+        dir: &Path,
+        expected: &[(&str, u32)],
+    ) -> Result<Option<TrainState>> {
+        let mut config = config.clone();
+        config.resume = Some(dir.display().to_string());
+        let group = ProcessGroup::alone(RankInfo::single(&config));
+        let mut learner = Learner::new(&config, 100, Device::Cpu, &group)?;
+        let mut fresh = agent(&config, 11);
+        let resumed = resume(&config, dir, &mut fresh, &mut learner, &group)?;
+        assert_eq!(integrity::learner_parts(&fresh), expected);
+        Ok(resumed)
+    }
+
+    fn rewrite_meta(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = dir.join(META);
+        let mut meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut meta);
+        std::fs::write(&path, serde_json::to_vec(&meta).unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_saved_state_loads_back_and_damage_is_named() {
+        let run = tempfile::tempdir().unwrap();
+        let config = config(run.path());
+        let group = ProcessGroup::alone(RankInfo::single(&config));
+        let learner = Learner::new(&config, 100, Device::Cpu, &group).unwrap();
+        let saved = agent(&config, 3);
+        let state = TrainState {
+            step: 40,
+            pretrain_updates: 9,
+            ..TrainState::default()
+        };
+        tch::set_num_threads(1);
+        let expected = integrity::learner_parts(&saved);
+        save(&config, run.path(), &state, &saved, &learner, &group).unwrap();
+        let dir = store::latest(&checkpoints_dir(run.path())).unwrap().1;
+
+        // The same parts hash the same after a round trip through the files, at any threads.
+        tch::set_num_threads(2);
+        let resumed = resume_into(&config, &dir, &expected).unwrap().unwrap();
+        assert_eq!((resumed.step, resumed.pretrain_updates), (40, 9));
+        verify_model(&dir.join(MODEL)).unwrap();
+        // Any file of the checkpoint names its weights.
+        assert_eq!(model_file(&dir.join(STATE)).unwrap(), dir.join(MODEL));
+        assert_eq!(model_file(&dir.join(META)).unwrap(), dir.join(MODEL));
+        assert_eq!(model_file(run.path()).unwrap(), dir.join(MODEL));
+
+        // Intact files that do not load back: the message names the part, not damage.
+        let original = std::fs::read(dir.join(META)).unwrap();
+        rewrite_meta(&dir, |m| m["learner_parts"]["scale"] = 1.into());
+        let err = resume_into(&config, &dir, &expected)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("scale differs") && !err.contains("damaged"),
+            "{err}"
+        );
+
+        // An older checkpoint (float checksums, no hashes) loads with a warning.
+        rewrite_meta(&dir, |m| {
+            m.as_object_mut().unwrap().remove("format");
+            m.as_object_mut().unwrap().remove("files");
+            m["rank_checksums"] = serde_json::json!([15656.840652986819]);
+        });
+        assert!(resume_into(&config, &dir, &expected).unwrap().is_some());
+        verify_model(&dir.join(MODEL)).unwrap();
+        std::fs::write(dir.join(META), &original).unwrap();
+
+        // Flipped bytes in the middle of the weights: the file is named as damaged.
+        let model = dir.join(MODEL);
+        let mut bytes = std::fs::read(&model).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        std::fs::write(&model, &bytes).unwrap();
+        for err in [
+            verify_model(&model).unwrap_err().to_string(),
+            resume_into(&config, &dir, &expected)
+                .unwrap_err()
+                .to_string(),
+        ] {
+            assert!(
+                err.contains(&model.display().to_string()) && err.contains("damaged"),
+                "{err}"
+            );
+        }
+    }
 }

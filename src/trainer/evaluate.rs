@@ -1,5 +1,7 @@
 //! Evaluation: each rank plays its share of `eval_episodes` in eval mode; the returns are
-//! gathered so that rank 0 reports over all episodes.
+//! gathered so that rank 0 reports over all episodes. A stop request is checked before each
+//! round-robin slot, on every rank (also one with no episode left in that slot), so the
+//! collective check lines up across ranks.
 use tch::{Kind, Tensor};
 
 use crate::agent::Agent;
@@ -23,19 +25,26 @@ pub fn share(total: usize, rank: usize, world_size: usize) -> usize {
     (total + world_size - 1 - rank) / world_size
 }
 
-/// Plays this rank's share and gathers every rank's results.
+/// Plays this rank's share and gathers every rank's results; `None` when a stop was requested.
 pub fn evaluate(
     agent: &mut Agent,
     env: &mut dyn envs::Env,
     total: usize,
     seed: u64,
     group: &ProcessGroup,
-) -> Result<EvalSummary> {
+) -> Result<Option<EvalSummary>> {
     let (rank, world) = (group.rank(), group.world_size());
     let slots = total.div_ceil(world);
     // One row per slot: return, length, success (NaN when the task has none), played (0/1).
     let mut rows = vec![f64::NAN; slots * 4];
-    for slot in 0..share(total, rank, world) {
+    let mine = share(total, rank, world);
+    for slot in 0..slots {
+        if super::stop::requested(group)? {
+            return Ok(None);
+        }
+        if slot >= mine {
+            continue;
+        }
         let mut obs = env.reset(Some((seed + slot as u64) & 0xffff_ffff))?;
         let (mut reward, mut length, mut success) = (0.0, 0usize, f64::NAN);
         loop {
@@ -58,7 +67,7 @@ pub fn evaluate(
         .view([slots as i64, 4]);
     let all = group.all_gather(&local)?;
     let all = Vec::<f64>::try_from(all.flatten(0, -1))?;
-    Ok(summarize(&all))
+    Ok(Some(summarize(&all)))
 }
 
 fn summarize(rows: &[f64]) -> EvalSummary {

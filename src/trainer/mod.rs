@@ -7,10 +7,11 @@
 pub mod actor;
 pub mod evaluate;
 pub mod learner;
+pub mod lock;
 pub mod stop;
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -46,6 +47,14 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // First thing: a stop requested during start-up must still end in a checkpoint.
     stop::install_handlers();
     crate::dist::lifeline::bind_to_launcher()?;
+    let dir = run_dir(&config);
+    // Before the group forms: a second run on this directory fails at once (its other ranks
+    // are stopped by their launcher, or time out).
+    let _lock = if rank.rank == 0 {
+        Some(lock::RunLock::acquire(&dir)?)
+    } else {
+        None
+    };
     let device = crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
     tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
     crate::device::set_tf32(device, config.tf32)?;
@@ -79,7 +88,6 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             eprintln!("{line}");
         }
     }
-    let dir = run_dir(&config);
     let agent_config = config.agent_config()?;
 
     // Identical initialisation on every rank (and broadcast from rank 0 all the same); the
@@ -132,13 +140,22 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         if actor.done() {
             if eval_due {
                 let eval_seed = derive_seed(config.seed, rank.rank, global, 1);
-                let summary = evaluate::evaluate(
+                let Some(summary) = evaluate::evaluate(
                     &mut agent,
                     actor.env_mut(),
                     config.eval_episodes,
                     eval_seed,
                     &group,
-                )?;
+                )?
+                else {
+                    // The episode that just ended is not in the buffer nor counted: the
+                    // checkpoint is the state before it.
+                    state.elapsed = elapsed();
+                    let when = format!("during the evaluation at step {global}");
+                    return Err(stop_with_checkpoint(
+                        &config, &dir, &state, &agent, &learner, &group, &when,
+                    ));
+                };
                 if let Some(logger) = &mut logger {
                     let mut record = Record::new(Phase::Eval, global)
                         .with("episode_reward", summary.mean)
@@ -190,10 +207,10 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         }
         if stop::requested(&group)? {
             state.elapsed = elapsed();
-            checkpoint::save(&config, &dir, &state, &agent, &learner, &group)?;
-            return Err(Error::Other(format!(
-                "stopped by a signal at step {global}; checkpoint written"
-            )));
+            let when = format!("at step {global}");
+            return Err(stop_with_checkpoint(
+                &config, &dir, &state, &agent, &learner, &group, &when,
+            ));
         }
 
         let action = if state.step > seed_steps {
@@ -207,17 +224,33 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         // Only a run resumed without its replay buffers can find it empty here.
         ready_to_update = ready_to_update || (state.step >= seed_steps && learner.ready()?);
         if state.step >= seed_steps && ready_to_update {
-            let updates = if state.step == seed_steps {
-                seed_steps
+            // A run stopped during pretraining makes only the updates that were left.
+            let (done, updates) = if state.step == seed_steps {
+                (state.pretrain_updates, seed_steps)
             } else {
-                1
+                (0, 1)
             };
             if updates > 1 && root {
-                eprintln!("Pretraining agent on seed data ({updates} updates)...");
+                eprintln!(
+                    "Pretraining agent on seed data ({} updates)...",
+                    updates - done
+                );
             }
-            for _ in 0..updates {
+            for update in done..updates {
+                // The same update indices on every rank: the stop check is a collective.
+                if updates > 1 && stop::requested(&group)? {
+                    state.elapsed = elapsed();
+                    state.pretrain_updates = update;
+                    let when = format!(
+                        "during pretraining (after {update} of {updates} updates) at step {global}"
+                    );
+                    return Err(stop_with_checkpoint(
+                        &config, &dir, &state, &agent, &learner, &group, &when,
+                    ));
+                }
                 last_info = Some(learner.update(&mut agent, &mut rng)?);
             }
+            state.pretrain_updates = 0;
         }
         state.step += 1;
         if let Some(bar) = &progress {
@@ -237,6 +270,23 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         eprintln!("Training finished: {}", dir.display());
     }
     Ok(())
+}
+
+/// Writes the checkpoint a stop promises; returns the error that ends the run (the save's own,
+/// if it failed).
+fn stop_with_checkpoint(
+    config: &Config,
+    dir: &Path,
+    state: &TrainState,
+    agent: &Agent,
+    learner: &Learner,
+    group: &ProcessGroup,
+    when: &str,
+) -> Error {
+    match checkpoint::save(config, dir, state, agent, learner, group) {
+        Ok(()) => Error::Other(format!("stopped by a signal {when}; checkpoint written")),
+        Err(e) => e,
+    }
 }
 
 /// A seed for stream `purpose` of `rank` at `counter` (SplitMix64 mixing; dm_control takes 32 bits).

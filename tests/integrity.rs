@@ -1,0 +1,349 @@
+//! Checkpoint integrity and run safety through the real binary:
+//! - a checkpoint written by two ranks (one thread each) resumes on one rank (two threads);
+//! - Ctrl-C during the seed-data pretraining stops within seconds with a checkpoint, and the
+//!   resumed run makes only the pretraining updates that were left;
+//! - a second run on the same run directory is refused; a stale lock is taken over;
+//! - `eval` refuses damaged weights, naming the file, and takes any file of a checkpoint.
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A small but complete configuration (no `num_threads`: each rank takes cores / ranks).
+const TINY: &[&str] = &[
+    "task=Pendulum-v1",
+    "model_size=1",
+    "batch_size=16",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=2",
+    "iterations=1",
+    "seed_steps=200",
+    "eval_episodes=2",
+    "enable_tensorboard=false",
+];
+
+fn command(verb: &str, run_dir: &Path, extra: &[String]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
+    command
+        .arg(verb)
+        .args(TINY)
+        .arg(format!("run_dir={}", run_dir.display()))
+        .args(extra);
+    command
+}
+
+fn run(verb: &str, run_dir: &Path, extra: &[String]) -> Output {
+    command(verb, run_dir, extra).output().unwrap()
+}
+
+fn assert_ok(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn checkpoint(run_dir: &Path, step: u64) -> PathBuf {
+    run_dir.join("checkpoints").join(format!("step_{step:012}"))
+}
+
+fn meta(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_two_rank_checkpoint_resumes_on_one_rank_with_more_threads() {
+    let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let quick = ["eval_freq=1000000", "eval_episodes=1"];
+    // 400 steps per rank: an episode (200) fits in the buffer that the run length bounds.
+    let mut extra = args(&["world_size=2", "steps=800"]);
+    extra.extend(args(&quick));
+    extra.push(format!("master_port={}", free_port()));
+    assert_ok(&run("train", first.path(), &extra));
+    let saved = checkpoint(first.path(), 800);
+    let checksums = meta(&saved)["rank_checksums"].as_array().unwrap().clone();
+    assert_eq!(checksums.len(), 2);
+    assert!(
+        checksums[0].is_u64(),
+        "an exact integer checksum: {checksums:?}"
+    );
+
+    // One rank now runs with every core's threads: the state sums differently, hashes the same.
+    let mut extra = args(&["world_size=1", "steps=1000"]);
+    extra.extend(args(&quick));
+    extra.push(format!("resume={}", saved.display()));
+    let stderr = assert_ok(&run("train", second.path(), &extra));
+    assert!(stderr.contains("Resumed from"), "{stderr}");
+    assert!(checkpoint(second.path(), 1000).join("meta.json").is_file());
+}
+
+/// A spawned run whose stderr is read line by line on a thread (and kept).
+struct Watched {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Watched {
+    fn spawn(mut command: Command) -> Watched {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Watched {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `text`; returns it.
+    fn wait_for(&mut self, text: &str, limit: Duration) -> String {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            match self.lines.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(text) {
+                        return line;
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(_) => break,
+            }
+        }
+        let _ = self.child.kill();
+        panic!("no line with {text:?}: {}", self.seen.join("\n"));
+    }
+
+    fn signal(&self, name: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{name}");
+    }
+
+    /// Waits for the exit (at most `limit`); returns the status and every stderr line.
+    fn finish(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("still running {limit:?} later: {}", self.seen.join("\n"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.seen.push(line);
+        }
+        (status, self.seen.join("\n"))
+    }
+}
+
+#[test]
+fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left() {
+    let dir = tempfile::tempdir().unwrap();
+    const SEED_STEPS: u64 = 2000;
+    let settings = |port: u16| {
+        vec![
+            "world_size=2".to_string(),
+            "steps=1000000".into(),
+            format!("seed_steps={SEED_STEPS}"),
+            "buffer_size=5000".into(),
+            "save_buffer=true".into(),
+            "resume=auto".into(),
+            format!("master_port={port}"),
+        ]
+    };
+    let mut run = Watched::spawn(command("train", dir.path(), &settings(free_port())));
+    let line = run.wait_for("Pretraining agent on seed data", Duration::from_secs(300));
+    assert!(line.contains(&format!("({SEED_STEPS} updates)")), "{line}");
+    std::thread::sleep(Duration::from_secs(2));
+    let signalled = Instant::now();
+    run.signal("INT");
+    let (status, stderr) = run.finish(Duration::from_secs(60));
+    let took = signalled.elapsed();
+    assert!(!status.success(), "a stopped run exits non-zero: {stderr}");
+    assert!(
+        took < Duration::from_secs(15),
+        "stopped in {took:?}: {stderr}"
+    );
+    assert!(
+        stderr.contains("stopped by a signal during pretraining"),
+        "{stderr}"
+    );
+    // Stopped at the last random step, before the step counter moved on.
+    let saved = checkpoint(dir.path(), 2 * SEED_STEPS);
+    let done = meta(&saved)["pretrain_updates"].as_u64().unwrap();
+    assert!(0 < done && done < SEED_STEPS, "{done} updates made");
+
+    // The resumed run (buffers restored) makes only the updates that were left.
+    let mut run = Watched::spawn(command("train", dir.path(), &settings(free_port())));
+    let line = run.wait_for("Pretraining agent on seed data", Duration::from_secs(300));
+    assert!(
+        line.contains(&format!("({} updates)", SEED_STEPS - done)),
+        "{line} after {done} updates: {}",
+        run.seen.join("\n")
+    );
+    run.signal("TERM");
+    let (status, stderr) = run.finish(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(stderr.contains("Resumed from"), "{stderr}");
+}
+
+#[test]
+fn a_run_directory_serves_one_run_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = args(&["steps=1000000", "num_threads=1"]);
+    let first = Watched::spawn(command("train", dir.path(), &long));
+    let lock = dir.path().join(".lock");
+    let waiting = Instant::now();
+    while !std::fs::read_to_string(&lock).is_ok_and(|t| t.contains("host="))
+        && waiting.elapsed() < Duration::from_secs(120)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let pid = first.child.id();
+    let owner = std::fs::read_to_string(&lock).unwrap();
+    assert!(owner.contains(&format!("pid={pid}\n")), "{owner}");
+
+    let started = Instant::now();
+    let out = run("train", dir.path(), &args(&["steps=400", "num_threads=1"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("run_dir={} is in use", dir.path().display()))
+            && stderr.contains(&format!("pid {pid} on ")),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused at once"
+    );
+    // Two ranks: the built-in launcher refuses before it starts any.
+    let started = Instant::now();
+    let out = run(
+        "train",
+        dir.path(),
+        &[
+            "world_size=2".into(),
+            "steps=400".into(),
+            format!("master_port={}", free_port()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is in use by another run"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "refused at once"
+    );
+
+    // SIGKILL leaves the lock file behind; the next run takes it over.
+    first.signal("KILL");
+    let (status, _) = first.finish(Duration::from_secs(30));
+    assert!(!status.success());
+    assert!(lock.is_file(), "a killed run leaves its lock file");
+    let out = run(
+        "train",
+        dir.path(),
+        &args(&["steps=400", "num_threads=1", "resume=null"]),
+    );
+    let stderr = assert_ok(&out);
+    assert!(
+        stderr.contains("taking over the stale lock") && stderr.contains(&format!("pid {pid} ")),
+        "{stderr}"
+    );
+    assert!(!lock.exists(), "a finished run removes its lock");
+}
+
+#[test]
+fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = args(&[
+        "steps=400",
+        "save_freq=400",
+        "eval_freq=400",
+        "num_threads=1",
+    ]);
+    assert_ok(&run("train", dir.path(), &settings));
+    let saved = checkpoint(dir.path(), 400);
+    let eval = |path: &Path| {
+        run(
+            "eval",
+            dir.path(),
+            &[
+                format!("checkpoint={}", path.display()),
+                "eval_episodes=1".into(),
+                "num_threads=1".into(),
+            ],
+        )
+    };
+    for file in ["state.safetensors", "meta.json"] {
+        let out = eval(&saved.join(file));
+        let stderr = assert_ok(&out);
+        assert!(
+            stderr.contains("taking the weights of its checkpoint"),
+            "{stderr}"
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"episodes\":1"));
+    }
+
+    // 4 KB of garbage in the middle of the weights: same size, loads as tensors, yet damaged.
+    let model = saved.join("model.safetensors");
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&model)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    file.seek(SeekFrom::Start(len / 2)).unwrap();
+    let mut block = vec![0u8; 4096];
+    file.read_exact(&mut block).unwrap();
+    for b in &mut block {
+        *b = b.wrapping_mul(31).wrapping_add(7);
+    }
+    file.seek(SeekFrom::Start(len / 2)).unwrap();
+    file.write_all(&block).unwrap();
+    drop(file);
+    assert!(
+        tch::Tensor::read_safetensors(&model).is_ok(),
+        "the damage is in tensor data, not the header"
+    );
+    for path in [saved.clone(), model.clone(), dir.path().to_owned()] {
+        let out = eval(&path);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{}: {stderr}", path.display());
+        assert!(
+            stderr.contains(&format!("{} is damaged", model.display())),
+            "{stderr}"
+        );
+    }
+}
