@@ -181,7 +181,7 @@ fn evaluate(config: Config) -> Result<()> {
         config.seed,
         &group,
     )?
-    .ok_or_else(|| Error::Other("evaluation stopped by a signal".into()))?;
+    .ok_or_else(|| Error::Stopped("evaluation stopped by a signal".into()))?;
     println!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
         config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max

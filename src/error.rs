@@ -21,9 +21,15 @@ pub enum Error {
     CudaGraph(#[from] crate::cuda::GraphError),
     #[error("python: {0}")]
     Python(String),
+    /// A stop that was asked for (Ctrl-C, SIGTERM, a lost launcher): not a failure of the run.
+    #[error("{0}")]
+    Stopped(String),
     #[error("{0}")]
     Other(String),
 }
+
+/// The exit code of a process that stopped because a stop was asked for.
+pub const STOPPED_EXIT_CODE: i32 = 3;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -35,11 +41,12 @@ impl Error {
         }
     }
 
-    /// The process exit code: 2 for bad input, 1 for everything else.
+    /// The process exit code: 2 for bad input, 3 for a requested stop, 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) => 2,
             Error::Env(envs::Error::UnknownTask { .. }) => 2,
+            Error::Stopped(_) => STOPPED_EXIT_CODE,
             _ => 1,
         }
     }

@@ -485,32 +485,32 @@ fn runs_under_torchrun() {
     assert_eq!(meta["rank_checksums"].as_array().unwrap().len(), 2);
 }
 
+/// The launcher of node `rank` of a two-node job on this machine (run directory `node<rank>`).
+fn spawn_node(dir: &Path, port: u16, rank: usize, steps: u64) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "world_size=2".to_string(),
+            "nnodes=2".into(),
+            format!("node_rank={rank}"),
+            "master_addr=127.0.0.1".into(),
+            format!("master_port={port}"),
+            format!("steps={steps}"),
+            format!("save_freq={steps}"),
+            format!("eval_freq={steps}"),
+            format!("run_dir={}", dir.join(format!("node{rank}")).display()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn two_nodes_on_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let node = |rank: usize| {
-        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-            .args(TINY)
-            .args([
-                "world_size=2".to_string(),
-                "nnodes=2".into(),
-                format!("node_rank={rank}"),
-                "master_addr=127.0.0.1".into(),
-                format!("master_port={port}"),
-                "steps=800".into(),
-                "save_freq=800".into(),
-                "eval_freq=800".into(),
-                format!(
-                    "run_dir={}",
-                    dir.path().join(format!("node{rank}")).display()
-                ),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let node = |rank: usize| spawn_node(dir.path(), port, rank, 800);
     let (first, second) = (node(0), node(1));
     for child in [first, second] {
         let out = child.wait_with_output().unwrap();
@@ -549,7 +549,7 @@ fn sigterm_stops_every_rank_after_a_checkpoint() {
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a stopped run exits non-zero");
+    assert_eq!(out.status.code(), Some(3), "a requested stop: {stderr}");
     assert!(stderr.contains("terminated (SIGTERM)"), "{stderr}");
     assert!(
         stopped.elapsed() < Duration::from_secs(60),
@@ -779,4 +779,36 @@ fn ranks_die_with_a_killed_launcher() {
         .map(|entries| entries.flatten().count())
         .unwrap_or(0);
     assert!(saved > 0, "a checkpoint was written when the launcher died");
+}
+
+#[test]
+fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (first, mut second) = (
+        spawn_node(dir.path(), port, 0, 1_000_000),
+        spawn_node(dir.path(), port, 1, 1_000_000),
+    );
+    let node0 = dir.path().join("node0");
+    let trained = wait_for_train_record(&node0, 800, Duration::from_secs(240));
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let killed = Instant::now();
+    let out = first.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(trained, "the job reached training: {stderr}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(30),
+        "node 0 noticed in {:?}",
+        killed.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(3), "a requested stop: {stderr}");
+    assert!(
+        stderr.contains("node 1 was stopped or killed"),
+        "names the node: {stderr}"
+    );
+    let saved = std::fs::read_dir(node0.join("checkpoints"))
+        .map(|entries| entries.flatten().count())
+        .unwrap_or(0);
+    assert!(saved > 0, "node 0 wrote a checkpoint: {stderr}");
 }

@@ -195,10 +195,7 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
         took < Duration::from_secs(15),
         "stopped in {took:?}: {stderr}"
     );
-    assert!(
-        stderr.contains("stopped by a signal during pretraining"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("stopped during pretraining"), "{stderr}");
     // Stopped at the last random step, before the step counter moved on.
     let saved = checkpoint(dir.path(), 2 * SEED_STEPS);
     let done = meta(&saved)["pretrain_updates"].as_u64().unwrap();

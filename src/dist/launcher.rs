@@ -17,7 +17,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
 use super::affinity;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, STOPPED_EXIT_CODE};
 
 /// How long ranks get to stop cleanly before they are killed.
 const GRACE: Duration = Duration::from_secs(20);
@@ -188,6 +188,8 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
     let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); local];
     let mut running = local;
     let mut failure: Option<(usize, String)> = None;
+    // A rank that stopped because a stop was asked for (by another node, say): not a failure.
+    let mut stopped: Option<usize> = None;
     let mut interrupted: Option<&'static str> = None;
     let mut deadline: Option<tokio::time::Instant> = None;
 
@@ -212,7 +214,12 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
                     running -= 1;
                     alive[rank - plan.node_rank * local] = None;
                     let ok = matches!(&status, Ok(s) if s.success());
-                    if !ok && failure.is_none() && interrupted.is_none() {
+                    let asked_to_stop = matches!(&status, Ok(s) if s.code() == Some(STOPPED_EXIT_CODE));
+                    if asked_to_stop && failure.is_none() {
+                        // The others stop at the same step by agreement; the grace is a bound.
+                        stopped.get_or_insert(rank);
+                        deadline.get_or_insert(tokio::time::Instant::now() + GRACE);
+                    } else if !ok && failure.is_none() && interrupted.is_none() {
                         failure = Some((rank, describe(&status)));
                         stop_all(&alive, libc::SIGTERM);
                         deadline = Some(tokio::time::Instant::now() + GRACE);
@@ -258,7 +265,15 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
         )));
     }
     if let Some(why) = interrupted {
-        return Err(Error::Other(format!("{why}: all ranks stopped")));
+        return Err(Error::Stopped(format!("{why}: all ranks stopped")));
+    }
+    if let Some(rank) = stopped {
+        let tail = &tails[rank - plan.node_rank * local];
+        let why = tail.back().map_or("", String::as_str);
+        let why = why.strip_prefix("error: ").unwrap_or(why);
+        return Err(Error::Stopped(format!(
+            "the job stopped (rank {rank}: {why})"
+        )));
     }
     Ok(())
 }

@@ -80,7 +80,7 @@ extern "C" fn on_orphaned(_: libc::c_int) {
             unsafe { libc::dup2(null, fd) };
         }
     }
-    crate::trainer::stop::request();
+    crate::trainer::stop::request(crate::trainer::stop::Reason::LauncherLost);
 }
 
 fn watch(launcher: libc::pid_t) {

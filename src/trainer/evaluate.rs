@@ -39,7 +39,7 @@ pub fn evaluate(
     let mut rows = vec![f64::NAN; slots * 4];
     let mine = share(total, rank, world);
     for slot in 0..slots {
-        if super::stop::requested(group)? {
+        if super::stop::requested(group)?.is_some() {
             return Ok(None);
         }
         if slot >= mine {

@@ -151,9 +151,11 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                     // The episode that just ended is not in the buffer nor counted: the
                     // checkpoint is the state before it.
                     state.elapsed = elapsed();
+                    // Every rank stopped at the same slot: asking again agrees on who asked.
+                    let request = stop::requested(&group)?;
                     let when = format!("during the evaluation at step {global}");
                     return Err(stop_with_checkpoint(
-                        &config, &dir, &state, &agent, &learner, &group, &when,
+                        &config, &dir, &state, &agent, &learner, &group, &when, request,
                     ));
                 };
                 if let Some(logger) = &mut logger {
@@ -205,11 +207,18 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             }
             actor.reset(derive_seed(config.seed, rank.rank, state.episodes, 0))?;
         }
-        if stop::requested(&group)? {
+        if let Some(request) = stop::requested(&group)? {
             state.elapsed = elapsed();
             let when = format!("at step {global}");
             return Err(stop_with_checkpoint(
-                &config, &dir, &state, &agent, &learner, &group, &when,
+                &config,
+                &dir,
+                &state,
+                &agent,
+                &learner,
+                &group,
+                &when,
+                Some(request),
             ));
         }
 
@@ -238,14 +247,18 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             }
             for update in done..updates {
                 // The same update indices on every rank: the stop check is a collective.
-                if updates > 1 && stop::requested(&group)? {
+                let request = match updates > 1 {
+                    true => stop::requested(&group)?,
+                    false => None,
+                };
+                if request.is_some() {
                     state.elapsed = elapsed();
                     state.pretrain_updates = update;
                     let when = format!(
                         "during pretraining (after {update} of {updates} updates) at step {global}"
                     );
                     return Err(stop_with_checkpoint(
-                        &config, &dir, &state, &agent, &learner, &group, &when,
+                        &config, &dir, &state, &agent, &learner, &group, &when, request,
                     ));
                 }
                 last_info = Some(learner.update(&mut agent, &mut rng)?);
@@ -274,6 +287,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
 
 /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's own,
 /// if it failed).
+#[allow(clippy::too_many_arguments)]
 fn stop_with_checkpoint(
     config: &Config,
     dir: &Path,
@@ -282,9 +296,11 @@ fn stop_with_checkpoint(
     learner: &Learner,
     group: &ProcessGroup,
     when: &str,
+    request: Option<stop::StopRequest>,
 ) -> Error {
+    let why = request.map_or_else(|| "a stop was asked for".to_owned(), |r| r.to_string());
     match checkpoint::save(config, dir, state, agent, learner, group) {
-        Ok(()) => Error::Other(format!("stopped by a signal {when}; checkpoint written")),
+        Ok(()) => Error::Stopped(format!("stopped {when}: {why}; checkpoint written")),
         Err(e) => e,
     }
 }
