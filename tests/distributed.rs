@@ -146,11 +146,12 @@ fn rank_update(group: &ProcessGroup, parts: i64) -> Vec<(String, Tensor)> {
     outcome(&agent, &info)
 }
 
+/// Not a test: the entry point of the worker processes `run_workers` starts.
 #[test]
+#[ignore = "the worker processes' entry point; run_workers starts it"]
 fn worker_entry() {
-    let Ok(out) = std::env::var("TDMPC2_TEST_WORKER") else {
-        return;
-    };
+    let out = std::env::var("TDMPC2_TEST_WORKER")
+        .expect("started by run_workers, which sets TDMPC2_TEST_WORKER");
     let config = config(B, 1);
     let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
     let world = rank.world_size as i64;
@@ -181,7 +182,13 @@ fn run_workers(world: usize, out: &Path) {
     let children: Vec<_> = (0..world)
         .map(|rank| {
             Command::new(std::env::current_exe().unwrap())
-                .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    "worker_entry",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env("TDMPC2_TEST_WORKER", out)
                 .env("RANK", rank.to_string())
                 .env("WORLD_SIZE", world.to_string())
