@@ -147,13 +147,35 @@ fn train(mut config: Config) -> Result<()> {
             master_addr: config.master_addr.clone(),
             master_port: config.master_port,
             cpu_affinity: config.cpu_affinity,
+            max_restarts: config.max_restarts,
             program,
             args: std::env::args().skip(1).collect(),
         };
         return launcher::launch(&plan);
     }
     config.world_size = rank.world_size;
+    resume_after_restart(&mut config, std::env::var(launcher::RESTART_COUNT_ENV).ok())?;
     trainer::run(config, rank)
+}
+
+/// A restarted job (by our launcher's `max_restarts` or torchrun's `--max-restarts`) goes on
+/// from the run directory's last checkpoint, when there is one, without being told.
+fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> Result<()> {
+    let Some(count) = restart_count else {
+        return Ok(());
+    };
+    let count: u64 = count.trim().parse().map_err(|_| {
+        Error::Config(format!(
+            "{}={count} is not a restart count",
+            launcher::RESTART_COUNT_ENV
+        ))
+    })?;
+    let dir = trainer::run_dir(config);
+    let checkpoints = crate::checkpoint::checkpoints_dir(&dir);
+    if count > 0 && crate::checkpoint::store::latest(&checkpoints).is_some() {
+        config.resume = Some("auto".into());
+    }
+    Ok(())
 }
 
 /// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
@@ -248,4 +270,25 @@ fn bench(args: &BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restarted_job_resumes_only_when_there_is_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::load(&Source {
+            overrides: vec![format!("run_dir={}", dir.path().display())],
+            ..Source::default()
+        })
+        .unwrap();
+        resume_after_restart(&mut config, Some("1".into())).unwrap();
+        assert_eq!(config.resume, None, "nothing to resume from yet");
+        let e = resume_after_restart(&mut config, Some("x".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("TORCHELASTIC_RESTART_COUNT=x"), "{e}");
+    }
 }

@@ -87,6 +87,7 @@ pub struct Config {
     pub dist_timeout: u64,
     pub dist_backend: String,
     pub dist_force_group: bool,
+    pub max_restarts: usize,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
     // hardware
@@ -114,6 +115,9 @@ use crate::error::{Error, Result};
 
 /// The defaults, compiled in so the binary works from any directory.
 pub const DEFAULTS_YAML: &str = include_str!("../configs/config.yaml");
+
+/// The most restarts `max_restarts` allows: a job failing more often needs a person.
+const MAX_RESTARTS: usize = 100;
 
 /// Model-size presets of the official code (MODEL_SIZE); a preset overrides these keys.
 pub const MODEL_SIZES: [u32; 5] = [1, 5, 19, 48, 317];
@@ -305,6 +309,13 @@ impl Config {
             return Err(Error::Config(
                 "dist_backend=nccl needs GPUs, but device=cpu; use dist_backend=gloo or auto"
                     .into(),
+            ));
+        }
+        if self.max_restarts > MAX_RESTARTS {
+            return Err(range(
+                "max_restarts",
+                self.max_restarts,
+                &format!("must be at most {MAX_RESTARTS}"),
             ));
         }
         if self.dist_timeout == 0 {

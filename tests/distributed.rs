@@ -819,3 +819,42 @@ fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
         .unwrap_or(0);
     assert!(saved > 0, "node 0 wrote a checkpoint: {stderr}");
 }
+
+#[test]
+fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(TINY)
+        .args([
+            "world_size=2".to_string(),
+            "steps=2400".into(),
+            "save_freq=800".into(),
+            "eval_freq=2400".into(),
+            "max_restarts=1".into(),
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", dir.path().display()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first_checkpoint = dir.path().join("checkpoints").join("step_000000000800");
+    let waiting = Instant::now();
+    while !first_checkpoint.join("meta.json").exists()
+        && waiting.elapsed() < Duration::from_secs(300)
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let killed = kill_rank(child.id(), 1);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(killed, "found rank 1's process: {stderr}");
+    assert!(out.status.success(), "the restarted job finished: {stderr}");
+    assert!(stderr.contains("rank 1 failed"), "{stderr}");
+    assert!(stderr.contains("restart 1 of 1"), "{stderr}");
+    assert!(stderr.contains("Resumed from"), "{stderr}");
+    let end = meta(dir.path(), 2400);
+    let checksums = end["rank_checksums"].as_array().unwrap();
+    assert_eq!(checksums.len(), 2);
+    assert_eq!(checksums[0], checksums[1]);
+}

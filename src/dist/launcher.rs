@@ -6,6 +6,9 @@
 //!   period) and exit non-zero, naming the rank and its last error lines.
 //! - Ctrl-C or SIGTERM is passed to every rank (rank 0 writes a checkpoint), then the launcher
 //!   exits non-zero.
+//! - With `max_restarts=K`, a failed job is started again, up to K times: every rank resumes
+//!   from the run directory's last checkpoint (as under torchrun, the ranks see
+//!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted.
 use std::collections::VecDeque;
 use std::net::TcpListener;
 use std::process::Stdio;
@@ -33,6 +36,8 @@ pub struct LaunchPlan {
     pub master_port: u16,
     /// Whether each local rank gets its own slice of the CPUs (see `affinity`).
     pub cpu_affinity: bool,
+    /// How many times a failed job is started again.
+    pub max_restarts: usize,
     /// The worker's command line (the same subcommand and arguments as the launcher's).
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
@@ -75,7 +80,38 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|e| Error::io("start the launcher runtime", e))?;
-    runtime.block_on(supervise(plan))
+    let mut restart = 0;
+    loop {
+        match runtime.block_on(supervise(plan, restart)) {
+            Err(Error::Other(why)) if restart < plan.max_restarts => {
+                restart += 1;
+                eprintln!(
+                    "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
+                     (restart {restart} of {}, max_restarts)",
+                    plan.max_restarts
+                );
+                if plan.node_rank == 0 {
+                    wait_for_port(&plan.master_addr, plan.master_port)?;
+                }
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The variable that tells a rank how many times its job was restarted (torchrun's name).
+pub const RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
+
+/// Waits (briefly) for the last attempt's rendezvous store to let go of master_port.
+fn wait_for_port(addr: &str, port: u16) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match check_port_free(addr, port) {
+            Err(e) if started.elapsed() > Duration::from_secs(30) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            Ok(()) => return Ok(()),
+        }
+    }
 }
 
 /// Rank 0's rendezvous store binds master_port: fail now, clearly, rather than hang later.
@@ -124,7 +160,7 @@ fn cpu_slices(plan: &LaunchPlan) -> Result<Option<Vec<Vec<usize>>>> {
     Ok(slices)
 }
 
-async fn supervise(plan: &LaunchPlan) -> Result<()> {
+async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
     let local = plan.local_ranks();
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
@@ -134,6 +170,7 @@ async fn supervise(plan: &LaunchPlan) -> Result<()> {
         let mut child = Command::new(&plan.program)
             .args(&plan.args)
             .envs(rank_env_defaults())
+            .env(RESTART_COUNT_ENV, restart.to_string())
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", plan.world_size.to_string())
             .env("LOCAL_RANK", local_rank.to_string())
