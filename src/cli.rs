@@ -153,9 +153,30 @@ fn train(mut config: Config) -> Result<()> {
         };
         return launcher::launch(&plan);
     }
+    check_world_size(&config, &rank, launched_by)?;
     config.world_size = rank.world_size;
     resume_after_restart(&mut config, std::env::var(launcher::RESTART_COUNT_ENV).ok())?;
     trainer::run(config, rank)
+}
+
+/// Under torchrun or SLURM the launcher decides the world size; a different one in the config
+/// means the user expected something else (e.g. one SLURM task meant to start 8 ranks).
+fn check_world_size(config: &Config, rank: &RankInfo, launched_by: LaunchedBy) -> Result<()> {
+    let by = match launched_by {
+        LaunchedBy::Nobody => return Ok(()),
+        LaunchedBy::Torchrun => "torchrun (or the built-in launcher)",
+        LaunchedBy::Slurm => "SLURM",
+    };
+    if config.world_size == 1 || config.world_size == rank.world_size {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "world_size={} disagrees with {by}, which started this process as rank {} of {}. \
+         Either let the launcher decide (one process per rank: leave world_size out or set \
+         it to {}), or run one process that starts world_size ranks itself with \
+         launcher=builtin (e.g. inside `sbatch --ntasks=1`)",
+        config.world_size, rank.rank, rank.world_size, rank.world_size
+    )))
 }
 
 /// A restarted job (by our launcher's `max_restarts` or torchrun's `--max-restarts`) goes on

@@ -88,6 +88,7 @@ pub struct Config {
     pub dist_backend: String,
     pub dist_force_group: bool,
     pub max_restarts: usize,
+    pub launcher: String,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
     // hardware
@@ -310,6 +311,14 @@ impl Config {
                 "dist_backend=nccl needs GPUs, but device=cpu; use dist_backend=gloo or auto"
                     .into(),
             ));
+        }
+        const LAUNCHERS: [&str; 4] = ["auto", "builtin", "torchrun", "slurm"];
+        if !LAUNCHERS.contains(&self.launcher.as_str()) {
+            return Err(Error::Config(format!(
+                "launcher={} is not a launcher; allowed: {}",
+                self.launcher,
+                LAUNCHERS.join(", ")
+            )));
         }
         if self.max_restarts > MAX_RESTARTS {
             return Err(range(

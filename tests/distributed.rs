@@ -858,3 +858,43 @@ fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);
 }
+
+#[test]
+fn inside_one_slurm_task_world_size_needs_the_builtin_launcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let slurm = [
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "1"),
+        ("SLURM_LOCALID", "0"),
+    ];
+    let run = |launcher: &str| {
+        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(TINY)
+            .args([
+                "world_size=2".to_string(),
+                "steps=800".into(),
+                "eval_freq=800".into(),
+                format!("launcher={launcher}"),
+                format!("master_port={}", free_port()),
+                format!("run_dir={}", dir.path().display()),
+            ])
+            .envs(slurm)
+            .output()
+            .unwrap()
+    };
+    let out = run("auto");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("world_size=2 disagrees with SLURM") && stderr.contains("launcher=builtin"),
+        "{stderr}"
+    );
+    let out = run("builtin");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let checksums = meta(dir.path(), 800)["rank_checksums"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(checksums.len(), 2, "two ranks trained");
+}

@@ -60,7 +60,29 @@ impl RankInfo {
                 None => Ok(default),
             }
         };
-        if let (Some(rank), Some(world_size)) = (number("RANK")?, number("WORLD_SIZE")?) {
+        let launcher = config.launcher.as_str();
+        let torchrun_vars = (number("RANK")?, number("WORLD_SIZE")?);
+        let slurm_vars = (number("SLURM_PROCID")?, number("SLURM_NTASKS")?);
+        let missing = |what: &str| {
+            Error::Config(format!(
+                "launcher={launcher}, but {what} are not set: start the job with that launcher, \
+                 or use launcher=auto"
+            ))
+        };
+        match launcher {
+            "torchrun" if torchrun_vars.0.is_none() || torchrun_vars.1.is_none() => {
+                return Err(missing("RANK and WORLD_SIZE"))
+            }
+            "slurm" if slurm_vars.0.is_none() || slurm_vars.1.is_none() => {
+                return Err(missing("SLURM_PROCID and SLURM_NTASKS"))
+            }
+            _ => {}
+        }
+        // The built-in launcher's own ranks carry torchrun's variables; under SLURM it still
+        // starts them itself.
+        let use_torchrun_vars = launcher != "slurm";
+        let use_slurm_vars = launcher == "auto" || launcher == "slurm";
+        if let (true, (Some(rank), Some(world_size))) = (use_torchrun_vars, torchrun_vars) {
             let local_rank = number("LOCAL_RANK")?.unwrap_or(0);
             let local_world_size = number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
             let info = Self {
@@ -73,7 +95,7 @@ impl RankInfo {
             };
             return info.checked().map(|i| (i, LaunchedBy::Torchrun));
         }
-        if let (Some(rank), Some(world_size)) = (number("SLURM_PROCID")?, number("SLURM_NTASKS")?) {
+        if let (true, (Some(rank), Some(world_size))) = (use_slurm_vars, slurm_vars) {
             let nodes = vars("SLURM_JOB_NODELIST").or_else(|| vars("SLURM_NODELIST"));
             let master_addr = match vars("MASTER_ADDR") {
                 Some(addr) => addr,
@@ -133,7 +155,15 @@ mod tests {
     use std::collections::HashMap;
 
     fn info(vars: &[(&str, &str)]) -> Result<(RankInfo, LaunchedBy)> {
-        let config = Config::load(&Source::default()).unwrap();
+        info_with(vars, "auto")
+    }
+
+    fn info_with(vars: &[(&str, &str)], launcher: &str) -> Result<(RankInfo, LaunchedBy)> {
+        let config = Config::load(&Source {
+            overrides: vec![format!("launcher={launcher}")],
+            ..Source::default()
+        })
+        .unwrap();
         let map: HashMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -190,6 +220,19 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("RANK=x"));
+    }
+
+    #[test]
+    fn the_launcher_setting_picks_the_variables() {
+        let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+        // One SLURM task that starts its ranks itself.
+        let (i, by) = info_with(&slurm, "builtin").unwrap();
+        assert_eq!((by, i.world_size), (LaunchedBy::Nobody, 1));
+        assert_eq!(info_with(&slurm, "auto").unwrap().1, LaunchedBy::Slurm);
+        let e = info_with(&slurm, "torchrun").unwrap_err().to_string();
+        assert!(e.contains("launcher=torchrun") && e.contains("RANK"), "{e}");
+        let e = info_with(&[], "slurm").unwrap_err().to_string();
+        assert!(e.contains("SLURM_PROCID"), "{e}");
     }
 
     #[test]
