@@ -392,6 +392,22 @@ impl Config {
         Ok(())
     }
 
+    /// The defaults with a model-size preset, resolved for a task of the given dimensions and
+    /// 500-step episodes (as DMControl's): the settings benchmarks and tests build agents from.
+    pub fn for_dims(model_size: Option<u32>, obs_dim: usize, action_dim: usize) -> Result<Config> {
+        let size = model_size.map_or("null".to_owned(), |s| s.to_string());
+        let mut config = Config::load(&Source {
+            overrides: vec![format!("model_size={size}")],
+            ..Source::default()
+        })?;
+        config.resolve(&envs::EnvSpec {
+            obs_shape: vec![obs_dim],
+            action_dim,
+            episode_length: 500,
+        })?;
+        Ok(config)
+    }
+
     /// The learning-rate multiplier for the effective batch (world_size × sync_freq).
     pub fn lr_multiplier(&self) -> f64 {
         let batches = (self.world_size * self.sync_freq) as f64;

@@ -90,22 +90,6 @@ pub fn task_dims(task: &str) -> Option<(usize, usize)> {
     }
 }
 
-/// The official model-size presets 1 and 5 on top of the defaults.
-pub fn sized_config(model_size: u32, obs_dim: usize, action_dim: usize) -> Option<AgentConfig> {
-    let base = AgentConfig::with_dims(obs_dim, action_dim, 0.99);
-    match model_size {
-        1 => Some(AgentConfig {
-            enc_dim: 256,
-            mlp_dim: 384,
-            latent_dim: 128,
-            num_q: 2,
-            ..base
-        }),
-        5 => Some(base),
-        _ => None,
-    }
-}
-
 /// The median (the mean of the middle two for an even count); NaN for none.
 pub(crate) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -245,8 +229,8 @@ pub fn bench(options: &BenchOptions) -> Result<BenchReport> {
             let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
                 super::Error::Config(format!("unknown bench task `{task}` (walker-run, dog-run)"))
             })?;
-            let config = sized_config(size, obs_dim, action_dim)
-                .ok_or_else(|| super::Error::Config(format!("unknown model size {size} (1, 5)")))?;
+            let config = AgentConfig::defaults(Some(size), obs_dim, action_dim)
+                .map_err(|e| super::Error::Config(e.to_string()))?;
             cases.push(bench_case(&config, size, task, options, device, matmul)?);
         }
     }
@@ -328,8 +312,8 @@ mod tests {
 
     #[test]
     fn flop_counts_scale_with_the_work() {
-        let small = sized_config(1, 24, 6).unwrap();
-        let large = sized_config(5, 24, 6).unwrap();
+        let small = AgentConfig::defaults(Some(1), 24, 6).unwrap();
+        let large = AgentConfig::defaults(Some(5), 24, 6).unwrap();
         let (plan_small, update_small) = flop_counts(&small, 256);
         let (plan_large, update_large) = flop_counts(&large, 256);
         assert!(plan_large > 2.0 * plan_small && update_large > 2.0 * update_small);

@@ -49,45 +49,15 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// The official defaults (model size 5) for the given task dimensions and discount.
-    pub fn with_dims(obs_dim: usize, action_dim: usize, discount: f64) -> Self {
-        Self {
-            obs_dim,
-            action_dim,
-            latent_dim: 512,
-            enc_dim: 256,
-            mlp_dim: 512,
-            num_enc_layers: 2,
-            num_q: 5,
-            num_bins: 101,
-            vmin: -10.0,
-            vmax: 10.0,
-            simnorm_dim: 8,
-            dropout: 0.01,
-            log_std_min: -10.0,
-            log_std_max: 2.0,
-            episodic: false,
-            horizon: 3,
-            rho: 0.5,
-            discount,
-            lr: 3e-4,
-            enc_lr_scale: 0.3,
-            grad_clip_norm: 20.0,
-            tau: 0.01,
-            consistency_coef: 20.0,
-            reward_coef: 0.1,
-            value_coef: 0.1,
-            termination_coef: 1.0,
-            entropy_coef: 1e-4,
-            mpc: true,
-            iterations: 6 + if action_dim >= 20 { 2 } else { 0 },
-            num_samples: 512,
-            num_elites: 64,
-            num_pi_trajs: 24,
-            min_std: 0.05,
-            max_std: 2.0,
-            temperature: 0.5,
-        }
+    /// The defaults of configs/config.yaml, with a model-size preset (None: the file's own
+    /// widths, which are size 5), for a task of the given dimensions and 500-step episodes.
+    /// Benchmarks and tests start here; the one source of every default is the config file.
+    pub fn defaults(
+        model_size: Option<u32>,
+        obs_dim: usize,
+        action_dim: usize,
+    ) -> crate::error::Result<Self> {
+        crate::config::Config::for_dims(model_size, obs_dim, action_dim)?.agent_config()
     }
 
     /// Width of one bin of the two-hot support (in symlog space).
@@ -172,19 +142,27 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_large_action_spaces_get_more_iterations() {
-        let walker = AgentConfig::with_dims(24, 6, 0.99);
+        let walker = AgentConfig::defaults(None, 24, 6).unwrap();
         walker.validate().unwrap();
         assert_eq!(walker.iterations, 6);
-        assert_eq!(AgentConfig::with_dims(223, 38, 0.99).iterations, 8);
+        assert!((walker.discount - 0.99).abs() < 1e-12);
+        let dog = AgentConfig::defaults(None, 223, 38).unwrap();
+        assert_eq!(dog.iterations, 8);
         assert!((walker.bin_size() - 0.2).abs() < 1e-12);
+        let small = AgentConfig::defaults(Some(1), 24, 6).unwrap();
+        assert_eq!(
+            (small.mlp_dim, small.latent_dim, small.num_q),
+            (384, 128, 2)
+        );
+        assert!(AgentConfig::defaults(Some(7), 24, 6).is_err());
     }
 
     #[test]
     fn invalid_settings_are_rejected() {
-        let mut config = AgentConfig::with_dims(24, 6, 0.99);
+        let mut config = AgentConfig::defaults(None, 24, 6).unwrap();
         config.latent_dim = 30;
         assert!(matches!(config.validate(), Err(Error::Config(_))));
-        let mut config = AgentConfig::with_dims(24, 6, 0.99);
+        let mut config = AgentConfig::defaults(None, 24, 6).unwrap();
         config.num_q = 1;
         assert!(config.validate().is_err());
     }

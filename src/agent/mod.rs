@@ -154,7 +154,7 @@ mod tests {
             num_pi_trajs: 4,
             iterations: 2,
             mpc,
-            ..AgentConfig::with_dims(5, 3, 0.99)
+            ..AgentConfig::defaults(None, 5, 3).unwrap()
         }
     }
 

@@ -411,7 +411,7 @@ mod tests {
         };
         let config = AgentConfig {
             iterations,
-            ..AgentConfig::with_dims(3, 3, 0.99)
+            ..AgentConfig::defaults(None, 3, 3).unwrap()
         };
         let mut planner = Planner::new(&config, Device::Cpu);
         let mut noise = TorchNoise::seeded(seed);
@@ -447,7 +447,7 @@ mod tests {
         };
         let config = AgentConfig {
             iterations: 6,
-            ..AgentConfig::with_dims(3, 2, 0.99)
+            ..AgentConfig::defaults(None, 3, 2).unwrap()
         };
         let mut planner = Planner::new(&config, Device::Cpu);
         let mut noise = TorchNoise::seeded(1);

@@ -499,7 +499,7 @@ mod tests {
             latent_dim: 8,
             num_q: 3,
             dropout: 0.0,
-            ..AgentConfig::with_dims(5, 2, 0.99)
+            ..AgentConfig::defaults(None, 5, 2).unwrap()
         }
     }
 

@@ -390,7 +390,7 @@ mod tests {
             latent_dim: 16,
             num_q: 3,
             dropout: 0.5,
-            ..AgentConfig::with_dims(5, 2, 0.99)
+            ..AgentConfig::defaults(None, 5, 2).unwrap()
         }
     }
 
