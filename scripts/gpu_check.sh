@@ -1,66 +1,88 @@
 #!/usr/bin/env bash
-# Runs the tests that need a CUDA GPU (tests/cuda_graphs.rs; ignored by the normal suite).
+# Runs the tests that need a CUDA GPU (ignored by the normal suite): tests/cuda_graphs.rs (the
+# CUDA-graph shim) and tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
+# sharing one GPU through gloo, each training and checkpointing).
 #
 #   scripts/gpu_check.sh                 on a GPU machine with Rust: build and run them
-#   scripts/gpu_check.sh --build [DIR]   build the test binary only and copy it to DIR
-#                                        (default target/gpu-check), for a GPU machine without Rust
-#   scripts/gpu_check.sh --run [BINARY]  run that prebuilt binary (default
-#                                        target/gpu-check/cuda_graphs) on the GPU machine
+#   scripts/gpu_check.sh --build [DIR]   build the test binaries and tdmpc2 only and copy them to
+#                                        DIR (default target/gpu-check), for a GPU machine
+#                                        without Rust
+#   scripts/gpu_check.sh --run [DIR]     run those prebuilt binaries on the GPU machine
 #
-# A prebuilt binary needs the same torch wheel version there; its libraries are found through
-# $TDMPC2_VENV/bin/python when set, else the python3 on PATH.
+# Prebuilt binaries need the same torch wheel version there; its libraries (and the site-packages
+# the embedded Python imports torch from) are found through $TDMPC2_VENV/bin/python when set,
+# else the python3 on PATH.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-default_bin=$root/target/gpu-check/cuda_graphs
+tests=(cuda_graphs device_paths)
 
 case "${1:-}" in
 "")
     source "$here/env.sh"
     cd "$root"
-    cargo test --release --test cuda_graphs -- --ignored
+    for test in "${tests[@]}"; do
+        cargo test --release --test "$test" -- --ignored
+    done
     ;;
 --build)
     source "$here/env.sh"
     cd "$root"
     dir=${2:-$root/target/gpu-check}
-    exe=$(cargo test --release --test cuda_graphs --no-run --message-format=json |
-        python3 -c '
+    mkdir -p "$dir"
+    cargo build --release --bins
+    artifacts=$(cargo test --release --no-run --message-format=json "${tests[@]/#/--test=}")
+    for test in "${tests[@]}" tdmpc2; do
+        exe=$(python3 -c '
 import json, sys
+name = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "cuda_graphs" and m.get("executable"):
-        print(m["executable"])')
-    [[ -n $exe ]] || { echo "[gpu_check] cargo built no cuda_graphs test binary" >&2; exit 1; }
-    mkdir -p "$dir"
-    # Without debug info it is a few MiB instead of ~90, small enough to carry to the GPU machine.
-    if command -v strip >/dev/null; then
-        strip --strip-debug -o "$dir/cuda_graphs" "$exe"
-    else
-        cp "$exe" "$dir/cuda_graphs"
-    fi
-    echo "[gpu_check] test binary: $dir/cuda_graphs (run it with: scripts/gpu_check.sh --run)"
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == name and m.get("executable"):
+        print(m["executable"])' "$test" <<<"$artifacts" | tail -n 1)
+        if [[ $test == tdmpc2 && -z $exe ]]; then
+            exe=$(cargo metadata --format-version 1 --no-deps |
+                python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2
+        fi
+        [[ -n $exe && -x $exe ]] || { echo "[gpu_check] cargo built no $test binary" >&2; exit 1; }
+        # Without debug info they are a few MiB instead of ~90, small enough to carry.
+        if command -v strip >/dev/null; then
+            strip --strip-debug -o "$dir/$test" "$exe"
+        else
+            cp "$exe" "$dir/$test"
+        fi
+    done
+    echo "[gpu_check] binaries in $dir (run them with: scripts/gpu_check.sh --run $dir)"
     ;;
 --run)
-    bin=${2:-$default_bin}
-    [[ -x $bin ]] || { echo "[gpu_check] no test binary at $bin: build it with --build" >&2; exit 2; }
+    dir=${2:-$root/target/gpu-check}
+    [[ -x $dir/tdmpc2 ]] || { echo "[gpu_check] no binaries in $dir: build them with --build" >&2; exit 2; }
     python=python3
     if [[ -n ${TDMPC2_VENV:-} && -x $TDMPC2_VENV/bin/python ]]; then
         python=$TDMPC2_VENV/bin/python
     fi
-    # torch/lib, the nvidia wheels' lib folders and libpython, in case the venv the binary was
-    # linked against (its rpath) is not at the same place here.
-    libs=$("$python" -c '
+    # torch/lib, the nvidia wheels' lib folders and libpython, in case the venv the binaries
+    # were linked against (their rpath) is not at the same place here.
+    mapfile -t found < <("$python" -c '
 import glob, os, sysconfig, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
 dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
 dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
 dirs.append(sysconfig.get_config_var("LIBDIR"))
+print(site)
 print(":".join(dirs))')
-    LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$bin" --ignored
+    export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
+    export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export TDMPC2_BIN=$dir/tdmpc2
+    status=0
+    for test in "${tests[@]}"; do
+        echo "[gpu_check] $test"
+        "$dir/$test" --ignored --test-threads=1 || status=1
+    done
+    exit $status
     ;;
 *)
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [BINARY]]" >&2
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR]]" >&2
     exit 2
     ;;
 esac
