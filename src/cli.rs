@@ -148,6 +148,8 @@ fn train(mut config: Config) -> Result<()> {
             master_port: config.master_port,
             cpu_affinity: config.cpu_affinity,
             max_restarts: config.max_restarts,
+            peer_timeout: std::time::Duration::from_secs(config.peer_timeout),
+            dist_timeout: std::time::Duration::from_secs(config.dist_timeout),
             program,
             args: std::env::args().skip(1).collect(),
         };

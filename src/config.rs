@@ -88,6 +88,7 @@ pub struct Config {
     pub dist_backend: String,
     pub dist_force_group: bool,
     pub max_restarts: usize,
+    pub peer_timeout: u64,
     pub launcher: String,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
@@ -319,6 +320,16 @@ impl Config {
                 self.launcher,
                 LAUNCHERS.join(", ")
             )));
+        }
+        if !(1..=self.dist_timeout.max(1)).contains(&self.peer_timeout) {
+            return Err(range(
+                "peer_timeout",
+                self.peer_timeout,
+                &format!(
+                    "must be >= 1 second and <= dist_timeout ({})",
+                    self.dist_timeout
+                ),
+            ));
         }
         if self.max_restarts > MAX_RESTARTS {
             return Err(range(

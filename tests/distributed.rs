@@ -493,9 +493,16 @@ fn runs_under_torchrun() {
 }
 
 /// The launcher of node `rank` of a two-node job on this machine (run directory `node<rank>`).
-fn spawn_node(dir: &Path, port: u16, rank: usize, steps: u64) -> std::process::Child {
+fn spawn_node(
+    dir: &Path,
+    port: u16,
+    rank: usize,
+    steps: u64,
+    extra: &[&str],
+) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(TINY)
+        .args(extra)
         .args([
             "world_size=2".to_string(),
             "nnodes=2".into(),
@@ -517,7 +524,7 @@ fn spawn_node(dir: &Path, port: u16, rank: usize, steps: u64) -> std::process::C
 fn two_nodes_on_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let node = |rank: usize| spawn_node(dir.path(), port, rank, 800);
+    let node = |rank: usize| spawn_node(dir.path(), port, rank, 800, &[]);
     let (first, second) = (node(0), node(1));
     for child in [first, second] {
         let out = child.wait_with_output().unwrap();
@@ -793,8 +800,8 @@ fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let (first, mut second) = (
-        spawn_node(dir.path(), port, 0, 1_000_000),
-        spawn_node(dir.path(), port, 1, 1_000_000),
+        spawn_node(dir.path(), port, 0, 1_000_000, &[]),
+        spawn_node(dir.path(), port, 1, 1_000_000, &[]),
     );
     let node0 = dir.path().join("node0");
     let trained = wait_for_train_record(&node0, 800, Duration::from_secs(240));
@@ -897,4 +904,44 @@ fn inside_one_slurm_task_world_size_needs_the_builtin_launcher() {
         .unwrap()
         .clone();
     assert_eq!(checksums.len(), 2, "two ranks trained");
+}
+
+#[test]
+fn a_node_that_freezes_is_noticed_within_peer_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let quick = ["peer_timeout=5"];
+    let (first, second) = (
+        spawn_node(dir.path(), port, 0, 1_000_000, &quick),
+        spawn_node(dir.path(), port, 1, 1_000_000, &quick),
+    );
+    let trained = wait_for_train_record(&dir.path().join("node0"), 800, Duration::from_secs(240));
+    // Node 1 freezes with its connections open, as a hung host or a cut network leaves them:
+    // nothing tells node 0, whose ranks wait in a collective.
+    let frozen: Vec<u32> = std::iter::once(second.id())
+        .chain(children_of(second.id()))
+        .collect();
+    let signal_all = |signal: &str| {
+        for pid in &frozen {
+            let _ = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status();
+        }
+    };
+    signal_all("-STOP");
+    let frozen_at = Instant::now();
+    let out = first.wait_with_output().unwrap();
+    let noticed = frozen_at.elapsed();
+    signal_all("-KILL");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(trained, "the job reached training: {stderr}");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("node 1 went away: its launcher sent no heartbeat"),
+        "names the node: {stderr}"
+    );
+    assert!(
+        noticed < Duration::from_secs(40),
+        "noticed after {noticed:?}, dist_timeout is 300 s"
+    );
 }

@@ -93,7 +93,29 @@ impl ProcessGroup {
             let datetime = py.import("datetime")?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("backend", backend.torch_name())?;
-            kwargs.set_item("init_method", "env://")?;
+            if std::env::var(super::heartbeat::AGENT_STORE_ENV).as_deref() == Ok("1") {
+                // The launcher hosts the store: join through it, one prefix per attempt.
+                let attempt = std::env::var(super::launcher::RESTART_COUNT_ENV)
+                    .unwrap_or_else(|_| "0".into());
+                let store_kwargs = PyDict::new(py);
+                store_kwargs.set_item("is_master", false)?;
+                store_kwargs.set_item(
+                    "timeout",
+                    datetime
+                        .getattr("timedelta")?
+                        .call((0, timeout.as_secs_f64()), None)?,
+                )?;
+                let store = dist.getattr("TCPStore")?.call(
+                    (info.master_addr.as_str(), info.master_port),
+                    Some(&store_kwargs),
+                )?;
+                let store = dist
+                    .getattr("PrefixStore")?
+                    .call1((format!("tdmpc2/attempt_{attempt}/"), store))?;
+                kwargs.set_item("store", store)?;
+            } else {
+                kwargs.set_item("init_method", "env://")?;
+            }
             kwargs.set_item("rank", info.rank)?;
             kwargs.set_item("world_size", info.world_size)?;
             let seconds = timeout.as_secs_f64();

@@ -19,7 +19,10 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
-use super::affinity;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::{affinity, heartbeat};
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
 
 /// How long ranks get to stop cleanly before they are killed.
@@ -38,6 +41,10 @@ pub struct LaunchPlan {
     pub cpu_affinity: bool,
     /// How many times a failed job is started again.
     pub max_restarts: usize,
+    /// With several nodes: silence after which a peer node counts as gone (`peer_timeout`),
+    /// and how long the job may take to form (`dist_timeout`).
+    pub peer_timeout: Duration,
+    pub dist_timeout: Duration,
     /// The worker's command line (the same subcommand and arguments as the launcher's).
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
@@ -63,6 +70,20 @@ enum Event {
         rank: usize,
         status: std::io::Result<std::process::ExitStatus>,
     },
+    PeerLost(heartbeat::PeerLost),
+}
+
+/// How long this node's ranks get to stop once a peer node is gone (they are likely stuck in a
+/// collective with it, so a checkpoint is not to be expected).
+const PEER_GRACE: Duration = Duration::from_secs(5);
+
+/// Sets its flag when dropped: ends the heartbeat of a finished attempt, however it ended.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 /// Runs the plan to completion; Ok only when every local rank exited 0.
@@ -80,9 +101,24 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         .enable_all()
         .build()
         .map_err(|e| Error::io("start the launcher runtime", e))?;
+    // Several nodes: node 0's launcher hosts the job's store for every attempt, and the
+    // launchers watch each other through it.
+    let store = if plan.nnodes > 1 {
+        let store = heartbeat::JobStore::open(
+            &plan.master_addr,
+            plan.master_port,
+            plan.node_rank,
+            plan.nnodes,
+            plan.dist_timeout,
+            plan.peer_timeout,
+        )?;
+        Some(Arc::new(store))
+    } else {
+        None
+    };
     let mut restart = 0;
     loop {
-        match runtime.block_on(supervise(plan, restart)) {
+        match runtime.block_on(supervise(plan, restart, store.as_ref())) {
             Err(Error::Other(why)) if restart < plan.max_restarts => {
                 restart += 1;
                 eprintln!(
@@ -90,9 +126,15 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                      (restart {restart} of {}, max_restarts)",
                     plan.max_restarts
                 );
-                if plan.node_rank == 0 {
+                if plan.node_rank == 0 && store.is_none() {
                     wait_for_port(&plan.master_addr, plan.master_port)?;
                 }
+            }
+            Ok(()) => {
+                if let Some(store) = &store {
+                    store.finish(restart, plan.peer_timeout);
+                }
+                return Ok(());
             }
             result => return result,
         }
@@ -160,7 +202,11 @@ fn cpu_slices(plan: &LaunchPlan) -> Result<Option<Vec<Vec<usize>>>> {
     Ok(slices)
 }
 
-async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
+async fn supervise(
+    plan: &LaunchPlan,
+    restart: usize,
+    store: Option<&Arc<heartbeat::JobStore>>,
+) -> Result<()> {
     let local = plan.local_ranks();
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
@@ -171,6 +217,7 @@ async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
             .args(&plan.args)
             .envs(rank_env_defaults())
             .env(RESTART_COUNT_ENV, restart.to_string())
+            .envs(store.map(|_| (heartbeat::AGENT_STORE_ENV, "1")))
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", plan.world_size.to_string())
             .env("LOCAL_RANK", local_rank.to_string())
@@ -216,6 +263,22 @@ async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
             let _ = tx.send(Event::Exit { rank, status });
         });
     }
+    let _heartbeat = if let Some(store) = store {
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch = heartbeat::Watch {
+            attempt: restart,
+            peer_timeout: plan.peer_timeout,
+            start_timeout: plan.dist_timeout,
+        };
+        let tx = tx.clone();
+        heartbeat::spawn(store.clone(), watch, stop.clone(), move |lost| {
+            let _ = tx.send(Event::PeerLost(lost));
+        })
+        .map_err(|e| Error::io("start the heartbeat between nodes", e))?;
+        Some(StopOnDrop(stop))
+    } else {
+        None
+    };
     drop(tx);
 
     let mut interrupt =
@@ -225,6 +288,7 @@ async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
     let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); local];
     let mut running = local;
     let mut failure: Option<(usize, String)> = None;
+    let mut lost_peer: Option<heartbeat::PeerLost> = None;
     // A rank that stopped because a stop was asked for (by another node, say): not a failure.
     let mut stopped: Option<usize> = None;
     let mut interrupted: Option<&'static str> = None;
@@ -262,6 +326,14 @@ async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
                         deadline = Some(tokio::time::Instant::now() + GRACE);
                     }
                 }
+                Some(Event::PeerLost(lost)) => {
+                    if lost_peer.is_none() && interrupted.is_none() {
+                        eprintln!("[launcher] {lost}; stopping this node's ranks");
+                        lost_peer = Some(lost);
+                        stop_all(&alive, libc::SIGTERM);
+                        deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
+                    }
+                }
                 None => break,
             },
             _ = interrupt.recv() => {
@@ -284,6 +356,11 @@ async fn supervise(plan: &LaunchPlan, restart: usize) -> Result<()> {
     // Drain what is left of the children's output.
     while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
         print_line(rank, &text, is_err);
+    }
+    if let Some(lost) = lost_peer {
+        return Err(Error::Other(format!(
+            "{lost}; this node's ranks were stopped"
+        )));
     }
     if let Some((rank, how)) = failure {
         let tail = &tails[rank - plan.node_rank * local];

@@ -1,6 +1,7 @@
 //! Distributed execution: who each rank is, and the collectives between ranks.
 pub mod affinity;
 pub mod group;
+pub mod heartbeat;
 pub mod lifeline;
 pub mod rank;
 

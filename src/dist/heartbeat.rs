@@ -1,0 +1,207 @@
+//! Heartbeats between the launchers of a multi-node job, so that a node that goes away without
+//! a word (a crashed host, a cut network, a frozen machine) is noticed within `peer_timeout`
+//! seconds, not after a collective's `dist_timeout`.
+//!
+//! Node 0's launcher hosts the job's store (c10d's TCPStore on `master_addr:master_port`), as
+//! torchrun's agent does. Every launcher counts up its own key there once a second and watches
+//! the others' counters. A counter that stops moving for `peer_timeout` seconds, or a store that
+//! stops answering (node 0 went away), ends the watch with a [`PeerLost`].
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::{Error, Result};
+
+const BEAT: Duration = Duration::from_secs(1);
+
+/// The job's store between launchers, hosted by node 0's launcher for the life of the job.
+/// Ranks join their process group through it too (see [`AGENT_STORE_ENV`]), one key prefix per
+/// attempt of a restarted job, so the store outlives every rank and every attempt.
+pub struct JobStore {
+    store: Py<PyAny>,
+    node: usize,
+    nnodes: usize,
+}
+
+/// Set (to "1") for ranks whose launcher hosts the job's store: they rendezvous through it.
+pub const AGENT_STORE_ENV: &str = "TDMPC2_AGENT_STORE";
+
+impl JobStore {
+    /// Node 0 hosts the store on `port`; the other nodes connect to it at `addr:port`, waiting
+    /// up to `start_timeout` for it. Each later operation waits at most `op_timeout`.
+    pub fn open(
+        addr: &str,
+        port: u16,
+        node: usize,
+        nnodes: usize,
+        start_timeout: Duration,
+        op_timeout: Duration,
+    ) -> Result<Self> {
+        let store = envs::python::with_python(|py| {
+            let dist = py.import("torch.distributed")?;
+            let timedelta = py.import("datetime")?.getattr("timedelta")?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("is_master", node == 0)?;
+            kwargs.set_item("wait_for_workers", false)?;
+            kwargs.set_item(
+                "timeout",
+                timedelta.call((0, start_timeout.as_secs_f64()), None)?,
+            )?;
+            let store = dist
+                .getattr("TCPStore")?
+                .call((addr, port), Some(&kwargs))?;
+            store.call_method1(
+                "set_timeout",
+                (timedelta.call((0, op_timeout.as_secs_f64()), None)?,),
+            )?;
+            Ok(store.unbind())
+        })
+        .map_err(|e| {
+            let role = if node == 0 {
+                format!("host the job's store on port {port} (is master_port free?)")
+            } else {
+                format!("reach node 0's launcher at {addr}:{port} (master_addr, master_port)")
+            };
+            Error::Other(format!("cannot {role}: {e}"))
+        })?;
+        Ok(Self {
+            store,
+            node,
+            nnodes,
+        })
+    }
+
+    fn add(&self, key: &str, amount: i64) -> Result<i64> {
+        envs::python::with_python(|py| {
+            self.store
+                .bind(py)
+                .call_method1("add", (key, amount))?
+                .extract()
+        })
+        .map_err(Error::from)
+    }
+
+    /// Says this node's ranks of `attempt` finished; node 0 then waits (up to `limit`) for
+    /// every node to say so, so that no launcher loses the store while its ranks still end.
+    pub fn finish(&self, attempt: usize, limit: Duration) {
+        let key = |node: usize| format!("tdmpc2/done/{attempt}/{node}");
+        let _ = self.add(&key(self.node), 1);
+        if self.node != 0 {
+            return;
+        }
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let done = (0..self.nnodes).all(|node| self.add(&key(node), 0).unwrap_or(0) > 0);
+            if done {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// What to watch: the nodes of `attempt`, through the job's store.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub attempt: usize,
+    /// Silence after which a node that has beaten before counts as gone.
+    pub peer_timeout: Duration,
+    /// How long a node may take to start beating (the job's start-up, `dist_timeout`).
+    pub start_timeout: Duration,
+}
+/// A node that went away, in words for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerLost {
+    pub node: usize,
+    pub why: String,
+}
+
+impl std::fmt::Display for PeerLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} went away: {}", self.node, self.why)
+    }
+}
+
+/// Starts watching on a thread of its own; `on_lost` is called at most once. The watch ends
+/// when `stop` is set.
+pub fn spawn(
+    store: Arc<JobStore>,
+    watch: Watch,
+    stop: Arc<AtomicBool>,
+    on_lost: impl FnOnce(PeerLost) + Send + 'static,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || {
+            if let Some(lost) = run(&store, &watch, &stop) {
+                if !stop.load(Ordering::SeqCst) {
+                    on_lost(lost);
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
+    let key = |node: usize| format!("tdmpc2/heartbeat/{}/{node}", watch.attempt);
+    let started = Instant::now();
+    // Per node: its last counter value and when it last moved.
+    let mut seen: Vec<(i64, Option<Instant>)> = vec![(0, None); store.nnodes];
+    while !stop.load(Ordering::SeqCst) {
+        for (node, (last, moved)) in seen.iter_mut().enumerate() {
+            let step = if node == store.node { 1 } else { 0 };
+            let value = match store.add(&key(node), step) {
+                Ok(value) => value,
+                Err(e) => {
+                    return Some(PeerLost {
+                        node: 0,
+                        why: format!("its launcher's store does not answer ({e})"),
+                    })
+                }
+            };
+            if value != *last {
+                *last = value;
+                *moved = Some(Instant::now());
+            }
+            if node == store.node {
+                continue;
+            }
+            let silent = match moved {
+                Some(at) if at.elapsed() > watch.peer_timeout => Some(at.elapsed()),
+                None if started.elapsed() > watch.start_timeout => Some(started.elapsed()),
+                _ => None,
+            };
+            if let Some(silent) = silent {
+                return Some(PeerLost {
+                    node,
+                    why: format!(
+                        "its launcher sent no heartbeat for {} s (peer_timeout)",
+                        silent.as_secs()
+                    ),
+                });
+            }
+        }
+        std::thread::sleep(BEAT);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_peer_names_its_node() {
+        let lost = PeerLost {
+            node: 1,
+            why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
+        };
+        assert_eq!(
+            lost.to_string(),
+            "node 1 went away: its launcher sent no heartbeat for 31 s (peer_timeout)"
+        );
+    }
+}
