@@ -171,11 +171,14 @@ struct Machine {
 
 impl Machine {
     fn this() -> Machine {
+        // The node's CPUs, not the ones this process is bound to: a rank that srun bound to
+        // one CPU resolves the same config as the launcher that has them all.
         // SAFETY: sysconf has no preconditions; a failure returns -1.
-        let (pages, page_size) = unsafe {
+        let (pages, page_size, online) = unsafe {
             (
                 libc::sysconf(libc::_SC_PHYS_PAGES),
                 libc::sysconf(libc::_SC_PAGE_SIZE),
+                libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
             )
         };
         let memory_bytes = if pages > 0 && page_size > 0 {
@@ -184,7 +187,10 @@ impl Machine {
             f64::INFINITY
         };
         Machine {
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores: usize::try_from(online)
+                .ok()
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
             memory_bytes,
             cuda_available: tch::Cuda::is_available,
         }
@@ -694,13 +700,14 @@ impl Config {
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     fn check_resources(&self, machine: &Machine) -> Result<()> {
         let local_ranks = (self.world_size / self.nnodes).max(1);
-        let gpu = match self.device.as_str() {
+        // Asked only when a check depends on it: probing CUDA starts its driver.
+        let gpu = || match self.device.as_str() {
             "cpu" => false,
             "auto" => (machine.cuda_available)(),
             _ => true,
         };
         let max_ranks = OVERSUBSCRIPTION * machine.cores;
-        if !gpu && local_ranks > max_ranks {
+        if local_ranks > max_ranks && !gpu() {
             return Err(Error::Config(format!(
                 "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s), more than \
                  {OVERSUBSCRIPTION} per CPU core of this machine ({} cores) allow on the CPU; \
@@ -711,18 +718,18 @@ impl Config {
         }
         let parts = self.footprint();
         let per_rank: f64 = parts.iter().map(|p| p.bytes).sum();
-        let (need, have, place) = if gpu {
+        let on_node = per_rank * local_ranks as f64;
+        if on_node <= machine.memory_bytes && per_rank <= GPU_MEMORY_CAP {
+            return Ok(());
+        }
+        let (need, have, place) = if gpu() {
             (
                 per_rank,
                 GPU_MEMORY_CAP,
                 "a GPU (a cap above any GPU's memory)",
             )
         } else {
-            (
-                per_rank * local_ranks as f64,
-                machine.memory_bytes,
-                "this machine's memory",
-            )
+            (on_node, machine.memory_bytes, "this machine's memory")
         };
         if need > have {
             let largest = parts
@@ -1239,6 +1246,69 @@ mod tests {
             assert!(e.contains(needle), "{arg}: {e}");
         }
         assert!(load(&["rho=1"]).is_ok());
+    }
+
+    #[test]
+    fn integral_floats_are_integers_and_names_are_strings_as_typed() {
+        let c = load(&["steps=1e5", "exp_name=1.10", "wandb_name=7", "seed=3.0"]).unwrap();
+        assert_eq!((c.steps, c.seed), (100_000, 3));
+        assert_eq!(c.exp_name, "1.10");
+        assert_eq!(c.wandb_name.as_deref(), Some("7"));
+        assert!(error(&["steps=2.5"]).contains("wrong type for 'steps'"));
+        assert!(error(&["steps=1e20"]).contains("got 1e20"));
+    }
+
+    #[test]
+    fn non_finite_and_unsupported_values_are_refused() {
+        for (arg, needle) in [
+            ("lr=.nan", "lr=NaN is out of range"),
+            ("tau=-.inf", "tau=-inf is out of range"),
+            ("discount=1", "0 < discount < 1"),
+            ("discount_min=0.999", "discount_min (0.999) <= discount_max"),
+            ("save_agent=false", "save_agent=false is not supported"),
+            ("task_dim=0", "task_dim=0 is not supported"),
+        ] {
+            let e = error(&[arg]);
+            assert!(e.contains(needle), "{arg}: {e}");
+        }
+    }
+
+    #[test]
+    fn resources_are_checked_against_the_machine() {
+        let mut c = load(&["task=Pendulum-v1", "device=cpu"]).unwrap();
+        c.obs_shape = Some(vec![3]);
+        c.action_dim = Some(1);
+        let small = Machine {
+            cores: 2,
+            memory_bytes: 4e9,
+            cuda_available: || false,
+        };
+        c.check_resources(&small).unwrap();
+        c.world_size = 9;
+        let e = c.check_resources(&small).unwrap_err().to_string();
+        assert!(e.contains("world_size=9 puts 9 ranks"), "{e}");
+        c.world_size = 8;
+        c.check_resources(&small).unwrap();
+        // Ranks of a GPU node are not limited by its cores.
+        c.device = "auto".into();
+        c.world_size = 64;
+        let gpu = Machine {
+            cuda_available: || true,
+            ..small
+        };
+        c.check_resources(&gpu).unwrap();
+        c.world_size = 1;
+        c.buffer_size = 1 << 40;
+        c.steps = 1 << 50;
+        let e = c.check_resources(&gpu).unwrap_err().to_string();
+        assert!(
+            e.contains("more than a GPU") && e.contains("the replay buffer (buffer_size="),
+            "{e}"
+        );
+        c.device = "cpu".into();
+        c.buffer_size = 200_000_000;
+        let e = c.check_resources(&small).unwrap_err().to_string();
+        assert!(e.contains("this machine's memory (3.7 GiB)"), "{e}");
     }
 
     #[test]

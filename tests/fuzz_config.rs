@@ -3,10 +3,11 @@
 //! unknown keys. `tdmpc2 train KEY=VALUE --cfg job` validates and resolves without training;
 //! each case must exit 0 or 2, never panic, and an exit 2 names the key.
 //!
-//! By default each key gets two values (one of its own kind: numbers for a numeric key, and
-//! one of any kind), rotating so that every value reaches many keys: about two hundred cases,
-//! which keeps the test within a minute on two cores (each process pays about 0.4 s of CPU
-//! for loading libtorch). `TDMPC2_FUZZ_ALL=1` runs every key with every value.
+//! By default each key gets a value of its own kind (numbers for a numeric key) and every
+//! other key one more of any kind, rotating so that every value reaches several keys: about
+//! 150 cases, which keeps the test within a minute on two cores (each process pays about
+//! 0.45 s of CPU for loading libtorch). `TDMPC2_FUZZ_ALL=1` runs every key with every value
+//! (about 1950 cases, all passing when this was written).
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -85,7 +86,11 @@ fn cases() -> Vec<Case> {
             every.clone()
         } else {
             let own = if *is_number { &numeric } else { &other };
-            vec![&own[i % own.len()], every[(7 * i + 3) % every.len()]]
+            let mut picked = vec![&own[i % own.len()]];
+            if i % 2 == 0 {
+                picked.push(every[(7 * i / 2 + 3) % every.len()]);
+            }
+            picked
         };
         for value in picked {
             cases.push(Case {
@@ -192,7 +197,7 @@ fn hostile_overrides_exit_cleanly_and_name_the_key() {
         cases.len(),
         started.elapsed().as_secs_f64()
     );
-    assert!(cases.len() >= 2 * keys, "every key is fuzzed");
+    assert!(cases.len() >= keys * 3 / 2, "every key is fuzzed");
     assert!(
         failures.is_empty(),
         "{} of {} cases failed:\n{}",
