@@ -636,8 +636,9 @@ impl Config {
         } else {
             1.0
         };
+        // clip(x, min, max) as max then min: never a panic, even on an unvalidated config.
         self.discount
-            .get_or_insert(discount.clamp(self.discount_min, self.discount_max));
+            .get_or_insert(discount.max(self.discount_min).min(self.discount_max));
         self.seed_steps.get_or_insert((5 * length as u64).max(1000));
         // The official parser adds two planning iterations for large action spaces (dog,
         // humanoid); a config resolved before already has them.
@@ -677,7 +678,7 @@ impl Config {
                 ),
             ));
         }
-        let world = self.world_size as u64;
+        let world = self.world_size.max(1) as u64;
         if self.steps / world < rows {
             return Err(range(
                 "steps",
@@ -699,7 +700,7 @@ impl Config {
     /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     fn check_resources(&self, machine: &Machine) -> Result<()> {
-        let local_ranks = (self.world_size / self.nnodes).max(1);
+        let local_ranks = (self.world_size / self.nnodes.max(1)).max(1);
         // Asked only when a check depends on it: probing CUDA starts its driver.
         let gpu = || match self.device.as_str() {
             "cpu" => false,
