@@ -141,3 +141,140 @@ fn every_validation_error_is_clear() {
         assert_eq!(e.trim().lines().count(), 1, "{arg}: one line: {e}");
     }
 }
+
+/// Issue 11's failure matrix (items 4, 5, 8 and 9): each of these once panicked, passed
+/// silently or named a key the user never set.
+#[test]
+fn hostile_values_are_refused_naming_the_key() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["discount_max=0"], "discount_max=0 is out of range"),
+        (
+            &["discount_min=0.999", "discount_max=0.9"],
+            "must satisfy discount_min (0.999) <= discount_max < 1",
+        ),
+        (&["discount_min=.nan"], "discount_min=NaN is out of range"),
+        (&["discount_min=0"], "0 < discount_min < 1"),
+        (
+            &["discount_denom=0"],
+            "discount_denom=0 is out of range: must be > 0",
+        ),
+        (
+            &["lr=.nan"],
+            "lr=NaN is out of range: must be a finite number",
+        ),
+        (&["lr=.inf"], "lr=inf is out of range"),
+        (&["lr=1e300"], "lr=1e300 is out of range"),
+        (&["vmin=.nan"], "vmin=NaN"),
+        (&["vmax=.inf"], "vmax=inf"),
+        (
+            &["vmax=200"],
+            "vmax=200 is out of range: must be within [-80, 80]",
+        ),
+        (&["log_std_min=.nan"], "log_std_min=NaN"),
+        (&["grad_clip_norm=.nan"], "grad_clip_norm=NaN"),
+        (
+            &["grad_clip_norm=0"],
+            "grad_clip_norm=0 is out of range: must be > 0",
+        ),
+        (&["entropy_coef=.inf"], "entropy_coef=inf"),
+        (
+            &["consistency_coef=-1"],
+            "consistency_coef=-1 is out of range: must be >= 0",
+        ),
+        (
+            &["world_size=9223372036854775807"],
+            "world_size=9223372036854775807 is out of range: must be <= 65536",
+        ),
+        (
+            &["batch_size=9223372036854775808"],
+            "batch_size=9223372036854775808 is out of range",
+        ),
+        (&["num_samples=1000000000000"], "num_samples=1000000000000"),
+        (&["num_bins=100000000000"], "num_bins=100000000000"),
+        (
+            &["model_size=null", "num_q=100000000000"],
+            "num_q=100000000000 is out of range",
+        ),
+        (
+            &["steps=1e300"],
+            "wrong type for 'steps': expected a non-negative integer, got 1e300",
+        ),
+        (&["seed=4294967296"], "seed=4294967296 is out of range"),
+        (
+            &["dist_timeout=99999999999"],
+            "dist_timeout=99999999999 is out of range: must be <= 604800",
+        ),
+        (
+            &["world_size=3", "nnodes=2"],
+            "world_size=3 cannot be split over nnodes=2",
+        ),
+        (&["device=cuda:x"], "device=cuda:x is not a device"),
+        (&["save_video=true"], "save_video=true is not supported"),
+        (&["save_agent=false"], "save_agent=false is not supported"),
+        (&["num_channels=3"], "num_channels=3 is not supported"),
+        (&["task_dim=64"], "task_dim=64 is not supported"),
+        (
+            &["num_enc_layers=0"],
+            "num_enc_layers=0 is out of range: must be >= 1",
+        ),
+        (
+            &["eval_episodes=0"],
+            "eval_episodes=0 is out of range: must be >= 1",
+        ),
+        // What needs the task and the machine (resolve).
+        (
+            &["task=Pendulum-v1", "world_size=2", "steps=400"],
+            "steps=400 is out of range: each of the world_size=2 ranks runs steps / world_size \
+             = 200 steps",
+        ),
+        (
+            &["task=Pendulum-v1", "buffer_size=100"],
+            "buffer_size=100 is out of range: must hold one whole episode",
+        ),
+        (
+            &["task=Pendulum-v1", "world_size=65536", "device=cpu"],
+            "world_size=65536 puts 65536 ranks on each of nnodes=1",
+        ),
+        (
+            &["task=Pendulum-v1", "batch_size=16777216"],
+            "an update's batch (batch_size=16777216",
+        ),
+        (
+            &["task=Pendulum-v1", "mlp_dim=1048576"],
+            "the model and its optimiser state (mlp_dim=1048576",
+        ),
+    ];
+    for (args, needle) in cases {
+        let mut all = vec!["train", "--cfg", "job"];
+        all.extend_from_slice(args);
+        let e = rejected(&all);
+        assert!(e.contains(needle), "{args:?}: expected '{needle}' in: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{args:?}: one line: {e}");
+    }
+}
+
+/// `steps=1e5` (the example of `--help`) is an integer; names are strings whatever they look
+/// like, spelled as given.
+#[test]
+fn integral_floats_and_names_are_taken_as_meant() {
+    let c = job(&[
+        "task=Pendulum-v1",
+        "steps=1e5",
+        "model_size=1.0",
+        "exp_name=007",
+        "wandb_name=7",
+        "wandb_entity=true",
+        "discount_min=0.5",
+        "discount_max=0.5",
+    ]);
+    assert_eq!(c["steps"].as_u64(), Some(100_000));
+    assert_eq!(c["model_size"].as_u64(), Some(1));
+    assert_eq!(c["exp_name"].as_str(), Some("007"));
+    assert_eq!(c["wandb_name"].as_str(), Some("7"));
+    assert_eq!(c["wandb_entity"].as_str(), Some("true"));
+    assert_eq!(c["discount"].as_f64(), Some(0.5));
+    let e = rejected(&["train", "--cfg", "job", "steps=1.5"]);
+    assert!(e.contains("wrong type for 'steps'"), "{e}");
+    let e = rejected(&["train", "--cfg", "job", "steps=-1e5"]);
+    assert!(e.contains("wrong type for 'steps'"), "{e}");
+}

@@ -443,7 +443,7 @@ fn a_taken_master_port_is_a_clear_error() {
     let port = taken.local_addr().unwrap().port();
     let out = launcher(&[
         "world_size=2".into(),
-        "steps=400".into(),
+        "steps=800".into(),
         format!("master_port={port}"),
     ]);
     assert_eq!(out.status.code(), Some(2));

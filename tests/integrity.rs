@@ -251,7 +251,7 @@ fn a_run_directory_serves_one_run_at_a_time() {
         dir.path(),
         &[
             "world_size=2".into(),
-            "steps=400".into(),
+            "steps=800".into(),
             format!("master_port={}", free_port()),
         ],
     );

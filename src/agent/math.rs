@@ -40,10 +40,16 @@ impl TwoHot {
     }
 
     /// Soft two-hot targets for scalars `x` of shape (…, 1); returns (…, num_bins).
+    ///
+    /// Targets of a diverging run (NaN, ±inf) still give indices inside the support: NaN
+    /// codes as 0 and infinities as the edges, so the update finishes and the trainer can
+    /// report the non-finite loss instead of an index out of bounds.
     pub fn encode(&self, x: &Tensor) -> Tensor {
-        let x = symlog(x).clamp(self.vmin, self.vmax);
+        let x = symlog(x)
+            .nan_to_num(0.0, self.vmax, self.vmin)
+            .clamp(self.vmin, self.vmax);
         let position = (&x - self.vmin) / self.bin_size;
-        let lower = position.floor();
+        let lower = position.floor().clamp(0.0, (self.num_bins - 1) as f64);
         let upper_weight = &position - &lower;
         let lower_index = lower.to_kind(Kind::Int64);
         let upper_index = (&lower_index + 1).remainder(self.num_bins);
@@ -155,6 +161,28 @@ mod tests {
         let target = coder.encode(&huge);
         assert_eq!(target.double_value(&[0, 100]), 1.0);
         assert_eq!(target.double_value(&[1, 0]), 1.0);
+    }
+
+    #[test]
+    fn two_hot_keeps_non_finite_targets_inside_the_support() {
+        let coder = TwoHot::new(101, -10.0, 10.0, Device::Cpu);
+        let x = Tensor::from_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX])
+            .view([4, 1]);
+        let target = coder.encode(&x);
+        let row_sums = target.sum_dim_intlist(-1, false, Kind::Float);
+        assert!(close(
+            &row_sums,
+            &Tensor::ones([4], (Kind::Float, Device::Cpu)),
+            1e-6
+        ));
+        assert_eq!(target.double_value(&[0, 50]), 1.0, "NaN codes as 0");
+        assert_eq!(target.double_value(&[1, 100]), 1.0);
+        assert_eq!(target.double_value(&[2, 0]), 1.0);
+        assert_eq!(target.double_value(&[3, 100]), 1.0);
+        // The loss against them is finite for finite logits.
+        let logits = Tensor::zeros([4, 101], (Kind::Float, Device::Cpu));
+        let ce = coder.soft_ce(&logits, &x);
+        assert!(ce.isfinite().all().int64_value(&[]) == 1);
     }
 
     #[test]

@@ -98,6 +98,8 @@ pub fn save(
     group: &ProcessGroup,
 ) -> Result<()> {
     let global_step = state.step * group.world_size() as u64;
+    // Never a checkpoint of a diverged state: the last one written stays the last good one.
+    crate::trainer::finite::check_parameters(agent, global_step)?;
     let (parts, checksums) = rank_checksums(agent, group)?;
     if config.save_buffer {
         let (tensors, meta) = learner.buffer.export();

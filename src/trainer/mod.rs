@@ -6,6 +6,7 @@
 //! or after each multiple of their frequency, the way the official trainer evaluates.
 pub mod actor;
 pub mod evaluate;
+pub mod finite;
 pub mod learner;
 pub mod lock;
 pub mod stop;
@@ -180,6 +181,14 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                 let (episode, stats) = actor.take_episode();
                 learner.add_episode(&episode)?;
                 state.episodes += 1;
+                // Fetched on every rank (the values are all-reduced), so all stop alike.
+                let update_stats = match &last_info {
+                    Some(info) => Some(crate::agent::UpdateInfo::fetch(info)?),
+                    None => None,
+                };
+                if let Some(s) = &update_stats {
+                    finite::check_stats(s, global)?;
+                }
                 if let Some(logger) = &mut logger {
                     let mut record = Record::new(Phase::Train, global)
                         .with("episode_reward", stats.reward)
@@ -191,8 +200,8 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                     if let Some(s) = stats.success {
                         record = record.with("episode_success", s);
                     }
-                    if let Some(info) = &last_info {
-                        for (k, v) in crate::agent::UpdateInfo::fetch(info)?.named() {
+                    if let Some(s) = &update_stats {
+                        for (k, v) in s.named() {
                             record = record.with(k, v);
                         }
                     }
