@@ -21,6 +21,18 @@ pub enum Error {
     CudaGraph(#[from] crate::cuda::GraphError),
     #[error("python: {0}")]
     Python(String),
+    /// A collective (or joining the process group) failed: another rank stopped or timed out.
+    #[error("{0}")]
+    Collective(String),
+    /// A checkpoint that cannot be written, found or trusted.
+    #[error("{0}")]
+    Checkpoint(String),
+    /// Training produced non-finite values.
+    #[error("{0}")]
+    Diverged(String),
+    /// A rank of this node failed, or a peer node went away (what `max_restarts` restarts).
+    #[error("{0}")]
+    JobFailed(String),
     /// A stop that was asked for (Ctrl-C, SIGTERM, a lost launcher): not a failure of the run.
     #[error("{0}")]
     Stopped(String),

@@ -79,7 +79,7 @@ fn buffers_dir(run_dir: &Path, rank: usize) -> PathBuf {
 }
 
 fn fail(context: &str, e: impl std::fmt::Display) -> Error {
-    Error::Other(format!("{context}: {e}"))
+    Error::Checkpoint(format!("{context}: {e}"))
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
@@ -178,7 +178,7 @@ fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<(integrity::Par
         combined.push(integrity::combine(&named));
     }
     if !differing.is_empty() {
-        return Err(Error::Other(format!(
+        return Err(Error::Checkpoint(format!(
             "learner state diverged across ranks (differs from rank {}: {}); this is a bug, \
              please report it",
             group.rank(),
@@ -240,7 +240,7 @@ fn read_meta(dir: &Path) -> Result<Meta> {
         serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))?;
     let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(1);
     if format > FORMAT as u64 {
-        return Err(Error::Other(format!(
+        return Err(Error::Checkpoint(format!(
             "{}: written by a newer tdmpc2 (format {format}; this one reads up to {FORMAT})",
             path.display()
         )));
@@ -267,7 +267,7 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
         };
         let now = integrity::file_crc(&path)?;
         if now != *saved {
-            return Err(Error::Other(format!(
+            return Err(Error::Checkpoint(format!(
                 "{} is damaged: its bytes do not match the hash recorded when it was saved \
                  (crc32c {now:08x}, saved {saved:08x}); use another checkpoint",
                 path.display()
@@ -342,7 +342,7 @@ pub fn resume(
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, t)| t.to_device(agent.model.device()))
-            .ok_or_else(|| Error::Other(format!("{}: {STATE} lacks '{name}'", dir.display())))
+            .ok_or_else(|| Error::Checkpoint(format!("{}: {STATE} lacks '{name}'", dir.display())))
     };
     let model_state = AdamState {
         step: meta.model_optim_step,
@@ -365,7 +365,7 @@ pub fn resume(
             .map(|(name, _)| name)
             .collect();
         if !differing.is_empty() {
-            return Err(Error::Other(format!(
+            return Err(Error::Checkpoint(format!(
                 "resume: {}: its files are intact, but the learner state does not load back to \
                  what was saved ({} differ{}); this tdmpc2 reads the checkpoint differently \
                  from the one that wrote it",

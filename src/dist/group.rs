@@ -127,7 +127,7 @@ impl ProcessGroup {
             Ok(dist.unbind())
         })
         .map_err(|e| {
-            Error::Other(format!(
+            Error::Collective(format!(
                 "cannot join the process group at {}:{} as rank {} of {} ({e}); check master_addr \
                  and master_port (is the port free and reachable?), or raise dist_timeout",
                 info.master_addr, info.master_port, info.rank, info.world_size
@@ -261,7 +261,7 @@ fn call(dist: &Py<PyModule>, op: &str, tensor: &Tensor) -> Result<()> {
 }
 
 fn collective_error(op: &str, e: envs::Error) -> Error {
-    Error::Other(format!(
+    Error::Collective(format!(
         "collective {op} failed ({e}); another rank probably stopped (see its output), or the \
          collective timed out (dist_timeout)"
     ))

@@ -119,7 +119,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     let mut restart = 0;
     loop {
         match runtime.block_on(supervise(plan, restart, store.as_ref())) {
-            Err(Error::Other(why)) if restart < plan.max_restarts => {
+            Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
                 restart += 1;
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
@@ -358,14 +358,14 @@ async fn supervise(
         print_line(rank, &text, is_err);
     }
     if let Some(lost) = lost_peer {
-        return Err(Error::Other(format!(
+        return Err(Error::JobFailed(format!(
             "{lost}; this node's ranks were stopped"
         )));
     }
     if let Some((rank, how)) = failure {
         let tail = &tails[rank - plan.node_rank * local];
         let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
-        return Err(Error::Other(format!(
+        return Err(Error::JobFailed(format!(
             "rank {rank} failed ({how}); the other ranks were stopped. Its last error lines:\n{}",
             if lines.is_empty() {
                 "  (none)".to_owned()

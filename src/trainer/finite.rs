@@ -40,7 +40,7 @@ pub fn check_parameters(agent: &Agent, step: u64) -> Result<()> {
 }
 
 fn diverged(step: u64, what: &str) -> Error {
-    Error::Other(format!(
+    Error::Diverged(format!(
         "training diverged at step {step}: {what}; stopped without writing a checkpoint of \
          this state (the last checkpoint, if any, is the last good one); lower lr or the loss \
          coefficients"
