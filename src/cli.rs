@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{Config, Source};
-use crate::dist::launcher::{self, LaunchPlan};
-use crate::dist::{LaunchedBy, RankInfo};
+use crate::ddp::launcher::{self, LaunchPlan};
+use crate::ddp::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
 use crate::trainer;
 
@@ -218,7 +218,7 @@ fn evaluate(config: Config) -> Result<()> {
     let mut agent = crate::agent::Agent::new(config.agent_config()?, device, config.seed)?;
     agent.model.load(&weights)?;
     let mut env = envs::make(&config.task, config.seed)?;
-    let group = crate::dist::ProcessGroup::alone(rank);
+    let group = crate::ddp::ProcessGroup::alone(rank);
     let summary = trainer::evaluate::evaluate(
         &mut agent,
         env.as_mut(),

@@ -428,11 +428,11 @@ impl Config {
                 self.lr_scale
             )));
         }
-        if !crate::dist::Backend::SETTINGS.contains(&self.dist_backend.as_str()) {
+        if !crate::ddp::Backend::SETTINGS.contains(&self.dist_backend.as_str()) {
             return Err(Error::Config(format!(
                 "dist_backend={} is not a backend; allowed: {}",
                 self.dist_backend,
-                crate::dist::Backend::SETTINGS.join(", ")
+                crate::ddp::Backend::SETTINGS.join(", ")
             )));
         }
         if self.dist_backend == "nccl" && self.device == "cpu" {

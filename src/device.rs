@@ -2,7 +2,7 @@
 use pyo3::prelude::*;
 use tch::Device;
 
-use crate::dist::RankInfo;
+use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
 /// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r, unless the

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::{Agent, Batch, NoiseKind, ReplayNoise};
 use tdmpc2::config::{Config, Source};
-use tdmpc2::dist::{Backend, ProcessGroup, RankInfo};
+use tdmpc2::ddp::{Backend, ProcessGroup, RankInfo};
 use tdmpc2::trainer::learner::Learner;
 
 const B: i64 = 8;

@@ -28,7 +28,7 @@ use crate::agent::bench::median;
 use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::buffer::Episode;
 use crate::config::{Config, Source};
-use crate::dist::{affinity, ProcessGroup, RankInfo};
+use crate::ddp::{affinity, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::trainer::learner::Learner;
 
@@ -444,7 +444,7 @@ fn measure(
         };
         let mut child = Command::new(program)
             .arg("bench-worker")
-            .envs(crate::dist::launcher::rank_env_defaults())
+            .envs(crate::ddp::launcher::rank_env_defaults())
             .args(["--threads", &threads.to_string()])
             .args(["--sync-freq", &options.sync_freq.to_string()])
             .args(["--steps", &options.steps.to_string()])
@@ -654,12 +654,12 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     tch::set_num_threads(args.threads as i32);
     let group = ProcessGroup::init(
         rank.clone(),
-        crate::dist::Backend::Gloo,
+        crate::ddp::Backend::Gloo,
         Device::Cpu,
         GROUP_TIMEOUT,
         false,
     )?;
-    crate::dist::affinity::apply_from_env()?;
+    crate::ddp::affinity::apply_from_env()?;
     let device = Device::Cpu;
     let mut agent = Agent::new(config.agent_config()?, device, config.seed)?;
     let mut learner = Learner::new(&config, EPISODES * (EPISODE_LENGTH + 1), device, &group)?;

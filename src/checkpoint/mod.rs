@@ -22,7 +22,7 @@ use tch::Tensor;
 use crate::agent::{AdamState, Agent};
 use crate::buffer::BufferMeta;
 use crate::config::Config;
-use crate::dist::ProcessGroup;
+use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 use crate::trainer::learner::Learner;
 
@@ -411,7 +411,7 @@ pub fn resume(
 mod tests {
     use super::*;
     use crate::config::Source;
-    use crate::dist::RankInfo;
+    use crate::ddp::RankInfo;
     use tch::{Device, Kind};
 
     fn config(run_dir: &Path) -> Config {

@@ -5,7 +5,7 @@
 use tch::{Kind, Tensor};
 
 use crate::agent::Agent;
-use crate::dist::ProcessGroup;
+use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
 /// Summary over every rank's evaluation episodes.

@@ -13,7 +13,7 @@ use tch::{Device, Tensor};
 use crate::agent::{Agent, Batch, UpdateInfo};
 use crate::buffer::{Episode, ReplayBuffer};
 use crate::config::Config;
-use crate::dist::ProcessGroup;
+use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
 pub struct Learner<'g> {

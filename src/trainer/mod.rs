@@ -22,7 +22,7 @@ use rand_pcg::Pcg64;
 use crate::agent::{Agent, HostNoise, TorchNoise};
 use crate::checkpoint::{self, TrainState};
 use crate::config::Config;
-use crate::dist::{Backend, ProcessGroup, RankInfo};
+use crate::ddp::{Backend, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
 use actor::Actor;
@@ -47,7 +47,7 @@ fn crossed(every: u64, before: u64, now: u64) -> bool {
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // First thing: a stop requested during start-up must still end in a checkpoint.
     stop::install_handlers();
-    crate::dist::lifeline::bind_to_launcher()?;
+    crate::ddp::lifeline::bind_to_launcher()?;
     let dir = run_dir(&config);
     // Before the group forms: a second run on this directory fails at once (its other ranks
     // are stopped by their launcher, or time out).
@@ -69,7 +69,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     )?;
     // After the group: its communication threads, already started, keep every CPU.
     let pinned = if config.cpu_affinity {
-        crate::dist::affinity::apply_from_env()?
+        crate::ddp::affinity::apply_from_env()?
     } else {
         None
     };
@@ -78,7 +78,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     if let (true, Some(cpus)) = (root, pinned) {
         eprintln!(
             "rank 0 pinned to CPUs {}",
-            crate::dist::affinity::format_list(&cpus)
+            crate::ddp::affinity::format_list(&cpus)
         );
     }
     if root && group.is_real() {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use tch::{Kind, Tensor};
 
-use crate::dist::ProcessGroup;
+use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
 /// Why a rank asked to stop.
@@ -13,7 +13,7 @@ use crate::error::Result;
 pub enum Reason {
     /// Ctrl-C or SIGTERM.
     Signal = 1,
-    /// The built-in launcher that started the rank died (see `dist::lifeline`).
+    /// The built-in launcher that started the rank died (see `ddp::lifeline`).
     LauncherLost = 2,
 }
 
