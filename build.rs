@@ -7,11 +7,13 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = "import site, sysconfig; print(site.getsitepackages()[0]); print(sysconfig.get_config_var('LIBDIR'))";
-    let text = run_python(&python, script);
-    let mut lines = text.lines();
-    let site = lines.next().expect("site-packages path");
-    let libdir = lines.next().expect("libpython directory");
+    // What the embedded-python crate found out about the venv's Python.
+    let dep = |key: &str| {
+        std::env::var(format!("DEP_TDMPC2_PYTHON_{key}"))
+            .unwrap_or_else(|_| panic!("embedded-python reports its {key}"))
+    };
+    let (site, libdir) = (dep("SITE"), dep("LIBDIR"));
+    let site = site.as_str();
     println!("cargo:rustc-link-arg=-Wl,-rpath,{libdir}");
     // Tests start the venv's tools (torchrun) beside the binary.
     let venv_bin = Path::new(&python)

@@ -84,7 +84,7 @@ pub fn set_tf32(device: Device, on: bool) -> Result<()> {
     if !device.is_cuda() {
         return Ok(());
     }
-    envs::python::with_python(|py| {
+    embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
         let precision = if on { "high" } else { "highest" };
         torch.call_method1("set_float32_matmul_precision", (precision,))?;

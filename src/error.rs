@@ -45,6 +45,12 @@ pub const STOPPED_EXIT_CODE: i32 = 3;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+impl From<embedded_python::Error> for Error {
+    fn from(err: embedded_python::Error) -> Self {
+        Error::Python(err.0)
+    }
+}
+
 impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use envs::python;
+use embedded_python as python;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 use tdmpc2::logging::{Logger, LoggerOptions, MlflowOptions, Phase, Record, WandbOptions};

@@ -399,7 +399,7 @@ fn imports_an_official_checkpoint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pt = dir.path().join("final.pt");
     let out = dir.path().join("imported.safetensors");
-    envs::python::with_python(|py| {
+    embedded_python::with_python(|py| {
         let tensors = PyDict::new(py);
         for (name, tensor) in &weights {
             let t = tensor.to_kind(Kind::Float).contiguous();
@@ -478,7 +478,7 @@ fn grad_norm_equals_torchs_at_model_size_5_with_dog_run_dimensions() {
     }
     let ours = grad_norm(&grads, layout).double_value(&[]);
 
-    let torchs = envs::python::with_python(|py| {
+    let torchs = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
         let parameters = pyo3::types::PyList::empty(py);
         for entry in layout {

@@ -4,9 +4,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::python;
 use crate::wrappers::wrap;
 use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Result, Step};
+use embedded_python as python;
 
 /// The 28 standard TD-MPC2 DMControl tasks.
 pub const TASKS: [&str; 28] = [
@@ -140,7 +140,7 @@ impl Env for DmcEnv {
                 .call_method1(intern!(py, "step"), (action,))?;
             let (obs, reward): (Bound<'_, PyAny>, f64) = out.extract()?;
             Ok(Step {
-                obs: python::f32_vec(&obs)?,
+                obs: python::f32_vec::<Error>(&obs)?,
                 reward,
                 terminated: false,
                 truncated: false,

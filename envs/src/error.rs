@@ -45,3 +45,9 @@ impl From<pyo3::PyErr> for Error {
         Error::Python(err.to_string())
     }
 }
+
+impl From<embedded_python::Error> for Error {
+    fn from(err: embedded_python::Error) -> Self {
+        Error::Python(err.0)
+    }
+}

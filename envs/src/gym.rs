@@ -4,9 +4,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::python;
 use crate::wrappers::wrap;
 use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Result, Step};
+use embedded_python as python;
 
 /// Prefix that forces the gymnasium implementation of a task that also exists natively.
 pub const PREFIX: &str = "gym:";
@@ -104,7 +104,7 @@ impl Env for GymEnv {
                 Option<f64>,
             ) = out.extract()?;
             Ok(Step {
-                obs: python::f32_vec(&obs)?,
+                obs: python::f32_vec::<Error>(&obs)?,
                 reward,
                 terminated,
                 truncated,
@@ -123,7 +123,8 @@ impl BoxEnv for GymEnv {
 impl Drop for GymEnv {
     fn drop(&mut self) {
         // Closing releases renderers and simulator handles; errors at teardown are moot.
-        let _ = python::attach(|py| Ok(self.adapter.bind(py).call_method0("close").map(drop)?));
+        let _: Result<()> =
+            python::attach(|py| Ok(self.adapter.bind(py).call_method0("close").map(drop)?));
     }
 }
 

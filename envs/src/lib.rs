@@ -8,7 +8,6 @@ mod error;
 pub mod gym;
 pub mod native;
 pub mod np_random;
-pub mod python;
 mod registry;
 pub mod wrappers;
 

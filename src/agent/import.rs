@@ -86,7 +86,7 @@ fn collect<'py>(
 /// `out_path` (safetensors). Returns the names written.
 pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     let path_text = pt_path.to_string_lossy().to_string();
-    let raw = envs::python::with_python(|py| {
+    let raw = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("weights_only", true)?;

@@ -77,7 +77,7 @@ impl ProcessGroup {
         if info.world_size == 1 && !force {
             return Ok(Self::alone(info));
         }
-        let dist = envs::python::with_python(|py| {
+        let dist = embedded_python::with_python(|py| {
             let torch = py.import("torch")?;
             if let Device::Cuda(index) = device {
                 // NCCL's communicators bind to the current device.
@@ -200,7 +200,7 @@ impl ProcessGroup {
         let Some(dist) = &self.dist else {
             return Ok(());
         };
-        envs::python::with_python(|py| {
+        embedded_python::with_python(|py| {
             let kwargs = PyDict::new(py);
             kwargs.set_item("src", 0)?;
             dist.bind(py)
@@ -218,7 +218,7 @@ impl ProcessGroup {
         let parts: Vec<Tensor> = (0..self.info.world_size)
             .map(|_| tensor.empty_like())
             .collect();
-        envs::python::with_python(|py| {
+        embedded_python::with_python(|py| {
             let list = PyList::empty(py);
             for part in &parts {
                 list.append(to_python(py, part)?)?;
@@ -235,7 +235,7 @@ impl ProcessGroup {
         let Some(dist) = &self.dist else {
             return Ok(());
         };
-        envs::python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()))
+        embedded_python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()))
             .map_err(|e| collective_error("barrier", e))
     }
 }
@@ -243,7 +243,7 @@ impl ProcessGroup {
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         if let Some(dist) = &self.dist {
-            let _ = envs::python::with_python(|py| {
+            let _ = embedded_python::with_python(|py| {
                 dist.bind(py)
                     .call_method0("destroy_process_group")
                     .map(|_| ())
@@ -253,14 +253,14 @@ impl Drop for ProcessGroup {
 }
 
 fn call(dist: &Py<PyModule>, op: &str, tensor: &Tensor) -> Result<()> {
-    envs::python::with_python(|py| {
+    embedded_python::with_python(|py| {
         dist.bind(py).call_method1(op, (to_python(py, tensor)?,))?;
         Ok(())
     })
     .map_err(|e| collective_error(op, e))
 }
 
-fn collective_error(op: &str, e: envs::Error) -> Error {
+fn collective_error(op: &str, e: embedded_python::Error) -> Error {
     Error::Collective(format!(
         "collective {op} failed ({e}); another rank probably stopped (see its output), or the \
          collective timed out (dist_timeout)"

@@ -40,7 +40,7 @@ impl JobStore {
         start_timeout: Duration,
         op_timeout: Duration,
     ) -> Result<Self> {
-        let store = envs::python::with_python(|py| {
+        let store = embedded_python::with_python(|py| {
             let dist = py.import("torch.distributed")?;
             let timedelta = py.import("datetime")?.getattr("timedelta")?;
             let kwargs = PyDict::new(py);
@@ -75,7 +75,7 @@ impl JobStore {
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
-        envs::python::with_python(|py| {
+        embedded_python::with_python(|py| {
             self.store
                 .bind(py)
                 .call_method1("add", (key, amount))?

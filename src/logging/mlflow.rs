@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use envs::python;
+use embedded_python as python;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -47,7 +47,7 @@ impl Mlflow {
         let run_dir = std::path::absolute(run_dir)
             .map_err(|e| Error::io(format!("resolve {}", run_dir.display()), e))?;
         let params = flatten(config);
-        python::attach_exclusive(|py| {
+        python::attach_exclusive(|py| -> python::Result<_> {
             let tracking_uri = match explicit_uri {
                 Some(uri) => uri,
                 None => py
@@ -118,7 +118,7 @@ impl Mlflow {
             return Ok(());
         }
         self.finished = true;
-        python::attach_exclusive(|py| {
+        python::attach_exclusive(|py| -> python::Result<_> {
             self.client
                 .bind(py)
                 .call_method1("set_terminated", (&self.run_id, status))?;
@@ -138,7 +138,7 @@ impl Sink for Mlflow {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0);
-        python::attach_exclusive(|py| {
+        python::attach_exclusive(|py| -> python::Result<_> {
             let metric = self.metric.bind(py);
             let batch = PyList::empty(py);
             for (k, v) in &record.values {

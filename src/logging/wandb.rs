@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use envs::python;
+use embedded_python as python;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -47,9 +47,12 @@ impl Wandb {
             ["WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"]
                 .iter()
                 .any(|k| std::env::var_os(k).is_some_and(|v| !v.is_empty()))
-                || python::attach_exclusive(|py| Ok(netrc_has_wandb_key(py))).unwrap_or(false)
+                || python::attach_exclusive(|py| -> python::Result<bool> {
+                    Ok(netrc_has_wandb_key(py))
+                })
+                .unwrap_or(false)
         });
-        let run = python::attach_exclusive(|py| {
+        let run = python::attach_exclusive(|py| -> python::Result<_> {
             let wandb = py.import("wandb")?;
             let settings = PyDict::new(py);
             settings.set_item("silent", opts.silent)?;
@@ -100,7 +103,7 @@ impl Wandb {
         let Some(run) = self.run.take() else {
             return Ok(());
         };
-        python::attach_exclusive(|py| {
+        python::attach_exclusive(|py| -> python::Result<_> {
             let kwargs = PyDict::new(py);
             kwargs.set_item("exit_code", exit_code)?;
             let finished = run.bind(py).call_method("finish", (), Some(&kwargs));
@@ -123,7 +126,7 @@ impl Sink for Wandb {
 
     fn write(&mut self, record: &Record) -> Result<()> {
         let run = self.run()?;
-        python::attach_exclusive(|py| {
+        python::attach_exclusive(|py| -> python::Result<_> {
             let data = PyDict::new(py);
             for (k, v) in &record.values {
                 data.set_item(format!("{}/{k}", record.phase.name()), v)?;

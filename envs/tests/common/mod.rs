@@ -10,8 +10,10 @@ pub fn with_module<T>(
     name: &str,
     f: impl for<'py> FnOnce(&Bound<'py, PyModule>) -> PyResult<T>,
 ) -> T {
-    envs::python::attach_exclusive(|py| Ok(f(&envs::python::load_module(py, source, name)?)?))
-        .expect("python helper")
+    embedded_python::attach_exclusive(|py| -> embedded_python::Result<T> {
+        Ok(f(&embedded_python::load_module(py, source, name)?)?)
+    })
+    .expect("python helper")
 }
 
 /// A fixed pseudo-random action sequence in [-1, 1].

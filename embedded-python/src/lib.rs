@@ -9,7 +9,18 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-use crate::{Error, Result};
+/// The interpreter could not start or a Python call failed (its type and message).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("python: {0}")]
+pub struct Error(pub String);
+
+impl From<PyErr> for Error {
+    fn from(err: PyErr) -> Self {
+        Error(err.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
 
 const BUILD_SITE_PACKAGES: &str = env!("TDMPC2_SITE_PACKAGES");
 
@@ -47,17 +58,19 @@ pub fn init() -> Result<()> {
             .map_err(|e| format!("cannot use site-packages {}: {e}", dir.display()))
         })
         .clone()
-        .map_err(Error::Python)
+        .map_err(Error)
 }
 
 /// Runs `f` with the interpreter initialised and the GIL held.
 pub fn with_python<T>(f: impl for<'py> FnOnce(Python<'py>) -> PyResult<T>) -> Result<T> {
     init()?;
-    Python::attach(f).map_err(|e| Error::Python(e.to_string()))
+    Python::attach(f).map_err(Error::from)
 }
 
-/// Like [`with_python`], for closures that produce the crate's own errors.
-pub fn attach<T>(f: impl for<'py> FnOnce(Python<'py>) -> Result<T>) -> Result<T> {
+/// Like [`with_python`], for closures that produce the caller's own errors.
+pub fn attach<T, E: From<Error>>(
+    f: impl for<'py> FnOnce(Python<'py>) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
     init()?;
     Python::attach(f)
 }
@@ -81,10 +94,10 @@ pub fn load_module<'py>(
 }
 
 /// Copies a 1-D float32 numpy array into a Vec.
-pub fn f32_vec(array: &Bound<'_, PyAny>) -> Result<Vec<f32>> {
+pub fn f32_vec<E: From<Error>>(array: &Bound<'_, PyAny>) -> std::result::Result<Vec<f32>, E> {
     let array = array
         .cast::<PyArray1<f32>>()
-        .map_err(|e| Error::Python(e.to_string()))?;
+        .map_err(|e| Error(e.to_string()))?;
     Ok(array.readonly().as_array().to_vec())
 }
 
@@ -93,7 +106,9 @@ pub fn f32_vec(array: &Bound<'_, PyAny>) -> Result<Vec<f32>> {
 /// ImportError about a circular import), so every call that may import goes through here.
 /// A thread waiting for its turn releases the GIL, so this cannot deadlock with it, also
 /// when called from inside `Python::attach`. Not reentrant.
-pub fn attach_exclusive<T>(f: impl for<'py> FnOnce(Python<'py>) -> Result<T>) -> Result<T> {
+pub fn attach_exclusive<T, E: From<Error>>(
+    f: impl for<'py> FnOnce(Python<'py>) -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
     attach(|py| {
         py.detach(|| IMPORT_TURN.acquire());
         let _turn = ImportTurn;
