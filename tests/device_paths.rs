@@ -7,29 +7,22 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{free_port, tdmpc2_bin, tensors};
+use common::{free_port, tdmpc2_bin, tensors, TINY};
 
-const TINY: &[&str] = &[
-    "train",
-    "task=Pendulum-v1",
-    "model_size=1",
-    "batch_size=16",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=2",
-    "iterations=1",
-    "seed_steps=200",
-    "steps=400",
-    "eval_freq=400",
-    "save_freq=400",
-    "eval_episodes=2",
-    "num_threads=1",
-    "enable_tensorboard=false",
-];
+/// `train` with the tiny settings for 400 steps, with a checkpoint at the end.
+fn tiny_train() -> Vec<&'static str> {
+    let run = [
+        "steps=400",
+        "eval_freq=400",
+        "save_freq=400",
+        "num_threads=1",
+    ];
+    [&["train"], TINY, &run].concat()
+}
 
 fn train(run_dir: &Path, extra: &[&str]) -> Output {
     Command::new(tdmpc2_bin())
-        .args(TINY)
+        .args(tiny_train())
         .args(extra)
         .arg(format!("run_dir={}", run_dir.display()))
         .arg(format!("master_port={}", free_port()))

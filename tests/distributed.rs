@@ -5,10 +5,13 @@
 //! - a dying rank stops the run, naming the rank; a taken master_port is a clear error.
 //!
 //! Worker processes are this test binary re-run on `worker_entry` with TDMPC2_TEST_WORKER set.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, TINY};
 use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::{Agent, Batch, NoiseKind, ReplayNoise};
 use tdmpc2::config::{Config, Source};
@@ -169,12 +172,9 @@ fn worker_entry() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `train` with the tiny settings, one thread per rank.
+fn tiny_train() -> Vec<&'static str> {
+    [&["train"], TINY, &["num_threads=1"]].concat()
 }
 
 fn run_workers(world: usize, out: &Path) {
@@ -284,24 +284,9 @@ fn sync_freq_two_equals_one_update_on_the_doubled_batch() {
     );
 }
 
-const TINY: &[&str] = &[
-    "train",
-    "task=Pendulum-v1",
-    "model_size=1",
-    "batch_size=16",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=2",
-    "iterations=1",
-    "seed_steps=200",
-    "eval_episodes=2",
-    "num_threads=1",
-    "enable_tensorboard=false",
-];
-
 fn launcher(args: &[String]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
+        .args(tiny_train())
         .args(args)
         .output()
         .unwrap()
@@ -310,7 +295,7 @@ fn launcher(args: &[String]) -> std::process::Output {
 /// Two ranks on a run far too long to finish, for the tests that stop it from outside.
 fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
+        .args(tiny_train())
         .args([
             "world_size=2".to_string(),
             "steps=1000000".into(),
@@ -470,7 +455,7 @@ fn runs_under_torchrun() {
         ])
         .arg(format!("--master_port={}", free_port()))
         .arg(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
+        .args(tiny_train())
         .args([
             "steps=800".to_string(),
             "save_freq=800".into(),
@@ -501,7 +486,7 @@ fn spawn_node(
     extra: &[&str],
 ) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
+        .args(tiny_train())
         .args(extra)
         .args([
             "world_size=2".to_string(),
@@ -616,7 +601,7 @@ fn a_checkpoint_moves_between_world_sizes() {
     for (from, to) in [(2usize, 1usize), (1, 2)] {
         let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-            .args(TINY)
+            .args(tiny_train())
             .args([
                 format!("world_size={from}"),
                 "steps=800".into(),
@@ -639,7 +624,7 @@ fn a_checkpoint_moves_between_world_sizes() {
         let saved = first.path().join("checkpoints").join("step_000000000400");
         // Pinning off: a TDMPC2_CPUS inherited by the launcher does not reach the ranks.
         let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-            .args(TINY)
+            .args(tiny_train())
             .args([
                 format!("world_size={to}"),
                 "steps=800".into(),
@@ -831,7 +816,7 @@ fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
 fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(TINY)
+        .args(tiny_train())
         .args([
             "world_size=2".to_string(),
             "steps=2400".into(),
@@ -876,7 +861,7 @@ fn inside_one_slurm_task_world_size_needs_the_builtin_launcher() {
     ];
     let run = |launcher: &str| {
         Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-            .args(TINY)
+            .args(tiny_train())
             .args([
                 "world_size=2".to_string(),
                 "steps=800".into(),

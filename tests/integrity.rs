@@ -4,24 +4,14 @@
 //!   resumed run makes only the pretraining updates that were left;
 //! - a second run on the same run directory is refused; a stale lock is taken over;
 //! - `eval` refuses damaged weights, naming the file, and takes any file of a checkpoint.
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// A small but complete configuration (no `num_threads`: each rank takes cores / ranks).
-const TINY: &[&str] = &[
-    "task=Pendulum-v1",
-    "model_size=1",
-    "batch_size=16",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=2",
-    "iterations=1",
-    "seed_steps=200",
-    "eval_episodes=2",
-    "enable_tensorboard=false",
-];
+use common::{free_port, TINY};
 
 fn command(verb: &str, run_dir: &Path, extra: &[String]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
@@ -41,14 +31,6 @@ fn assert_ok(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{stderr}");
     stderr
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn checkpoint(run_dir: &Path, step: u64) -> PathBuf {

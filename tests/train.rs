@@ -1,25 +1,18 @@
 //! Training end to end through the real binary, mostly on the native Pendulum-v1 (no Python
 //! env): the run directory, exact resume, evaluation of a checkpoint, checkpoints that survive a
 //! writer killed at any moment, and one dm_control task.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-/// A small but complete configuration: every mechanism runs, in seconds.
-const TINY: &[&str] = &[
-    "task=Pendulum-v1",
-    "model_size=1",
-    "batch_size=16",
-    "num_samples=32",
-    "num_elites=4",
-    "num_pi_trajs=2",
-    "iterations=2",
-    "seed_steps=200",
-    "eval_episodes=2",
-    "buffer_size=2000",
-    "num_threads=1",
-    "enable_tensorboard=false",
-];
+use common::{tensors, TINY};
+
+/// The tiny settings with two planning iterations, a small buffer and one thread.
+fn tiny() -> Vec<&'static str> {
+    [TINY, &["iterations=2", "buffer_size=2000", "num_threads=1"]].concat()
+}
 
 fn tdmpc2(args: &[&str], extra: &[String]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
@@ -31,7 +24,7 @@ fn tdmpc2(args: &[&str], extra: &[String]) -> Output {
 
 fn train(run_dir: &Path, extra: &[&str]) -> Output {
     let mut args = vec!["train"];
-    args.extend_from_slice(TINY);
+    args.extend(tiny());
     args.extend_from_slice(extra);
     let out = tdmpc2(&args, &[format!("run_dir={}", run_dir.display())]);
     assert!(
@@ -44,12 +37,6 @@ fn train(run_dir: &Path, extra: &[&str]) -> Output {
 
 fn checkpoint(run_dir: &Path, step: u64) -> PathBuf {
     run_dir.join("checkpoints").join(format!("step_{step:012}"))
-}
-
-fn tensors(file: &Path) -> Vec<(String, tch::Tensor)> {
-    let mut t = tch::Tensor::read_safetensors(file).expect("a complete safetensors file");
-    t.sort_by(|a, b| a.0.cmp(&b.0));
-    t
 }
 
 fn assert_same_tensors(a: &Path, b: &Path) {
@@ -163,7 +150,7 @@ fn eval_loads_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     train(dir.path(), &["steps=400", "eval_freq=400", "save_freq=400"]);
     let mut args = vec!["eval"];
-    args.extend_from_slice(TINY);
+    args.extend(tiny());
     let out = tdmpc2(
         &args,
         &[
@@ -196,7 +183,7 @@ fn a_killed_writer_never_leaves_a_checkpoint_that_loads_half_written() {
     // Large model (5M parameters, ~60 MB per checkpoint) saved after every episode: a kill
     // lands inside a write often.
     let mut args = vec!["train"];
-    args.extend_from_slice(TINY);
+    args.extend(tiny());
     args.extend([
         "model_size=5",
         "mpc=false",
@@ -308,7 +295,7 @@ fn a_dm_control_task_trains_end_to_end() {
 fn a_diverging_run_stops_cleanly_with_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["train"];
-    args.extend_from_slice(TINY);
+    args.extend(tiny());
     // The checkpoint at step 200 precedes the first update (pretraining at step 200).
     args.extend_from_slice(&["steps=1000", "save_freq=200", "eval_freq=1000", "lr=1e30"]);
     let out = tdmpc2(&args, &[format!("run_dir={}", dir.path().display())]);

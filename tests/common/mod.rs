@@ -2,6 +2,21 @@
 #![allow(dead_code)]
 use std::path::PathBuf;
 
+/// A small but complete configuration of the native Pendulum-v1: every mechanism runs, in
+/// seconds (no `num_threads`: each rank takes cores / ranks unless a test sets it).
+pub const TINY: &[&str] = &[
+    "task=Pendulum-v1",
+    "model_size=1",
+    "batch_size=16",
+    "num_samples=32",
+    "num_elites=4",
+    "num_pi_trajs=2",
+    "iterations=1",
+    "seed_steps=200",
+    "eval_episodes=2",
+    "enable_tensorboard=false",
+];
+
 /// The tdmpc2 binary: `TDMPC2_BIN` when set (test binaries built here and run on another
 /// machine, e.g. a GPU machine without a Rust toolchain), else the one cargo built.
 pub fn tdmpc2_bin() -> PathBuf {
