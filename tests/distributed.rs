@@ -477,7 +477,8 @@ fn runs_under_torchrun() {
     assert_eq!(meta["rank_checksums"].as_array().unwrap().len(), 2);
 }
 
-/// The launcher of node `rank` of a two-node job on this machine (run directory `node<rank>`).
+/// The launcher of node `rank` of a two-node job on this machine (run directory `node<rank>`);
+/// `extra` settings come last and win.
 fn spawn_node(
     dir: &Path,
     port: u16,
@@ -487,7 +488,6 @@ fn spawn_node(
 ) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(tiny_train())
-        .args(extra)
         .args([
             "world_size=2".to_string(),
             "nnodes=2".into(),
@@ -499,6 +499,7 @@ fn spawn_node(
             format!("eval_freq={steps}"),
             format!("run_dir={}", dir.join(format!("node{rank}")).display()),
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -929,4 +930,40 @@ fn a_node_that_freezes_is_noticed_within_peer_timeout() {
         noticed < Duration::from_secs(40),
         "noticed after {noticed:?}, dist_timeout is 300 s"
     );
+}
+
+/// Node 1 keeps no copy of node 0's run directory: its restarted rank takes rank 0's state.
+#[test]
+fn a_two_node_job_restarts_from_rank_zeros_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = ["max_restarts=1", "save_freq=800", "eval_freq=2400"];
+    let (first, second) = (
+        spawn_node(dir.path(), port, 0, 2400, &extra),
+        spawn_node(dir.path(), port, 1, 2400, &extra),
+    );
+    let node0 = dir.path().join("node0");
+    let saved = node0.join("checkpoints").join("step_000000000800");
+    let waiting = Instant::now();
+    while !saved.join("meta.json").exists() && waiting.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let killed = kill_rank(second.id(), 1);
+    let (out0, out1) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    let (log0, log1) = (
+        String::from_utf8_lossy(&out0.stderr),
+        String::from_utf8_lossy(&out1.stderr),
+    );
+    assert!(killed, "found rank 1's process: {log1}");
+    assert!(out0.status.success(), "node 0: {log0}");
+    assert!(out1.status.success(), "node 1: {log1}");
+    assert!(log1.contains("restart 1 of 1"), "{log1}");
+    assert!(log0.contains("Resumed from"), "{log0}");
+    let end = meta(&node0, 2400);
+    let checksums = end["rank_checksums"].as_array().unwrap();
+    assert_eq!(checksums.len(), 2);
+    assert_eq!(checksums[0], checksums[1]);
 }
