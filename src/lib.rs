@@ -10,6 +10,7 @@ pub mod device;
 pub mod dist;
 pub mod error;
 pub mod logging;
+pub mod tools;
 pub mod trainer;
 
 pub use config::Config;

@@ -1,0 +1,1 @@
+//! `tdmpc2 doctor`.
