@@ -36,6 +36,8 @@ pub enum Command {
     BenchWorker(crate::bench::ddp::WorkerArgs),
     /// Draw learning curves of run directories: `tdmpc2 plot RUN_DIR... --out curves.png`.
     Plot(crate::tools::plot::PlotArgs),
+    /// Check that this machine can train: venv, torch, GPUs, dm_control, ports, cores, disk.
+    Doctor(crate::tools::doctor::DoctorArgs),
 }
 
 /// How a run's configuration is assembled.
@@ -140,6 +142,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench(&args),
         Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
         Command::Plot(args) => crate::tools::plot::run(&args),
+        Command::Doctor(args) => crate::tools::doctor::run(&args),
     }
 }
 

@@ -194,3 +194,56 @@ fn multirun_checks_every_combination_before_running_any() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("--jobs 100000"), "{}", text(&out));
 }
+
+fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new(common::tdmpc2_bin());
+    command.arg("doctor").args(args).env_remove("TDMPC2_SITE_PACKAGES");
+    // The embedded interpreter finds a venv through a `python` on PATH: keep only the others,
+    // so that the venv is what TDMPC2_VENV / TDMPC2_SITE_PACKAGES say.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let outside_venvs = std::env::split_paths(&path)
+        .filter(|dir| !dir.parent().is_some_and(|venv| venv.join("pyvenv.cfg").is_file()));
+    command.env("PATH", std::env::join_paths(outside_venvs).unwrap());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("the tdmpc2 binary runs")
+}
+
+#[test]
+fn doctor_passes_here_and_forms_a_two_rank_group() {
+    let out = doctor(&["--world-size", "2"], &[]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    for line in [
+        "✓ torch: 2.11",
+        "✓ libtorch: ",
+        "✓ dm_control: cartpole-swingup resets and steps",
+        "✓ process group: 2 ranks over",
+        "= 3 in",
+        "ready to train",
+    ] {
+        assert!(log.contains(line), "no '{line}' in:\n{log}");
+    }
+    assert!(!log.contains('✗'), "{log}");
+}
+
+#[test]
+fn doctor_names_what_is_missing_and_fails() {
+    let empty = tempfile::tempdir().unwrap();
+    // A venv setting that points nowhere useful.
+    let out = doctor(&[], &[("TDMPC2_VENV", empty.path())]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("✗ venv: TDMPC2_VENV=") && log.contains("holds no lib/python3"), "{log}");
+    assert!(log.contains("not ready: venv"), "{log}");
+    // site-packages without torch: torch is missing, and so is everything that needs it.
+    let out = doctor(&[], &[("TDMPC2_SITE_PACKAGES", empty.path())]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("✗ torch: `import torch` fails"), "{log}");
+    assert!(log.contains("No module named 'torch'") && log.contains("scripts/setup.sh"), "{log}");
+    assert!(!log.contains("✓ dm_control"), "{log}");
+    let out = doctor(&["--world-size", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
