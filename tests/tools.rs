@@ -73,20 +73,35 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
     let (a_s, b_s) = (a.display().to_string(), b.display().to_string());
 
     let both = dir.path().join("both.png");
-    let out = plot(&[&a_s, &b_s, "--out", both.to_str().unwrap(), "--width", "640", "--height", "400"]);
+    let out = plot(&[
+        &a_s,
+        &b_s,
+        "--out",
+        both.to_str().unwrap(),
+        "--width",
+        "640",
+        "--height",
+        "400",
+    ]);
     assert!(out.status.success(), "{}", text(&out));
     let img = decode(&both);
     assert_eq!(img.dimensions(), (640, 400));
     // The mean line (first colour) and the band around it (the same colour, faint on white).
     assert!(count_near(&img, [31, 119, 180]) > 100, "no mean line drawn");
-    assert!(count_near(&img, [215, 231, 242]) > 100, "no band over the two seeds");
+    assert!(
+        count_near(&img, [215, 231, 242]) > 100,
+        "no band over the two seeds"
+    );
 
     // The same runs as SVG: one series for both seeds.
     let svg = dir.path().join("both.svg");
     let out = plot(&[&a_s, &b_s, "--out", svg.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
     let svg = std::fs::read_to_string(&svg).unwrap();
-    assert!(svg.starts_with("<svg") && svg.contains("(2 seeds)"), "{svg}");
+    assert!(
+        svg.starts_with("<svg") && svg.contains("(2 seeds)"),
+        "{svg}"
+    );
 
     // Another data set (seed 1 alone, its rewards shifted) gives another picture.
     let shifted = dir.path().join("shifted");
@@ -115,7 +130,11 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
     assert!(out.status.success(), "{}", text(&out));
     let other = decode(&other);
     assert_eq!(other.dimensions(), (640, 400));
-    let differing = img.pixels().zip(other.pixels()).filter(|(p, q)| p != q).count();
+    let differing = img
+        .pixels()
+        .zip(other.pixels())
+        .filter(|(p, q)| p != q)
+        .count();
     assert!(differing > 1000, "only {differing} pixels differ");
 }
 
@@ -132,7 +151,16 @@ fn plot_says_what_is_wrong() {
         (&[run, "--metric", "reward"], "available: episode_reward"),
         (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
         (&["/nonexistent/run"], "holds no metrics.jsonl"),
-        (&[run, "--reference", "/nonexistent.csv", "--out", "/tmp/x.png"], "read the reference"),
+        (
+            &[
+                run,
+                "--reference",
+                "/nonexistent.csv",
+                "--out",
+                "/tmp/x.png",
+            ],
+            "read the reference",
+        ),
     ];
     for (args, expected) in cases {
         let out = plot(args);
@@ -147,24 +175,40 @@ fn plot_says_what_is_wrong() {
 fn multirun_runs_every_combination_in_its_own_directory() {
     let dir = tempfile::tempdir().unwrap();
     let run_dir = format!("run_dir={}", dir.path().display());
-    let mut args = vec!["train", "--multirun", "steps=400", "seed=1,2", "horizon=2,3", &run_dir];
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "steps=400",
+        "seed=1,2",
+        "horizon=2,3",
+        &run_dir,
+    ];
     args.extend_from_slice(TINY);
     let out = tdmpc2(&args);
     let log = text(&out);
     assert!(out.status.success(), "{log}");
-    for (i, name) in ["0_seed=1_horizon=2", "1_seed=1_horizon=3", "2_seed=2_horizon=2", "3_seed=2_horizon=3"]
-        .iter()
-        .enumerate()
+    for (i, name) in [
+        "0_seed=1_horizon=2",
+        "1_seed=1_horizon=3",
+        "2_seed=2_horizon=2",
+        "3_seed=2_horizon=3",
+    ]
+    .iter()
+    .enumerate()
     {
         let job = dir.path().join(name);
         assert!(job.join("metrics.jsonl").is_file(), "{name}: {log}");
         let config = std::fs::read_to_string(job.join("config.yaml")).unwrap();
         assert!(config.contains(&format!("seed: {}", 1 + i / 2)), "{config}");
-        assert!(config.contains(&format!("horizon: {}", 2 + i % 2)), "{config}");
+        assert!(
+            config.contains(&format!("horizon: {}", 2 + i % 2)),
+            "{config}"
+        );
         assert!(log.contains(&format!("[job {i}] ")), "{log}");
     }
     let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
     let jobs = summary.as_array().unwrap();
     assert_eq!(jobs.len(), 4);
     for job in jobs {
@@ -181,14 +225,28 @@ fn multirun_runs_every_combination_in_its_own_directory() {
 fn multirun_checks_every_combination_before_running_any() {
     let dir = tempfile::tempdir().unwrap();
     let run_dir = format!("run_dir={}", dir.path().display());
-    let mut args = vec!["train", "--multirun", "steps=400", "seed=1,2", "horizon=2,-1", &run_dir];
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "steps=400",
+        "seed=1,2",
+        "horizon=2,-1",
+        &run_dir,
+    ];
     args.extend_from_slice(TINY);
     let out = tdmpc2(&args);
     let log = text(&out);
     assert_eq!(out.status.code(), Some(2), "{log}");
-    assert!(log.contains("job 1 (seed=1 horizon=-1)") && log.contains("horizon"), "{log}");
+    assert!(
+        log.contains("job 1 (seed=1 horizon=-1)") && log.contains("horizon"),
+        "{log}"
+    );
     assert!(log.contains("no job was started"), "{log}");
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "something ran: {log}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "something ran: {log}"
+    );
 
     let out = tdmpc2(&["train", "--multirun", "seed=1,2", "--jobs", "100000"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
@@ -197,12 +255,17 @@ fn multirun_checks_every_combination_before_running_any() {
 
 fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut command = Command::new(common::tdmpc2_bin());
-    command.arg("doctor").args(args).env_remove("TDMPC2_SITE_PACKAGES");
+    command
+        .arg("doctor")
+        .args(args)
+        .env_remove("TDMPC2_SITE_PACKAGES");
     // The embedded interpreter finds a venv through a `python` on PATH: keep only the others,
     // so that the venv is what TDMPC2_VENV / TDMPC2_SITE_PACKAGES say.
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let outside_venvs = std::env::split_paths(&path)
-        .filter(|dir| !dir.parent().is_some_and(|venv| venv.join("pyvenv.cfg").is_file()));
+    let outside_venvs = std::env::split_paths(&path).filter(|dir| {
+        !dir.parent()
+            .is_some_and(|venv| venv.join("pyvenv.cfg").is_file())
+    });
     command.env("PATH", std::env::join_paths(outside_venvs).unwrap());
     for (key, value) in env {
         command.env(key, value);
@@ -235,14 +298,20 @@ fn doctor_names_what_is_missing_and_fails() {
     let out = doctor(&[], &[("TDMPC2_VENV", empty.path())]);
     let log = text(&out);
     assert_eq!(out.status.code(), Some(1), "{log}");
-    assert!(log.contains("✗ venv: TDMPC2_VENV=") && log.contains("holds no lib/python3"), "{log}");
+    assert!(
+        log.contains("✗ venv: TDMPC2_VENV=") && log.contains("holds no lib/python3"),
+        "{log}"
+    );
     assert!(log.contains("not ready: venv"), "{log}");
     // site-packages without torch: torch is missing, and so is everything that needs it.
     let out = doctor(&[], &[("TDMPC2_SITE_PACKAGES", empty.path())]);
     let log = text(&out);
     assert_eq!(out.status.code(), Some(1), "{log}");
     assert!(log.contains("✗ torch: `import torch` fails"), "{log}");
-    assert!(log.contains("No module named 'torch'") && log.contains("scripts/setup.sh"), "{log}");
+    assert!(
+        log.contains("No module named 'torch'") && log.contains("scripts/setup.sh"),
+        "{log}"
+    );
     assert!(!log.contains("✓ dm_control"), "{log}");
     let out = doctor(&["--world-size", "0"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));

@@ -262,7 +262,10 @@ mod tests {
         let bad = dir.path().join("bad.csv");
         std::fs::write(&bad, "step,return\n0,5\n").unwrap();
         let e = read_reference(&bad).unwrap_err().to_string();
-        assert!(e.contains("no 'reward' column (found: step, return)"), "{e}");
+        assert!(
+            e.contains("no 'reward' column (found: step, return)"),
+            "{e}"
+        );
         std::fs::write(&bad, "step,reward\n0,x\n").unwrap();
         let e = read_reference(&bad).unwrap_err().to_string();
         assert!(e.contains("line 2"), "{e}");
@@ -281,7 +284,10 @@ mod tests {
         )
         .unwrap();
         let m = Metrics::read(dir.path()).unwrap();
-        assert_eq!(m.curve("eval", "step", "episode_reward"), [(0.0, 1.5), (10.0, 2.5)]);
+        assert_eq!(
+            m.curve("eval", "step", "episode_reward"),
+            [(0.0, 1.5), (10.0, 2.5)]
+        );
         assert_eq!(
             m.metric_names("train").into_iter().collect::<Vec<_>>(),
             ["episode_reward", "fps"]

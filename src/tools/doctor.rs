@@ -115,7 +115,11 @@ fn check_python(report: &mut Report) -> bool {
                 ),
             );
         }
-        _ if site.is_dir() => report.line(Mark::Pass, "venv", format!("site-packages {}", site.display())),
+        _ if site.is_dir() => report.line(
+            Mark::Pass,
+            "venv",
+            format!("site-packages {}", site.display()),
+        ),
         _ => report.line(
             Mark::Fail,
             "venv",
@@ -129,7 +133,9 @@ fn check_python(report: &mut Report) -> bool {
         let sys = py.import("sys")?;
         let sysconfig = py.import("sysconfig")?;
         let python: String = sys.getattr("version")?.extract()?;
-        let libdir: Option<String> = sysconfig.call_method1("get_config_var", ("LIBDIR",))?.extract()?;
+        let libdir: Option<String> = sysconfig
+            .call_method1("get_config_var", ("LIBDIR",))?
+            .extract()?;
         let torch = match py.import("torch") {
             Ok(torch) => torch,
             Err(e) => return Ok((python, libdir, Err(e.to_string()))),
@@ -142,7 +148,11 @@ fn check_python(report: &mut Report) -> bool {
     let (python, libdir, torch) = match probe {
         Ok(found) => found,
         Err(e) => {
-            report.line(Mark::Fail, "python", format!("the embedded interpreter fails: {e}"));
+            report.line(
+                Mark::Fail,
+                "python",
+                format!("the embedded interpreter fails: {e}"),
+            );
             return false;
         }
     };
@@ -175,7 +185,9 @@ fn check_python(report: &mut Report) -> bool {
             return false;
         }
     };
-    let build = cuda.map_or("a CPU-only build".to_string(), |c| format!("CUDA {c} build"));
+    let build = cuda.map_or("a CPU-only build".to_string(), |c| {
+        format!("CUDA {c} build")
+    });
     if version.starts_with(&format!("{TORCH_RELEASE}.")) {
         report.line(Mark::Pass, "torch", format!("{version}, {build}, {file}"));
     } else {
@@ -203,7 +215,11 @@ fn check_python(report: &mut Report) -> bool {
                 file
             ),
         ),
-        None => report.line(Mark::Note, "libtorch", "not found among the loaded libraries"),
+        None => report.line(
+            Mark::Note,
+            "libtorch",
+            "not found among the loaded libraries",
+        ),
     }
     true
 }
@@ -231,7 +247,11 @@ fn file_name_has(path: &Path, stem: &str) -> bool {
 fn check_gpus(report: &mut Report, torch_ok: bool) {
     let count = tch::Cuda::device_count();
     if !torch_ok {
-        report.line(Mark::Note, "gpus", format!("{count} visible (torch not importable, no more checks)"));
+        report.line(
+            Mark::Note,
+            "gpus",
+            format!("{count} visible (torch not importable, no more checks)"),
+        );
         return;
     }
     let probe = envs::python::with_python(|py| {
@@ -384,7 +404,11 @@ fn check_disk(report: &mut Report, run_dir: &Path) {
                 )
             }
         }
-        Err(e) => report.line(Mark::Note, "disk", format!("cannot read free space of {}: {e}", dir.display())),
+        Err(e) => report.line(
+            Mark::Note,
+            "disk",
+            format!("cannot read free space of {}: {e}", dir.display()),
+        ),
     }
 }
 
@@ -407,14 +431,22 @@ fn check_group(report: &mut Report, world_size: usize) {
     let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
         Ok(addr) => addr.port(),
         Err(e) => {
-            report.line(Mark::Fail, "process group", format!("no free local port: {e}"));
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("no free local port: {e}"),
+            );
             return;
         }
     };
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
-            report.line(Mark::Fail, "process group", format!("cannot locate tdmpc2: {e}"));
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("cannot locate tdmpc2: {e}"),
+            );
             return;
         }
     };
@@ -437,7 +469,11 @@ fn check_group(report: &mut Report, world_size: usize) {
         match child {
             Ok(child) => children.push(child),
             Err(e) => {
-                report.line(Mark::Fail, "process group", format!("cannot start rank {rank}: {e}"));
+                report.line(
+                    Mark::Fail,
+                    "process group",
+                    format!("cannot start rank {rank}: {e}"),
+                );
                 return;
             }
         }

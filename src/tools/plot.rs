@@ -138,7 +138,11 @@ fn series(args: &PlotArgs) -> Result<Vec<Series>> {
                 args.metric,
                 run.display(),
                 phases[0],
-                if names.is_empty() { "none (no records yet)".to_string() } else { names.join(", ") }
+                if names.is_empty() {
+                    "none (no records yet)".to_string()
+                } else {
+                    names.join(", ")
+                }
             )));
         }
     }
@@ -227,7 +231,11 @@ fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
         .iter()
         .map(|g| curves::config_without_seed(&runs[g[0]]))
         .collect();
-    let differing: Vec<String> = match configs.iter().map(Option::as_ref).collect::<Option<Vec<_>>>() {
+    let differing: Vec<String> = match configs
+        .iter()
+        .map(Option::as_ref)
+        .collect::<Option<Vec<_>>>()
+    {
         Some(all) if all.len() > 1 => {
             let mut keys: Vec<String> = all
                 .iter()
@@ -235,7 +243,10 @@ fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
                 .collect();
             keys.sort();
             keys.dedup();
-            keys.retain(|k| all.iter().any(|c| c.get(k.as_str()) != all[0].get(k.as_str())));
+            keys.retain(|k| {
+                all.iter()
+                    .any(|c| c.get(k.as_str()) != all[0].get(k.as_str()))
+            });
             keys
         }
         _ => vec![],
@@ -251,6 +262,9 @@ fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
                     .map(|k| format!("{k}={}", yaml_scalar(config.get(k.as_str()))))
                     .collect::<Vec<_>>()
                     .join(" "),
+                _ if group.len() > 1 => {
+                    short_name(&common_ancestor(group.iter().map(|&i| runs[i].as_path())))
+                }
                 _ => short_name(&runs[group[0]]),
             };
             match group.len() {
@@ -269,6 +283,15 @@ fn yaml_scalar(value: Option<&serde_yaml_ng::Value>) -> String {
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
     }
+}
+
+/// The deepest directory holding all of `runs` (the sweep or experiment of a seed group).
+fn common_ancestor<'a>(mut runs: impl Iterator<Item = &'a Path>) -> PathBuf {
+    let mut common = runs.next().map(Path::to_path_buf).unwrap_or_default();
+    for run in runs {
+        while !run.starts_with(&common) && common.pop() {}
+    }
+    common
 }
 
 /// The last two components of a run directory (`<exp_name>/<seed>` in the default layout).
@@ -323,11 +346,18 @@ impl Figure<'_> {
         };
         let (x, y) = (span(xs.collect(), 0.0), span(ys.collect(), 0.05));
         // One point only: give the x axis some width.
-        let x = if x.end > x.start { x } else { (x.start - 1.0)..(x.end + 1.0) };
+        let x = if x.end > x.start {
+            x
+        } else {
+            (x.start - 1.0)..(x.end + 1.0)
+        };
         (x, y)
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> std::result::Result<(), String>
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String>
     where
         DB::ErrorType: 'static,
     {
@@ -373,7 +403,13 @@ impl Figure<'_> {
             } else {
                 color.stroke_width(2)
             };
-            let line: Vec<(f64, f64)> = s.band.x.iter().copied().zip(s.band.mean.iter().copied()).collect();
+            let line: Vec<(f64, f64)> = s
+                .band
+                .x
+                .iter()
+                .copied()
+                .zip(s.band.mean.iter().copied())
+                .collect();
             chart
                 .draw_series(LineSeries::new(line, style))
                 .map_err(err)?
@@ -407,7 +443,11 @@ fn compact(v: f64) -> String {
 fn trim(v: f64) -> String {
     let s = format!("{v:.2}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".into() } else { s.into() }
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
 }
 
 fn register_font() {

@@ -100,8 +100,7 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
                     .into(),
             ));
         }
-        if let Some(empty) = values.iter().find(|v| v.trim().is_empty()) {
-            let _ = empty;
+        if values.iter().any(|v| v.trim().is_empty()) {
             return Err(Error::Config(format!(
                 "{arg}: an empty value in a sweep; write the values as {key}=a,b,c"
             )));
@@ -184,11 +183,18 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
         .filter(|o| !is_key(o, "run_dir"))
         .cloned()
         .collect();
-    first.extend(args.overrides.iter().filter(|o| is_key(o, "run_dir")).cloned());
+    first.extend(
+        args.overrides
+            .iter()
+            .filter(|o| is_key(o, "run_dir"))
+            .cloned(),
+    );
     let first = Config::load(&source(first))?;
     let base = match &first.run_dir {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from("runs").join(&first.task).join(&first.exp_name),
+        None => PathBuf::from("runs")
+            .join(&first.task)
+            .join(&first.exp_name),
     };
     let jobs = expand(&args.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
@@ -230,7 +236,10 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
                 command.arg("train").args(&flags).args(&jobs[i].overrides);
                 if !threads_given {
                     let ranks = configs[i].world_size.max(1);
-                    command.arg(format!("num_threads={}", (cores / (parallel * ranks)).max(1)));
+                    command.arg(format!(
+                        "num_threads={}",
+                        (cores / (parallel * ranks)).max(1)
+                    ));
                 }
                 let status = run_job(command, i);
                 if let Ok(mut all) = statuses.lock() {
@@ -295,8 +304,14 @@ fn run_job(mut command: Command, index: usize) -> Status {
     };
     let prefix = format!("[job {index}] ");
     let forwards = [
-        child.stdout.take().map(|out| forward(out, prefix.clone(), false)),
-        child.stderr.take().map(|err| forward(err, prefix.clone(), true)),
+        child
+            .stdout
+            .take()
+            .map(|out| forward(out, prefix.clone(), false)),
+        child
+            .stderr
+            .take()
+            .map(|err| forward(err, prefix.clone(), true)),
     ];
     let mut signalled = false;
     let exit = loop {
@@ -363,10 +378,16 @@ fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
         .map(|job| (job.describe(), final_return(job)))
         .collect();
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(9);
-    println!("\n{:<4} {:<width$} {:>14}  status", "job", "overrides", "episode_reward");
+    println!(
+        "\n{:<4} {:<width$} {:>14}  status",
+        "job", "overrides", "episode_reward"
+    );
     for ((job, (overrides, reward)), status) in jobs.iter().zip(&rows).zip(statuses) {
         let reward = reward.map_or("-".to_string(), |r| format!("{r:.2}"));
-        println!("{:<4} {overrides:<width$} {reward:>14}  {status}", job.index);
+        println!(
+            "{:<4} {overrides:<width$} {reward:>14}  {status}",
+            job.index
+        );
     }
     let mut csv = String::from("job,overrides,run_dir,episode_reward,status\n");
     let mut json = Vec::new();
@@ -390,7 +411,8 @@ fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
             "episode_reward": reward, "status": status.to_string(),
         }));
     }
-    std::fs::create_dir_all(base).map_err(|e| Error::io(format!("create {}", base.display()), e))?;
+    std::fs::create_dir_all(base)
+        .map_err(|e| Error::io(format!("create {}", base.display()), e))?;
     let write = |name: &str, text: String| {
         let path = base.join(name);
         std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
@@ -441,12 +463,23 @@ mod tests {
         let described: Vec<String> = jobs.iter().map(Job::describe).collect();
         assert_eq!(
             described,
-            ["seed=1 horizon=2", "seed=1 horizon=3", "seed=2 horizon=2", "seed=2 horizon=3"]
+            [
+                "seed=1 horizon=2",
+                "seed=1 horizon=3",
+                "seed=2 horizon=2",
+                "seed=2 horizon=3"
+            ]
         );
         assert_eq!(jobs[3].run_dir, Path::new("out/3_seed=2_horizon=3"));
         assert_eq!(
             jobs[1].overrides,
-            ["steps=400", "mlp_dims=[4,4]", "seed=1", "horizon=3", "run_dir=out/1_seed=1_horizon=3"]
+            [
+                "steps=400",
+                "mlp_dims=[4,4]",
+                "seed=1",
+                "horizon=3",
+                "run_dir=out/1_seed=1_horizon=3"
+            ]
         );
         let e = expand(&["run_dir=a,b".into()], Path::new(".")).unwrap_err();
         assert!(e.to_string().contains("run_dir cannot be swept"), "{e}");
