@@ -316,3 +316,73 @@ fn doctor_names_what_is_missing_and_fails() {
     let out = doctor(&["--world-size", "0"], &[]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+#[test]
+fn multirun_reports_a_failed_job_and_runs_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    // Job 0's run directory cannot be created: a file is in the way.
+    std::fs::write(dir.path().join("0_seed=1"), "in the way").unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec!["train", "--multirun", "steps=200", "seed=1,2", &run_dir];
+    args.extend_from_slice(TINY);
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("1 of 2 jobs failed: job 0 (seed=1) failed (exit"),
+        "{log}"
+    );
+    assert!(dir.path().join("1_seed=2/metrics.jsonl").is_file(), "{log}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    assert!(
+        summary[0]["status"].as_str().unwrap().starts_with("failed"),
+        "{summary}"
+    );
+    assert_eq!(summary[1]["status"], "ok", "{summary}");
+}
+
+#[test]
+fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec!["train", "--multirun", "steps=100000", "seed=1,2", &run_dir];
+    args.extend_from_slice(TINY);
+    let mut sweep = Command::new(common::tdmpc2_bin())
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until job 0 is training (its first train record), then stop the sweep.
+    let mut stdout = std::io::BufReader::new(sweep.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(n > 0, "the sweep ended early: {seen}");
+        seen.push_str(&line);
+        if line.starts_with("[job 0] train") {
+            break;
+        }
+    }
+    // SAFETY: kill with our child's pid and SIGTERM has no other effect.
+    unsafe { libc::kill(sweep.id() as libc::pid_t, libc::SIGTERM) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = sweep.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{seen}{rest}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary[0]["status"], "stopped", "{summary}");
+    assert_eq!(summary[1]["status"], "not started", "{summary}");
+    assert!(!dir.path().join("1_seed=2").exists());
+    // The stopped job wrote its checkpoint.
+    let checkpoints = dir.path().join("0_seed=1/checkpoints");
+    assert!(
+        std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
+        "{rest}"
+    );
+}

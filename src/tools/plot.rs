@@ -472,6 +472,34 @@ mod tests {
     }
 
     #[test]
+    fn seeds_group_and_groups_are_named_by_what_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<PathBuf> = [("a", 1, 3), ("b", 2, 3), ("c", 1, 5)]
+            .iter()
+            .map(|(name, seed, horizon)| {
+                let run = dir.path().join("sweep").join(name);
+                std::fs::create_dir_all(&run).unwrap();
+                let config =
+                    format!("task: x\nseed: {seed}\nhorizon: {horizon}\nrun_dir: {name}\n");
+                std::fs::write(run.join("config.yaml"), config).unwrap();
+                run
+            })
+            .collect();
+        let groups = group_by_config(&runs);
+        assert_eq!(groups, [vec![0, 1], vec![2]]);
+        assert_eq!(
+            group_labels(&runs, &groups),
+            ["horizon=3 (2 seeds)", "horizon=5"]
+        );
+        let seeds = &[vec![0, 1]];
+        assert_eq!(
+            group_labels(&runs, seeds),
+            ["<tmp>/sweep (2 seeds)"
+                .replace("<tmp>", &dir.path().file_name().unwrap().to_string_lossy())]
+        );
+    }
+
+    #[test]
     fn the_format_comes_from_the_extension() {
         assert!(matches!(Format::of(Path::new("a.PNG")), Ok(Format::Png)));
         assert!(matches!(Format::of(Path::new("a.svg")), Ok(Format::Svg)));

@@ -205,6 +205,7 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
         return Ok(());
     }
     let threads_given = args.overrides.iter().any(|o| is_key(o, "num_threads"));
+    let port_given = args.overrides.iter().any(|o| is_key(o, "master_port"));
     let exe = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
     let mut flags = Vec::new();
     if let Some(name) = &args.config_name {
@@ -234,6 +235,13 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
                 }
                 let mut command = Command::new(&exe);
                 command.arg("train").args(&flags).args(&jobs[i].overrides);
+                // Multi-rank jobs side by side would all rendezvous on one port.
+                if parallel > 1 && configs[i].world_size > 1 && !port_given {
+                    command.arg(format!(
+                        "master_port={}",
+                        configs[i].master_port as usize + i
+                    ));
+                }
                 if !threads_given {
                     let ranks = configs[i].world_size.max(1);
                     command.arg(format!(
