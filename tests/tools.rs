@@ -323,7 +323,7 @@ fn multirun_reports_a_failed_job_and_runs_the_others() {
     // Job 0's run directory cannot be created: a file is in the way.
     std::fs::write(dir.path().join("0_seed=1"), "in the way").unwrap();
     let run_dir = format!("run_dir={}", dir.path().display());
-    let mut args = vec!["train", "--multirun", "steps=200", "seed=1,2", &run_dir];
+    let mut args = vec!["train", "--multirun", "steps=400", "seed=1,2", &run_dir];
     args.extend_from_slice(TINY);
     let out = tdmpc2(&args);
     let log = text(&out);
