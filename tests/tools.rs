@@ -178,6 +178,8 @@ fn multirun_runs_every_combination_in_its_own_directory() {
     let mut args = vec![
         "train",
         "--multirun",
+        "--jobs",
+        "2",
         "steps=400",
         "seed=1,2",
         "horizon=2,3",

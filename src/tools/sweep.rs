@@ -204,9 +204,6 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
         }
         return Ok(());
     }
-    let threads_given = args.overrides.iter().any(|o| is_key(o, "num_threads"));
-    let port_given = args.overrides.iter().any(|o| is_key(o, "master_port"));
-    let exe = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
     let mut flags = Vec::new();
     if let Some(name) = &args.config_name {
         flags.extend(["--config-name".to_string(), name.clone()]);
@@ -214,6 +211,15 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
     if let Some(path) = &args.config_path {
         flags.extend(["--config-path".to_string(), path.display().to_string()]);
     }
+    let spawner = Spawner {
+        exe: std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?,
+        flags,
+        cores,
+        parallel,
+        threads_given: args.overrides.iter().any(|o| is_key(o, "num_threads")),
+        port_given: args.overrides.iter().any(|o| is_key(o, "master_port")),
+        gpus: gpu_slots(parallel, visible_gpus()),
+    };
     println!(
         "sweep: {} jobs into {}, {parallel} at a time",
         jobs.len(),
@@ -227,29 +233,15 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
     let statuses: Mutex<Vec<Status>> = Mutex::new(vec![Status::NotStarted; jobs.len()]);
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
-        for _ in 0..parallel.min(jobs.len()) {
-            scope.spawn(|| loop {
+        for slot in 0..parallel.min(jobs.len()) {
+            let (spawner, jobs, configs, next, statuses) =
+                (&spawner, &jobs, &configs, &next, &statuses);
+            scope.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= jobs.len() || STOP.load(Ordering::SeqCst) {
                     return;
                 }
-                let mut command = Command::new(&exe);
-                command.arg("train").args(&flags).args(&jobs[i].overrides);
-                // Multi-rank jobs side by side would all rendezvous on one port.
-                if parallel > 1 && configs[i].world_size > 1 && !port_given {
-                    command.arg(format!(
-                        "master_port={}",
-                        configs[i].master_port as usize + i
-                    ));
-                }
-                if !threads_given {
-                    let ranks = configs[i].world_size.max(1);
-                    command.arg(format!(
-                        "num_threads={}",
-                        (cores / (parallel * ranks)).max(1)
-                    ));
-                }
-                let status = run_job(command, i);
+                let status = run_job(spawner.command(&jobs[i], &configs[i], slot), i);
                 if let Ok(mut all) = statuses.lock() {
                     all[i] = status;
                 }
@@ -258,6 +250,70 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
     });
     let statuses = statuses.into_inner().unwrap_or_default();
     summarize(&jobs, &statuses, &base)
+}
+
+/// How the jobs' processes are started.
+struct Spawner {
+    exe: PathBuf,
+    /// --config-name and --config-path, as given to the sweep.
+    flags: Vec<String>,
+    cores: usize,
+    parallel: usize,
+    threads_given: bool,
+    port_given: bool,
+    /// The GPUs of each slot of parallel jobs, when there are enough to go round.
+    gpus: Option<Vec<Vec<String>>>,
+}
+
+impl Spawner {
+    fn command(&self, job: &Job, config: &Config, slot: usize) -> Command {
+        let mut command = Command::new(&self.exe);
+        command.arg("train").args(&self.flags).args(&job.overrides);
+        let ranks = config.world_size.max(1);
+        // Multi-rank jobs side by side would all rendezvous on one port.
+        if self.parallel > 1 && ranks > 1 && !self.port_given {
+            command.arg(format!(
+                "master_port={}",
+                config.master_port as usize + job.index
+            ));
+        }
+        if !self.threads_given {
+            let threads = (self.cores / (self.parallel * ranks)).max(1);
+            command.arg(format!("num_threads={threads}"));
+        }
+        if let Some(gpus) = &self.gpus {
+            command.env("CUDA_VISIBLE_DEVICES", gpus[slot].join(","));
+        }
+        command
+    }
+}
+
+/// The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them.
+fn visible_gpus() -> Vec<String> {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) => list
+            .split(',')
+            .map(|g| g.trim().to_string())
+            .filter(|g| !g.is_empty())
+            .collect(),
+        Err(_) => (0..tch::Cuda::device_count())
+            .map(|g| g.to_string())
+            .collect(),
+    }
+}
+
+/// Splits the GPUs evenly between `parallel` job slots, when each slot can have one.
+fn gpu_slots(parallel: usize, gpus: Vec<String>) -> Option<Vec<Vec<String>>> {
+    if parallel < 2 || gpus.len() < parallel {
+        return None;
+    }
+    let per_slot = gpus.len() / parallel;
+    Some(
+        gpus.chunks(per_slot)
+            .take(parallel)
+            .map(<[String]>::to_vec)
+            .collect(),
+    )
 }
 
 /// Every job's configuration, loaded and resolved against its task before anything runs.
@@ -452,6 +508,20 @@ fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_jobs_share_the_gpus_out() {
+        let gpus = |n: usize| (0..n).map(|g| g.to_string()).collect::<Vec<_>>();
+        assert_eq!(gpu_slots(1, gpus(8)), None);
+        assert_eq!(gpu_slots(4, gpus(2)), None);
+        assert_eq!(
+            gpu_slots(2, gpus(5)),
+            Some(vec![
+                vec!["0".into(), "1".into()],
+                vec!["2".into(), "3".into()]
+            ])
+        );
+    }
 
     #[test]
     fn commas_sweep_but_brackets_and_quotes_do_not() {
