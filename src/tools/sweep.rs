@@ -189,12 +189,15 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
             .filter(|o| is_key(o, "run_dir"))
             .cloned(),
     );
-    let first = Config::load(&source(first))?;
-    let base = match &first.run_dir {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from("runs")
+    // A first job that does not load is reported by `validate`, naming the job.
+    let base = match Config::load(&source(first)) {
+        Ok(Config {
+            run_dir: Some(dir), ..
+        }) => PathBuf::from(dir),
+        Ok(first) => PathBuf::from("runs")
             .join(&first.task)
             .join(&first.exp_name),
+        Err(_) => PathBuf::from("runs"),
     };
     let jobs = expand(&args.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
