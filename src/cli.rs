@@ -34,6 +34,10 @@ pub enum Command {
     /// One rank of `bench --cases ddp` (started by the bench itself).
     #[command(hide = true)]
     BenchWorker(crate::bench::ddp::WorkerArgs),
+    /// Draw learning curves of run directories: `tdmpc2 plot RUN_DIR... --out curves.png`.
+    Plot(crate::tools::plot::PlotArgs),
+    /// Check that this machine can train: venv, torch, GPUs, dm_control, ports, cores, disk.
+    Doctor(crate::tools::doctor::DoctorArgs),
 }
 
 /// How a run's configuration is assembled.
@@ -51,6 +55,12 @@ pub struct RunArgs {
     /// `key=value` overrides (values are YAML scalars or flow lists, nested keys as a.b=value).
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
+    /// train: one job per combination of comma-separated values (`seed=1,2 lr=3e-4,1e-3`).
+    #[arg(long, short = 'm')]
+    pub multirun: bool,
+    /// With --multirun: how many jobs run at once (default 1, at most the CPU count).
+    #[arg(long, value_name = "K", requires = "multirun")]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +121,7 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Train(args) if args.multirun => crate::tools::sweep::run(&args, args.jobs),
         Command::Train(args) => {
             let config = resolved_config(&args)?;
             if args.cfg.is_some() {
@@ -119,6 +130,9 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             train(config)
         }
+        Command::Eval(args) if args.multirun => Err(Error::Config(
+            "--multirun sweeps `tdmpc2 train`; evaluate checkpoints one by one".into(),
+        )),
         Command::Eval(args) => evaluate(resolved_config(&args)?),
         Command::Import { input, output } => {
             let keys = crate::agent::import_official(&input, &output)?;
@@ -127,6 +141,8 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => bench(&args),
         Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
+        Command::Plot(args) => crate::tools::plot::run(&args),
+        Command::Doctor(args) => crate::tools::doctor::run(&args),
     }
 }
 

@@ -10,6 +10,7 @@ pub mod ddp;
 pub mod device;
 pub mod error;
 pub mod logging;
+pub mod tools;
 pub mod trainer;
 
 pub use config::Config;

@@ -1,0 +1,297 @@
+//! Learning curves read back from run directories (`metrics.jsonl`, `config.yaml`) and from the
+//! official TD-MPC2 results CSVs, and their mean and spread over seeds.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The metrics file every run directory holds.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// One point per logged record: (x, metric).
+pub type Curve = Vec<(f64, f64)>;
+
+/// The records of one run's `metrics.jsonl`.
+pub struct Metrics {
+    pub path: PathBuf,
+    records: Vec<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl Metrics {
+    /// Reads `RUN_DIR/metrics.jsonl` (or the file itself when given one).
+    pub fn read(run: &Path) -> Result<Self> {
+        let path = if run.is_dir() {
+            run.join(METRICS_FILE)
+        } else {
+            run.to_path_buf()
+        };
+        if !path.is_file() {
+            return Err(Error::Config(format!(
+                "{} holds no {METRICS_FILE}: give a run directory (one that `tdmpc2 train` \
+                 wrote), or its {METRICS_FILE}",
+                run.display()
+            )));
+        }
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let mut records = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(serde_json::Value::Object(record)) => records.push(record),
+                // A run killed while writing leaves a cut last line; everything before it counts.
+                Err(_) if i + 1 == text.lines().count() => {}
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{} line {}: not a JSON object",
+                        path.display(),
+                        i + 1
+                    )))
+                }
+            }
+        }
+        Ok(Self { path, records })
+    }
+
+    fn of_phase<'a>(
+        &'a self,
+        phase: &'a str,
+    ) -> impl Iterator<Item = &'a serde_json::Map<String, serde_json::Value>> + 'a {
+        self.records
+            .iter()
+            .filter(move |r| r.get("phase").and_then(|p| p.as_str()) == Some(phase))
+    }
+
+    /// The numeric fields of the `phase` records, `step` and `phase` excepted.
+    pub fn metric_names(&self, phase: &str) -> BTreeSet<String> {
+        self.of_phase(phase)
+            .flat_map(|r| r.iter())
+            .filter(|(k, v)| v.is_number() && k.as_str() != "step")
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// `metric` against `x` over the `phase` records that hold both.
+    pub fn curve(&self, phase: &str, x: &str, metric: &str) -> Curve {
+        self.of_phase(phase)
+            .filter_map(|r| Some((r.get(x)?.as_f64()?, r.get(metric)?.as_f64()?)))
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect()
+    }
+
+    /// The last evaluation's value of `metric`.
+    pub fn last(&self, phase: &str, metric: &str) -> Option<f64> {
+        self.of_phase(phase)
+            .filter_map(|r| r.get(metric)?.as_f64())
+            .last()
+    }
+}
+
+/// How far the seeds of one configuration spread around their mean.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Spread {
+    /// From the lowest to the highest seed.
+    Minmax,
+    /// One standard deviation either side of the mean.
+    Std,
+}
+
+/// The mean of several curves and a band around it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Band {
+    pub x: Vec<f64>,
+    pub mean: Vec<f64>,
+    pub low: Vec<f64>,
+    pub high: Vec<f64>,
+}
+
+impl Band {
+    /// Aggregates curves point by point: the k-th record of every run that has one (runs of one
+    /// configuration evaluate at the same steps; along wall time the k-th evaluations match).
+    pub fn by_index(curves: &[Curve], spread: Spread) -> Self {
+        let longest = curves.iter().map(Vec::len).max().unwrap_or(0);
+        let columns = (0..longest).map(|k| {
+            let points: Vec<(f64, f64)> = curves.iter().filter_map(|c| c.get(k).copied()).collect();
+            let x = points.iter().map(|p| p.0).sum::<f64>() / points.len() as f64;
+            (x, points.into_iter().map(|p| p.1).collect::<Vec<_>>())
+        });
+        Self::from_columns(columns, spread)
+    }
+
+    /// Aggregates `(x, y)` samples that share an x (the official CSVs: one row per seed and step).
+    pub fn by_x(samples: &[(f64, f64)], spread: Spread) -> Self {
+        let mut columns: BTreeMap<OrderedX, Vec<f64>> = BTreeMap::new();
+        for &(x, y) in samples {
+            columns.entry(OrderedX(x)).or_default().push(y);
+        }
+        Self::from_columns(columns.into_iter().map(|(x, ys)| (x.0, ys)), spread)
+    }
+
+    fn from_columns(columns: impl Iterator<Item = (f64, Vec<f64>)>, spread: Spread) -> Self {
+        let mut band = Band {
+            x: vec![],
+            mean: vec![],
+            low: vec![],
+            high: vec![],
+        };
+        for (x, ys) in columns {
+            let n = ys.len() as f64;
+            let mean = ys.iter().sum::<f64>() / n;
+            let (low, high) = match spread {
+                Spread::Minmax => (
+                    ys.iter().copied().fold(f64::INFINITY, f64::min),
+                    ys.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                ),
+                Spread::Std => {
+                    let std = (ys.iter().map(|y| (y - mean).powi(2)).sum::<f64>() / n).sqrt();
+                    (mean - std, mean + std)
+                }
+            };
+            band.x.push(x);
+            band.mean.push(mean);
+            band.low.push(low);
+            band.high.push(high);
+        }
+        band
+    }
+}
+
+/// A finite f64 as a map key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OrderedX(f64);
+
+impl Eq for OrderedX {}
+
+impl PartialOrd for OrderedX {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for OrderedX {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The official results CSV format (`step`, `reward`, `seed` columns, any order, more allowed):
+/// every (step, reward) sample.
+pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("read the reference {}", path.display()), e))?;
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let column = |name: &str| {
+        header.iter().position(|h| *h == name).ok_or_else(|| {
+            Error::Config(format!(
+                "--reference {}: no '{name}' column (found: {}); the official results CSVs \
+                 have columns step, reward and seed",
+                path.display(),
+                header.join(", ")
+            ))
+        })
+    };
+    let (step, reward) = (column("step")?, column("reward")?);
+    let mut samples = Vec::new();
+    for (i, line) in lines.enumerate() {
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let number = |c: usize| cells.get(c).and_then(|s| s.parse::<f64>().ok());
+        match (number(step), number(reward)) {
+            (Some(s), Some(r)) if s.is_finite() && r.is_finite() => samples.push((s, r)),
+            _ => {
+                return Err(Error::Config(format!(
+                    "--reference {} line {}: step and reward must be numbers, got '{line}'",
+                    path.display(),
+                    i + 2
+                )))
+            }
+        }
+    }
+    if samples.is_empty() {
+        return Err(Error::Config(format!(
+            "--reference {} has no rows",
+            path.display()
+        )));
+    }
+    Ok(samples)
+}
+
+/// A run's `config.yaml` without the settings that tell seeds apart.
+pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
+    let text = std::fs::read_to_string(run.join("config.yaml")).ok()?;
+    let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
+        return None;
+    };
+    for key in ["seed", "run_dir"] {
+        map.remove(key);
+    }
+    Some(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bands_follow_the_spread_asked_for() {
+        let curves = vec![vec![(0.0, 1.0), (10.0, 4.0)], vec![(0.0, 3.0)]];
+        let b = Band::by_index(&curves, Spread::Minmax);
+        assert_eq!(b.x, [0.0, 10.0]);
+        assert_eq!(b.mean, [2.0, 4.0]);
+        assert_eq!((b.low[0], b.high[0]), (1.0, 3.0));
+        let s = Band::by_index(&curves, Spread::Std);
+        assert_eq!((s.low[0], s.high[0]), (1.0, 3.0));
+        assert_eq!((s.low[1], s.high[1]), (4.0, 4.0));
+        let r = Band::by_x(&[(5.0, 1.0), (0.0, 0.0), (5.0, 3.0)], Spread::Minmax);
+        assert_eq!((r.x, r.mean), (vec![0.0, 5.0], vec![0.0, 2.0]));
+    }
+
+    #[test]
+    fn reference_csvs_need_step_and_reward() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.csv");
+        std::fs::write(&good, "seed,step,reward\n1,0,5\n2,0,7\n").unwrap();
+        assert_eq!(read_reference(&good).unwrap(), [(0.0, 5.0), (0.0, 7.0)]);
+        let bad = dir.path().join("bad.csv");
+        std::fs::write(&bad, "step,return\n0,5\n").unwrap();
+        let e = read_reference(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("no 'reward' column (found: step, return)"),
+            "{e}"
+        );
+        std::fs::write(&bad, "step,reward\n0,x\n").unwrap();
+        let e = read_reference(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn metrics_give_curves_names_and_the_last_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Metrics::read(dir.path()).err().unwrap().to_string();
+        assert!(e.contains("holds no metrics.jsonl"), "{e}");
+        std::fs::write(
+            dir.path().join(METRICS_FILE),
+            "{\"phase\":\"eval\",\"step\":0,\"episode_reward\":1.5}\n\
+             {\"phase\":\"train\",\"step\":5,\"episode_reward\":9,\"fps\":3}\n\
+             {\"phase\":\"eval\",\"step\":10,\"episode_reward\":2.5}\n{\"phase\":\"ev",
+        )
+        .unwrap();
+        let m = Metrics::read(dir.path()).unwrap();
+        assert_eq!(
+            m.curve("eval", "step", "episode_reward"),
+            [(0.0, 1.5), (10.0, 2.5)]
+        );
+        assert_eq!(
+            m.metric_names("train").into_iter().collect::<Vec<_>>(),
+            ["episode_reward", "fps"]
+        );
+        assert_eq!(m.last("eval", "episode_reward"), Some(2.5));
+    }
+}

@@ -1,0 +1,572 @@
+//! `tdmpc2 doctor`: is this machine ready to train? One line per check, ✓ or ✗ with what to do;
+//! `--world-size N` also forms a real N-rank process group here and all-reduces one tensor.
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use tch::{Device, Tensor};
+
+use crate::config::{Config, Source};
+use crate::ddp::{Backend, ProcessGroup, RankInfo};
+use crate::error::{Error, Result};
+
+/// The torch release the binary is built against (tch 0.24).
+const TORCH_RELEASE: &str = "2.11";
+/// Below this much free space in the run directory's filesystem, checkpoints may not fit.
+const LOW_DISK_BYTES: u64 = 2 << 30;
+/// How long the ranks of `--world-size` may take to form their group and all-reduce.
+const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, clap::Args)]
+pub struct DoctorArgs {
+    /// Also form a real process group of N ranks on this machine and all-reduce one tensor
+    /// (NCCL when there are N GPUs, else gloo).
+    #[arg(long, value_name = "N")]
+    pub world_size: Option<usize>,
+    /// One rank of the --world-size check (started by the doctor itself).
+    #[arg(long, hide = true)]
+    pub rank_check: bool,
+    /// `key=value` settings of the run to check for (master_port, num_threads, run_dir, ...).
+    #[arg(value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    Pass,
+    /// Worth knowing; a run can go on.
+    Note,
+    /// A run needs it: the doctor exits non-zero.
+    Fail,
+}
+
+struct Report {
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn line(&mut self, mark: Mark, name: &str, detail: impl AsRef<str>) {
+        let symbol = match mark {
+            Mark::Pass => "✓",
+            Mark::Note => "!",
+            Mark::Fail => "✗",
+        };
+        println!("{symbol} {name}: {}", detail.as_ref());
+        if mark == Mark::Fail {
+            self.failures.push(name.to_string());
+        }
+    }
+}
+
+pub fn run(args: &DoctorArgs) -> Result<()> {
+    if args.rank_check {
+        return rank_check();
+    }
+    let config = Config::load(&Source {
+        overrides: args.overrides.clone(),
+        ..Source::default()
+    })?;
+    let world_size = args.world_size.unwrap_or(config.world_size);
+    if world_size == 0 {
+        return Err(Error::Config("--world-size 0: give 1 or more ranks".into()));
+    }
+    let mut report = Report { failures: vec![] };
+    let torch_ok = check_python(&mut report);
+    check_gpus(&mut report, torch_ok);
+    if torch_ok {
+        check_dm_control(&mut report);
+    }
+    check_port(&mut report, config.master_port);
+    check_cpus(&mut report, world_size, config.num_threads);
+    check_disk(&mut report, &crate::trainer::run_dir(&config));
+    if world_size > 1 && torch_ok {
+        check_group(&mut report, world_size);
+    }
+    if report.failures.is_empty() {
+        println!("ready to train");
+        Ok(())
+    } else {
+        Err(Error::Other(format!(
+            "not ready: {} (see the ✗ lines above)",
+            report.failures.join(", ")
+        )))
+    }
+}
+
+/// The venv, torch in it, and the libtorch and libpython this process loaded. Returns whether
+/// torch imports.
+fn check_python(report: &mut Report) -> bool {
+    let site = embedded_python::site_packages();
+    let venv = match std::env::var_os("TDMPC2_SITE_PACKAGES") {
+        Some(_) => None,
+        None => std::env::var("TDMPC2_VENV").ok(),
+    };
+    match venv {
+        Some(venv) if !Path::new(&venv).join("lib").is_dir() || !site.starts_with(&venv) => {
+            report.line(
+                Mark::Fail,
+                "venv",
+                format!(
+                    "TDMPC2_VENV={venv} holds no lib/python3.*/site-packages (the embedded \
+                     interpreter falls back to {}); point TDMPC2_VENV at the venv \
+                     scripts/setup.sh made, or unset it",
+                    site.display()
+                ),
+            );
+        }
+        _ if site.is_dir() => report.line(
+            Mark::Pass,
+            "venv",
+            format!("site-packages {}", site.display()),
+        ),
+        _ => report.line(
+            Mark::Fail,
+            "venv",
+            format!(
+                "site-packages {} does not exist; run scripts/setup.sh, or set TDMPC2_VENV",
+                site.display()
+            ),
+        ),
+    }
+    let probe = embedded_python::with_python(|py| {
+        let sys = py.import("sys")?;
+        let sysconfig = py.import("sysconfig")?;
+        let python: String = sys.getattr("version")?.extract()?;
+        let libdir: Option<String> = sysconfig
+            .call_method1("get_config_var", ("LIBDIR",))?
+            .extract()?;
+        let torch = match py.import("torch") {
+            Ok(torch) => torch,
+            Err(e) => return Ok((python, libdir, Err(e.to_string()))),
+        };
+        let version: String = torch.getattr("__version__")?.extract()?;
+        let file: String = torch.getattr("__file__")?.extract()?;
+        let cuda: Option<String> = torch.getattr("version")?.getattr("cuda")?.extract()?;
+        Ok((python, libdir, Ok((version, file, cuda))))
+    });
+    let (python, libdir, torch) = match probe {
+        Ok(found) => found,
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "python",
+                format!("the embedded interpreter fails: {e}"),
+            );
+            return false;
+        }
+    };
+    let loaded = loaded_libraries();
+    let libpython = loaded.iter().find(|p| file_name_has(p, "libpython"));
+    report.line(
+        Mark::Pass,
+        "libpython",
+        format!(
+            "Python {} from {}",
+            python.split_whitespace().next().unwrap_or("?"),
+            libpython
+                .map(|p| p.display().to_string())
+                .or(libdir)
+                .unwrap_or_else(|| "?".into())
+        ),
+    );
+    let (version, file, cuda) = match torch {
+        Ok(found) => found,
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "torch",
+                format!(
+                    "`import torch` fails in {} ({e}); install the pinned requirements with \
+                     scripts/setup.sh, or point TDMPC2_VENV at a venv that has torch=={TORCH_RELEASE}.*",
+                    site.display()
+                ),
+            );
+            return false;
+        }
+    };
+    let build = cuda.map_or("a CPU-only build".to_string(), |c| {
+        format!("CUDA {c} build")
+    });
+    if version.starts_with(&format!("{TORCH_RELEASE}.")) {
+        report.line(Mark::Pass, "torch", format!("{version}, {build}, {file}"));
+    } else {
+        report.line(
+            Mark::Fail,
+            "torch",
+            format!(
+                "{version} in the venv, but this binary is built for torch {TORCH_RELEASE} (tch \
+                 0.24); install torch=={TORCH_RELEASE}.0 (scripts/setup.sh)"
+            ),
+        );
+    }
+    let torch_lib = Path::new(&file).parent().map(|d| d.join("lib"));
+    match loaded.iter().find(|p| file_name_has(p, "libtorch_cpu")) {
+        Some(lib) if torch_lib.as_ref().is_some_and(|dir| lib.starts_with(dir)) => {
+            report.line(Mark::Pass, "libtorch", lib.display().to_string())
+        }
+        Some(lib) => report.line(
+            Mark::Fail,
+            "libtorch",
+            format!(
+                "this process loaded {} but the venv's torch is {}: two libtorch copies crash; \
+                 rebuild with that venv first on PATH (source scripts/env.sh)",
+                lib.display(),
+                file
+            ),
+        ),
+        None => report.line(
+            Mark::Note,
+            "libtorch",
+            "not found among the loaded libraries",
+        ),
+    }
+    true
+}
+
+/// The shared libraries mapped into this process.
+fn loaded_libraries() -> Vec<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut libs: Vec<PathBuf> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| p.contains(".so"))
+        .map(PathBuf::from)
+        .collect();
+    libs.dedup();
+    libs
+}
+
+fn file_name_has(path: &Path, stem: &str) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with(stem))
+}
+
+/// GPUs and the CUDA versions of the driver and of the wheel; NCCL. Informational: a run on
+/// the CPU needs none of it.
+fn check_gpus(report: &mut Report, torch_ok: bool) {
+    let count = tch::Cuda::device_count();
+    if !torch_ok {
+        report.line(
+            Mark::Note,
+            "gpus",
+            format!("{count} visible (torch not importable, no more checks)"),
+        );
+        return;
+    }
+    let probe = embedded_python::with_python(|py| {
+        let torch = py.import("torch")?;
+        let cuda = torch.getattr("cuda")?;
+        let available: bool = cuda.call_method0("is_available")?.extract()?;
+        let wheel: Option<String> = torch.getattr("version")?.getattr("cuda")?.extract()?;
+        // The driver's CUDA version as an integer (12040 is 12.4); absent without a driver.
+        let driver: Option<i64> = torch
+            .getattr("_C")?
+            .call_method0("_cuda_getDriverVersion")
+            .and_then(|v| v.extract())
+            .ok();
+        let dist = py.import("torch.distributed")?;
+        let nccl: bool = dist.call_method0("is_nccl_available")?.extract()?;
+        let gloo: bool = dist.call_method0("is_gloo_available")?.extract()?;
+        Ok((available, wheel, driver, nccl, gloo))
+    });
+    let Ok((available, wheel, driver, nccl, gloo)) = probe else {
+        report.line(Mark::Note, "gpus", format!("{count} visible to libtorch"));
+        return;
+    };
+    let driver = driver
+        .filter(|v| *v > 0)
+        .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10));
+    match (count, &wheel, &driver) {
+        (0, None, _) => report.line(Mark::Note, "gpus", "none: the CPU wheel of torch (device=cpu)"),
+        (0, Some(w), None) => report.line(
+            Mark::Note,
+            "gpus",
+            format!("none visible (no NVIDIA driver); the wheel is built for CUDA {w}; runs use the CPU"),
+        ),
+        (0, Some(w), Some(d)) => report.line(
+            Mark::Note,
+            "gpus",
+            format!(
+                "none usable: driver CUDA {d}, wheel CUDA {w}; a driver older than the wheel's \
+                 CUDA cannot run it (update the driver, or install a torch wheel for CUDA {d}); \
+                 check CUDA_VISIBLE_DEVICES"
+            ),
+        ),
+        (n, w, d) => report.line(
+            if available { Mark::Pass } else { Mark::Note },
+            "gpus",
+            format!(
+                "{n} visible, driver CUDA {}, wheel CUDA {}",
+                d.as_deref().unwrap_or("?"),
+                w.as_deref().unwrap_or("?")
+            ),
+        ),
+    }
+    let backends = format!("gloo {}, nccl {}", yes(gloo), yes(nccl));
+    report.line(
+        if gloo { Mark::Pass } else { Mark::Fail },
+        "collectives",
+        if gloo {
+            backends
+        } else {
+            format!("{backends}; multi-rank runs need gloo: reinstall torch (scripts/setup.sh)")
+        },
+    );
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "available"
+    } else {
+        "missing"
+    }
+}
+
+/// dm_control imports and one task resets and steps.
+fn check_dm_control(report: &mut Report) {
+    let task = "cartpole-swingup";
+    let stepped = (|| {
+        let mut env = envs::make(task, 0)?;
+        env.reset(Some(0))?;
+        let action = vec![0.0f32; env.spec().action_dim];
+        env.step(&action)?;
+        Ok::<_, Error>(())
+    })();
+    match stepped {
+        Ok(()) => report.line(Mark::Pass, "dm_control", format!("{task} resets and steps")),
+        Err(e) => report.line(
+            Mark::Fail,
+            "dm_control",
+            format!(
+                "{task} does not step ({e}); install the pinned dm_control and mujoco \
+                 (scripts/setup.sh); headless machines need MUJOCO_GL=egl for pixels"
+            ),
+        ),
+    }
+}
+
+fn check_port(report: &mut Report, port: u16) {
+    match std::net::TcpListener::bind(("0.0.0.0", port)) {
+        Ok(_) => report.line(Mark::Pass, "master_port", format!("{port} is free")),
+        Err(e) => report.line(
+            Mark::Note,
+            "master_port",
+            format!("{port} is taken ({e}); multi-rank runs need master_port=<a free port>"),
+        ),
+    }
+}
+
+fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let threads = crate::device::threads(num_threads, world_size);
+    let wanted = threads * world_size;
+    let detail = format!("{cores} cores for {world_size} rank(s) × {threads} thread(s)");
+    if wanted <= cores {
+        report.line(Mark::Pass, "cpus", detail);
+    } else {
+        report.line(
+            Mark::Note,
+            "cpus",
+            format!(
+                "{detail}: oversubscribed, ranks will slow each other; set num_threads={}",
+                (cores / world_size).max(1)
+            ),
+        );
+    }
+}
+
+fn check_disk(report: &mut Report, run_dir: &Path) {
+    // The run directory may not exist yet: its nearest existing ancestor holds it.
+    let mut dir = run_dir.to_path_buf();
+    while !dir.exists() {
+        if !dir.pop() {
+            dir = PathBuf::from(".");
+            break;
+        }
+    }
+    if dir.as_os_str().is_empty() {
+        dir = PathBuf::from(".");
+    }
+    match free_bytes(&dir) {
+        Ok(free) => {
+            let gib = free as f64 / (1u64 << 30) as f64;
+            let detail = format!("{gib:.1} GiB free for {}", run_dir.display());
+            if free >= LOW_DISK_BYTES {
+                report.line(Mark::Pass, "disk", detail)
+            } else {
+                report.line(
+                    Mark::Note,
+                    "disk",
+                    format!("{detail}: checkpoints may not fit; free space or set run_dir"),
+                )
+            }
+        }
+        Err(e) => report.line(
+            Mark::Note,
+            "disk",
+            format!("cannot read free space of {}: {e}", dir.display()),
+        ),
+    }
+}
+
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
+}
+
+/// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums.
+fn check_group(report: &mut Report, world_size: usize) {
+    let gpus = tch::Cuda::device_count() as usize;
+    let backend = if gpus >= world_size { "nccl" } else { "gloo" };
+    let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
+        Ok(addr) => addr.port(),
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("no free local port: {e}"),
+            );
+            return;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("cannot locate tdmpc2: {e}"),
+            );
+            return;
+        }
+    };
+    let start = Instant::now();
+    let mut children = Vec::new();
+    for rank in 0..world_size {
+        let child = Command::new(&exe)
+            .args(["doctor", "--rank-check"])
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", world_size.to_string())
+            .env("LOCAL_WORLD_SIZE", world_size.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("TDMPC2_DOCTOR_BACKEND", backend)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match child {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                report.line(
+                    Mark::Fail,
+                    "process group",
+                    format!("cannot start rank {rank}: {e}"),
+                );
+                return;
+            }
+        }
+    }
+    let mut failed = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        match wait_with_deadline(child, start + GROUP_TIMEOUT) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stderr);
+                let last = text.lines().last().unwrap_or("no output").to_string();
+                failed.push(format!("rank {rank}: {last}"));
+            }
+            Err(e) => failed.push(format!("rank {rank}: {e}")),
+        }
+    }
+    let expected = world_size * (world_size + 1) / 2;
+    if failed.is_empty() {
+        report.line(
+            Mark::Pass,
+            "process group",
+            format!(
+                "{world_size} ranks over {backend} all-reduced 1+..+{world_size} = {expected} in {:.1}s",
+                start.elapsed().as_secs_f64()
+            ),
+        );
+    } else {
+        report.line(
+            Mark::Fail,
+            "process group",
+            format!(
+                "{world_size} ranks over {backend} failed: {}; check that 127.0.0.1 ports are \
+                 usable and raise the timeout with dist_timeout in real runs",
+                failed.join("; ")
+            ),
+        );
+    }
+}
+
+fn wait_with_deadline(
+    mut child: std::process::Child,
+    deadline: Instant,
+) -> std::io::Result<std::process::Output> {
+    loop {
+        if child.try_wait()?.is_some() {
+            return child.wait_with_output();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no sum within {}s", GROUP_TIMEOUT.as_secs()),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One rank of the group check: all-reduce rank + 1 and compare with 1 + 2 + .. + world_size.
+fn rank_check() -> Result<()> {
+    let var = |key: &str| {
+        std::env::var(key).map_err(|_| Error::Config(format!("doctor --rank-check needs {key}")))
+    };
+    let number = |key: &str| -> Result<usize> {
+        var(key)?
+            .parse()
+            .map_err(|_| Error::Config(format!("{key} is not a number")))
+    };
+    let info = RankInfo {
+        rank: number("RANK")?,
+        world_size: number("WORLD_SIZE")?,
+        local_rank: number("LOCAL_RANK")?,
+        local_world_size: number("LOCAL_WORLD_SIZE")?,
+        master_addr: var("MASTER_ADDR")?,
+        master_port: var("MASTER_PORT")?
+            .parse()
+            .map_err(|_| Error::Config("MASTER_PORT is not a port".into()))?,
+    };
+    let (backend, device) = match var("TDMPC2_DOCTOR_BACKEND")?.as_str() {
+        "nccl" => (Backend::Nccl, Device::Cuda(info.local_rank)),
+        _ => (Backend::Gloo, Device::Cpu),
+    };
+    let (rank, world_size) = (info.rank, info.world_size);
+    let group = ProcessGroup::init(info, backend, device, GROUP_TIMEOUT, false)?;
+    let mut tensor = Tensor::from_slice(&[(rank + 1) as f32]).to_device(device);
+    group.all_reduce_sum(&mut tensor)?;
+    let sum = tensor.to_device(Device::Cpu).double_value(&[0]);
+    let expected = (world_size * (world_size + 1) / 2) as f64;
+    if sum != expected {
+        return Err(Error::Other(format!(
+            "rank {rank}: the all-reduce gave {sum}, expected {expected}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! What users reach for around a run: `tdmpc2 plot`, `tdmpc2 doctor`, and sweeps
+//! (`tdmpc2 train --multirun`).
+pub mod curves;
+pub mod doctor;
+pub mod plot;
+pub mod sweep;

@@ -1,0 +1,509 @@
+//! `tdmpc2 plot RUN_DIR...`: learning curves from `metrics.jsonl` as PNG or SVG. Runs whose
+//! configurations differ only in the seed become one mean line with a band over the seeds.
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use super::curves::{self, Band, Curve, Metrics, Spread};
+use crate::error::{Error, Result};
+
+/// DejaVu Sans cut down to ASCII (assets/FONT-LICENSE.txt): no system font needed.
+const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans-subset.ttf");
+const FONT_NAME: &str = "sans-serif";
+
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// Run directories (or their metrics.jsonl files).
+    #[arg(value_name = "RUN_DIR", required = true)]
+    pub runs: Vec<PathBuf>,
+    /// The metric on the y axis (any numeric field of the records).
+    #[arg(long, default_value = "episode_reward")]
+    pub metric: String,
+    /// The x axis: global agent steps or seconds since the run started.
+    #[arg(long, default_value = "step", value_parser = ["step", "elapsed_time"])]
+    pub x: String,
+    /// Which records to draw: evaluations, training episodes, or both.
+    #[arg(long, default_value = "eval", value_parser = ["eval", "train", "both"])]
+    pub phase: String,
+    /// The band around the mean of runs that differ only in their seed.
+    #[arg(long, value_enum, default_value = "minmax")]
+    pub band: Spread,
+    /// An official TD-MPC2 results CSV (columns step, reward, seed) drawn beside the runs.
+    #[arg(long, value_name = "FILE.csv")]
+    pub reference: Option<PathBuf>,
+    /// The picture to write: .png or .svg.
+    #[arg(long, default_value = "curves.png")]
+    pub out: PathBuf,
+    /// Picture width in pixels.
+    #[arg(long, default_value_t = 960)]
+    pub width: u32,
+    /// Picture height in pixels.
+    #[arg(long, default_value_t = 600)]
+    pub height: u32,
+    /// The title (default: the metric and the task).
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+/// One line of the figure, with a band when it aggregates several runs.
+struct Series {
+    label: String,
+    band: Band,
+    runs: usize,
+    faint: bool,
+}
+
+pub fn run(args: &PlotArgs) -> Result<()> {
+    let format = Format::of(&args.out)?;
+    if args.width < 200 || args.height < 150 {
+        return Err(Error::Config(format!(
+            "--width {} --height {} is too small for a chart; at least 200 x 150",
+            args.width, args.height
+        )));
+    }
+    let series = series(args)?;
+    let title = args.title.clone().unwrap_or_else(|| default_title(args));
+    let x_label = match args.x.as_str() {
+        "step" => "agent steps",
+        _ => "wall time (s)",
+    };
+    let figure = Figure {
+        title: &title,
+        x_label,
+        y_label: &args.metric,
+        series: &series,
+    };
+    let size = (args.width, args.height);
+    let drawn = match format {
+        Format::Png => figure.draw(BitMapBackend::new(&args.out, size).into_drawing_area()),
+        Format::Svg => figure.draw(SVGBackend::new(&args.out, size).into_drawing_area()),
+    };
+    drawn.map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))?;
+    println!("wrote {}", args.out.display());
+    Ok(())
+}
+
+enum Format {
+    Png,
+    Svg,
+}
+
+impl Format {
+    fn of(out: &Path) -> Result<Self> {
+        let ext = out.extension().and_then(|e| e.to_str()).unwrap_or("");
+        match ext.to_ascii_lowercase().as_str() {
+            "png" => Ok(Self::Png),
+            "svg" => Ok(Self::Svg),
+            _ => Err(Error::Config(format!(
+                "--out {}: the picture's format comes from its extension; allowed: .png, .svg",
+                out.display()
+            ))),
+        }
+    }
+}
+
+fn default_title(args: &PlotArgs) -> String {
+    let task = args.runs.iter().find_map(|run| {
+        let config = curves::config_without_seed(run)?;
+        config.get("task")?.as_str().map(str::to_owned)
+    });
+    match task {
+        Some(task) => format!("{task}: {}", args.metric),
+        None => args.metric.clone(),
+    }
+}
+
+/// The runs grouped by configuration (seed aside), one series per group and phase, then the
+/// reference.
+fn series(args: &PlotArgs) -> Result<Vec<Series>> {
+    let phases: &[&str] = match args.phase.as_str() {
+        "both" => &["eval", "train"],
+        "train" => &["train"],
+        _ => &["eval"],
+    };
+    let runs = args
+        .runs
+        .iter()
+        .map(|run| Metrics::read(run))
+        .collect::<Result<Vec<_>>>()?;
+    for (run, metrics) in args.runs.iter().zip(&runs) {
+        let names = metrics.metric_names(phases[0]);
+        if !names.contains(&args.metric) {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            return Err(Error::Config(format!(
+                "--metric {}: {} has no such {} metric; available: {}",
+                args.metric,
+                run.display(),
+                phases[0],
+                if names.is_empty() {
+                    "none (no records yet)".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        }
+    }
+    let groups = group_by_config(&args.runs);
+    let labels = group_labels(&args.runs, &groups);
+    let mut series = Vec::new();
+    for phase in phases {
+        for (members, label) in groups.iter().zip(&labels) {
+            let curves: Vec<Curve> = members
+                .iter()
+                .map(|&i| runs[i].curve(phase, &args.x, &args.metric))
+                .filter(|c| !c.is_empty())
+                .collect();
+            if curves.is_empty() {
+                continue;
+            }
+            let label = match (phases.len(), *phase) {
+                (2, "train") => format!("{label} (train)"),
+                _ => label.clone(),
+            };
+            series.push(Series {
+                label,
+                band: Band::by_index(&curves, args.band),
+                runs: curves.len(),
+                faint: *phase == "train",
+            });
+        }
+    }
+    if let Some(reference) = &args.reference {
+        if args.x != "step" {
+            return Err(Error::Config(
+                "--reference is drawn against agent steps; use it with --x step".into(),
+            ));
+        }
+        let samples = curves::read_reference(reference)?;
+        let stem = reference.file_stem().unwrap_or_default().to_string_lossy();
+        let seeds = samples.iter().filter(|s| s.0 == samples[0].0).count();
+        series.push(Series {
+            label: format!("official TD-MPC2 ({stem})"),
+            band: Band::by_x(&samples, args.band),
+            runs: seeds,
+            faint: false,
+        });
+    }
+    if series.is_empty() {
+        return Err(Error::Config(format!(
+            "no {} records with both {} and {} in {}",
+            args.phase,
+            args.x,
+            args.metric,
+            args.runs
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    Ok(series)
+}
+
+/// Indices of the runs, grouped: runs whose config.yaml match apart from seed and run_dir share
+/// a group; a run without a config.yaml stands alone.
+fn group_by_config(runs: &[PathBuf]) -> Vec<Vec<usize>> {
+    let configs: Vec<_> = runs
+        .iter()
+        .map(|r| curves::config_without_seed(r))
+        .collect();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, config) in configs.iter().enumerate() {
+        let same = groups.iter_mut().find(|g| {
+            let first = &configs[g[0]];
+            config.is_some() && first == config
+        });
+        match same {
+            Some(group) => group.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+/// What tells the groups apart: the settings whose values differ between them, else the run
+/// directory's name.
+fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
+    let configs: Vec<_> = groups
+        .iter()
+        .map(|g| curves::config_without_seed(&runs[g[0]]))
+        .collect();
+    let differing: Vec<String> = match configs
+        .iter()
+        .map(Option::as_ref)
+        .collect::<Option<Vec<_>>>()
+    {
+        Some(all) if all.len() > 1 => {
+            let mut keys: Vec<String> = all
+                .iter()
+                .flat_map(|c| c.keys().filter_map(|k| k.as_str().map(str::to_owned)))
+                .collect();
+            keys.sort();
+            keys.dedup();
+            keys.retain(|k| {
+                all.iter()
+                    .any(|c| c.get(k.as_str()) != all[0].get(k.as_str()))
+            });
+            keys
+        }
+        _ => vec![],
+    };
+    groups
+        .iter()
+        .zip(&configs)
+        .map(|(group, config)| {
+            let name = match (config, differing.is_empty()) {
+                (Some(config), false) => differing
+                    .iter()
+                    .take(3)
+                    .map(|k| format!("{k}={}", yaml_scalar(config.get(k.as_str()))))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ if group.len() > 1 => {
+                    short_name(&common_ancestor(group.iter().map(|&i| runs[i].as_path())))
+                }
+                _ => short_name(&runs[group[0]]),
+            };
+            match group.len() {
+                1 => name,
+                n => format!("{name} ({n} seeds)"),
+            }
+        })
+        .collect()
+}
+
+fn yaml_scalar(value: Option<&serde_yaml_ng::Value>) -> String {
+    match value {
+        None | Some(serde_yaml_ng::Value::Null) => "null".into(),
+        Some(serde_yaml_ng::Value::String(s)) => s.clone(),
+        Some(other) => serde_yaml_ng::to_string(other)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
+    }
+}
+
+/// The deepest directory holding all of `runs` (the sweep or experiment of a seed group).
+fn common_ancestor<'a>(mut runs: impl Iterator<Item = &'a Path>) -> PathBuf {
+    let mut common = runs.next().map(Path::to_path_buf).unwrap_or_default();
+    for run in runs {
+        while !run.starts_with(&common) && common.pop() {}
+    }
+    common
+}
+
+/// The last two components of a run directory (`<exp_name>/<seed>` in the default layout).
+fn short_name(run: &Path) -> String {
+    let run = if run.is_file() {
+        run.parent().unwrap_or(run)
+    } else {
+        run
+    };
+    let parts: Vec<_> = run
+        .components()
+        .rev()
+        .take(2)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    parts.into_iter().rev().collect::<Vec<_>>().join("/")
+}
+
+/// Tableau's ten colours: distinct, and readable on white.
+const COLORS: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+struct Figure<'a> {
+    title: &'a str,
+    x_label: &'a str,
+    y_label: &'a str,
+    series: &'a [Series],
+}
+
+impl Figure<'_> {
+    fn ranges(&self) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
+        let xs = self.series.iter().flat_map(|s| s.band.x.iter().copied());
+        let ys = self
+            .series
+            .iter()
+            .flat_map(|s| s.band.low.iter().chain(&s.band.high).copied());
+        let span = |values: Vec<f64>, pad: f64| {
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let width = if hi > lo { hi - lo } else { lo.abs().max(1.0) };
+            (lo - pad * width)..(hi + pad * width)
+        };
+        let (x, y) = (span(xs.collect(), 0.0), span(ys.collect(), 0.05));
+        // One point only: give the x axis some width.
+        let x = if x.end > x.start {
+            x
+        } else {
+            (x.start - 1.0)..(x.end + 1.0)
+        };
+        (x, y)
+    }
+
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, Shift>,
+    ) -> std::result::Result<(), String>
+    where
+        DB::ErrorType: 'static,
+    {
+        register_font();
+        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+        root.fill(&WHITE).map_err(err)?;
+        let (x_range, y_range) = self.ranges();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(self.title, (FONT_NAME, 22))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x_range, y_range)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label)
+            .y_desc(self.y_label)
+            .label_style((FONT_NAME, 14))
+            .axis_desc_style((FONT_NAME, 16))
+            .x_label_formatter(&|x| compact(*x))
+            .y_label_formatter(&|y| compact(*y))
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(err)?;
+        for (i, s) in self.series.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            if s.runs > 1 {
+                let outline: Vec<(f64, f64)> = s
+                    .band
+                    .x
+                    .iter()
+                    .zip(&s.band.high)
+                    .chain(s.band.x.iter().zip(&s.band.low).rev())
+                    .map(|(x, y)| (*x, *y))
+                    .collect();
+                chart
+                    .draw_series(std::iter::once(Polygon::new(outline, color.mix(0.18))))
+                    .map_err(err)?;
+            }
+            let style = if s.faint {
+                color.mix(0.55).stroke_width(1)
+            } else {
+                color.stroke_width(2)
+            };
+            let line: Vec<(f64, f64)> = s
+                .band
+                .x
+                .iter()
+                .copied()
+                .zip(s.band.mean.iter().copied())
+                .collect();
+            chart
+                .draw_series(LineSeries::new(line, style))
+                .map_err(err)?
+                .label(&s.label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .label_font((FONT_NAME, 14))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.4))
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)
+    }
+}
+
+/// Axis numbers without a tail of digits: 12000 -> 12k, 0.25 -> 0.25.
+fn compact(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if a >= 1e4 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
+fn trim(v: f64) -> String {
+    let s = format!("{v:.2}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.into()
+    }
+}
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The font is compiled in and known to parse (the plot tests draw with it).
+        let _ = plotters::style::register_font(FONT_NAME, FontStyle::Normal, FONT);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn axis_numbers_are_short() {
+        assert_eq!(compact(12000.0), "12k");
+        assert_eq!(compact(1_500_000.0), "1.5M");
+        assert_eq!(compact(0.25), "0.25");
+        assert_eq!(compact(-0.001), "0");
+        assert_eq!(compact(200.0), "200");
+    }
+
+    #[test]
+    fn seeds_group_and_groups_are_named_by_what_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<PathBuf> = [("a", 1, 3), ("b", 2, 3), ("c", 1, 5)]
+            .iter()
+            .map(|(name, seed, horizon)| {
+                let run = dir.path().join("sweep").join(name);
+                std::fs::create_dir_all(&run).unwrap();
+                let config =
+                    format!("task: x\nseed: {seed}\nhorizon: {horizon}\nrun_dir: {name}\n");
+                std::fs::write(run.join("config.yaml"), config).unwrap();
+                run
+            })
+            .collect();
+        let groups = group_by_config(&runs);
+        assert_eq!(groups, [vec![0, 1], vec![2]]);
+        assert_eq!(
+            group_labels(&runs, &groups),
+            ["horizon=3 (2 seeds)", "horizon=5"]
+        );
+        let seeds = &[vec![0, 1]];
+        assert_eq!(
+            group_labels(&runs, seeds),
+            ["<tmp>/sweep (2 seeds)"
+                .replace("<tmp>", &dir.path().file_name().unwrap().to_string_lossy())]
+        );
+    }
+
+    #[test]
+    fn the_format_comes_from_the_extension() {
+        assert!(matches!(Format::of(Path::new("a.PNG")), Ok(Format::Png)));
+        assert!(matches!(Format::of(Path::new("a.svg")), Ok(Format::Svg)));
+        let e = Format::of(Path::new("a.jpg")).err().unwrap().to_string();
+        assert!(e.contains("allowed: .png, .svg"), "{e}");
+    }
+}

@@ -1,0 +1,570 @@
+//! Sweeps, hydra's way: `tdmpc2 train --multirun seed=1,2 lr=3e-4,1e-3` runs every combination
+//! of the comma-separated values as its own `tdmpc2 train` child process, each in its own run
+//! directory, then writes a summary (sweep.csv, sweep.json) beside them.
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::cli::RunArgs;
+use crate::config::{Config, Source};
+use crate::error::{Error, Result, STOPPED_EXIT_CODE};
+use crate::tools::curves::Metrics;
+
+/// One combination of the swept values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub index: usize,
+    /// The swept settings and this job's value of each, in command-line order.
+    pub choices: Vec<(String, String)>,
+    /// Every override this job runs with, `run_dir` included.
+    pub overrides: Vec<String>,
+    pub run_dir: PathBuf,
+}
+
+impl Job {
+    fn describe(&self) -> String {
+        self.choices
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// What became of a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    Ok,
+    Failed(String),
+    Stopped,
+    NotStarted,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Status::Ok => write!(f, "ok"),
+            Status::Failed(why) => write!(f, "failed ({why})"),
+            Status::Stopped => write!(f, "stopped"),
+            Status::NotStarted => write!(f, "not started"),
+        }
+    }
+}
+
+/// Splits a value at its top-level commas: `1,2` is two values, `[1,2]` and `"a,b"` are one.
+pub fn split_values(raw: &str) -> Vec<String> {
+    let (mut values, mut current, mut depth, mut quote) = (vec![], String::new(), 0i32, None);
+    for c in raw.chars() {
+        match (c, quote) {
+            ('"' | '\'', None) => quote = Some(c),
+            (c, Some(q)) if c == q => quote = None,
+            ('[' | '{' | '(', None) => depth += 1,
+            (']' | '}' | ')', None) => depth -= 1,
+            (',', None) if depth == 0 => {
+                values.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    values.push(current);
+    values
+}
+
+/// Expands the overrides into jobs: the cartesian product of the swept values, the last
+/// setting varying fastest. `base` is the directory the job directories go into.
+pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
+    let mut fixed = Vec::new();
+    let mut swept: Vec<(String, Vec<String>)> = Vec::new();
+    for arg in overrides {
+        let Some((key, raw)) = arg.split_once('=') else {
+            return Err(Error::Config(format!(
+                "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
+            )));
+        };
+        let values = split_values(raw);
+        if values.len() == 1 {
+            fixed.push(arg.clone());
+            continue;
+        }
+        let key = key.trim().trim_start_matches('+').to_string();
+        if key == "run_dir" {
+            return Err(Error::Config(
+                "run_dir cannot be swept: --multirun gives every job its own directory under \
+                 run_dir (or runs/<task>/<exp_name>)"
+                    .into(),
+            ));
+        }
+        if values.iter().any(|v| v.trim().is_empty()) {
+            return Err(Error::Config(format!(
+                "{arg}: an empty value in a sweep; write the values as {key}=a,b,c"
+            )));
+        }
+        swept.push((key, values));
+    }
+    let total: usize = swept.iter().map(|(_, v)| v.len()).product();
+    let mut jobs = Vec::with_capacity(total);
+    for index in 0..total {
+        let mut rest = index;
+        let mut choices = vec![(String::new(), String::new()); swept.len()];
+        for (slot, (key, values)) in swept.iter().enumerate().rev() {
+            choices[slot] = (key.clone(), values[rest % values.len()].clone());
+            rest /= values.len();
+        }
+        let run_dir = base.join(slug(index, &choices));
+        let mut job_overrides = fixed.clone();
+        job_overrides.retain(|o| !is_key(o, "run_dir"));
+        job_overrides.extend(choices.iter().map(|(k, v)| format!("{k}={v}")));
+        job_overrides.push(format!("run_dir={}", run_dir.display()));
+        jobs.push(Job {
+            index,
+            choices,
+            overrides: job_overrides,
+            run_dir,
+        });
+    }
+    Ok(jobs)
+}
+
+fn is_key(arg: &str, key: &str) -> bool {
+    arg.split_once('=')
+        .is_some_and(|(k, _)| k.trim().trim_start_matches('+') == key)
+}
+
+/// A job's directory name: its index, then its choices (`3_seed=2_horizon=3`).
+fn slug(index: usize, choices: &[(String, String)]) -> String {
+    let mut name = index.to_string();
+    for (k, v) in choices {
+        name.push('_');
+        name.push_str(k);
+        name.push('=');
+        name.push_str(v);
+    }
+    name.chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '=' | '.' | '_' | '-' | '+' => c,
+            _ => '-',
+        })
+        .collect()
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// `tdmpc2 train --multirun ...`.
+pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let parallel = jobs_at_once.unwrap_or(1);
+    if parallel == 0 || parallel > cores {
+        return Err(Error::Config(format!(
+            "--jobs {parallel}: run between 1 and {cores} jobs at once (this machine has {cores} \
+             CPU cores)"
+        )));
+    }
+    let source = |overrides: Vec<String>| Source {
+        config_name: args.config_name.clone(),
+        config_path: args.config_path.clone(),
+        overrides,
+    };
+    // Where the job directories go: under run_dir when given, else runs/<task>/<exp_name>.
+    let mut first: Vec<String> = expand(&args.overrides, Path::new("."))?[0]
+        .overrides
+        .iter()
+        .filter(|o| !is_key(o, "run_dir"))
+        .cloned()
+        .collect();
+    first.extend(
+        args.overrides
+            .iter()
+            .filter(|o| is_key(o, "run_dir"))
+            .cloned(),
+    );
+    // A first job that does not load is reported by `validate`, naming the job.
+    let base = match Config::load(&source(first)) {
+        Ok(Config {
+            run_dir: Some(dir), ..
+        }) => PathBuf::from(dir),
+        Ok(first) => PathBuf::from("runs")
+            .join(&first.task)
+            .join(&first.exp_name),
+        Err(_) => PathBuf::from("runs"),
+    };
+    let jobs = expand(&args.overrides, &base)?;
+    let configs = validate(&jobs, &|o| source(o.to_vec()))?;
+    if args.cfg.is_some() {
+        for job in &jobs {
+            println!("job {}: {}", job.index, job.overrides.join(" "));
+        }
+        return Ok(());
+    }
+    let mut flags = Vec::new();
+    if let Some(name) = &args.config_name {
+        flags.extend(["--config-name".to_string(), name.clone()]);
+    }
+    if let Some(path) = &args.config_path {
+        flags.extend(["--config-path".to_string(), path.display().to_string()]);
+    }
+    let spawner = Spawner {
+        exe: std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?,
+        flags,
+        cores,
+        parallel,
+        threads_given: args.overrides.iter().any(|o| is_key(o, "num_threads")),
+        port_given: args.overrides.iter().any(|o| is_key(o, "master_port")),
+        gpus: gpu_slots(parallel, visible_gpus()),
+    };
+    println!(
+        "sweep: {} jobs into {}, {parallel} at a time",
+        jobs.len(),
+        base.display()
+    );
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let statuses: Mutex<Vec<Status>> = Mutex::new(vec![Status::NotStarted; jobs.len()]);
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for slot in 0..parallel.min(jobs.len()) {
+            let (spawner, jobs, configs, next, statuses) =
+                (&spawner, &jobs, &configs, &next, &statuses);
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= jobs.len() || STOP.load(Ordering::SeqCst) {
+                    return;
+                }
+                let status = run_job(spawner.command(&jobs[i], &configs[i], slot), i);
+                if let Ok(mut all) = statuses.lock() {
+                    all[i] = status;
+                }
+            });
+        }
+    });
+    let statuses = statuses.into_inner().unwrap_or_default();
+    summarize(&jobs, &statuses, &base)
+}
+
+/// How the jobs' processes are started.
+struct Spawner {
+    exe: PathBuf,
+    /// --config-name and --config-path, as given to the sweep.
+    flags: Vec<String>,
+    cores: usize,
+    parallel: usize,
+    threads_given: bool,
+    port_given: bool,
+    /// The GPUs of each slot of parallel jobs, when there are enough to go round.
+    gpus: Option<Vec<Vec<String>>>,
+}
+
+impl Spawner {
+    fn command(&self, job: &Job, config: &Config, slot: usize) -> Command {
+        let mut command = Command::new(&self.exe);
+        command.arg("train").args(&self.flags).args(&job.overrides);
+        let ranks = config.world_size.max(1);
+        // Multi-rank jobs side by side would all rendezvous on one port.
+        if self.parallel > 1 && ranks > 1 && !self.port_given {
+            command.arg(format!(
+                "master_port={}",
+                config.master_port as usize + job.index
+            ));
+        }
+        if !self.threads_given {
+            let threads = (self.cores / (self.parallel * ranks)).max(1);
+            command.arg(format!("num_threads={threads}"));
+        }
+        if let Some(gpus) = &self.gpus {
+            command.env("CUDA_VISIBLE_DEVICES", gpus[slot].join(","));
+        }
+        command
+    }
+}
+
+/// The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them.
+fn visible_gpus() -> Vec<String> {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) => list
+            .split(',')
+            .map(|g| g.trim().to_string())
+            .filter(|g| !g.is_empty())
+            .collect(),
+        Err(_) => (0..tch::Cuda::device_count())
+            .map(|g| g.to_string())
+            .collect(),
+    }
+}
+
+/// Splits the GPUs evenly between `parallel` job slots, when each slot can have one.
+fn gpu_slots(parallel: usize, gpus: Vec<String>) -> Option<Vec<Vec<String>>> {
+    if parallel < 2 || gpus.len() < parallel {
+        return None;
+    }
+    let per_slot = gpus.len() / parallel;
+    Some(
+        gpus.chunks(per_slot)
+            .take(parallel)
+            .map(<[String]>::to_vec)
+            .collect(),
+    )
+}
+
+/// Every job's configuration, loaded and resolved against its task before anything runs.
+fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Config>> {
+    let mut specs: BTreeMap<String, envs::EnvSpec> = BTreeMap::new();
+    let mut configs = Vec::new();
+    for job in jobs {
+        let checked = (|| {
+            let mut config = Config::load(&source(&job.overrides))?;
+            if !specs.contains_key(&config.task) {
+                let env = envs::make(&config.task, config.seed)?;
+                specs.insert(config.task.clone(), env.spec().clone());
+            }
+            config.resolve(&specs[&config.task])?;
+            Ok::<_, Error>(config)
+        })();
+        match checked {
+            Ok(config) => configs.push(config),
+            Err(e) => {
+                let message = e.to_string();
+                let message = message.trim_start_matches("config error: ");
+                let message = format!(
+                    "--multirun job {} ({}): {message}; no job was started",
+                    job.index,
+                    job.describe()
+                );
+                return Err(if e.exit_code() == 2 {
+                    Error::Config(message)
+                } else {
+                    Error::Other(message)
+                });
+            }
+        }
+    }
+    Ok(configs)
+}
+
+/// Runs one job to its end, its output forwarded line by line behind `[job i]`; on a stop
+/// request it passes SIGTERM on (the job checkpoints and exits).
+fn run_job(mut command: Command, index: usize) -> Status {
+    command
+        .env(
+            crate::ddp::lifeline::LAUNCHER_PID_ENV,
+            std::process::id().to_string(),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => return Status::Failed(format!("could not start: {e}")),
+    };
+    let prefix = format!("[job {index}] ");
+    let forwards = [
+        child
+            .stdout
+            .take()
+            .map(|out| forward(out, prefix.clone(), false)),
+        child
+            .stderr
+            .take()
+            .map(|err| forward(err, prefix.clone(), true)),
+    ];
+    let mut signalled = false;
+    let exit = loop {
+        match child.try_wait() {
+            Ok(Some(exit)) => break Ok(exit),
+            Ok(None) => {}
+            Err(e) => break Err(e),
+        }
+        if STOP.load(Ordering::SeqCst) && !signalled {
+            // SAFETY: kill with a child's pid and SIGTERM has no other effect.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            signalled = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for handle in forwards.into_iter().flatten() {
+        let _ = handle.join();
+    }
+    match exit {
+        Ok(exit) if exit.success() => Status::Ok,
+        Ok(exit) if signalled || exit.code() == Some(STOPPED_EXIT_CODE) => Status::Stopped,
+        Ok(exit) => match exit.code() {
+            Some(code) => Status::Failed(format!("exit {code}")),
+            None => Status::Failed("killed by a signal".into()),
+        },
+        Err(e) => Status::Failed(format!("lost: {e}")),
+    }
+}
+
+fn forward(
+    stream: impl Read + Send + 'static,
+    prefix: String,
+    to_stderr: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        while reader.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end_matches(['\n', '\r']);
+            // A progress bar's carriage returns: keep the last state of the line.
+            let text = text.rsplit('\r').next().unwrap_or_default();
+            if to_stderr {
+                let _ = writeln!(std::io::stderr().lock(), "{prefix}{text}");
+            } else {
+                let _ = writeln!(std::io::stdout().lock(), "{prefix}{text}");
+            }
+            line.clear();
+        }
+    })
+}
+
+/// The final evaluation return of a finished job, from its metrics.jsonl.
+fn final_return(job: &Job) -> Option<f64> {
+    Metrics::read(&job.run_dir)
+        .ok()?
+        .last("eval", "episode_reward")
+}
+
+/// Prints the table and writes sweep.csv and sweep.json into `base`; fails when a job did.
+fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
+    let rows: Vec<(String, Option<f64>)> = jobs
+        .iter()
+        .map(|job| (job.describe(), final_return(job)))
+        .collect();
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(9);
+    println!(
+        "\n{:<4} {:<width$} {:>14}  status",
+        "job", "overrides", "episode_reward"
+    );
+    for ((job, (overrides, reward)), status) in jobs.iter().zip(&rows).zip(statuses) {
+        let reward = reward.map_or("-".to_string(), |r| format!("{r:.2}"));
+        println!(
+            "{:<4} {overrides:<width$} {reward:>14}  {status}",
+            job.index
+        );
+    }
+    let mut csv = String::from("job,overrides,run_dir,episode_reward,status\n");
+    let mut json = Vec::new();
+    for ((job, (overrides, reward)), status) in jobs.iter().zip(&rows).zip(statuses) {
+        let quoted = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        csv.push_str(&format!(
+            "{},{},{},{},{}\n",
+            job.index,
+            quoted(overrides),
+            quoted(&job.run_dir.display().to_string()),
+            reward.map_or(String::new(), |r| r.to_string()),
+            quoted(&status.to_string()),
+        ));
+        let choices: serde_json::Map<String, serde_json::Value> = job
+            .choices
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone().into()))
+            .collect();
+        json.push(serde_json::json!({
+            "job": job.index, "overrides": choices, "run_dir": job.run_dir,
+            "episode_reward": reward, "status": status.to_string(),
+        }));
+    }
+    std::fs::create_dir_all(base)
+        .map_err(|e| Error::io(format!("create {}", base.display()), e))?;
+    let write = |name: &str, text: String| {
+        let path = base.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    };
+    write("sweep.csv", csv)?;
+    let json = serde_json::to_string_pretty(&json).map_err(|e| Error::Other(e.to_string()))?;
+    write("sweep.json", json + "\n")?;
+    println!("summary: {}", base.join("sweep.csv").display());
+    let failed: Vec<String> = jobs
+        .iter()
+        .zip(statuses)
+        .filter(|(_, s)| matches!(s, Status::Failed(_)))
+        .map(|(job, s)| format!("job {} ({}) {s}", job.index, job.describe()))
+        .collect();
+    if STOP.load(Ordering::SeqCst) {
+        return Err(Error::Stopped("the sweep was stopped by a signal".into()));
+    }
+    if !failed.is_empty() {
+        return Err(Error::Other(format!(
+            "{} of {} jobs failed: {}",
+            failed.len(),
+            jobs.len(),
+            failed.join("; ")
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_jobs_share_the_gpus_out() {
+        let gpus = |n: usize| (0..n).map(|g| g.to_string()).collect::<Vec<_>>();
+        assert_eq!(gpu_slots(1, gpus(8)), None);
+        assert_eq!(gpu_slots(4, gpus(2)), None);
+        assert_eq!(
+            gpu_slots(2, gpus(5)),
+            Some(vec![
+                vec!["0".into(), "1".into()],
+                vec!["2".into(), "3".into()]
+            ])
+        );
+    }
+
+    #[test]
+    fn commas_sweep_but_brackets_and_quotes_do_not() {
+        assert_eq!(split_values("1,2,3"), ["1", "2", "3"]);
+        assert_eq!(split_values("[1,2]"), ["[1,2]"]);
+        assert_eq!(split_values("[1,2],[3]"), ["[1,2]", "[3]"]);
+        assert_eq!(split_values("'a,b',c"), ["'a,b'", "c"]);
+        assert_eq!(split_values("3e-4"), ["3e-4"]);
+    }
+
+    #[test]
+    fn the_product_varies_the_last_setting_fastest() {
+        let args: Vec<String> = ["steps=400", "seed=1,2", "horizon=2,3", "mlp_dims=[4,4]"]
+            .map(String::from)
+            .into();
+        let jobs = expand(&args, Path::new("out")).unwrap();
+        let described: Vec<String> = jobs.iter().map(Job::describe).collect();
+        assert_eq!(
+            described,
+            [
+                "seed=1 horizon=2",
+                "seed=1 horizon=3",
+                "seed=2 horizon=2",
+                "seed=2 horizon=3"
+            ]
+        );
+        assert_eq!(jobs[3].run_dir, Path::new("out/3_seed=2_horizon=3"));
+        assert_eq!(
+            jobs[1].overrides,
+            [
+                "steps=400",
+                "mlp_dims=[4,4]",
+                "seed=1",
+                "horizon=3",
+                "run_dir=out/1_seed=1_horizon=3"
+            ]
+        );
+        let e = expand(&["run_dir=a,b".into()], Path::new(".")).unwrap_err();
+        assert!(e.to_string().contains("run_dir cannot be swept"), "{e}");
+        let e = expand(&["seed=1,".into()], Path::new(".")).unwrap_err();
+        assert!(e.to_string().contains("empty value"), "{e}");
+    }
+}

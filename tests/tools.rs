@@ -1,0 +1,379 @@
+//! The tools around a run, through the real binary: `plot` on real runs, `train --multirun`,
+//! and `doctor`.
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The tiny settings with one thread per run: a Pendulum run in seconds.
+fn tiny() -> Vec<&'static str> {
+    [common::TINY, &["num_threads=1"]].concat()
+}
+
+fn tdmpc2(args: &[&str]) -> Output {
+    Command::new(common::tdmpc2_bin())
+        .args(args)
+        .output()
+        .expect("the tdmpc2 binary runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn train(run_dir: &Path, seed: &str) {
+    let mut args = vec!["train", "steps=400", "eval_freq=200", seed];
+    args.extend(tiny());
+    let dir = format!("run_dir={}", run_dir.display());
+    args.push(&dir);
+    let out = tdmpc2(&args);
+    assert!(out.status.success(), "training failed: {}", text(&out));
+}
+
+fn plot(args: &[&str]) -> Output {
+    let mut all = vec!["plot"];
+    all.extend_from_slice(args);
+    tdmpc2(&all)
+}
+
+fn decode(png: &Path) -> image::RgbImage {
+    image::open(png)
+        .unwrap_or_else(|e| panic!("{} is a PNG: {e}", png.display()))
+        .to_rgb8()
+}
+
+/// Pixels close to `rgb` (antialiasing blends the edges).
+fn count_near(img: &image::RgbImage, rgb: [u8; 3]) -> usize {
+    img.pixels()
+        .filter(|p| (0..3).all(|c| (p.0[c] as i32 - rgb[c] as i32).abs() <= 6))
+        .count()
+}
+
+#[test]
+fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    train(&a, "seed=1");
+    train(&b, "seed=2");
+    let (a_s, b_s) = (a.display().to_string(), b.display().to_string());
+
+    let both = dir.path().join("both.png");
+    let out = plot(&[
+        &a_s,
+        &b_s,
+        "--out",
+        both.to_str().unwrap(),
+        "--width",
+        "640",
+        "--height",
+        "400",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let img = decode(&both);
+    assert_eq!(img.dimensions(), (640, 400));
+    // The mean line (first colour) and the band around it (the same colour, faint on white).
+    assert!(count_near(&img, [31, 119, 180]) > 100, "no mean line drawn");
+    assert!(
+        count_near(&img, [215, 231, 242]) > 100,
+        "no band over the two seeds"
+    );
+
+    // The same runs as SVG: one series for both seeds.
+    let svg = dir.path().join("both.svg");
+    let out = plot(&[&a_s, &b_s, "--out", svg.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        svg.starts_with("<svg") && svg.contains("(2 seeds)"),
+        "{svg}"
+    );
+
+    // Another data set (seed 1 alone, its rewards shifted) gives another picture.
+    let shifted = dir.path().join("shifted");
+    std::fs::create_dir(&shifted).unwrap();
+    let metrics = std::fs::read_to_string(a.join("metrics.jsonl")).unwrap();
+    let lines: Vec<String> = metrics
+        .lines()
+        .map(|l| {
+            let mut r: serde_json::Value = serde_json::from_str(l).unwrap();
+            r["episode_reward"] = (r["episode_reward"].as_f64().unwrap() * 0.5 + 100.0).into();
+            r.to_string()
+        })
+        .collect();
+    std::fs::write(shifted.join("metrics.jsonl"), lines.join("\n")).unwrap();
+    let other = dir.path().join("other.png");
+    let out = plot(&[
+        &a_s,
+        shifted.to_str().unwrap(),
+        "--out",
+        other.to_str().unwrap(),
+        "--width",
+        "640",
+        "--height",
+        "400",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let other = decode(&other);
+    assert_eq!(other.dimensions(), (640, 400));
+    let differing = img
+        .pixels()
+        .zip(other.pixels())
+        .filter(|(p, q)| p != q)
+        .count();
+    assert!(differing > 1000, "only {differing} pixels differ");
+}
+
+#[test]
+fn plot_says_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("metrics.jsonl"),
+        "{\"phase\":\"eval\",\"step\":0,\"episode_reward\":1.0}\n",
+    )
+    .unwrap();
+    let run = dir.path().to_str().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (&[run, "--metric", "reward"], "available: episode_reward"),
+        (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
+        (&["/nonexistent/run"], "holds no metrics.jsonl"),
+        (
+            &[
+                run,
+                "--reference",
+                "/nonexistent.csv",
+                "--out",
+                "/tmp/x.png",
+            ],
+            "read the reference",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = plot(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let message = text(&out);
+        assert!(message.contains(expected), "{args:?}: {message}");
+        assert!(!message.contains("panicked"), "{message}");
+    }
+}
+
+#[test]
+fn multirun_runs_every_combination_in_its_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "--jobs",
+        "2",
+        "steps=400",
+        "seed=1,2",
+        "horizon=2,3",
+        &run_dir,
+    ];
+    args.extend(tiny());
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    for (i, name) in [
+        "0_seed=1_horizon=2",
+        "1_seed=1_horizon=3",
+        "2_seed=2_horizon=2",
+        "3_seed=2_horizon=3",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let job = dir.path().join(name);
+        assert!(job.join("metrics.jsonl").is_file(), "{name}: {log}");
+        let config = std::fs::read_to_string(job.join("config.yaml")).unwrap();
+        assert!(config.contains(&format!("seed: {}", 1 + i / 2)), "{config}");
+        assert!(
+            config.contains(&format!("horizon: {}", 2 + i % 2)),
+            "{config}"
+        );
+        assert!(log.contains(&format!("[job {i}] ")), "{log}");
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    let jobs = summary.as_array().unwrap();
+    assert_eq!(jobs.len(), 4);
+    for job in jobs {
+        assert_eq!(job["status"], "ok", "{job}");
+        assert!(job["episode_reward"].as_f64().is_some(), "{job}");
+    }
+    assert_eq!(jobs[3]["overrides"]["horizon"], "3");
+    let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 5, "{csv}");
+    assert!(log.contains("seed=2 horizon=3"), "the summary table: {log}");
+}
+
+#[test]
+fn multirun_checks_every_combination_before_running_any() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "steps=400",
+        "seed=1,2",
+        "horizon=2,-1",
+        &run_dir,
+    ];
+    args.extend(tiny());
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("job 1 (seed=1 horizon=-1)") && log.contains("horizon"),
+        "{log}"
+    );
+    assert!(log.contains("no job was started"), "{log}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "something ran: {log}"
+    );
+
+    let out = tdmpc2(&["train", "--multirun", "seed=1,2", "--jobs", "100000"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("--jobs 100000"), "{}", text(&out));
+}
+
+fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = Command::new(common::tdmpc2_bin());
+    command
+        .arg("doctor")
+        .args(args)
+        .env_remove("TDMPC2_SITE_PACKAGES");
+    // The embedded interpreter finds a venv through a `python` on PATH: keep only the others,
+    // so that the venv is what TDMPC2_VENV / TDMPC2_SITE_PACKAGES say.
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let outside_venvs = std::env::split_paths(&path).filter(|dir| {
+        !dir.parent()
+            .is_some_and(|venv| venv.join("pyvenv.cfg").is_file())
+    });
+    command.env("PATH", std::env::join_paths(outside_venvs).unwrap());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("the tdmpc2 binary runs")
+}
+
+#[test]
+fn doctor_passes_here_and_forms_a_two_rank_group() {
+    let out = doctor(&["--world-size", "2"], &[]);
+    let log = text(&out);
+    assert!(out.status.success(), "{log}");
+    for line in [
+        "✓ torch: 2.11",
+        "✓ libtorch: ",
+        "✓ dm_control: cartpole-swingup resets and steps",
+        "✓ process group: 2 ranks over",
+        "= 3 in",
+        "ready to train",
+    ] {
+        assert!(log.contains(line), "no '{line}' in:\n{log}");
+    }
+    assert!(!log.contains('✗'), "{log}");
+}
+
+#[test]
+fn doctor_names_what_is_missing_and_fails() {
+    let empty = tempfile::tempdir().unwrap();
+    // A venv setting that points nowhere useful.
+    let out = doctor(&[], &[("TDMPC2_VENV", empty.path())]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("✗ venv: TDMPC2_VENV=") && log.contains("holds no lib/python3"),
+        "{log}"
+    );
+    assert!(log.contains("not ready: venv"), "{log}");
+    // site-packages without torch: torch is missing, and so is everything that needs it.
+    let out = doctor(&[], &[("TDMPC2_SITE_PACKAGES", empty.path())]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("✗ torch: `import torch` fails"), "{log}");
+    assert!(
+        log.contains("No module named 'torch'") && log.contains("scripts/setup.sh"),
+        "{log}"
+    );
+    assert!(!log.contains("✓ dm_control"), "{log}");
+    let out = doctor(&["--world-size", "0"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+#[test]
+fn multirun_reports_a_failed_job_and_runs_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    // Job 0's run directory cannot be created: a file is in the way.
+    std::fs::write(dir.path().join("0_seed=1"), "in the way").unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec!["train", "--multirun", "steps=400", "seed=1,2", &run_dir];
+    args.extend(tiny());
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("1 of 2 jobs failed: job 0 (seed=1) failed (exit"),
+        "{log}"
+    );
+    assert!(dir.path().join("1_seed=2/metrics.jsonl").is_file(), "{log}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    assert!(
+        summary[0]["status"].as_str().unwrap().starts_with("failed"),
+        "{summary}"
+    );
+    assert_eq!(summary[1]["status"], "ok", "{summary}");
+}
+
+#[test]
+fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut args = vec!["train", "--multirun", "steps=100000", "seed=1,2", &run_dir];
+    args.extend(tiny());
+    let mut sweep = Command::new(common::tdmpc2_bin())
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until job 0 is training (its first train record), then stop the sweep.
+    let mut stdout = std::io::BufReader::new(sweep.stdout.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(n > 0, "the sweep ended early: {seen}");
+        seen.push_str(&line);
+        if line.starts_with("[job 0] train") {
+            break;
+        }
+    }
+    // SAFETY: kill with our child's pid and SIGTERM has no other effect.
+    unsafe { libc::kill(sweep.id() as libc::pid_t, libc::SIGTERM) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = sweep.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{seen}{rest}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary[0]["status"], "stopped", "{summary}");
+    assert_eq!(summary[1]["status"], "not started", "{summary}");
+    assert!(!dir.path().join("1_seed=2").exists());
+    // The stopped job wrote its checkpoint.
+    let checkpoints = dir.path().join("0_seed=1/checkpoints");
+    assert!(
+        std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
+        "{rest}"
+    );
+}
