@@ -235,14 +235,16 @@ fn evaluate(config: Config) -> Result<()> {
     agent.model.load(&weights)?;
     let mut env = envs::make(&config.task, config.seed)?;
     let group = crate::ddp::ProcessGroup::alone(rank);
-    let summary = trainer::evaluate::evaluate(
+    let outcome = trainer::evaluate::evaluate(
         &mut agent,
         env.as_mut(),
         config.eval_episodes,
         config.seed,
         &group,
-    )?
-    .ok_or_else(|| Error::Stopped("evaluation stopped by a signal".into()))?;
+    )?;
+    let trainer::evaluate::Outcome::Done(summary) = outcome else {
+        return Err(Error::Stopped("evaluation stopped by a signal".into()));
+    };
     println!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
         config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max

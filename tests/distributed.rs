@@ -393,33 +393,19 @@ fn a_dying_rank_stops_the_run_and_is_named() {
 
 /// SIGKILLs the child of `launcher` whose environment says RANK=`rank`.
 fn kill_rank(launcher: u32, rank: usize) -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    for entry in entries.flatten() {
-        let pid = entry.file_name().to_string_lossy().to_string();
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|s| s.split_whitespace().nth(1))
-            .unwrap_or("");
-        if ppid != launcher.to_string() {
-            continue;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let wanted = format!("RANK={rank}");
-        if environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes()) {
-            return Command::new("kill")
-                .args(["-9", &pid])
+    let wanted = format!("RANK={rank}");
+    children_of(launcher)
+        .into_iter()
+        .find(|pid| {
+            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes())
+        })
+        .is_some_and(|pid| {
+            Command::new("kill")
+                .args(["-9", &pid.to_string()])
                 .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-        }
-    }
-    false
+                .is_ok_and(|s| s.success())
+        })
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! collective check lines up across ranks.
 use tch::{Kind, Tensor};
 
+use super::stop::StopRequest;
 use crate::agent::Agent;
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
@@ -25,22 +26,30 @@ pub fn share(total: usize, rank: usize, world_size: usize) -> usize {
     (total + world_size - 1 - rank) / world_size
 }
 
-/// Plays this rank's share and gathers every rank's results; `None` when a stop was requested.
+/// What an evaluation ended with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    Done(EvalSummary),
+    /// A stop was requested between episodes (agreed by every rank at the same slot).
+    Stopped(StopRequest),
+}
+
+/// Plays this rank's share and gathers every rank's results, unless a stop is requested.
 pub fn evaluate(
     agent: &mut Agent,
     env: &mut dyn envs::Env,
     total: usize,
     seed: u64,
     group: &ProcessGroup,
-) -> Result<Option<EvalSummary>> {
+) -> Result<Outcome> {
     let (rank, world) = (group.rank(), group.world_size());
     let slots = total.div_ceil(world);
     // One row per slot: return, length, success (NaN when the task has none), played (0/1).
     let mut rows = vec![f64::NAN; slots * 4];
     let mine = share(total, rank, world);
     for slot in 0..slots {
-        if super::stop::requested(group)?.is_some() {
-            return Ok(None);
+        if let Some(request) = super::stop::requested(group)? {
+            return Ok(Outcome::Stopped(request));
         }
         if slot >= mine {
             continue;
@@ -67,7 +76,7 @@ pub fn evaluate(
         .view([slots as i64, 4]);
     let all = group.all_gather(&local)?;
     let all = Vec::<f64>::try_from(all.flatten(0, -1))?;
-    Ok(Some(summarize(&all)))
+    Ok(Outcome::Done(summarize(&all)))
 }
 
 fn summarize(rows: &[f64]) -> EvalSummary {

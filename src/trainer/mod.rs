@@ -141,23 +141,24 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         if actor.done() {
             if eval_due {
                 let eval_seed = derive_seed(config.seed, rank.rank, global, 1);
-                let Some(summary) = evaluate::evaluate(
+                let outcome = evaluate::evaluate(
                     &mut agent,
                     actor.env_mut(),
                     config.eval_episodes,
                     eval_seed,
                     &group,
-                )?
-                else {
-                    // The episode that just ended is not in the buffer nor counted: the
-                    // checkpoint is the state before it.
-                    state.elapsed = elapsed();
-                    // Every rank stopped at the same slot: asking again agrees on who asked.
-                    let request = stop::requested(&group)?;
-                    let when = format!("during the evaluation at step {global}");
-                    return Err(stop_with_checkpoint(
-                        &config, &dir, &state, &agent, &learner, &group, &when, request,
-                    ));
+                )?;
+                let summary = match outcome {
+                    evaluate::Outcome::Done(summary) => summary,
+                    evaluate::Outcome::Stopped(request) => {
+                        // The episode that just ended is not in the buffer nor counted: the
+                        // checkpoint is the state before it.
+                        state.elapsed = elapsed();
+                        let when = format!("during the evaluation at step {global}");
+                        return Err(stop_with_checkpoint(
+                            &config, &dir, &state, &agent, &learner, &group, &when, request,
+                        ));
+                    }
                 };
                 if let Some(logger) = &mut logger {
                     let mut record = Record::new(Phase::Eval, global)
@@ -220,14 +221,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             state.elapsed = elapsed();
             let when = format!("at step {global}");
             return Err(stop_with_checkpoint(
-                &config,
-                &dir,
-                &state,
-                &agent,
-                &learner,
-                &group,
-                &when,
-                Some(request),
+                &config, &dir, &state, &agent, &learner, &group, &when, request,
             ));
         }
 
@@ -256,11 +250,12 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             }
             for update in done..updates {
                 // The same update indices on every rank: the stop check is a collective.
-                let request = match updates > 1 {
-                    true => stop::requested(&group)?,
-                    false => None,
+                let request = if updates > 1 {
+                    stop::requested(&group)?
+                } else {
+                    None
                 };
-                if request.is_some() {
+                if let Some(request) = request {
                     state.elapsed = elapsed();
                     state.pretrain_updates = update;
                     let when = format!(
@@ -305,11 +300,10 @@ fn stop_with_checkpoint(
     learner: &Learner,
     group: &ProcessGroup,
     when: &str,
-    request: Option<stop::StopRequest>,
+    request: stop::StopRequest,
 ) -> Error {
-    let why = request.map_or_else(|| "a stop was asked for".to_owned(), |r| r.to_string());
     match checkpoint::save(config, dir, state, agent, learner, group) {
-        Ok(()) => Error::Stopped(format!("stopped {when}: {why}; checkpoint written")),
+        Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
         Err(e) => e,
     }
 }
