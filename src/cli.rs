@@ -231,17 +231,27 @@ fn evaluate(config: Config) -> Result<()> {
     let rank = RankInfo::single(&config);
     let device = crate::device::select(&config.device, &rank, false)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
-    let mut agent = crate::agent::Agent::new(config.agent_config()?, device, config.seed)?;
-    agent.model.load(&weights)?;
-    let mut env = envs::make(&config.task, config.seed)?;
-    let group = crate::ddp::ProcessGroup::alone(rank);
-    let outcome = trainer::evaluate::evaluate(
-        &mut agent,
-        env.as_mut(),
-        config.eval_episodes,
-        config.seed,
-        &group,
+    tch::manual_seed(config.seed as i64);
+    let mut policy = crate::actor::Policy::new(
+        &config.agent_config()?,
+        device,
+        1,
+        Box::new(crate::agent::TorchNoise::global()),
     )?;
+    policy.load_file(&weights)?;
+    let env = envs::VectorEnv::new(
+        &config.task,
+        &[config.seed],
+        envs::Placement::InProcess,
+        &envs::WorkerCommand {
+            program: std::path::PathBuf::new(),
+            args: Vec::new(),
+        },
+    )?;
+    let mut actor = crate::actor::Actor::new(env, policy, config.episodic)?;
+    let group = crate::ddp::ProcessGroup::alone(rank);
+    let outcome =
+        trainer::evaluate::evaluate(&mut actor, config.eval_episodes, config.seed, &group)?;
     let trainer::evaluate::Outcome::Done(summary) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));
     };

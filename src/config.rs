@@ -92,6 +92,14 @@ pub struct Config {
     pub launcher: String,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
+    // throughput
+    pub num_envs: usize,
+    pub steps_per_update: usize,
+    /// `None` for auto.
+    pub env_workers: Option<usize>,
+    pub pipeline: bool,
+    /// `None` for auto.
+    pub actor_threads: Option<usize>,
     // hardware
     pub device: String,
     pub num_threads: Option<usize>,
@@ -473,6 +481,13 @@ impl Config {
                 "must be >= 1 (or null for cores / local ranks)",
             ));
         }
+        if !self.num_envs.is_multiple_of(self.steps_per_update) {
+            return Err(Error::Config(format!(
+                "steps_per_update={} must divide num_envs={}: each vector step of num_envs \
+                 environments makes num_envs / steps_per_update updates",
+                self.steps_per_update, self.num_envs
+            )));
+        }
         if self.simnorm_dim > 0 && !self.latent_dim.is_multiple_of(self.simnorm_dim) {
             return Err(Error::Config(format!(
                 "latent_dim={} must be a multiple of simnorm_dim={}",
@@ -530,7 +545,7 @@ impl Config {
         const STEPS: u64 = 1_000_000_000_000_000;
         const DIM: u64 = 1 << 20;
         let optional = |value: Option<usize>| value.map_or(1, |v| v as u64);
-        let sizes: [(&str, u64, u64, u64); 32] = [
+        let sizes: [(&str, u64, u64, u64); 36] = [
             ("steps", self.steps, 1, STEPS),
             ("eval_freq", self.eval_freq, 1, STEPS),
             ("save_freq", self.save_freq, 1, STEPS),
@@ -560,6 +575,10 @@ impl Config {
             ("node_rank", self.node_rank as u64, 0, 1 << 16),
             ("sync_freq", self.sync_freq as u64, 1, 1 << 16),
             ("num_threads", optional(self.num_threads), 1, 4096),
+            ("num_envs", self.num_envs as u64, 1, 4096),
+            ("steps_per_update", self.steps_per_update as u64, 1, 4096),
+            ("env_workers", optional(self.env_workers), 0, 4096),
+            ("actor_threads", optional(self.actor_threads), 1, 4096),
             ("dist_timeout", self.dist_timeout, 1, 7 * 24 * 3600),
             ("max_restarts", self.max_restarts as u64, 0, MAX_RESTARTS),
             (

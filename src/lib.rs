@@ -1,4 +1,5 @@
 //! tdmpc2: a distributed TD-MPC2 trainer.
+pub mod actor;
 pub mod agent;
 pub mod bench;
 pub mod buffer;
@@ -9,6 +10,7 @@ pub mod cuda;
 pub mod ddp;
 pub mod device;
 pub mod error;
+pub mod learner;
 pub mod logging;
 pub mod tools;
 pub mod trainer;

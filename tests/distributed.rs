@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, TINY};
 use tch::{Device, Kind, Tensor};
-use tdmpc2::agent::{Agent, Batch, NoiseKind, ReplayNoise};
+use tdmpc2::agent::{Batch, NoiseKind, ReplayNoise};
 use tdmpc2::config::{Config, Source};
 use tdmpc2::ddp::{Backend, ProcessGroup, RankInfo};
-use tdmpc2::trainer::learner::Learner;
+use tdmpc2::learner::Learner;
 
 const B: i64 = 8;
 const H: i64 = 3;
@@ -119,15 +119,20 @@ fn replay_whole(parts: i64) -> (ReplayNoise, ReplayNoise) {
     (sample, batch)
 }
 
-fn agent(config: &Config) -> Agent {
+/// A learner initialised from seed 5 (torch's generator is process-wide: tests take turns).
+fn learner<'g>(config: &Config, group: &'g ProcessGroup) -> Learner<'g> {
     let _lock = rng_lock();
-    Agent::new(config.agent_config().unwrap(), Device::Cpu, 5).unwrap()
+    let config = Config {
+        seed: 5,
+        ..config.clone()
+    };
+    Learner::new(&config, 100, Device::Cpu, group).unwrap()
 }
 
 /// Parameters, scale and losses after one synchronised update, as named tensors.
-fn outcome(agent: &Agent, info: &tdmpc2::agent::UpdateInfo) -> Vec<(String, Tensor)> {
-    let mut out = agent.model.named_tensors();
-    out.push(("scale".into(), agent.learner.scale.value().copy()));
+fn outcome(learner: &Learner, info: &tdmpc2::agent::UpdateInfo) -> Vec<(String, Tensor)> {
+    let mut out = learner.model().named_tensors();
+    out.push(("scale".into(), learner.updater().scale.value().copy()));
     out.push(("info".into(), info.values.copy()));
     out
 }
@@ -135,18 +140,13 @@ fn outcome(agent: &Agent, info: &tdmpc2::agent::UpdateInfo) -> Vec<(String, Tens
 /// One update of this rank (`rank` of `world`) on its part of the union; returns the outcome.
 fn rank_update(group: &ProcessGroup, parts: i64) -> Vec<(String, Tensor)> {
     let config = config(B, 1);
-    let mut agent = agent(&config);
-    let mut learner = Learner::new(&config, 100, Device::Cpu, group).unwrap();
+    let mut learner = learner(&config, group);
     let (sample, batch) = replay(&[group.rank() as i64], parts);
-    agent.sample_noise = Box::new(sample);
-    agent.batch_noise = Box::new(batch);
+    learner.set_noise(Box::new(sample), Box::new(batch));
     let info = learner
-        .update_on(
-            &mut agent,
-            &[part(&union_batch(parts), group.rank() as i64)],
-        )
+        .update_on(&[part(&union_batch(parts), group.rank() as i64)])
         .unwrap();
-    outcome(&agent, &info)
+    outcome(&learner, &info)
 }
 
 /// Not a test: the entry point of the worker processes `run_workers` starts.
@@ -229,17 +229,15 @@ fn two_ranks_with_batch_b_equal_one_rank_with_batch_2b() {
 
     let single = ProcessGroup::alone(RankInfo::single(&config(B, 1)));
     let config = config(2 * B, 1);
-    let mut agent = agent(&config);
-    let mut learner = Learner::new(&config, 100, Device::Cpu, &single).unwrap();
+    let mut learner = learner(&config, &single);
     let (sample, batch) = replay_whole(2);
-    agent.sample_noise = Box::new(sample);
-    agent.batch_noise = Box::new(batch);
-    let info = learner.update_on(&mut agent, &[union_batch(2)]).unwrap();
-    let reference = outcome(&agent, &info);
+    learner.set_noise(Box::new(sample), Box::new(batch));
+    let info = learner.update_on(&[union_batch(2)]).unwrap();
+    let reference = outcome(&learner, &info);
     assert_close(&distributed, &reference, "2 ranks × B vs 1 rank × 2B");
 
     // The update moved the parameters: the comparison is not between two untouched models.
-    let fresh = self::agent(&config).model.named_tensors();
+    let fresh = self::learner(&config, &single).model().named_tensors();
     let moved = fresh
         .iter()
         .zip(&reference)
@@ -253,33 +251,29 @@ fn sync_freq_two_equals_one_update_on_the_doubled_batch() {
     let union = union_batch(2);
 
     let accumulated = config(B, 2);
-    let mut agent_a = agent(&accumulated);
-    let mut learner = Learner::new(&accumulated, 100, Device::Cpu, &single).unwrap();
+    let mut learner_a = learner(&accumulated, &single);
     let (sample, batch) = replay(&[0, 1], 2);
-    agent_a.sample_noise = Box::new(sample);
-    agent_a.batch_noise = Box::new(batch);
-    learner
-        .update_on(&mut agent_a, &[part(&union, 0), part(&union, 1)])
+    learner_a.set_noise(Box::new(sample), Box::new(batch));
+    learner_a
+        .update_on(&[part(&union, 0), part(&union, 1)])
         .unwrap();
 
     let doubled = config(2 * B, 1);
-    let mut agent_b = agent(&doubled);
-    let mut learner = Learner::new(&doubled, 100, Device::Cpu, &single).unwrap();
+    let mut learner_b = learner(&doubled, &single);
     let (sample, batch) = replay_whole(2);
-    agent_b.sample_noise = Box::new(sample);
-    agent_b.batch_noise = Box::new(batch);
-    learner.update_on(&mut agent_b, &[union]).unwrap();
+    learner_b.set_noise(Box::new(sample), Box::new(batch));
+    learner_b.update_on(&[union]).unwrap();
 
-    let world_model = |a: &Agent| -> Vec<(String, Tensor)> {
-        a.model
+    let world_model = |l: &Learner| -> Vec<(String, Tensor)> {
+        l.model()
             .named_tensors()
             .into_iter()
             .filter(|(n, _)| !n.starts_with("_pi"))
             .collect()
     };
     assert_close(
-        &world_model(&agent_a),
-        &world_model(&agent_b),
+        &world_model(&learner_a),
+        &world_model(&learner_b),
         "sync_freq=2 vs doubled batch",
     );
 }
@@ -555,9 +549,9 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
     scaled.world_size = 4;
     scaled.lr_scale = "sqrt".into();
     scaled.lr_warmup_steps = 10;
-    let mut agent = agent(&scaled);
-    let lrs = |a: &Agent| {
-        a.learner
+    let mut learner = learner(&scaled, &single);
+    let lrs = |l: &Learner| {
+        l.updater()
             .model_optim
             .groups
             .iter()
@@ -565,20 +559,22 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
             .collect::<Vec<_>>()
     };
     let expected = scaled.lr * 2.0; // sqrt(world_size 4 × sync_freq 1)
-    assert_eq!(lrs(&agent), vec![expected * scaled.enc_lr_scale, expected]);
-    assert_eq!(agent.learner.policy_optim.groups[0].lr, expected);
+    assert_eq!(
+        lrs(&learner),
+        vec![expected * scaled.enc_lr_scale, expected]
+    );
+    assert_eq!(learner.updater().policy_optim.groups[0].lr, expected);
 
-    let mut learner = Learner::new(&scaled, 100, Device::Cpu, &single).unwrap();
     let batch = part(&union_batch(1), 0);
     // This update draws from torch's global generator: keep other tests' seeded draws whole.
     let _lock = rng_lock();
-    learner.update_on(&mut agent, &[batch]).unwrap();
-    let warm = lrs(&agent);
+    learner.update_on(&[batch]).unwrap();
+    let warm = lrs(&learner);
     assert!(
         (warm[1] - expected / 10.0).abs() < 1e-12,
         "first of 10 warm-up steps: {warm:?}"
     );
-    assert!((agent.learner.policy_optim.groups[0].lr - expected / 10.0).abs() < 1e-12);
+    assert!((learner.updater().policy_optim.groups[0].lr - expected / 10.0).abs() < 1e-12);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::layers::Heads;
 use tdmpc2::agent::world_model::QParams;
 use tdmpc2::agent::{
-    import_official, AgentConfig, Batch, Learner, NoiseKind, Planner, ReplayNoise, UpdateStats,
+    import_official, AgentConfig, Batch, NoiseKind, Planner, ReplayNoise, UpdateStats, Updater,
     WorldModel,
 };
 
@@ -246,7 +246,7 @@ fn run_updates(
     fixture: &HashMap<String, Tensor>,
     weight_keys: &[String],
 ) {
-    let mut learner = Learner::new(config, model).expect("learner");
+    let mut learner = Updater::new(config, model).expect("learner");
     let batch = Batch {
         obs: get(fixture, "batch.obs").shallow_clone(),
         action: get(fixture, "batch.action").shallow_clone(),

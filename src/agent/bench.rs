@@ -7,7 +7,7 @@ use tch::{Device, Kind, Tensor};
 use super::config::AgentConfig;
 use super::noise::{HostNoise, TorchNoise};
 use super::planner::Planner;
-use super::update::{Batch, Learner};
+use super::update::{Batch, Updater};
 use super::world_model::WorldModel;
 use super::Result;
 
@@ -255,7 +255,7 @@ fn bench_case(
     let mut sample_noise = TorchNoise::seeded(options.seed);
     let mut batch_noise = HostNoise::seeded(options.seed);
     let mut model = WorldModel::new(config, device)?;
-    let mut learner = Learner::new(config, &model)?;
+    let mut learner = Updater::new(config, &model)?;
     let mut planner = Planner::new(config, device);
     let (h, b) = (config.horizon as i64, options.batch_size as i64);
     let options_f = (Kind::Float, device);

@@ -68,6 +68,17 @@ impl TorchNoise {
     }
 }
 
+impl TorchNoise {
+    /// A stream over torch's global generators as they stand (not reseeded): a second reader
+    /// of the stream some [`TorchNoise::seeded`] started. Its own dropout-mask stream is unused
+    /// by acting, which never drops out.
+    pub fn global() -> Self {
+        Self {
+            mask_rng: SmallRng::seed_from_u64(0),
+        }
+    }
+}
+
 impl Noise for TorchNoise {
     fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
         Ok(Tensor::f_randn(shape, (Kind::Float, device))?)

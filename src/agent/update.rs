@@ -2,14 +2,14 @@
 //! gradient computation and optimiser steps so that a distributed trainer can all-reduce or
 //! accumulate gradients in between:
 //!
-//! 1. [`Learner::world_model_backward`] → gradients in [`Learner::model_grads_mut`]
-//! 2. [`Learner::step_world_model`] (clip, Adam)
-//! 3. [`Learner::policy_backward`] (the Q scale is updated from values the caller may gather
-//!    from all ranks) → gradients in [`Learner::policy_grads_mut`]
-//! 4. [`Learner::step_policy`] (clip, Adam)
+//! 1. [`Updater::world_model_backward`] → gradients in [`Updater::model_grads_mut`]
+//! 2. [`Updater::step_world_model`] (clip, Adam)
+//! 3. [`Updater::policy_backward`] (the Q scale is updated from values the caller may gather
+//!    from all ranks) → gradients in [`Updater::policy_grads_mut`]
+//! 4. [`Updater::step_policy`] (clip, Adam)
 //! 5. [`WorldModel::soft_update_target`]
 //!
-//! [`Learner::update`] runs all five for a single process.
+//! [`Updater::update`] runs all five for a single process.
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Reduction, Tensor};
 
@@ -172,7 +172,7 @@ impl UpdateInfo {
 
 /// Optimiser state, Q scale and gradient buffers of the TD-MPC2 update.
 #[derive(Debug)]
-pub struct Learner {
+pub struct Updater {
     config: AgentConfig,
     pub model_optim: Adam,
     pub policy_optim: Adam,
@@ -187,7 +187,7 @@ pub struct Learner {
     rho_powers: Tensor,
 }
 
-impl Learner {
+impl Updater {
     pub fn new(config: &AgentConfig, model: &WorldModel) -> Result<Self> {
         config.validate()?;
         let flat = &model.model_params.flat;
@@ -531,7 +531,7 @@ mod tests {
         let eps = Tensor::randn([3, 6, 2], (Kind::Float, Device::Cpu));
         let perm = || Tensor::from_slice(&[2i64, 0, 1]);
 
-        let mut whole = Learner::new(&config, &model).unwrap();
+        let mut whole = Updater::new(&config, &model).unwrap();
         let (mut sample, mut perms) = (ReplayNoise::new(), ReplayNoise::new());
         sample.push(NoiseKind::Randn, eps.shallow_clone());
         perms.push(NoiseKind::Randperm, perm());
@@ -539,7 +539,7 @@ mod tests {
             .world_model_backward(&model, &batch, &mut sample, &mut perms)
             .unwrap();
 
-        let mut parts = Learner::new(&config, &model).unwrap();
+        let mut parts = Updater::new(&config, &model).unwrap();
         for (start, len) in [(0, 3), (3, 3)] {
             let (mut sample, mut perms) = (ReplayNoise::new(), ReplayNoise::new());
             sample.push(NoiseKind::Randn, eps.narrow(1, start, len));
@@ -574,7 +574,7 @@ mod tests {
             ..small_config()
         };
         let mut model = WorldModel::new(&config, Device::Cpu).unwrap();
-        let mut learner = Learner::new(&config, &model).unwrap();
+        let mut learner = Updater::new(&config, &model).unwrap();
         let before = model.model_params.flat.copy();
         let target_before = model.target_params.flat.copy();
         let mut sample = TorchNoise::seeded(1);

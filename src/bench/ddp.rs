@@ -24,13 +24,14 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::Device;
 
+use crate::actor::Policy;
 use crate::agent::bench::median;
-use crate::agent::{Agent, HostNoise, TorchNoise};
+use crate::agent::{HostNoise, TorchNoise};
 use crate::buffer::Episode;
 use crate::config::{Config, Source};
 use crate::ddp::{affinity, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
-use crate::trainer::learner::Learner;
+use crate::learner::Learner;
 
 /// walker-run's dimensions (dm_control): the discount they resolve to is 0.99.
 const OBS_DIM: usize = 24;
@@ -601,7 +602,7 @@ fn random_episode(rng: &mut Pcg64) -> Episode {
 
 /// The training loop's work per agent step minus the environment: seconds planning, updating.
 fn agent_step(
-    agent: &mut Agent,
+    policy: &mut Policy,
     learner: &mut Learner,
     rng: &mut Pcg64,
     t0: bool,
@@ -610,9 +611,10 @@ fn agent_step(
         .map(|_| rng.random_range(-1.0f32..=1.0))
         .collect();
     let started = Instant::now();
-    agent.act(&obs, t0, false)?;
+    policy.act(&obs, &[t0], false)?;
     let planned = Instant::now();
-    learner.update(agent, rng)?;
+    learner.update(rng)?;
+    policy.load_weights(learner.model())?;
     Ok((
         (planned - started).as_secs_f64(),
         planned.elapsed().as_secs_f64(),
@@ -620,12 +622,12 @@ fn agent_step(
 }
 
 /// Milliseconds of the update's two gradient all-reduces, each repeat started after a barrier.
-fn isolated_all_reduce_ms(group: &ProcessGroup, agent: &Agent) -> Result<f64> {
+fn isolated_all_reduce_ms(group: &ProcessGroup, learner: &Learner) -> Result<f64> {
     const REPEATS: usize = 10;
     if group.world_size() == 1 {
         return Ok(0.0);
     }
-    let model = &agent.model;
+    let model = learner.model();
     let mut grads = [
         model.model_params.flat.zeros_like(),
         model.policy_params.flat.zeros_like(),
@@ -661,12 +663,20 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     )?;
     crate::ddp::affinity::apply_from_env()?;
     let device = Device::Cpu;
-    let mut agent = Agent::new(config.agent_config()?, device, config.seed)?;
     let mut learner = Learner::new(&config, EPISODES * (EPISODE_LENGTH + 1), device, &group)?;
-    learner.broadcast_parameters(&mut agent)?;
+    learner.broadcast_parameters()?;
+    let mut policy = Policy::new(
+        &config.agent_config()?,
+        device,
+        1,
+        Box::new(TorchNoise::global()),
+    )?;
+    policy.load_weights(learner.model())?;
     // As in training: per-sample draws differ by rank, the per-batch draws (Q heads) are shared.
-    agent.sample_noise = Box::new(TorchNoise::seeded(config.seed + 1 + rank.rank as u64));
-    agent.batch_noise = Box::new(HostNoise::seeded(config.seed));
+    learner.set_noise(
+        Box::new(TorchNoise::seeded(config.seed + 1 + rank.rank as u64)),
+        Box::new(HostNoise::seeded(config.seed)),
+    );
     let mut rng = Pcg64::seed_from_u64(config.seed.wrapping_mul(1000) + rank.rank as u64);
     for _ in 0..EPISODES {
         learner.add_episode(&random_episode(&mut rng))?;
@@ -676,7 +686,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     }
 
     for i in 0..args.warmup {
-        agent_step(&mut agent, &mut learner, &mut rng, i == 0)?;
+        agent_step(&mut policy, &mut learner, &mut rng, i == 0)?;
     }
     group.barrier()?;
     let comm_before = learner.comm_times();
@@ -684,13 +694,13 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     let started = Instant::now();
     for i in 0..args.steps {
         let t0 = args.warmup == 0 && i == 0;
-        let (p, u) = agent_step(&mut agent, &mut learner, &mut rng, t0)?;
+        let (p, u) = agent_step(&mut policy, &mut learner, &mut rng, t0)?;
         plan += p;
         update += u;
     }
     let seconds = started.elapsed().as_secs_f64();
     let comm = learner.comm_times();
-    let allreduce_isolated_ms = isolated_all_reduce_ms(&group, &agent)?;
+    let allreduce_isolated_ms = isolated_all_reduce_ms(&group, &learner)?;
     let per_step_ms = 1e3 / args.steps as f64;
     let report = WorkerReport {
         rank: rank.rank,

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use tch::{Device, Tensor};
 
-use crate::agent::Agent;
 use crate::error::{Error, Result};
+use crate::learner::Learner;
 
 /// Elements copied to the host at a time, so a large model's hash needs little extra memory.
 const CHUNK: i64 = 1 << 22;
@@ -17,10 +17,10 @@ pub type Parts = Vec<(&'static str, u32)>;
 /// The parts of the learner state that must be identical on all ranks after an optimiser step
 /// (parameters, target Qs, both optimisers' moments and steps, the Q scale), each with the
 /// crc32c of its bytes, in a fixed order.
-pub fn learner_parts(agent: &Agent) -> Parts {
-    let model = &agent.model;
-    let learner = &agent.learner;
-    let (m, p) = (learner.model_optim.state(), learner.policy_optim.state());
+pub fn learner_parts(learner: &Learner) -> Parts {
+    let model = learner.model();
+    let updater = learner.updater();
+    let (m, p) = (updater.model_optim.state(), updater.policy_optim.state());
     let tensors = [
         ("model_params", &model.model_params.flat),
         ("policy_params", &model.policy_params.flat),
@@ -29,7 +29,7 @@ pub fn learner_parts(agent: &Agent) -> Parts {
         ("model_optim.exp_avg_sq", &m.exp_avg_sq),
         ("policy_optim.exp_avg", &p.exp_avg),
         ("policy_optim.exp_avg_sq", &p.exp_avg_sq),
-        ("scale", learner.scale.value()),
+        ("scale", updater.scale.value()),
     ];
     let mut parts: Parts = tensors
         .into_iter()

@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use crate::agent::{AdamState, Agent};
+use crate::agent::AdamState;
 use crate::buffer::BufferMeta;
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
-use crate::trainer::learner::Learner;
+use crate::learner::Learner;
 
 /// Counters of a run, in global agent steps.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -93,16 +93,15 @@ pub fn save(
     config: &Config,
     run_dir: &Path,
     state: &TrainState,
-    agent: &Agent,
     learner: &Learner,
     group: &ProcessGroup,
 ) -> Result<()> {
     let global_step = state.step * group.world_size() as u64;
     // Never a checkpoint of a diverged state: the last one written stays the last good one.
-    crate::trainer::finite::check_parameters(agent, global_step)?;
-    let (parts, checksums) = rank_checksums(agent, group)?;
+    crate::trainer::finite::check_parameters(learner, global_step)?;
+    let (parts, checksums) = rank_checksums(learner, group)?;
     if config.save_buffer {
-        let (tensors, meta) = learner.buffer.export();
+        let (tensors, meta) = learner.buffer().export();
         store::save(&buffers_dir(run_dir, group.rank()), global_step, |dir| {
             Tensor::write_safetensors(&tensors, dir.join("buffer.safetensors"))?;
             write_json(&dir.join("buffer.json"), &meta)
@@ -117,8 +116,8 @@ pub fn save(
             (format!("{prefix}.exp_avg_sq"), s.exp_avg_sq),
         ]
     };
-    let model_state = agent.learner.model_optim.state();
-    let policy_state = agent.learner.policy_optim.state();
+    let model_state = learner.updater().model_optim.state();
+    let policy_state = learner.updater().policy_optim.state();
     let mut meta = Meta {
         format: FORMAT,
         global_step,
@@ -137,14 +136,14 @@ pub fn save(
     tensors.extend(optim("policy_optim", policy_state));
     tensors.push((
         "scale".into(),
-        agent.learner.scale.value().to_device(tch::Device::Cpu),
+        learner.updater().scale.value().to_device(tch::Device::Cpu),
     ));
     let tensors: Vec<(String, Tensor)> = tensors
         .into_iter()
         .map(|(n, t)| (n, t.to_device(tch::Device::Cpu)))
         .collect();
     store::save(&checkpoints_dir(run_dir), global_step, |dir| {
-        Tensor::write_safetensors(&agent.model.named_tensors(), dir.join(MODEL))?;
+        Tensor::write_safetensors(&learner.model().named_tensors(), dir.join(MODEL))?;
         Tensor::write_safetensors(&tensors, dir.join(STATE))?;
         for name in [MODEL, STATE] {
             meta.files
@@ -157,8 +156,8 @@ pub fn save(
 
 /// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ
 /// when ranks disagree. Returns this rank's parts and every rank's combined checksum.
-fn rank_checksums(agent: &Agent, group: &ProcessGroup) -> Result<(integrity::Parts, Vec<u32>)> {
-    let parts = integrity::learner_parts(agent);
+fn rank_checksums(learner: &Learner, group: &ProcessGroup) -> Result<(integrity::Parts, Vec<u32>)> {
+    let parts = integrity::learner_parts(learner);
     let local: Vec<i64> = parts.iter().map(|(_, crc)| *crc as i64).collect();
     let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
     let n = parts.len();
@@ -315,12 +314,11 @@ fn resume_source(config: &Config, run_dir: &Path) -> Result<Option<PathBuf>> {
 pub fn resume(
     config: &Config,
     run_dir: &Path,
-    agent: &mut Agent,
     learner: &mut Learner,
     group: &ProcessGroup,
 ) -> Result<Option<TrainState>> {
     let loaded = if group.rank() == 0 {
-        load_on_root(config, run_dir, agent)
+        load_on_root(config, run_dir, learner)
     } else {
         Ok(None)
     };
@@ -344,7 +342,12 @@ pub fn resume(
         (Ok(Some(meta)), _) => Counters::of(&meta),
         (Ok(None), _) => Counters::from_header(&header),
     };
-    share_learner_state(agent, group, meta.model_optim_step, meta.policy_optim_step)?;
+    share_learner_state(
+        learner,
+        group,
+        meta.model_optim_step,
+        meta.policy_optim_step,
+    )?;
 
     let world = group.world_size() as u64;
     // The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N), or,
@@ -363,7 +366,7 @@ pub fn resume(
                     .map_err(|e| Error::io("read buffer.json", e))?,
             )
             .map_err(|e| fail("buffer.json", e))?;
-            learner.buffer.restore(&tensors, buffer_meta)?;
+            learner.buffer_mut().restore(&tensors, buffer_meta)?;
         }
         _ if group.rank() == 0 => eprintln!(
             "warning: resuming without replay buffers (saved with save_buffer=true at the same \
@@ -433,7 +436,7 @@ impl Counters {
 }
 
 /// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`.
-fn load_on_root(config: &Config, run_dir: &Path, agent: &mut Agent) -> Result<Option<Meta>> {
+fn load_on_root(config: &Config, run_dir: &Path, learner: &mut Learner) -> Result<Option<Meta>> {
     let Some(dir) = resume_source(config, run_dir)? else {
         return Ok(None);
     };
@@ -454,13 +457,14 @@ fn load_on_root(config: &Config, run_dir: &Path, agent: &mut Agent) -> Result<Op
     if meta.format == FORMAT {
         verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
-    agent.model.load(&dir.join(MODEL))?;
+    learner.model_mut().load(&dir.join(MODEL))?;
+    let device = learner.model().device();
     let tensors = Tensor::read_safetensors(dir.join(STATE))?;
     let get = |name: &str| -> Result<Tensor> {
         tensors
             .iter()
             .find(|(n, _)| n == name)
-            .map(|(_, t)| t.to_device(agent.model.device()))
+            .map(|(_, t)| t.to_device(device))
             .ok_or_else(|| Error::Checkpoint(format!("{}: {STATE} lacks '{name}'", dir.display())))
     };
     let model_state = AdamState {
@@ -474,11 +478,12 @@ fn load_on_root(config: &Config, run_dir: &Path, agent: &mut Agent) -> Result<Op
         exp_avg_sq: get("policy_optim.exp_avg_sq")?,
     };
     let scale = get("scale")?;
-    agent.learner.model_optim.load_state(&model_state)?;
-    agent.learner.policy_optim.load_state(&policy_state)?;
-    agent.learner.scale.set(&scale);
+    let updater = learner.updater_mut();
+    updater.model_optim.load_state(&model_state)?;
+    updater.policy_optim.load_state(&policy_state)?;
+    updater.scale.set(&scale);
     if meta.format == FORMAT {
-        let differing: Vec<&str> = integrity::learner_parts(agent)
+        let differing: Vec<&str> = integrity::learner_parts(learner)
             .into_iter()
             .filter(|(name, crc)| meta.learner_parts.get(*name) != Some(crc))
             .map(|(name, _)| name)
@@ -501,14 +506,14 @@ fn load_on_root(config: &Config, run_dir: &Path, agent: &mut Agent) -> Result<Op
 /// Makes every rank's learner state rank 0's: parameters, target Qs, Adam moments and step
 /// counts, the Q scale.
 fn share_learner_state(
-    agent: &mut Agent,
+    learner: &mut Learner,
     group: &ProcessGroup,
     model_step: u64,
     policy_step: u64,
 ) -> Result<()> {
-    let model = &agent.model;
-    let learner = &mut agent.learner;
-    let (m, p) = (learner.model_optim.state(), learner.policy_optim.state());
+    let model = learner.model();
+    let updater = learner.updater();
+    let (m, p) = (updater.model_optim.state(), updater.policy_optim.state());
     for tensor in [
         &model.model_params.flat,
         &model.policy_params.flat,
@@ -517,16 +522,17 @@ fn share_learner_state(
         &m.exp_avg_sq,
         &p.exp_avg,
         &p.exp_avg_sq,
-        learner.scale.value(),
+        updater.scale.value(),
     ] {
         // A shallow clone shares the storage: the broadcast lands in the learner's own tensor.
         group.broadcast_from_root(&mut tensor.shallow_clone())?;
     }
-    learner.model_optim.load_state(&AdamState {
+    let updater = learner.updater_mut();
+    updater.model_optim.load_state(&AdamState {
         step: model_step,
         ..m
     })?;
-    learner.policy_optim.load_state(&AdamState {
+    updater.policy_optim.load_state(&AdamState {
         step: policy_step,
         ..p
     })?;
@@ -557,13 +563,18 @@ mod tests {
         .unwrap()
     }
 
-    /// An agent whose every part holds distinct values (moments and scale included).
-    fn agent(config: &Config, seed: u64) -> Agent {
-        let mut agent = Agent::new(config.agent_config().unwrap(), Device::Cpu, seed).unwrap();
+    /// A learner whose every part holds distinct values (moments and scale included).
+    fn learner<'g>(config: &Config, seed: u64, group: &'g ProcessGroup) -> Learner<'g> {
+        let config = Config {
+            seed,
+            ..config.clone()
+        };
+        let mut learner = Learner::new(&config, 100, Device::Cpu, group).unwrap();
         tch::manual_seed(seed as i64);
+        let updater = learner.updater_mut();
         for (optim, steps) in [
-            (&mut agent.learner.model_optim, 7),
-            (&mut agent.learner.policy_optim, 5),
+            (&mut updater.model_optim, 7),
+            (&mut updater.policy_optim, 5),
         ] {
             let shape = optim.state().exp_avg;
             let state = AdamState {
@@ -573,11 +584,10 @@ mod tests {
             };
             optim.load_state(&state).unwrap();
         }
-        agent
-            .learner
+        updater
             .scale
             .set(&Tensor::from_slice(&[3.25f32]).to_kind(Kind::Float));
-        agent
+        learner
     }
 
     #[test]
@@ -599,7 +609,9 @@ mod tests {
     #[test]
     fn the_learner_checksum_ignores_the_thread_count() {
         let dir = tempfile::tempdir().unwrap();
-        let agent = agent(&config(dir.path()), 3);
+        let config = config(dir.path());
+        let group = ProcessGroup::alone(RankInfo::single(&config));
+        let agent = learner(&config, 3, &group);
         let threads = tch::get_num_threads();
         tch::set_num_threads(1);
         let one = integrity::learner_parts(&agent);
@@ -608,7 +620,7 @@ mod tests {
         tch::set_num_threads(threads);
         assert_eq!(one, two);
         assert!(
-            agent.model.model_params.flat.numel() > 100_000,
+            agent.model().model_params.flat.numel() > 100_000,
             "large enough for a parallel reduction"
         );
     }
@@ -622,9 +634,8 @@ mod tests {
         let mut config = config.clone();
         config.resume = Some(dir.display().to_string());
         let group = ProcessGroup::alone(RankInfo::single(&config));
-        let mut learner = Learner::new(&config, 100, Device::Cpu, &group)?;
-        let mut fresh = agent(&config, 11);
-        let resumed = resume(&config, dir, &mut fresh, &mut learner, &group)?;
+        let mut fresh = learner(&config, 11, &group);
+        let resumed = resume(&config, dir, &mut fresh, &group)?;
         assert_eq!(integrity::learner_parts(&fresh), expected);
         Ok(resumed)
     }
@@ -642,8 +653,7 @@ mod tests {
         let run = tempfile::tempdir().unwrap();
         let config = config(run.path());
         let group = ProcessGroup::alone(RankInfo::single(&config));
-        let learner = Learner::new(&config, 100, Device::Cpu, &group).unwrap();
-        let saved = agent(&config, 3);
+        let saved = learner(&config, 3, &group);
         let state = TrainState {
             step: 40,
             pretrain_updates: 9,
@@ -651,7 +661,7 @@ mod tests {
         };
         tch::set_num_threads(1);
         let expected = integrity::learner_parts(&saved);
-        save(&config, run.path(), &state, &saved, &learner, &group).unwrap();
+        save(&config, run.path(), &state, &saved, &group).unwrap();
         let dir = store::latest(&checkpoints_dir(run.path())).unwrap().1;
 
         // The same parts hash the same after a round trip through the files, at any threads.

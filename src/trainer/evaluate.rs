@@ -5,7 +5,7 @@
 use tch::{Kind, Tensor};
 
 use super::stop::StopRequest;
-use crate::agent::Agent;
+use crate::actor::Actor;
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
@@ -34,10 +34,11 @@ pub enum Outcome {
     Stopped(StopRequest),
 }
 
-/// Plays this rank's share and gathers every rank's results, unless a stop is requested.
+/// Plays this rank's share, as many episodes at once as the actor has environments, and
+/// gathers every rank's results, unless a stop is requested (checked before each round of
+/// episodes, the same number of times on every rank).
 pub fn evaluate(
-    agent: &mut Agent,
-    env: &mut dyn envs::Env,
+    actor: &mut Actor,
     total: usize,
     seed: u64,
     group: &ProcessGroup,
@@ -47,29 +48,26 @@ pub fn evaluate(
     // One row per slot: return, length, success (NaN when the task has none), played (0/1).
     let mut rows = vec![f64::NAN; slots * 4];
     let mine = share(total, rank, world);
-    for slot in 0..slots {
+    let at_once = actor.num_envs();
+    for first in (0..slots).step_by(at_once) {
         if let Some(request) = super::stop::requested(group)? {
             return Ok(Outcome::Stopped(request));
         }
-        if slot >= mine {
-            continue;
+        let round: Vec<usize> = (first..slots.min(first + at_once))
+            .filter(|&slot| slot < mine)
+            .collect();
+        let seeds: Vec<u64> = round
+            .iter()
+            .map(|&slot| (seed + slot as u64) & 0xffff_ffff)
+            .collect();
+        for (slot, episode) in round.iter().zip(actor.evaluate(&seeds)?) {
+            rows[slot * 4..slot * 4 + 4].copy_from_slice(&[
+                episode.reward,
+                episode.length as f64,
+                episode.success,
+                1.0,
+            ]);
         }
-        let mut obs = env.reset(Some((seed + slot as u64) & 0xffff_ffff))?;
-        let (mut reward, mut length, mut success) = (0.0, 0usize, f64::NAN);
-        loop {
-            let action = agent.act(&obs, length == 0, true)?;
-            let step = env.step(&action)?;
-            reward += step.reward;
-            length += 1;
-            if let Some(s) = step.success {
-                success = s;
-            }
-            obs = step.obs;
-            if step.terminated || step.truncated {
-                break;
-            }
-        }
-        rows[slot * 4..slot * 4 + 4].copy_from_slice(&[reward, length as f64, success, 1.0]);
     }
     let local = Tensor::from_slice(&rows)
         .to_kind(Kind::Double)

@@ -3,8 +3,9 @@
 //!
 //! Every rank decides alike without a collective: the update statistics are all-reduced and
 //! the parameters identical on all ranks, so each rank sees the same values at the same step.
-use crate::agent::{Agent, UpdateStats};
+use crate::agent::UpdateStats;
 use crate::error::{Error, Result};
+use crate::learner::Learner;
 
 /// The statistics of the last update are all finite.
 pub fn check_stats(stats: &UpdateStats, step: u64) -> Result<()> {
@@ -22,13 +23,13 @@ pub fn check_stats(stats: &UpdateStats, step: u64) -> Result<()> {
 
 /// The learner's parameters (world model, policy, target Q) and the Q scale are all finite:
 /// what a checkpoint would save.
-pub fn check_parameters(agent: &Agent, step: u64) -> Result<()> {
-    let model = &agent.model;
+pub fn check_parameters(learner: &Learner, step: u64) -> Result<()> {
+    let model = learner.model();
     let parts = [
         ("world-model parameters", &model.model_params.flat),
         ("policy parameters", &model.policy_params.flat),
         ("target Q parameters", &model.target_params.flat),
-        ("Q scale", agent.learner.scale.value()),
+        ("Q scale", learner.updater().scale.value()),
     ];
     for (what, tensor) in parts {
         let finite = tensor.f_isfinite()?.f_all()?.f_int64_value(&[])? == 1;
@@ -83,13 +84,14 @@ mod tests {
 
     #[test]
     fn non_finite_parameters_are_refused() {
-        let config = crate::agent::AgentConfig::defaults(None, 3, 1).unwrap();
-        let agent = Agent::new(config, tch::Device::Cpu, 1).unwrap();
-        assert!(check_parameters(&agent, 5).is_ok());
+        let config = crate::config::Config::for_dims(None, 3, 1).unwrap();
+        let group = crate::ddp::ProcessGroup::alone(crate::ddp::RankInfo::single(&config));
+        let learner = Learner::new(&config, 10, tch::Device::Cpu, &group).unwrap();
+        assert!(check_parameters(&learner, 5).is_ok());
         tch::no_grad(|| {
-            let _ = agent.model.policy_params.flat.get(0).fill_(f64::NAN);
+            let _ = learner.model().policy_params.flat.get(0).fill_(f64::NAN);
         });
-        let e = check_parameters(&agent, 5).unwrap_err().to_string();
+        let e = check_parameters(&learner, 5).unwrap_err().to_string();
         assert!(
             e.contains("step 5") && e.contains("policy parameters"),
             "{e}"

@@ -1,4 +1,6 @@
-//! The learner of one rank: its replay buffer and the synchronised TD-MPC2 update.
+//! The learner of one rank: the world model with its target Qs, the optimisers and Q scale, the
+//! replay buffer, and the synchronised TD-MPC2 update. It is the only part of a rank that talks
+//! to the process group during training.
 //!
 //! With `sync_freq = k`, each rank computes the gradients of k micro-batches (all world-model
 //! passes, then one optimiser step on the averaged gradients; then all policy passes on the
@@ -10,14 +12,20 @@ use std::time::Instant;
 use rand_pcg::Pcg64;
 use tch::{Device, Tensor};
 
-use crate::agent::{Agent, Batch, UpdateInfo};
+use crate::agent::{Batch, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
 use crate::buffer::{Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
 pub struct Learner<'g> {
-    pub buffer: ReplayBuffer,
+    model: WorldModel,
+    updater: Updater,
+    /// Per-sample draws (TD-target policy noise, dropout masks).
+    sample_noise: Box<dyn Noise + Send>,
+    /// Per-batch draws (the Q heads picked), identical on every rank.
+    batch_noise: Box<dyn Noise + Send>,
+    buffer: ReplayBuffer,
     batch_size: usize,
     horizon: usize,
     sync_freq: usize,
@@ -40,12 +48,20 @@ pub struct CommTimes {
 }
 
 impl<'g> Learner<'g> {
+    /// A freshly initialised learner: torch's generator is seeded with `config.seed` before the
+    /// model is drawn, so every rank starts from the same parameters.
     pub fn new(
         config: &Config,
         capacity: usize,
         device: Device,
         group: &'g ProcessGroup,
     ) -> Result<Self> {
+        let agent_config = config.agent_config()?;
+        agent_config.validate()?;
+        crate::agent::kernels::retain_freed_memory();
+        let sample_noise = TorchNoise::seeded(config.seed);
+        let model = WorldModel::new(&agent_config, device)?;
+        let updater = Updater::new(&agent_config, &model)?;
         let obs_dim = config
             .obs_shape
             .as_ref()
@@ -53,6 +69,10 @@ impl<'g> Learner<'g> {
             .unwrap_or(0);
         let action_dim = config.action_dim.unwrap_or(0);
         Ok(Self {
+            model,
+            updater,
+            sample_noise: Box::new(sample_noise),
+            batch_noise: Box::new(HostNoise::seeded(config.seed)),
             buffer: ReplayBuffer::new(capacity, obs_dim, action_dim, device)?,
             batch_size: config.batch_size,
             horizon: config.horizon,
@@ -69,13 +89,45 @@ impl<'g> Learner<'g> {
         self.comm
     }
 
+    pub fn model(&self) -> &WorldModel {
+        &self.model
+    }
+
+    pub fn model_mut(&mut self) -> &mut WorldModel {
+        &mut self.model
+    }
+
+    /// The optimisers and the Q scale.
+    pub fn updater(&self) -> &Updater {
+        &self.updater
+    }
+
+    pub fn updater_mut(&mut self) -> &mut Updater {
+        &mut self.updater
+    }
+
+    pub fn buffer(&self) -> &ReplayBuffer {
+        &self.buffer
+    }
+
+    pub fn buffer_mut(&mut self) -> &mut ReplayBuffer {
+        &mut self.buffer
+    }
+
+    /// Replaces the two random streams (at every checkpoint point, so that a resumed run draws
+    /// what the uninterrupted one draws).
+    pub fn set_noise(&mut self, sample: Box<dyn Noise + Send>, batch: Box<dyn Noise + Send>) {
+        self.sample_noise = sample;
+        self.batch_noise = batch;
+    }
+
     pub fn add_episode(&mut self, episode: &Episode) -> Result<()> {
         self.buffer.add(episode)
     }
 
     /// Makes every rank start from rank 0's parameters and target Qs.
-    pub fn broadcast_parameters(&self, agent: &mut Agent) -> Result<()> {
-        let model = &agent.model;
+    pub fn broadcast_parameters(&mut self) -> Result<()> {
+        let model = &self.model;
         for flat in [
             &model.model_params.flat,
             &model.policy_params.flat,
@@ -102,21 +154,21 @@ impl<'g> Learner<'g> {
     }
 
     /// One synchronised update (k micro-batches sampled from this rank's buffer).
-    pub fn update(&mut self, agent: &mut Agent, rng: &mut Pcg64) -> Result<UpdateInfo> {
+    pub fn update(&mut self, rng: &mut Pcg64) -> Result<UpdateInfo> {
         let batches = (0..self.sync_freq)
             .map(|_| self.sample(rng))
             .collect::<Result<Vec<_>>>()?;
-        self.update_on(agent, &batches)
+        self.update_on(&batches)
     }
 
     /// Linear learning-rate warm-up over the first `lr_warmup_steps` optimiser steps.
-    fn warm_up(&mut self, agent: &mut Agent) {
+    fn warm_up(&mut self) {
         if self.warmup_steps == 0 {
             return;
         }
         let optimisers = [
-            &mut agent.learner.model_optim,
-            &mut agent.learner.policy_optim,
+            &mut self.updater.model_optim,
+            &mut self.updater.policy_optim,
         ];
         let (model_base, policy_base) = self.base_lrs.get_or_insert_with(|| {
             let lrs = |o: &crate::agent::Adam| o.groups.iter().map(|g| g.lr).collect::<Vec<_>>();
@@ -132,19 +184,19 @@ impl<'g> Learner<'g> {
     }
 
     /// One synchronised update on the given micro-batches.
-    pub fn update_on(&mut self, agent: &mut Agent, batches: &[Batch]) -> Result<UpdateInfo> {
-        self.warm_up(agent);
+    pub fn update_on(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
+        self.warm_up();
         let group = self.group;
+        let (model, learner) = (&mut self.model, &mut self.updater);
+        let (sample_noise, batch_noise) = (&mut self.sample_noise, &mut self.batch_noise);
         if group.world_size() == 1 && batches.len() == 1 {
-            return Ok(agent.update(&batches[0])?);
+            return Ok(learner.update(
+                model,
+                &batches[0],
+                sample_noise.as_mut(),
+                batch_noise.as_mut(),
+            )?);
         }
-        let Agent {
-            model,
-            learner,
-            sample_noise,
-            batch_noise,
-            ..
-        } = agent;
         let micro = batches.len() as f64;
         let mut passes = Vec::with_capacity(batches.len());
         for batch in batches {

@@ -1,0 +1,242 @@
+//! The actor of one rank: its environments, the episodes being collected in them, and the
+//! [`Policy`] that chooses actions (uniform random during seeding, MPPI afterwards).
+//!
+//! Every environment runs its own episodes on its own schedule. An environment whose episode
+//! has ended stays paused until the trainer takes the episode and resets it; the trainer
+//! pauses them all before an evaluation or a checkpoint, so those always see every
+//! environment at an episode boundary.
+pub mod policy;
+
+use rand::Rng;
+use rand_pcg::Pcg64;
+
+use crate::buffer::Episode;
+use crate::error::{Error, Result};
+pub use policy::Policy;
+
+/// What one finished episode looked like.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EpisodeStats {
+    pub reward: f64,
+    pub length: usize,
+    pub success: Option<f64>,
+    pub terminated: bool,
+}
+
+/// One environment's episode in progress.
+#[derive(Default)]
+struct Slot {
+    obs: Vec<f32>,
+    episode: Episode,
+    stats: EpisodeStats,
+    /// Before the first episode, and after each episode's last step until the next reset.
+    done: bool,
+}
+
+pub struct Actor {
+    envs: envs::VectorEnv,
+    policy: Policy,
+    episodic: bool,
+    action_dim: usize,
+    slots: Vec<Slot>,
+}
+
+/// How a step chooses its actions.
+pub enum Acting<'r> {
+    /// Uniform in [−1, 1], drawn from `rng` environment by environment.
+    Random(&'r mut Pcg64),
+    /// The policy's plan (exploration noise included).
+    Policy,
+}
+
+impl Actor {
+    pub fn new(envs: envs::VectorEnv, policy: Policy, episodic: bool) -> Result<Self> {
+        if envs.num_envs() != policy.num_envs() {
+            return Err(Error::Config(format!(
+                "{} environments but a policy for {}",
+                envs.num_envs(),
+                policy.num_envs()
+            )));
+        }
+        let action_dim = envs.spec().action_dim;
+        let slots = (0..envs.num_envs())
+            .map(|_| Slot {
+                done: true,
+                ..Slot::default()
+            })
+            .collect();
+        Ok(Self {
+            envs,
+            policy,
+            episodic,
+            action_dim,
+            slots,
+        })
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn policy_mut(&mut self) -> &mut Policy {
+        &mut self.policy
+    }
+
+    pub fn envs_mut(&mut self) -> &mut envs::VectorEnv {
+        &mut self.envs
+    }
+
+    /// Whether every environment is at an episode boundary.
+    pub fn all_done(&self) -> bool {
+        self.slots.iter().all(|s| s.done)
+    }
+
+    /// The environments at an episode boundary, in index order.
+    pub fn done(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].done)
+            .collect()
+    }
+
+    /// Hands over environment `i`'s finished episode, if it made at least one step.
+    pub fn take_episode(&mut self, i: usize) -> Option<(Episode, EpisodeStats)> {
+        let slot = &mut self.slots[i];
+        if !slot.done || slot.episode.is_empty() {
+            return None;
+        }
+        Some((std::mem::take(&mut slot.episode), slot.stats))
+    }
+
+    /// Starts an episode in environment `i`; each episode gets its own seed so that a resumed
+    /// run replays it.
+    pub fn reset(&mut self, i: usize, seed: u64) -> Result<()> {
+        let obs = self.envs.reset(i, Some(seed))?;
+        let slot = &mut self.slots[i];
+        slot.episode = Episode {
+            obs: obs.clone(),
+            ..Episode::default()
+        };
+        slot.obs = obs;
+        slot.stats = EpisodeStats::default();
+        slot.done = false;
+        Ok(())
+    }
+
+    /// One step of every running environment; returns how many stepped (agent steps).
+    pub fn step(&mut self, acting: Acting<'_>) -> Result<usize> {
+        let running: Vec<usize> = (0..self.slots.len())
+            .filter(|&i| !self.slots[i].done)
+            .collect();
+        if running.is_empty() {
+            return Ok(0);
+        }
+        let a = self.action_dim;
+        let actions: Vec<f32> = match acting {
+            Acting::Random(rng) => (0..running.len() * a)
+                .map(|_| rng.random_range(-1.0f32..=1.0))
+                .collect(),
+            Acting::Policy => {
+                // One batched plan for every environment; a paused one plans from its last
+                // observation (fixed shapes) and its action is dropped.
+                let obs: Vec<f32> = self.slots.iter().flat_map(|s| s.obs.clone()).collect();
+                let t0: Vec<bool> = self.slots.iter().map(|s| s.episode.is_empty()).collect();
+                let all = self.policy.act(&obs, &t0, false)?;
+                running
+                    .iter()
+                    .flat_map(|&i| all[i * a..(i + 1) * a].to_vec())
+                    .collect()
+            }
+        };
+        let steps = self.envs.step(&running, &actions)?;
+        for ((&i, step), action) in running.iter().zip(steps).zip(actions.chunks(a)) {
+            if step.terminated && !self.episodic {
+                return Err(Error::Config(
+                    "the environment terminated an episode, but episodic=false; set \
+                     episodic=true for tasks that can end early"
+                        .into(),
+                ));
+            }
+            let slot = &mut self.slots[i];
+            slot.episode.obs.extend_from_slice(&step.obs);
+            slot.episode.action.extend_from_slice(action);
+            slot.episode.reward.push(step.reward as f32);
+            slot.episode
+                .terminated
+                .push(if step.terminated { 1.0 } else { 0.0 });
+            slot.stats.reward += step.reward;
+            slot.stats.length += 1;
+            slot.stats.terminated = step.terminated;
+            if step.success.is_some() {
+                slot.stats.success = step.success;
+            }
+            slot.obs = step.obs;
+            slot.done = step.terminated || step.truncated;
+        }
+        Ok(running.len())
+    }
+}
+
+/// The outcome of one evaluation episode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalEpisode {
+    pub reward: f64,
+    pub length: usize,
+    /// NaN when the task reports none.
+    pub success: f64,
+}
+
+impl Actor {
+    /// Plays one evaluation episode (no exploration noise) in each of the first `seeds.len()`
+    /// environments at once, environment i reset with `seeds[i]`. The training episodes are
+    /// not touched: call it with every environment at an episode boundary.
+    pub fn evaluate(&mut self, seeds: &[u64]) -> Result<Vec<EvalEpisode>> {
+        let (n, a) = (self.slots.len(), self.action_dim);
+        if seeds.len() > n {
+            return Err(Error::Other(format!(
+                "{} evaluation episodes at once with {n} environments",
+                seeds.len()
+            )));
+        }
+        let obs_dim = self.envs.spec().obs_dim();
+        let mut obs = vec![0.0f32; n * obs_dim];
+        for (i, seed) in seeds.iter().enumerate() {
+            let first = self.envs.reset(i, Some(*seed))?;
+            obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
+        }
+        let mut results = vec![
+            EvalEpisode {
+                reward: 0.0,
+                length: 0,
+                success: f64::NAN,
+            };
+            seeds.len()
+        ];
+        let mut running: Vec<usize> = (0..seeds.len()).collect();
+        while !running.is_empty() {
+            let t0: Vec<bool> = (0..n)
+                .map(|i| results.get(i).is_some_and(|r| r.length == 0))
+                .collect();
+            let all = self.policy.act(&obs, &t0, true)?;
+            let actions: Vec<f32> = running
+                .iter()
+                .flat_map(|&i| all[i * a..(i + 1) * a].to_vec())
+                .collect();
+            let steps = self.envs.step(&running, &actions)?;
+            let mut still = Vec::with_capacity(running.len());
+            for (&i, step) in running.iter().zip(steps) {
+                let result = &mut results[i];
+                result.reward += step.reward;
+                result.length += 1;
+                if let Some(s) = step.success {
+                    result.success = s;
+                }
+                obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&step.obs);
+                if !(step.terminated || step.truncated) {
+                    still.push(i);
+                }
+            }
+            running = still;
+        }
+        Ok(results)
+    }
+}

@@ -1,0 +1,102 @@
+//! The acting side of the agent: its own copy of the weights the planner reads, the MPPI planner
+//! with one warm start per environment, and its own stream of random draws.
+//!
+//! The copy is refreshed from the learner's model at the points the trainer chooses (after
+//! every update in the strict loop, one update behind with `pipeline=true`); it is a device
+//! copy of two flat buffers, never a round trip through the host.
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::agent::{AgentConfig, Error, Noise, Planner, Result, WorldModel};
+
+pub struct Policy {
+    model: WorldModel,
+    planners: Vec<Planner>,
+    noise: Box<dyn Noise + Send>,
+    mpc: bool,
+    num_envs: usize,
+}
+
+impl Policy {
+    /// A policy for `num_envs` environments. Its weights are drawn fresh (and so consume draws
+    /// of torch's generator): load the learner's before acting.
+    pub fn new(
+        config: &AgentConfig,
+        device: Device,
+        num_envs: usize,
+        noise: Box<dyn Noise + Send>,
+    ) -> Result<Self> {
+        if num_envs == 0 {
+            return Err(Error::Config("num_envs must be >= 1".into()));
+        }
+        Ok(Self {
+            model: WorldModel::new(config, device)?,
+            planners: (0..num_envs)
+                .map(|_| Planner::new(config, device))
+                .collect(),
+            noise,
+            mpc: config.mpc,
+            num_envs,
+        })
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.num_envs
+    }
+
+    pub fn set_noise(&mut self, noise: Box<dyn Noise + Send>) {
+        self.noise = noise;
+    }
+
+    /// Copies the learner's current world model and policy parameters (not the target Qs,
+    /// which acting never reads).
+    pub fn load_weights(&mut self, learner_model: &WorldModel) -> Result<()> {
+        for (mine, theirs) in [
+            (&self.model.model_params, &learner_model.model_params),
+            (&self.model.policy_params, &learner_model.policy_params),
+        ] {
+            if mine.entries != theirs.entries {
+                return Err(Error::Config(
+                    "policy weights: the learner's model has another architecture".into(),
+                ));
+            }
+            tch::no_grad(|| mine.flat.detach().copy_(&theirs.flat));
+        }
+        Ok(())
+    }
+
+    /// Loads weights from a safetensors file (official state-dict names).
+    pub fn load_file(&mut self, path: &Path) -> Result<()> {
+        self.model.load(path)
+    }
+
+    /// One action per environment: `obs` holds `num_envs` observations back to back, `t0`
+    /// marks the environments at the first step of an episode (their warm start is dropped).
+    /// Returns `num_envs × action_dim` values in [−1, 1].
+    pub fn act(&mut self, obs: &[f32], t0: &[bool], eval_mode: bool) -> Result<Vec<f32>> {
+        let (e, obs_dim) = (self.num_envs as i64, self.model.obs_dim);
+        if obs.len() as i64 != e * obs_dim || t0.len() as i64 != e {
+            return Err(Error::Shape {
+                what: "observations".into(),
+                expected: vec![e, obs_dim],
+                got: vec![t0.len() as i64, obs.len() as i64 / e.max(1)],
+            });
+        }
+        let obs = Tensor::from_slice(obs)
+            .view([e, obs_dim])
+            .to_device(self.model.device());
+        let mut actions = Vec::with_capacity(self.num_envs);
+        for (i, planner) in self.planners.iter_mut().enumerate() {
+            let obs = obs.narrow(0, i as i64, 1);
+            actions.push(if self.mpc {
+                planner.plan(&self.model, &obs, t0[i], eval_mode, self.noise.as_mut())?
+            } else {
+                planner.act_with_policy(&self.model, &obs, eval_mode, self.noise.as_mut())?
+            });
+        }
+        let actions = Tensor::stack(&actions, 0);
+        let actions = actions.to_device(Device::Cpu).to_kind(Kind::Float);
+        Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
+    }
+}
