@@ -25,6 +25,32 @@ pub enum Error {
         seed: u64,
         reason: String,
     },
+    /// A worker process of a vector env died or broke its channel. `envs` names the envs it
+    /// ran (`env 3`, `envs 4-7`).
+    #[error("the environment worker (pid {pid}) running `{task}` {envs} {what}")]
+    Worker {
+        task: String,
+        envs: String,
+        pid: u32,
+        what: String,
+    },
+    /// An env failed inside its worker process; `message` is the worker's error text (a
+    /// Python exception as `python: Type: message`).
+    #[error("`{task}` env {index} failed in its worker process (pid {pid}): {message}")]
+    WorkerEnv {
+        task: String,
+        index: usize,
+        pid: u32,
+        message: String,
+    },
+    #[error("cannot start the environment worker `{program}`: {reason}")]
+    WorkerStart { program: String, reason: String },
+    /// The worker side's own channel failed (`serve_worker`).
+    #[error("env worker: {0}")]
+    WorkerChannel(String),
+    /// Bad arguments to a vector env (no envs, an index out of range or listed twice, ...).
+    #[error("vector env: {0}")]
+    VectorInput(String),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

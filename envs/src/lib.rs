@@ -9,8 +9,10 @@ pub mod gym;
 pub mod native;
 pub mod np_random;
 mod registry;
+pub mod vector;
 pub mod wrappers;
 
 pub use env::{ActionBox, BoxEnv, Env, EnvSpec, Step};
 pub use error::{Error, Result};
 pub use registry::{known_tasks, make};
+pub use vector::{serve_worker, Placement, VectorEnv, WorkerCommand};

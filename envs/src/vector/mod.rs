@@ -1,0 +1,304 @@
+//! Many environments of one task, stepped together: in this process, or spread over worker
+//! processes so that Python environments use several cores instead of queueing on one
+//! interpreter lock.
+//!
+//! A worker is a process of the program in [`WorkerCommand`] that calls [`serve_worker`]. It
+//! builds its envs with [`crate::make`] (so an env behaves bit for bit as it would in-process)
+//! and steps them on command; actions and observations pass through shared memory, the
+//! commands through its stdin and stdout. Workers die with their parent, exit when it closes
+//! their stdin, and are reaped when the [`VectorEnv`] is dropped.
+mod process;
+mod protocol;
+mod worker;
+
+use std::path::PathBuf;
+
+use self::process::WorkerProcess;
+use self::protocol::{Encoder, Layout};
+use crate::{Env, EnvSpec, Error, Result, Step};
+
+pub use self::worker::serve_worker;
+
+/// Where a vector env's environments run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// All in this process, stepped in turn.
+    InProcess,
+    /// In `k` worker processes, the envs split evenly in contiguous blocks (more workers than
+    /// envs: one worker per env).
+    Workers(usize),
+}
+
+/// How to start a worker process: a program that calls [`serve_worker`], with its arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+pub struct VectorEnv {
+    task: String,
+    spec: EnvSpec,
+    num_envs: usize,
+    backend: Backend,
+}
+
+enum Backend {
+    InProcess(Vec<Box<dyn Env>>),
+    Workers {
+        workers: Vec<WorkerProcess>,
+        layout: Layout,
+        /// Env i runs in `workers[owner[i].0]` as its env `owner[i].1`.
+        owner: Vec<(usize, usize)>,
+    },
+}
+
+impl VectorEnv {
+    /// `seeds[i]` is env i's construction seed, as `envs::make(task, seeds[i])`.
+    /// `worker` = how to start a worker process (program + args); unused for InProcess.
+    pub fn new(
+        task: &str,
+        seeds: &[u64],
+        placement: Placement,
+        worker: &WorkerCommand,
+    ) -> Result<Self> {
+        if seeds.is_empty() {
+            return Err(Error::VectorInput(
+                "no environments: give at least one seed".into(),
+            ));
+        }
+        let (spec, backend) = match placement {
+            Placement::InProcess => {
+                let envs = seeds
+                    .iter()
+                    .map(|&seed| crate::make(task, seed))
+                    .collect::<Result<Vec<_>>>()?;
+                (envs[0].spec().clone(), Backend::InProcess(envs))
+            }
+            Placement::Workers(0) => {
+                return Err(Error::VectorInput(
+                    "Placement::Workers(0): at least one worker process is needed".into(),
+                ))
+            }
+            Placement::Workers(k) => {
+                let (mut workers, owner) = start_workers(task, seeds, k, worker)?;
+                let spec = map_regions(task, &mut workers)?;
+                let layout = Layout::new(&spec);
+                let backend = Backend::Workers {
+                    workers,
+                    layout,
+                    owner,
+                };
+                (spec, backend)
+            }
+        };
+        Ok(Self {
+            task: task.into(),
+            spec,
+            num_envs: seeds.len(),
+            backend,
+        })
+    }
+
+    pub fn num_envs(&self) -> usize {
+        self.num_envs
+    }
+
+    pub fn spec(&self) -> &EnvSpec {
+        &self.spec
+    }
+
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+
+    /// The process ids of the worker processes, in env order (empty in-process).
+    pub fn worker_pids(&self) -> Vec<u32> {
+        match &self.backend {
+            Backend::InProcess(_) => Vec::new(),
+            Backend::Workers { workers, .. } => workers.iter().map(WorkerProcess::pid).collect(),
+        }
+    }
+
+    /// Resets env i only (each env resets on its own schedule). Returns its observation.
+    pub fn reset(&mut self, i: usize, seed: Option<u64>) -> Result<Vec<f32>> {
+        self.check_index(i)?;
+        match &mut self.backend {
+            Backend::InProcess(envs) => envs[i].reset(seed),
+            Backend::Workers {
+                workers,
+                layout,
+                owner,
+            } => {
+                let (w, local) = owner[i];
+                let command = Encoder::default().u32(local as u32);
+                let command = match seed {
+                    Some(seed) => command.u8(1).u64(seed),
+                    None => command.u8(0),
+                };
+                workers[w].call(protocol::RESET, &command.0)?;
+                Ok(layout.read_obs(workers[w].region(), local))
+            }
+        }
+    }
+
+    /// Steps every env listed in `which` with its action (flat, `which.len() * action_dim`),
+    /// all workers concurrently; returns one `Step` per listed env, in order.
+    ///
+    /// If a worker fails, the other workers' envs have still stepped; the error names the
+    /// task and the env (or the worker's envs when it died).
+    pub fn step(&mut self, which: &[usize], actions: &[f32]) -> Result<Vec<Step>> {
+        let action_dim = self.spec.action_dim;
+        let mut listed = vec![false; self.num_envs];
+        for &i in which {
+            self.check_index(i)?;
+            if std::mem::replace(&mut listed[i], true) {
+                return Err(Error::VectorInput(format!(
+                    "env {i} is listed twice in one step"
+                )));
+            }
+        }
+        if actions.len() != which.len() * action_dim {
+            return Err(Error::VectorInput(format!(
+                "{} action components for {} envs, expected {} (action_dim {action_dim} each)",
+                actions.len(),
+                which.len(),
+                which.len() * action_dim
+            )));
+        }
+        let actions = actions.chunks_exact(action_dim.max(1));
+        match &mut self.backend {
+            Backend::InProcess(envs) => which
+                .iter()
+                .zip(actions)
+                .map(|(&i, action)| envs[i].step(action))
+                .collect(),
+            Backend::Workers {
+                workers,
+                layout,
+                owner,
+            } => {
+                let mut lists = vec![Vec::new(); workers.len()];
+                for (&i, action) in which.iter().zip(actions) {
+                    let (w, local) = owner[i];
+                    layout.write_action(workers[w].region_mut(), local, action);
+                    lists[w].push(local as u32);
+                }
+                let mut failure = None;
+                let mut sent = vec![false; workers.len()];
+                for (w, list) in lists.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+                    let mut command = Encoder::default().u32(list.len() as u32);
+                    for &local in list {
+                        command = command.u32(local);
+                    }
+                    match workers[w].send(protocol::STEP, &command.0) {
+                        Ok(()) => sent[w] = true,
+                        Err(e) => {
+                            failure.get_or_insert(e);
+                        }
+                    }
+                }
+                for (worker, _) in workers.iter_mut().zip(&sent).filter(|(_, &s)| s) {
+                    if let Err(e) = worker.receive() {
+                        failure.get_or_insert(e);
+                    }
+                }
+                if let Some(e) = failure {
+                    return Err(e);
+                }
+                Ok(which
+                    .iter()
+                    .map(|&i| {
+                        let (w, local) = owner[i];
+                        layout.read_step(workers[w].region(), local)
+                    })
+                    .collect())
+            }
+        }
+    }
+
+    fn check_index(&self, i: usize) -> Result<()> {
+        if i < self.num_envs {
+            Ok(())
+        } else {
+            Err(Error::VectorInput(format!(
+                "env index {i} is out of range: there are {} envs (0..{})",
+                self.num_envs, self.num_envs
+            )))
+        }
+    }
+}
+
+impl Drop for VectorEnv {
+    /// Closes every worker's stdin first, so they all exit at once; each is then reaped.
+    fn drop(&mut self) {
+        if let Backend::Workers { workers, .. } = &mut self.backend {
+            workers.iter_mut().for_each(WorkerProcess::close);
+        }
+    }
+}
+
+/// Starts `k` workers (at most one per env) and has each build its envs, all at once.
+/// Returns them and, per env, its worker and its index there.
+fn start_workers(
+    task: &str,
+    seeds: &[u64],
+    k: usize,
+    worker: &WorkerCommand,
+) -> Result<(Vec<WorkerProcess>, Vec<(usize, usize)>)> {
+    let n = seeds.len();
+    let k = k.min(n);
+    let mut workers = Vec::with_capacity(k);
+    let mut owner = Vec::with_capacity(n);
+    for w in 0..k {
+        let envs = w * n / k..(w + 1) * n / k;
+        owner.extend((0..envs.len()).map(|local| (w, local)));
+        let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
+        let mut init = Encoder::default().str(task).u32(envs.len() as u32);
+        for &seed in &seeds[envs] {
+            init = init.u64(seed);
+        }
+        process.send(protocol::INIT, &init.0)?;
+        workers.push(process);
+    }
+    Ok((workers, owner))
+}
+
+/// Collects the workers' specs (they built their envs concurrently), then sizes and maps
+/// every worker's shared region.
+fn map_regions(task: &str, workers: &mut [WorkerProcess]) -> Result<EnvSpec> {
+    let mut spec: Option<EnvSpec> = None;
+    for worker in workers.iter_mut() {
+        let reply = worker.receive()?;
+        let theirs = protocol::decode_spec(&reply);
+        let mismatch = match (&theirs, &spec) {
+            (Err(e), _) => Some(format!("sent a malformed spec: {e}")),
+            (Ok(theirs), Some(ours)) if theirs != ours => {
+                Some(format!("reports spec {theirs:?}, unlike {ours:?}"))
+            }
+            _ => None,
+        };
+        if let Some(what) = mismatch {
+            return Err(Error::Worker {
+                task: task.into(),
+                envs: format!("envs {:?}", worker.envs()),
+                pid: worker.pid(),
+                what,
+            });
+        }
+        spec = theirs.ok();
+    }
+    let spec = spec.ok_or_else(|| Error::VectorInput("no worker processes".into()))?;
+    let layout = Layout::new(&spec);
+    for worker in workers.iter_mut() {
+        worker.map(layout.size(worker.envs().len()))?;
+        worker.send(protocol::MAP, &[])?;
+    }
+    for worker in workers.iter_mut() {
+        worker.receive()?;
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests;

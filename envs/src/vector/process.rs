@@ -1,0 +1,298 @@
+//! One environment worker process as its parent sees it: starting it, talking to it, noticing
+//! its death, and ending it.
+use std::fs::File;
+use std::io::{self, BufReader};
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::{mpsc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use memmap2::MmapMut;
+
+use super::protocol::{self, Decoder};
+use super::WorkerCommand;
+use crate::{Error, Result};
+
+/// How long a worker whose channel broke may take to be reaped before it is killed.
+const DEATH_GRACE: Duration = Duration::from_secs(3);
+/// How long a worker may take to exit after its stdin closes before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+/// Math libraries in a worker get one thread each: a worker is meant to use one core.
+const ONE_THREAD: [&str; 3] = ["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"];
+
+pub struct WorkerProcess {
+    task: String,
+    /// The global indices of the envs this worker runs.
+    envs: Range<usize>,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    /// The shared region (a memfd the worker inherited as `SHM_FD`), mapped once sized.
+    shm: File,
+    region: Option<MmapMut>,
+    /// Why the worker is gone, once it is.
+    dead: Option<String>,
+}
+
+impl WorkerProcess {
+    pub fn spawn(worker: &WorkerCommand, task: &str, envs: Range<usize>) -> Result<Self> {
+        let start_error = |reason: String| Error::WorkerStart {
+            program: worker.program.display().to_string(),
+            reason,
+        };
+        let shm = memfd().map_err(|e| start_error(format!("no shared memory: {e}")))?;
+        let mut command = Command::new(&worker.program);
+        command
+            .args(&worker.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for var in ONE_THREAD {
+            if std::env::var_os(var).is_none() {
+                command.env(var, "1");
+            }
+        }
+        let parent = std::process::id();
+        let shm_fd = shm.as_raw_fd();
+        // SAFETY: the hook only makes async-signal-safe system calls.
+        unsafe { command.pre_exec(move || prepare_child(parent, shm_fd)) };
+        let mut child = spawn_from_lasting_thread(command).map_err(|e| start_error(e.to_string()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(start_error("its stdin and stdout are not pipes".into()));
+        };
+        Ok(Self {
+            task: task.into(),
+            envs,
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            shm,
+            region: None,
+            dead: None,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn envs(&self) -> Range<usize> {
+        self.envs.clone()
+    }
+
+    /// Sizes the shared region to `bytes` and maps it on this side.
+    pub fn map(&mut self, bytes: usize) -> Result<()> {
+        let what = |e: io::Error| self.failure(format!("has no shared region: {e}"));
+        self.shm.set_len(bytes as u64).map_err(what)?;
+        // SAFETY: the region is shared with the worker only, which touches it only between
+        // a command and its reply, while this side waits.
+        let map = unsafe { MmapMut::map_mut(&self.shm) }.map_err(what)?;
+        self.region = Some(map);
+        Ok(())
+    }
+
+    /// The shared region (empty before [`Self::map`]).
+    pub fn region(&self) -> &[u8] {
+        self.region.as_deref().unwrap_or(&[])
+    }
+
+    pub fn region_mut(&mut self) -> &mut [u8] {
+        self.region.as_deref_mut().unwrap_or(&mut [])
+    }
+
+    /// Sends a command; pair it with one [`Self::receive`].
+    pub fn send(&mut self, tag: u8, payload: &[u8]) -> Result<()> {
+        if let Some(what) = &self.dead {
+            return Err(self.failure(what.clone()));
+        }
+        let sent = match self.stdin.as_mut() {
+            Some(stdin) => protocol::write_frame(stdin, tag, payload),
+            None => Err(io::ErrorKind::BrokenPipe.into()),
+        };
+        sent.map_err(|e| self.died(&e))
+    }
+
+    /// Waits for the reply to the last command: its payload, or the error it reports.
+    pub fn receive(&mut self) -> Result<Vec<u8>> {
+        if let Some(what) = &self.dead {
+            return Err(self.failure(what.clone()));
+        }
+        let frame = match protocol::read_frame(&mut self.stdout) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Err(self.died(&io::ErrorKind::UnexpectedEof.into())),
+            Err(e) => return Err(self.died(&e)),
+        };
+        match frame {
+            (protocol::OK, payload) => Ok(payload),
+            (protocol::ERR, payload) => {
+                let mut d = Decoder(&payload);
+                let env = d.u32().unwrap_or(protocol::NO_ENV);
+                let message = String::from_utf8_lossy(d.rest()).into_owned();
+                match usize::try_from(env) {
+                    Ok(local) if env != protocol::NO_ENV && local < self.envs.len() => {
+                        Err(Error::WorkerEnv {
+                            task: self.task.clone(),
+                            index: self.envs.start + local,
+                            pid: self.pid(),
+                            message,
+                        })
+                    }
+                    _ => Err(self.failure(format!("failed: {message}"))),
+                }
+            }
+            (tag, _) => {
+                let e = protocol::invalid(format!("reply tag {tag}"));
+                Err(self.died(&e))
+            }
+        }
+    }
+
+    pub fn call(&mut self, tag: u8, payload: &[u8]) -> Result<Vec<u8>> {
+        self.send(tag, payload)?;
+        self.receive()
+    }
+
+    /// The channel broke: the worker died (or, if still running after a grace period, is
+    /// killed). Either way it is gone for good.
+    fn died(&mut self, cause: &io::Error) -> Error {
+        self.stdin = None;
+        let what = match wait_for_exit(&mut self.child, DEATH_GRACE) {
+            Some(status) => format!("died: {}", describe(status)),
+            None => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                format!("broke its channel ({cause}) and was killed")
+            }
+        };
+        self.dead = Some(what.clone());
+        self.failure(what)
+    }
+
+    fn failure(&self, what: String) -> Error {
+        let envs = match self.envs.len() {
+            1 => format!("env {}", self.envs.start),
+            _ => format!("envs {}-{}", self.envs.start, self.envs.end - 1),
+        };
+        Error::Worker {
+            task: self.task.clone(),
+            envs,
+            pid: self.pid(),
+            what,
+        }
+    }
+
+    /// Closes the worker's stdin: it exits once it has read everything before.
+    pub fn close(&mut self) {
+        self.stdin = None;
+    }
+}
+
+impl Drop for WorkerProcess {
+    /// Ends the worker and reaps it (no zombie), killing it if it does not exit by itself.
+    fn drop(&mut self) {
+        self.close();
+        if wait_for_exit(&mut self.child, EXIT_GRACE).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs in the child between fork and exec: dies with the parent, leaves Ctrl-C and SIGTERM
+/// to the parent (which then ends it), and finds the shared region at `SHM_FD`.
+fn prepare_child(parent: u32, shm_fd: RawFd) -> io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: async-signal-safe system calls on this process and its own descriptors.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        if libc::getppid() as u32 != parent {
+            return Err(io::Error::other("the parent exited during the start"));
+        }
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        if shm_fd == protocol::SHM_FD {
+            check(libc::fcntl(shm_fd, libc::F_SETFD, 0))
+        } else {
+            check(libc::dup2(shm_fd, protocol::SHM_FD))
+        }
+    }
+}
+
+/// An anonymous shared memory file, closed on exec (the worker gets its own copy at SHM_FD).
+fn memfd() -> io::Result<File> {
+    // SAFETY: memfd_create with a valid name; the new descriptor is owned by the File.
+    let fd = unsafe { libc::memfd_create(c"tdmpc2-vector-env".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Spawns from one thread that lives as long as the process: PR_SET_PDEATHSIG fires when the
+/// *thread* that forked the child exits, and a vector env may outlive the thread that made it.
+fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
+    type Job = (Command, mpsc::Sender<io::Result<Child>>);
+    static SPAWNER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
+    let (reply, answer) = mpsc::channel();
+    {
+        let mut spawner = SPAWNER.lock().unwrap_or_else(PoisonError::into_inner);
+        if spawner.is_none() {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("env-worker-spawner".into())
+                .spawn(move || {
+                    for (mut command, reply) in queue {
+                        let _ = reply.send(command.spawn());
+                    }
+                })?;
+            *spawner = Some(jobs);
+        }
+        if let Some(jobs) = spawner.as_ref() {
+            jobs.send((command, reply))
+                .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        }
+    }
+    answer
+        .recv()
+        .map_err(|_| io::Error::other("the spawner thread is gone"))?
+}
+
+fn wait_for_exit(child: &mut Child, grace: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(signal)) => {
+            let name = match signal {
+                libc::SIGKILL => " (SIGKILL)",
+                libc::SIGSEGV => " (SIGSEGV)",
+                libc::SIGABRT => " (SIGABRT)",
+                libc::SIGTERM => " (SIGTERM)",
+                libc::SIGBUS => " (SIGBUS)",
+                _ => "",
+            };
+            format!("killed by signal {signal}{name}")
+        }
+        _ => status.to_string(),
+    }
+}
