@@ -60,7 +60,10 @@ fn workers_step_bit_for_bit_like_in_process_envs_with_independent_resets() {
     assert_eq!(remote.spec(), local.spec());
     for i in 0..seeds.len() {
         let seed = (i % 2 == 0).then_some(100 + i as u64);
-        assert_eq!(remote.reset(i, seed).unwrap(), local.reset(i, seed).unwrap());
+        assert_eq!(
+            remote.reset(i, seed).unwrap(),
+            local.reset(i, seed).unwrap()
+        );
     }
     let all: Vec<usize> = (0..seeds.len()).collect();
     let actions = common::actions(9, 450, seeds.len());
@@ -74,14 +77,21 @@ fn workers_step_bit_for_bit_like_in_process_envs_with_independent_resets() {
             );
         }
         // Odd steps leave env 1 out, so episodes drift apart and end at different steps.
-        let which: Vec<usize> = all.iter().copied().filter(|&i| t % 2 == 0 || i != 1).collect();
+        let which: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&i| t % 2 == 0 || i != 1)
+            .collect();
         let action: Vec<f32> = which.iter().map(|&i| action[i]).collect();
         let ours = remote.step(&which, &action).unwrap();
         assert_eq!(ours, local.step(&which, &action).unwrap(), "step {t}");
         for (&i, step) in which.iter().zip(&ours) {
             if step.terminated || step.truncated {
                 truncations += 1;
-                assert_eq!(remote.reset(i, None).unwrap(), local.reset(i, None).unwrap());
+                assert_eq!(
+                    remote.reset(i, None).unwrap(),
+                    local.reset(i, None).unwrap()
+                );
             }
         }
     }
@@ -100,7 +110,11 @@ fn a_killed_worker_is_a_clear_error_within_seconds() {
     assert_eq!(unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) }, 0);
     let start = Instant::now();
     let e = error_text(venv.step(&[0, 1, 2, 3], &[0.0; 4]));
-    assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     let expected = format!(
         "the environment worker (pid {}) running `Pendulum-v1` envs 2-3 died: killed by signal 9",
         pids[1]
@@ -121,9 +135,16 @@ fn dropping_ends_the_workers_through_eof_and_reaps_them() {
     let start = Instant::now();
     drop(venv);
     // Well under the 2 s after which a worker that ignores EOF is killed.
-    assert!(start.elapsed() < Duration::from_millis(1500), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
     for pid in pids {
-        assert!(process_gone(pid), "worker {pid} is still there (or a zombie)");
+        assert!(
+            process_gone(pid),
+            "worker {pid} is still there (or a zombie)"
+        );
     }
 }
 
@@ -150,7 +171,10 @@ fn errors_inside_a_worker_name_the_task_and_env_and_leave_the_channel_usable() {
 
     venv.reset(0, None).unwrap();
     let e = error_text(venv.step(&[0], &[f32::NAN]));
-    assert!(e.contains("env 0 failed") && e.contains("not finite"), "{e}");
+    assert!(
+        e.contains("env 0 failed") && e.contains("not finite"),
+        "{e}"
+    );
 
     let e = error_text(VectorEnv::new(
         "walker-run",
@@ -163,7 +187,12 @@ fn errors_inside_a_worker_name_the_task_and_env_and_leave_the_channel_usable() {
             && e.contains("dm_control seeds must be below 2^32"),
         "{e}"
     );
-    let e = error_text(VectorEnv::new("walker-runn", &[0], Placement::Workers(1), &worker()));
+    let e = error_text(VectorEnv::new(
+        "walker-runn",
+        &[0],
+        Placement::Workers(1),
+        &worker(),
+    ));
     assert!(e.contains("unknown task `walker-runn`"), "{e}");
 }
 
@@ -188,7 +217,12 @@ fn child_holding_workers() {
 #[test]
 fn workers_die_with_their_parent() {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_holding_workers", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_holding_workers",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("ENVS_VECTOR_CHILD", "1")
         .stdout(Stdio::piped())
         .spawn()
@@ -205,10 +239,16 @@ fn workers_die_with_their_parent() {
         .expect("the child prints its worker pids");
     assert_eq!(pids.len(), 2);
     std::thread::sleep(Duration::from_millis(300));
-    assert!(pids.iter().all(|&pid| !process_gone(pid)), "workers outlive the thread that made them");
+    assert!(
+        pids.iter().all(|&pid| !process_gone(pid)),
+        "workers outlive the thread that made them"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     for pid in pids {
-        assert!(wait_until_dead(pid, Duration::from_secs(5)), "worker {pid} outlived its parent");
+        assert!(
+            wait_until_dead(pid, Duration::from_secs(5)),
+            "worker {pid} outlived its parent"
+        );
     }
 }

@@ -59,7 +59,8 @@ impl WorkerProcess {
         let shm_fd = shm.as_raw_fd();
         // SAFETY: the hook only makes async-signal-safe system calls.
         unsafe { command.pre_exec(move || prepare_child(parent, shm_fd)) };
-        let mut child = spawn_from_lasting_thread(command).map_err(|e| start_error(e.to_string()))?;
+        let mut child =
+            spawn_from_lasting_thread(command).map_err(|e| start_error(e.to_string()))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
             let _ = child.wait();

@@ -278,7 +278,10 @@ mod tests {
         let mut input = wire.as_slice();
         let (tag, payload) = read_frame(&mut input).unwrap().unwrap();
         let mut d = Decoder(&payload);
-        assert_eq!((tag, d.u32().unwrap(), d.str().unwrap()), (STEP, 7, "hé".into()));
+        assert_eq!(
+            (tag, d.u32().unwrap(), d.str().unwrap()),
+            (STEP, 7, "hé".into())
+        );
         assert!(d.u8().is_err(), "reading past the payload is an error");
         assert_eq!(read_frame(&mut input).unwrap(), Some((OK, vec![])));
         assert_eq!(read_frame(&mut input).unwrap(), None);

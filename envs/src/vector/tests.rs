@@ -39,23 +39,43 @@ fn each_env_matches_its_own_env_and_resets_alone() {
             );
         }
         let which = if t % 2 == 0 { vec![2, 0, 1] } else { vec![1] };
-        let actions: Vec<f32> = which.iter().map(|&i| 0.1 * i as f32 - 0.05 * t as f32).collect();
+        let actions: Vec<f32> = which
+            .iter()
+            .map(|&i| 0.1 * i as f32 - 0.05 * t as f32)
+            .collect();
         let steps = venv.step(&which, &actions).unwrap();
         for ((&i, step), action) in which.iter().zip(&steps).zip(&actions) {
-            assert_eq!(step, &singles[i].step(&[*action]).unwrap(), "env {i} at step {t}");
+            assert_eq!(
+                step,
+                &singles[i].step(&[*action]).unwrap(),
+                "env {i} at step {t}"
+            );
         }
     }
 }
 
 #[test]
 fn bad_arguments_are_errors() {
-    let e = error_text(VectorEnv::new("Pendulum-v1", &[], Placement::InProcess, &no_worker()));
+    let e = error_text(VectorEnv::new(
+        "Pendulum-v1",
+        &[],
+        Placement::InProcess,
+        &no_worker(),
+    ));
     assert!(e.contains("at least one seed"), "{e}");
-    let e = error_text(VectorEnv::new("Pendulum-v1", &[1], Placement::Workers(0), &no_worker()));
+    let e = error_text(VectorEnv::new(
+        "Pendulum-v1",
+        &[1],
+        Placement::Workers(0),
+        &no_worker(),
+    ));
     assert!(e.contains("Workers(0)"), "{e}");
     let mut venv = pendulums(2);
     let e = error_text(venv.reset(2, None));
-    assert!(e.contains("env index 2 is out of range: there are 2 envs"), "{e}");
+    assert!(
+        e.contains("env index 2 is out of range: there are 2 envs"),
+        "{e}"
+    );
     venv.reset(0, None).unwrap();
     venv.reset(1, None).unwrap();
     let e = error_text(venv.step(&[0, 5], &[0.0, 0.0]));
@@ -63,7 +83,10 @@ fn bad_arguments_are_errors() {
     let e = error_text(venv.step(&[1, 1], &[0.0, 0.0]));
     assert!(e.contains("env 1 is listed twice"), "{e}");
     let e = error_text(venv.step(&[0, 1], &[0.0]));
-    assert!(e.contains("1 action components for 2 envs, expected 2"), "{e}");
+    assert!(
+        e.contains("1 action components for 2 envs, expected 2"),
+        "{e}"
+    );
     assert_eq!(venv.step(&[], &[]).unwrap(), vec![]);
     // After the rejected calls the envs still step normally.
     assert_eq!(venv.step(&[1, 0], &[0.5, -0.5]).unwrap().len(), 2);
@@ -71,7 +94,12 @@ fn bad_arguments_are_errors() {
 
 #[test]
 fn a_missing_worker_program_is_an_error() {
-    let e = error_text(VectorEnv::new("Pendulum-v1", &[1, 2], Placement::Workers(2), &no_worker()));
+    let e = error_text(VectorEnv::new(
+        "Pendulum-v1",
+        &[1, 2],
+        Placement::Workers(2),
+        &no_worker(),
+    ));
     assert!(
         e.contains("cannot start the environment worker `/nonexistent/envs-worker`"),
         "{e}"

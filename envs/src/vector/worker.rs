@@ -160,7 +160,9 @@ impl Worker {
                 .get_mut(env)
                 .ok_or((None, format!("no env {env}")))?;
             let action = layout.read_action(map, env);
-            let step = target.step(&action).map_err(|e| (Some(env), e.to_string()))?;
+            let step = target
+                .step(&action)
+                .map_err(|e| (Some(env), e.to_string()))?;
             if !layout.fits_obs(&step.obs) {
                 return Err((Some(env), wrong_obs(step.obs.len())));
             }
