@@ -12,6 +12,15 @@ use crate::trainer;
 /// The hidden subcommand that serves a vector env's worker process.
 pub const ENV_WORKER: &str = "env-worker";
 
+/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
+pub fn env_worker_command() -> Result<envs::WorkerCommand> {
+    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+    Ok(envs::WorkerCommand {
+        program,
+        args: vec![ENV_WORKER.into()],
+    })
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "tdmpc2", version, about = "Distributed TD-MPC2 trainer")]
 pub struct Cli {

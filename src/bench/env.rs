@@ -1,9 +1,9 @@
 //! `tdmpc2 bench --cases env`: agent steps/s of environments, one in this process (the
 //! baseline) and several at once over worker processes (`tdmpc2 env-worker`, one core each).
-use envs::{Placement, VectorEnv, WorkerCommand};
+use envs::{Placement, VectorEnv};
 use serde_json::{json, Value};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Vectorised walker-run sizes measured against one in-process env.
 const WALKER_NUM_ENVS: [usize; 4] = [1, 2, 4, 8];
@@ -46,19 +46,10 @@ pub fn cases(cores: usize) -> Vec<EnvCase> {
     cases
 }
 
-/// The worker processes of the bench: this very binary's hidden `env-worker` subcommand.
-pub fn worker_command() -> Result<WorkerCommand> {
-    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
-    Ok(WorkerCommand {
-        program,
-        args: vec![crate::cli::ENV_WORKER.into()],
-    })
-}
-
 /// Runs every case for `steps` agent steps (all envs together) and prints one JSON line each.
 pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let worker = worker_command()?;
+    let worker = crate::cli::env_worker_command()?;
     let mut baseline = None;
     for case in cases(cores) {
         let seeds: Vec<u64> = (0..case.num_envs as u64).collect();
