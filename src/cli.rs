@@ -9,6 +9,18 @@ use crate::ddp::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
 use crate::trainer;
 
+/// The hidden subcommand that serves a vector env's worker process.
+pub const ENV_WORKER: &str = "env-worker";
+
+/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
+pub fn env_worker_command() -> Result<envs::WorkerCommand> {
+    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+    Ok(envs::WorkerCommand {
+        program,
+        args: vec![ENV_WORKER.into()],
+    })
+}
+
 #[derive(Debug, Parser)]
 #[command(name = "tdmpc2", version, about = "Distributed TD-MPC2 trainer")]
 pub struct Cli {
@@ -34,6 +46,10 @@ pub enum Command {
     /// One rank of `bench --cases ddp` (started by the bench itself).
     #[command(hide = true)]
     BenchWorker(crate::bench::ddp::WorkerArgs),
+    /// One worker process of a vector env (`tdmpc2 env-worker`, started by its parent, which
+    /// talks to it over stdin/stdout and shared memory).
+    #[command(name = ENV_WORKER, hide = true)]
+    EnvWorker,
     /// Draw learning curves of run directories: `tdmpc2 plot RUN_DIR... --out curves.png`.
     Plot(crate::tools::plot::PlotArgs),
     /// Check that this machine can train: venv, torch, GPUs, dm_control, ports, cores, disk.
@@ -69,7 +85,7 @@ pub struct BenchArgs {
     /// throughput), ddp (data-parallel scaling of agent steps/s).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
-    /// Agent steps per environment measurement.
+    /// env: agent steps per measurement (all of a vector env's envs together).
     #[arg(long, default_value_t = 2000)]
     pub env_steps: usize,
     /// agent: model sizes to time (1 and/or 5).
@@ -141,6 +157,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => bench(&args),
         Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
+        Command::EnvWorker => Ok(envs::serve_worker()?),
         Command::Plot(args) => crate::tools::plot::run(&args),
         Command::Doctor(args) => crate::tools::doctor::run(&args),
     }
@@ -270,18 +287,7 @@ fn evaluate(config: Config) -> Result<()> {
 fn bench(args: &BenchArgs) -> Result<()> {
     for case in &args.cases {
         match case.as_str() {
-            "env" => {
-                for task in ["Pendulum-v1", "walker-run"] {
-                    let mut env = envs::make(task, 0)?;
-                    let steps_per_second =
-                        envs::bench::steps_per_second(env.as_mut(), args.env_steps, 0)?;
-                    let line = serde_json::json!({
-                        "case": "env", "task": task, "steps": args.env_steps,
-                        "agent_steps_per_second": steps_per_second,
-                    });
-                    println!("{line}");
-                }
-            }
+            "env" => crate::bench::env::run(args.env_steps, &mut |line| println!("{line}"))?,
             "agent" => {
                 let options = crate::agent::bench::BenchOptions {
                     model_sizes: args.model_sizes.clone(),

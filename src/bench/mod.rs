@@ -1,2 +1,3 @@
 //! Benchmarks of the trainer as a whole (the agent's own are in `agent::bench`).
 pub mod ddp;
+pub mod env;

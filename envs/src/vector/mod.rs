@@ -43,13 +43,20 @@ pub struct VectorEnv {
     backend: Backend,
 }
 
+/// Env i runs in `workers[worker]` as that worker's env `local`.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    worker: usize,
+    local: usize,
+}
+
 enum Backend {
     InProcess(Vec<Box<dyn Env>>),
     Workers {
         workers: Vec<WorkerProcess>,
         layout: Layout,
-        /// Env i runs in `workers[owner[i].0]` as its env `owner[i].1`.
-        owner: Vec<(usize, usize)>,
+        /// Where each env runs.
+        owner: Vec<Slot>,
     },
 }
 
@@ -130,7 +137,7 @@ impl VectorEnv {
                 layout,
                 owner,
             } => {
-                let (w, local) = owner[i];
+                let Slot { worker: w, local } = owner[i];
                 let command = Encoder::default().u32(local as u32);
                 let command = match seed {
                     Some(seed) => command.u8(1).u64(seed),
@@ -180,7 +187,7 @@ impl VectorEnv {
             } => {
                 let mut lists = vec![Vec::new(); workers.len()];
                 for (&i, action) in which.iter().zip(actions) {
-                    let (w, local) = owner[i];
+                    let Slot { worker: w, local } = owner[i];
                     layout.write_action(workers[w].region_mut(), local, action);
                     lists[w].push(local as u32);
                 }
@@ -209,7 +216,7 @@ impl VectorEnv {
                 Ok(which
                     .iter()
                     .map(|&i| {
-                        let (w, local) = owner[i];
+                        let Slot { worker: w, local } = owner[i];
                         layout.read_step(workers[w].region(), local)
                     })
                     .collect())
@@ -245,14 +252,14 @@ fn start_workers(
     seeds: &[u64],
     k: usize,
     worker: &WorkerCommand,
-) -> Result<(Vec<WorkerProcess>, Vec<(usize, usize)>)> {
+) -> Result<(Vec<WorkerProcess>, Vec<Slot>)> {
     let n = seeds.len();
     let k = k.min(n);
     let mut workers = Vec::with_capacity(k);
     let mut owner = Vec::with_capacity(n);
     for w in 0..k {
         let envs = w * n / k..(w + 1) * n / k;
-        owner.extend((0..envs.len()).map(|local| (w, local)));
+        owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
         let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
         let mut init = Encoder::default().str(task).u32(envs.len() as u32);
         for &seed in &seeds[envs] {

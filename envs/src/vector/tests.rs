@@ -55,6 +55,12 @@ fn each_env_matches_its_own_env_and_resets_alone() {
 }
 
 #[test]
+fn a_vector_env_can_move_to_another_thread() {
+    fn send<T: Send>() {}
+    send::<VectorEnv>();
+}
+
+#[test]
 fn bad_arguments_are_errors() {
     let e = error_text(VectorEnv::new(
         "Pendulum-v1",

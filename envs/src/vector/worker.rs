@@ -1,7 +1,7 @@
 //! The worker side of [`super::Placement::Workers`]: a process that builds its share of the
 //! envs with [`crate::make`] and steps them on its parent's command.
 use std::fs::File;
-use std::io::{self, BufReader, Write};
+use std::io::{self, BufReader};
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use memmap2::MmapMut;
@@ -86,11 +86,9 @@ impl Worker {
                     text.truncate(cut);
                 }
                 let index = env.map_or(protocol::NO_ENV, |i| i as u32);
-                let reply = Encoder::default().u32(index).0;
-                let mut reply = reply;
+                let mut reply = Encoder::default().u32(index).0;
                 reply.extend_from_slice(text.as_bytes());
-                protocol::write_frame(&mut self.replies, protocol::ERR, &reply)?;
-                self.replies.flush()
+                protocol::write_frame(&mut self.replies, protocol::ERR, &reply)
             }
         }
     }

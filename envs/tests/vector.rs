@@ -1,0 +1,254 @@
+//! VectorEnv over real worker processes (this crate's `envs-worker` binary), with the native
+//! Pendulum-v1 so that every case runs in about a second. dm_control through the tdmpc2
+//! binary's worker is tested in the root crate's tests/vector_env.rs.
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envs::{Placement, Result, VectorEnv, WorkerCommand};
+
+const TASK: &str = "Pendulum-v1";
+
+fn worker() -> WorkerCommand {
+    WorkerCommand {
+        program: PathBuf::from(env!("CARGO_BIN_EXE_envs-worker")),
+        args: vec![],
+    }
+}
+
+fn error_text<T>(result: Result<T>) -> String {
+    match result {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The process's state letter (`R`, `S`, `Z`, ...), None once it is gone (reaped).
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
+}
+
+/// Gone for good: reaped (a zombie is not gone: its parent has not waited for it).
+fn process_gone(pid: u32) -> bool {
+    matches!(process_state(pid), None | Some('X'))
+}
+
+/// Dead, reaped or not (an orphan is reaped by whichever process adopts it, not by us).
+fn wait_until_dead(pid: u32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if matches!(process_state(pid), None | Some('X' | 'Z')) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn workers_step_bit_for_bit_like_in_process_envs_with_independent_resets() {
+    let seeds = [3, 4, 5, 6, 7];
+    let mut local = VectorEnv::new(TASK, &seeds, Placement::InProcess, &worker()).unwrap();
+    let mut remote = VectorEnv::new(TASK, &seeds, Placement::Workers(2), &worker()).unwrap();
+    assert_eq!(remote.worker_pids().len(), 2);
+    assert_eq!(remote.spec(), local.spec());
+    for i in 0..seeds.len() {
+        let seed = (i % 2 == 0).then_some(100 + i as u64);
+        assert_eq!(
+            remote.reset(i, seed).unwrap(),
+            local.reset(i, seed).unwrap()
+        );
+    }
+    let all: Vec<usize> = (0..seeds.len()).collect();
+    let actions = common::actions(9, 450, seeds.len());
+    let mut truncations = 0;
+    for (t, action) in actions.iter().enumerate() {
+        if t == 50 {
+            // Env 2 alone starts over, mid-episode; the others carry on.
+            assert_eq!(
+                remote.reset(2, Some(11)).unwrap(),
+                local.reset(2, Some(11)).unwrap()
+            );
+        }
+        // Odd steps leave env 1 out, so episodes drift apart and end at different steps.
+        let which: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&i| t % 2 == 0 || i != 1)
+            .collect();
+        let action: Vec<f32> = which.iter().map(|&i| action[i]).collect();
+        let ours = remote.step(&which, &action).unwrap();
+        assert_eq!(ours, local.step(&which, &action).unwrap(), "step {t}");
+        for (&i, step) in which.iter().zip(&ours) {
+            if step.terminated || step.truncated {
+                truncations += 1;
+                assert_eq!(
+                    remote.reset(i, None).unwrap(),
+                    local.reset(i, None).unwrap()
+                );
+            }
+        }
+    }
+    assert!(truncations >= seeds.len(), "every env finished an episode");
+}
+
+#[test]
+fn a_killed_worker_is_a_clear_error_within_seconds() {
+    let mut venv = VectorEnv::new(TASK, &[0, 1, 2, 3], Placement::Workers(2), &worker()).unwrap();
+    for i in 0..4 {
+        venv.reset(i, None).unwrap();
+    }
+    venv.step(&[0, 1, 2, 3], &[0.0; 4]).unwrap();
+    let pids = venv.worker_pids();
+    // SAFETY: a plain kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(pids[1] as i32, libc::SIGKILL) }, 0);
+    let start = Instant::now();
+    let e = error_text(venv.step(&[0, 1, 2, 3], &[0.0; 4]));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    let expected = format!(
+        "the environment worker (pid {}) running `Pendulum-v1` envs 2-3 died: killed by signal 9",
+        pids[1]
+    );
+    assert!(e.contains(&expected), "{e}");
+    // The dead worker stays an error; the live one's envs keep working.
+    assert!(error_text(venv.reset(3, None)).contains(&expected));
+    assert_eq!(venv.step(&[1, 0], &[0.5, 0.5]).unwrap().len(), 2);
+    assert!(process_gone(pids[1]), "the killed worker was reaped");
+}
+
+#[test]
+fn dropping_ends_the_workers_through_eof_and_reaps_them() {
+    let venv = VectorEnv::new(TASK, &[0, 1, 2], Placement::Workers(3), &worker()).unwrap();
+    let pids = venv.worker_pids();
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|&pid| !process_gone(pid)));
+    let start = Instant::now();
+    drop(venv);
+    // Well under the 2 s after which a worker that ignores EOF is killed.
+    assert!(
+        start.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+    for pid in pids {
+        assert!(
+            process_gone(pid),
+            "worker {pid} is still there (or a zombie)"
+        );
+    }
+}
+
+#[test]
+fn more_workers_than_envs_is_one_worker_per_env() {
+    let venv = VectorEnv::new(TASK, &[0, 1], Placement::Workers(8), &worker()).unwrap();
+    assert_eq!(venv.worker_pids().len(), 2);
+}
+
+#[test]
+fn errors_inside_a_worker_name_the_task_and_env_and_leave_the_channel_usable() {
+    let mut venv = VectorEnv::new(TASK, &[0, 1, 2, 3], Placement::Workers(2), &worker()).unwrap();
+    venv.reset(2, None).unwrap();
+    let e = error_text(venv.step(&[2, 3], &[0.0, 0.0]));
+    let pid = venv.worker_pids()[1];
+    assert!(
+        e.contains(&format!(
+            "`Pendulum-v1` env 3 failed in its worker process (pid {pid}): step called before reset"
+        )),
+        "{e}"
+    );
+    venv.reset(3, None).unwrap();
+    assert_eq!(venv.step(&[3, 2], &[0.1, 0.2]).unwrap().len(), 2);
+
+    venv.reset(0, None).unwrap();
+    let e = error_text(venv.step(&[0], &[f32::NAN]));
+    assert!(
+        e.contains("env 0 failed") && e.contains("not finite"),
+        "{e}"
+    );
+
+    let e = error_text(VectorEnv::new(
+        "walker-run",
+        &[1 << 40, 1 << 41],
+        Placement::Workers(2),
+        &worker(),
+    ));
+    assert!(
+        e.contains("`walker-run` env 0 failed in its worker process")
+            && e.contains("dm_control seeds must be below 2^32"),
+        "{e}"
+    );
+    let e = error_text(VectorEnv::new(
+        "walker-runn",
+        &[0],
+        Placement::Workers(1),
+        &worker(),
+    ));
+    assert!(e.contains("unknown task `walker-runn`"), "{e}");
+}
+
+/// Run as a child by `workers_die_with_their_parent`: makes a vector env, prints its worker
+/// pids and waits to be killed.
+#[test]
+fn child_holding_workers() {
+    if std::env::var_os("ENVS_VECTOR_CHILD").is_none() {
+        return;
+    }
+    // Made on a thread that ends at once: workers must not die with that thread.
+    let venv = std::thread::spawn(|| {
+        VectorEnv::new(TASK, &[0, 1], Placement::Workers(2), &worker()).unwrap()
+    })
+    .join()
+    .unwrap();
+    let pids: Vec<String> = venv.worker_pids().iter().map(u32::to_string).collect();
+    println!("PIDS {}", pids.join(" "));
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn workers_die_with_their_parent() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_holding_workers",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ENVS_VECTOR_CHILD", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let pids: Vec<u32> = stdout
+        .lines()
+        .map_while(std::result::Result::ok)
+        .find_map(|line| {
+            // The harness prints the test's name on the same line first.
+            line.split_once("PIDS ")
+                .map(|(_, pids)| pids.split(' ').map(|p| p.parse().unwrap()).collect())
+        })
+        .expect("the child prints its worker pids");
+    assert_eq!(pids.len(), 2);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        pids.iter().all(|&pid| !process_gone(pid)),
+        "workers outlive the thread that made them"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    for pid in pids {
+        assert!(
+            wait_until_dead(pid, Duration::from_secs(5)),
+            "worker {pid} outlived its parent"
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! `tdmpc2 bench --cases env`: agent steps/s of environments, one in this process (the
+//! baseline) and several at once over worker processes (`tdmpc2 env-worker`, one core each).
+use envs::{Placement, VectorEnv};
+use serde_json::{json, Value};
+
+use crate::error::Result;
+
+/// Vectorised walker-run sizes measured against one in-process env.
+const WALKER_NUM_ENVS: [usize; 4] = [1, 2, 4, 8];
+
+/// One measurement: `num_envs` envs of `task`, in-process or over `workers` processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvCase {
+    pub task: &'static str,
+    pub num_envs: usize,
+    pub placement: Placement,
+}
+
+/// The cases in the order they run: per task, the in-process single env first (the
+/// baseline the others are compared with), then the vector envs with workers = min(num_envs,
+/// cores).
+pub fn cases(cores: usize) -> Vec<EnvCase> {
+    let workers = |n: usize| Placement::Workers(n.min(cores.max(1)));
+    let mut cases = vec![
+        EnvCase {
+            task: "Pendulum-v1",
+            num_envs: 1,
+            placement: Placement::InProcess,
+        },
+        EnvCase {
+            task: "Pendulum-v1",
+            num_envs: 8,
+            placement: workers(8),
+        },
+        EnvCase {
+            task: "walker-run",
+            num_envs: 1,
+            placement: Placement::InProcess,
+        },
+    ];
+    cases.extend(WALKER_NUM_ENVS.iter().map(|&num_envs| EnvCase {
+        task: "walker-run",
+        num_envs,
+        placement: workers(num_envs),
+    }));
+    cases
+}
+
+/// Runs every case for `steps` agent steps (all envs together) and prints one JSON line each.
+pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let worker = crate::cli::env_worker_command()?;
+    let mut baseline = None;
+    for case in cases(cores) {
+        let seeds: Vec<u64> = (0..case.num_envs as u64).collect();
+        let mut venv = VectorEnv::new(case.task, &seeds, case.placement, &worker)?;
+        let rate = envs::bench::vector_steps_per_second(&mut venv, steps, 0)?;
+        if case.placement == Placement::InProcess && case.num_envs == 1 {
+            baseline = Some((case.task, rate));
+        }
+        let (placement, workers) = match case.placement {
+            Placement::InProcess => ("in-process", 0),
+            Placement::Workers(k) => ("workers", k),
+        };
+        let mut line = json!({
+            "case": "env", "task": case.task, "steps": steps, "num_envs": case.num_envs,
+            "placement": placement, "workers": workers, "cores": cores,
+            "agent_steps_per_second": rate,
+        });
+        if let Some((_, base)) = baseline.filter(|(task, _)| *task == case.task) {
+            line["speedup_vs_one_in_process"] = (rate / base).into();
+        }
+        print(&line);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walker_run_is_measured_against_one_in_process_env_with_workers_capped_at_cores() {
+        let walker: Vec<(usize, Placement)> = cases(2)
+            .into_iter()
+            .filter(|c| c.task == "walker-run")
+            .map(|c| (c.num_envs, c.placement))
+            .collect();
+        assert_eq!(
+            walker,
+            vec![
+                (1, Placement::InProcess),
+                (1, Placement::Workers(1)),
+                (2, Placement::Workers(2)),
+                (4, Placement::Workers(2)),
+                (8, Placement::Workers(2)),
+            ]
+        );
+        assert!(cases(0)
+            .iter()
+            .all(|c| c.placement != Placement::Workers(0)));
+    }
+}
