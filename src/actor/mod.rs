@@ -240,3 +240,170 @@ impl Actor {
         Ok(results)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{AgentConfig, TorchNoise};
+    use envs::{Env, EnvSpec, Step};
+    use rand::SeedableRng;
+
+    /// Counts its steps: the observation is the step index; it terminates after `ends_after`
+    /// steps (truncation after 10).
+    struct Countdown {
+        spec: EnvSpec,
+        ends_after: usize,
+        t: usize,
+        resets: usize,
+    }
+
+    impl Env for Countdown {
+        fn spec(&self) -> &EnvSpec {
+            &self.spec
+        }
+        fn reset(&mut self, _seed: Option<u64>) -> envs::Result<Vec<f32>> {
+            self.t = 0;
+            self.resets += 1;
+            Ok(vec![0.0, self.resets as f32])
+        }
+        fn step(&mut self, action: &[f32]) -> envs::Result<Step> {
+            self.spec.check_action(action)?;
+            self.t += 1;
+            Ok(Step {
+                obs: vec![self.t as f32, self.resets as f32],
+                reward: 1.0,
+                terminated: self.t == self.ends_after,
+                truncated: self.t == self.spec.episode_length,
+                success: None,
+            })
+        }
+    }
+
+    fn actor(ends_after: &[usize], episodic: bool) -> Actor {
+        let spec = EnvSpec {
+            obs_shape: vec![2],
+            action_dim: 1,
+            episode_length: 10,
+        };
+        let envs = ends_after
+            .iter()
+            .map(|&ends_after| {
+                Box::new(Countdown {
+                    spec: spec.clone(),
+                    ends_after,
+                    t: 0,
+                    resets: 0,
+                }) as Box<dyn Env>
+            })
+            .collect();
+        let envs = envs::VectorEnv::from_envs("countdown", envs).unwrap();
+        let config = AgentConfig {
+            num_samples: 16,
+            num_elites: 4,
+            num_pi_trajs: 2,
+            iterations: 1,
+            ..AgentConfig::defaults(Some(1), 2, 1).unwrap()
+        };
+        let policy = Policy::new(
+            &config,
+            tch::Device::Cpu,
+            ends_after.len(),
+            Box::new(TorchNoise::seeded(0)),
+        )
+        .unwrap();
+        Actor::new(envs, policy, episodic).unwrap()
+    }
+
+    #[test]
+    fn environments_end_and_restart_on_their_own_schedules() {
+        let mut actor = actor(&[3, 5, 20], true);
+        let mut rng = Pcg64::seed_from_u64(1);
+        assert_eq!(actor.done(), vec![0, 1, 2], "nothing started yet");
+        for i in 0..3 {
+            assert!(actor.take_episode(i).is_none(), "no step, no episode");
+            actor.reset(i, i as u64).unwrap();
+        }
+        let mut finished = Vec::new();
+        for step in 0..12 {
+            let acting = if step % 2 == 0 {
+                Acting::Random(&mut rng)
+            } else {
+                Acting::Policy
+            };
+            let stepped = actor.step(acting).unwrap();
+            assert_eq!(stepped, 3, "every environment was restarted at once");
+            for i in actor.done() {
+                let (episode, stats) = actor.take_episode(i).unwrap();
+                finished.push((
+                    i,
+                    stats.length,
+                    stats.terminated,
+                    episode.terminated.clone(),
+                ));
+                assert_eq!(episode.obs.len(), (episode.len() + 1) * 2);
+                actor.reset(i, 100 + step).unwrap();
+            }
+        }
+        // Env 0 terminates every 3 steps, env 1 every 5, env 2 is truncated at 10.
+        let lengths = |env| {
+            finished
+                .iter()
+                .filter(|f| f.0 == env)
+                .map(|f| (f.1, f.2))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lengths(0), vec![(3, true); 4]);
+        assert_eq!(lengths(1), vec![(5, true); 2]);
+        assert_eq!(lengths(2), vec![(10, false)]);
+        let (_, _, _, flags) = finished.iter().find(|f| f.0 == 1).unwrap();
+        assert_eq!(flags, &vec![0.0, 0.0, 0.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    fn a_paused_environment_waits_while_the_others_step() {
+        let mut actor = actor(&[2, 6], true);
+        let mut rng = Pcg64::seed_from_u64(2);
+        actor.reset(0, 0).unwrap();
+        actor.reset(1, 1).unwrap();
+        assert_eq!(actor.step(Acting::Random(&mut rng)).unwrap(), 2);
+        assert_eq!(actor.step(Acting::Random(&mut rng)).unwrap(), 2);
+        assert_eq!(actor.done(), vec![0]);
+        // Env 0 stays at its boundary (not reset): only env 1 steps, and planning for both
+        // still works with env 0's last observation.
+        assert_eq!(actor.step(Acting::Policy).unwrap(), 1);
+        assert_eq!(actor.step(Acting::Random(&mut rng)).unwrap(), 1);
+        assert!(!actor.all_done());
+        for _ in 0..2 {
+            actor.step(Acting::Random(&mut rng)).unwrap();
+        }
+        assert!(actor.all_done());
+        assert_eq!(actor.step(Acting::Random(&mut rng)).unwrap(), 0);
+        assert_eq!(actor.take_episode(0).unwrap().1.length, 2);
+        assert_eq!(actor.take_episode(1).unwrap().1.length, 6);
+    }
+
+    #[test]
+    fn a_termination_without_episodic_is_a_config_error() {
+        let mut actor = actor(&[1], false);
+        actor.reset(0, 0).unwrap();
+        let mut rng = Pcg64::seed_from_u64(3);
+        let err = actor.step(Acting::Random(&mut rng)).unwrap_err();
+        assert!(matches!(err, Error::Config(_)) && err.to_string().contains("episodic=true"));
+    }
+
+    #[test]
+    fn evaluation_plays_several_episodes_at_once_without_touching_training() {
+        let mut actor = actor(&[4, 7, 20], true);
+        let results = actor.evaluate(&[5, 6]).unwrap();
+        assert_eq!(
+            results
+                .iter()
+                .map(|r| (r.length, r.reward))
+                .collect::<Vec<_>>(),
+            vec![(4, 4.0), (7, 7.0)]
+        );
+        assert!(results.iter().all(|r| r.success.is_nan()));
+        assert!(actor.evaluate(&[1, 2, 3, 4]).is_err(), "more than num_envs");
+        assert_eq!(actor.done(), vec![0, 1, 2], "training slots untouched");
+    }
+}

@@ -100,3 +100,96 @@ impl Policy {
         Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::TorchNoise;
+
+    fn config(mpc: bool) -> AgentConfig {
+        AgentConfig {
+            enc_dim: 16,
+            mlp_dim: 16,
+            latent_dim: 8,
+            num_q: 2,
+            num_samples: 64,
+            num_elites: 8,
+            num_pi_trajs: 4,
+            iterations: 2,
+            mpc,
+            ..AgentConfig::defaults(None, 5, 3).unwrap()
+        }
+    }
+
+    #[test]
+    fn acts_within_bounds_for_every_environment() {
+        for mpc in [true, false] {
+            let config = config(mpc);
+            let mut policy =
+                Policy::new(&config, Device::Cpu, 2, Box::new(TorchNoise::seeded(0))).unwrap();
+            let obs = [0.1f32, -0.2, 0.3, 0.0, 1.0, 0.5, 0.5, -0.5, 0.0, 0.2];
+            for (t0, eval_mode) in [
+                ([true, true], false),
+                ([false, true], false),
+                ([false, false], true),
+            ] {
+                let actions = policy.act(&obs, &t0, eval_mode).unwrap();
+                assert_eq!(actions.len(), 6);
+                assert!(
+                    actions
+                        .iter()
+                        .all(|a| a.is_finite() && (-1.0..=1.0).contains(a)),
+                    "{actions:?}"
+                );
+            }
+            let err = policy.act(&obs[..5], &[false, false], false).unwrap_err();
+            assert!(matches!(err, Error::Shape { .. }), "{err}");
+            assert!(policy.act(&obs, &[false], false).is_err());
+        }
+        assert!(Policy::new(
+            &config(true),
+            Device::Cpu,
+            0,
+            Box::new(TorchNoise::global())
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn loaded_weights_are_the_learners_and_a_copy() {
+        let config = config(true);
+        let mut policy =
+            Policy::new(&config, Device::Cpu, 1, Box::new(TorchNoise::seeded(1))).unwrap();
+        let learner_model = WorldModel::new(&config, Device::Cpu).unwrap();
+        assert!(!policy
+            .model
+            .model_params
+            .flat
+            .equal(&learner_model.model_params.flat));
+        policy.load_weights(&learner_model).unwrap();
+        assert!(policy
+            .model
+            .model_params
+            .flat
+            .equal(&learner_model.model_params.flat));
+        assert!(policy
+            .model
+            .policy_params
+            .flat
+            .equal(&learner_model.policy_params.flat));
+        // A copy: the learner's next step does not reach the policy until the next load.
+        tch::no_grad(|| {
+            let _ = learner_model.model_params.flat.get(0).fill_(7.0);
+        });
+        assert_ne!(policy.model.model_params.flat.double_value(&[0]), 7.0);
+        let other = WorldModel::new(
+            &AgentConfig {
+                mlp_dim: 32,
+                ..config
+            },
+            Device::Cpu,
+        )
+        .unwrap();
+        assert!(policy.load_weights(&other).is_err());
+    }
+}

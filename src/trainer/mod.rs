@@ -18,7 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 
-use envs::{Placement, VectorEnv, WorkerCommand};
+use envs::{Placement, VectorEnv};
 
 use crate::actor::{Acting, Actor, Policy};
 use crate::agent::{HostNoise, TorchNoise, UpdateInfo};
@@ -383,12 +383,7 @@ fn make_envs(config: &Config, rank: usize) -> Result<VectorEnv> {
         0 => Placement::InProcess,
         k => Placement::Workers(k),
     };
-    let program = std::env::current_exe()
-        .map_err(|e| Error::io("find the tdmpc2 binary for environment workers", e))?;
-    let worker = WorkerCommand {
-        program,
-        args: vec!["env-worker".into()],
-    };
+    let worker = crate::cli::env_worker_command()?;
     Ok(VectorEnv::new(&config.task, &seeds, placement, &worker)?)
 }
 

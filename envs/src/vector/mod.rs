@@ -107,6 +107,29 @@ impl VectorEnv {
         })
     }
 
+    /// Environments already made, stepped in this process (they must share one spec).
+    pub fn from_envs(task: &str, envs: Vec<Box<dyn Env>>) -> Result<Self> {
+        let Some(first) = envs.first() else {
+            return Err(Error::VectorInput(
+                "no environments: give at least one".into(),
+            ));
+        };
+        let spec = first.spec().clone();
+        if let Some(other) = envs.iter().find(|e| *e.spec() != spec) {
+            return Err(Error::VectorInput(format!(
+                "environments of different shapes: {:?} and {:?}",
+                spec,
+                other.spec()
+            )));
+        }
+        Ok(Self {
+            task: task.into(),
+            spec,
+            num_envs: envs.len(),
+            backend: Backend::InProcess(envs),
+        })
+    }
+
     pub fn num_envs(&self) -> usize {
         self.num_envs
     }
