@@ -112,13 +112,75 @@ fn a_run_writes_config_metrics_and_checkpoints() {
 
 #[test]
 fn a_resumed_run_makes_exactly_the_same_updates() {
+    assert_resume_is_exact(&[]);
+}
+
+#[test]
+fn a_resumed_pipelined_run_makes_exactly_the_same_updates() {
+    assert_resume_is_exact(&["pipeline=true"]);
+}
+
+#[test]
+fn a_resumed_run_with_several_environments_makes_exactly_the_same_updates() {
+    assert_resume_is_exact(&["num_envs=2", "steps_per_update=2"]);
+}
+
+/// The default loop (num_envs=1, pipeline=false) trains bit for bit what it trained before
+/// those settings existed: the learner checksums and evaluation returns recorded then.
+#[test]
+fn the_default_loop_reproduces_the_recorded_run() {
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("data/golden_pendulum.json")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec!["train"];
+    args.extend(TINY);
+    args.extend(["steps=600", "eval_freq=400", "num_threads=1"]);
+    // MKL's conditional numerical reproducibility: the same float32 results on any x86 CPU.
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(&args)
+        .arg(format!("run_dir={}", dir.path().display()))
+        .env("MKL_CBWR", "COMPATIBLE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(checkpoint(dir.path(), 600).join("meta.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        meta["learner_parts"], golden["learner_parts"],
+        "the learner state after 600 steps differs from the recorded run"
+    );
+    let evals = std::fs::read_to_string(dir.path().join("eval.csv")).unwrap();
+    let returns: Vec<f64> = evals
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(4).unwrap().parse().unwrap())
+        .collect();
+    let recorded: Vec<f64> = golden["eval"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["episode_reward"].as_f64().unwrap())
+        .collect();
+    assert_eq!(returns, recorded);
+}
+
+/// A run stopped and resumed from a checkpoint writes the same later checkpoints as the
+/// uninterrupted run, with `extra` settings on both.
+fn assert_resume_is_exact(extra: &[&str]) {
     // buffer_size below the shorter run's steps: both runs have the same buffer capacity.
-    let settings = [
+    let mut settings = vec![
         "save_freq=400",
         "eval_freq=400",
         "save_buffer=true",
         "buffer_size=500",
     ];
+    settings.extend_from_slice(extra);
     let whole = tempfile::tempdir().unwrap();
     let mut args = settings.to_vec();
     args.push("steps=1000");
