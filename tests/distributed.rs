@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, TINY};
+use common::{children_of, free_port, TINY};
 use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::{Batch, NoiseKind, ReplayNoise};
 use tdmpc2::config::{Config, Source};
@@ -677,28 +677,6 @@ fn a_damaged_checkpoint_is_refused_on_resume() {
         log.contains(&format!("{} is damaged", state.display())),
         "the changed file is named: {log}"
     );
-}
-
-/// The pids of `parent`'s children.
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let ppid: u32 = stat
-                .rsplit(')')
-                .next()?
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            (ppid == parent).then_some(pid)
-        })
-        .collect()
 }
 
 /// Whether `pid` is still a running process (a zombie is not).
