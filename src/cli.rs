@@ -82,7 +82,8 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// What to measure: env (environment steps/s), agent (plan and update ms vs matmul
-    /// throughput), ddp (data-parallel scaling of agent steps/s).
+    /// throughput), ddp (data-parallel scaling of agent steps/s), loop (the training loop's
+    /// agent steps/s over num_envs × pipeline).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
@@ -115,6 +116,19 @@ pub struct BenchArgs {
     /// ddp: repetitions of the measurements (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub ddp_rounds: usize,
+    /// loop: the task trained (Pendulum-v1 is native: the loop's own costs; walker-run adds
+    /// dm_control in worker processes).
+    #[arg(long, default_value = "Pendulum-v1")]
+    pub loop_task: String,
+    /// loop: environments per rank to measure.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub num_envs: Vec<usize>,
+    /// loop: pipeline settings to measure.
+    #[arg(long, value_delimiter = ',', default_value = "false,true")]
+    pub pipeline: Vec<bool>,
+    /// loop: timed vector steps per case (after seeding).
+    #[arg(long, default_value_t = 30)]
+    pub loop_steps: usize,
 }
 
 impl RunArgs {
@@ -260,10 +274,7 @@ fn evaluate(config: Config) -> Result<()> {
         &config.task,
         &[config.seed],
         envs::Placement::InProcess,
-        &envs::WorkerCommand {
-            program: std::path::PathBuf::new(),
-            args: Vec::new(),
-        },
+        &env_worker_command()?,
     )?;
     let mut actor = crate::actor::Actor::new(env, policy, config.episodic)?;
     let group = crate::ddp::ProcessGroup::alone(rank);
@@ -319,9 +330,21 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 };
                 crate::bench::ddp::run(&options, &mut |line| println!("{line}"))?;
             }
+            "loop" => {
+                let options = crate::bench::train_loop::LoopOptions {
+                    task: args.loop_task.clone(),
+                    model_sizes: args.model_sizes.clone(),
+                    num_envs: args.num_envs.clone(),
+                    pipeline: args.pipeline.clone(),
+                    vector_steps: args.loop_steps,
+                    device: args.device.clone(),
+                    threads: args.threads,
+                };
+                crate::bench::train_loop::run(&options, &mut |line| println!("{line}"))?;
+            }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, agent, ddp"
+                    "unknown bench case '{other}'; allowed: env, agent, ddp, loop"
                 )))
             }
         }

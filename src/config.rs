@@ -551,7 +551,7 @@ impl Config {
             ("save_freq", self.save_freq, 1, STEPS),
             ("lr_warmup_steps", self.lr_warmup_steps, 0, STEPS),
             ("seed_steps", self.seed_steps.unwrap_or(1), 1, STEPS),
-            ("eval_episodes", self.eval_episodes as u64, 1, 1_000_000),
+            ("eval_episodes", self.eval_episodes as u64, 0, 1_000_000),
             ("batch_size", self.batch_size as u64, 1, 1 << 24),
             ("buffer_size", self.buffer_size as u64, 1, 1 << 40),
             ("horizon", self.horizon as u64, 1, 1_000),
@@ -683,7 +683,10 @@ impl Config {
         // clip(x, min, max) as max then min: never a panic, even on an unvalidated config.
         self.discount
             .get_or_insert(discount.max(self.discount_min).min(self.discount_max));
-        self.seed_steps.get_or_insert((5 * length as u64).max(1000));
+        // Every environment finishes an episode before learning starts.
+        let all_envs = (self.num_envs * length) as u64;
+        self.seed_steps
+            .get_or_insert((5 * length as u64).max(1000).max(all_envs));
         // The official parser adds two planning iterations for large action spaces (dog,
         // humanoid); a config resolved before already has them.
         if self.episode_length.is_none() && spec.action_dim >= 20 {
@@ -694,13 +697,14 @@ impl Config {
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
         let seed_steps = self.seed_steps.unwrap_or_default();
-        if seed_steps < length as u64 {
+        if seed_steps < (self.num_envs * length) as u64 {
             return Err(range(
                 "seed_steps",
                 seed_steps,
                 &format!(
-                    "must be >= the episode length ({length}), so that the buffer holds an \
-                     episode before the first update"
+                    "must be >= num_envs × the episode length ({} × {length}), so that the \
+                     buffer holds an episode of every environment before the first update",
+                    self.num_envs
                 ),
             ));
         }

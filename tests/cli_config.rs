@@ -217,11 +217,22 @@ fn hostile_values_are_refused_naming_the_key() {
             &["num_enc_layers=0"],
             "num_enc_layers=0 is out of range: must be >= 1",
         ),
+        (&["eval_episodes=-1"], "eval_episodes"),
+        (&["num_envs=0"], "num_envs=0 is out of range: must be >= 1"),
         (
-            &["eval_episodes=0"],
-            "eval_episodes=0 is out of range: must be >= 1",
+            &["num_envs=4", "steps_per_update=3"],
+            "steps_per_update=3 must divide num_envs=4",
         ),
+        (
+            &["actor_threads=0"],
+            "actor_threads=0 is out of range: must be >= 1",
+        ),
+        (&["pipeline=maybe"], "pipeline"),
         // What needs the task and the machine (resolve).
+        (
+            &["task=Pendulum-v1", "num_envs=4", "seed_steps=400"],
+            "seed_steps=400 is out of range: must be >= num_envs × the episode length (4 × 200)",
+        ),
         (
             &["task=Pendulum-v1", "world_size=2", "steps=400"],
             "steps=400 is out of range: each of the world_size=2 ranks runs steps / world_size \

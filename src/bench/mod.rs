@@ -1,3 +1,4 @@
 //! Benchmarks of the trainer as a whole (the agent's own are in `agent::bench`).
 pub mod ddp;
 pub mod env;
+pub mod train_loop;

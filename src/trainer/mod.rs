@@ -153,7 +153,12 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     let mut last_info = None;
     // With pipeline=true: the updates owed by the last step, made beside the next one.
     let mut pending = 0u64;
+    // Where learning's steady state began: the throughput reported at the end.
+    let mut steady_from = None;
     while state.step <= local_steps {
+        if state.step > seed_steps && steady_from.is_none() {
+            steady_from = Some((Instant::now(), state.step));
+        }
         let global = state.step * world;
         if state.step > previous_step {
             let before = previous_step * world;
@@ -169,6 +174,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             last_info = Some(run_updates(&mut learner, &mut rng, pending)?);
             actor.policy_mut().load_weights(learner.model())?;
             pending = 0;
+        }
+        if checkpoint_point && eval_due && config.eval_episodes == 0 {
+            eval_due = false;
         }
         if checkpoint_point && eval_due {
             let eval_seed = derive_seed(config.seed, rank.rank, global, 1);
@@ -296,17 +304,19 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         ready_to_update = ready_to_update || (learning && learner.ready()?);
         if learning && ready_to_update {
             if seeding_ends {
-                // A run stopped during pretraining makes only the updates that were left.
+                // One update per steps_per_update seed steps, as afterwards. A run stopped
+                // during pretraining makes only the updates that were left.
+                let updates = (seed_steps / config.steps_per_update as u64).max(1);
                 let done = state.pretrain_updates;
-                if seed_steps > 1 && root {
+                if updates > 1 && root {
                     eprintln!(
                         "Pretraining agent on seed data ({} updates)...",
-                        seed_steps - done
+                        updates - done
                     );
                 }
-                for update in done..seed_steps {
+                for update in done..updates {
                     // The same update indices on every rank: the stop check is a collective.
-                    let request = if seed_steps > 1 {
+                    let request = if updates > 1 {
                         stop::requested(&group)?
                     } else {
                         None
@@ -315,8 +325,8 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
                         state.elapsed = elapsed();
                         state.pretrain_updates = update;
                         let when = format!(
-                            "during pretraining (after {update} of {seed_steps} updates) at \
-                             step {global}"
+                            "during pretraining (after {update} of {updates} updates) at step \
+                             {global}"
                         );
                         return Err(stop_with_checkpoint(
                             &config, &dir, &state, &learner, &group, &when, request,
@@ -341,6 +351,10 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     if pending > 0 {
         run_updates(&mut learner, &mut rng, pending)?;
     }
+    let steady_rate = steady_from.map(|(since, step)| {
+        (state.step.min(local_steps + 1) - step) as f64 * world as f64
+            / since.elapsed().as_secs_f64().max(1e-9)
+    });
     if let Some(bar) = &progress {
         bar.finish_and_clear();
     }
@@ -351,7 +365,13 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     state.elapsed = elapsed();
     checkpoint::save(&config, &dir, &state, &learner, &group)?;
     if root {
-        eprintln!("Training finished: {}", dir.display());
+        match steady_rate {
+            Some(rate) => eprintln!(
+                "Training finished: {} ({rate:.1} agent steps/s after seeding)",
+                dir.display()
+            ),
+            None => eprintln!("Training finished: {}", dir.display()),
+        }
     }
     Ok(())
 }

@@ -1,0 +1,183 @@
+//! `tdmpc2 bench --cases loop`: agent steps/s of the whole training loop (environments, batched
+//! plan, updates, buffer) for several `num_envs` × `pipeline`, each case a real `tdmpc2 train`
+//! run, next to the baseline of the same model size measured in the same sitting
+//! (num_envs=1, pipeline=false).
+//!
+//! The rate is the trainer's own: agent steps per second from the end of seeding to the end of
+//! the run (no evaluation or checkpoint inside that window), so start-up, the first evaluation
+//! and the pretraining updates are left out. Every case makes one update per vector step
+//! (`steps_per_update = num_envs`), the schedule the official vectorised trainer uses.
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct LoopOptions {
+    pub task: String,
+    pub model_sizes: Vec<u32>,
+    pub num_envs: Vec<usize>,
+    pub pipeline: Vec<bool>,
+    /// Timed vector steps per case (after seeding).
+    pub vector_steps: usize,
+    pub device: String,
+    pub threads: Option<usize>,
+}
+
+/// One case: the command line of its run.
+fn train_args(
+    options: &LoopOptions,
+    episode_length: usize,
+    size: u32,
+    num_envs: usize,
+    pipeline: bool,
+) -> Vec<String> {
+    // Seeding: the shortest allowed (one episode per environment); no evaluation.
+    let seed_steps = num_envs * episode_length;
+    let steps = seed_steps + (options.vector_steps + 1) * num_envs;
+    let mut args: Vec<String> = [
+        format!("task={}", options.task),
+        format!("model_size={size}"),
+        format!("num_envs={num_envs}"),
+        format!("steps_per_update={num_envs}"),
+        format!("pipeline={pipeline}"),
+        format!("steps={steps}"),
+        format!("seed_steps={seed_steps}"),
+        format!("device={}", options.device),
+        "eval_episodes=0".into(),
+        format!("eval_freq={}", 10 * steps),
+        format!("save_freq={}", 10 * steps),
+        "enable_tensorboard=false".into(),
+        "save_csv=false".into(),
+    ]
+    .into();
+    if let Some(t) = options.threads {
+        args.push(format!("num_threads={t}"));
+    }
+    args
+}
+
+/// The rate in the trainer's last line: "... (R agent steps/s after seeding)".
+fn parse_rate(log: &str) -> Option<f64> {
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("agent steps/s after seeding"))?;
+    let open = line.rfind('(')?;
+    line[open + 1..].split_whitespace().next()?.parse().ok()
+}
+
+pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
+    if options.vector_steps == 0 || options.num_envs.contains(&0) {
+        return Err(Error::Config(
+            "bench loop needs --loop-steps >= 1 and every --num-envs >= 1".into(),
+        ));
+    }
+    let program = std::env::current_exe().map_err(|e| Error::io("locate tdmpc2", e))?;
+    let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
+    for &size in &options.model_sizes {
+        let mut baseline = None;
+        // The baseline first, then the other cases of this model size.
+        let mut cases = vec![(1, false)];
+        for &n in &options.num_envs {
+            for &p in &options.pipeline {
+                if (n, p) != (1, false) {
+                    cases.push((n, p));
+                }
+            }
+        }
+        for (num_envs, pipeline) in cases {
+            let dir = tempfile_dir()?;
+            let out = Command::new(&program)
+                .arg("train")
+                .args(train_args(
+                    options,
+                    episode_length,
+                    size,
+                    num_envs,
+                    pipeline,
+                ))
+                .arg(format!("run_dir={}", dir.display()))
+                .output()
+                .map_err(|e| Error::io("run tdmpc2 train", e))?;
+            let _ = std::fs::remove_dir_all(&dir);
+            let log = String::from_utf8_lossy(&out.stderr);
+            if !out.status.success() {
+                return Err(Error::Other(format!(
+                    "bench loop: model_size={size} num_envs={num_envs} pipeline={pipeline} \
+                     failed: {}",
+                    log.lines().last().unwrap_or("")
+                )));
+            }
+            let rate = parse_rate(&log).ok_or_else(|| {
+                Error::Other(format!("bench loop: no throughput in the run's log: {log}"))
+            })?;
+            let base = *baseline.get_or_insert(rate);
+            print(&json!({
+                "case": "loop",
+                "task": options.task,
+                "device": options.device,
+                "model_size": size,
+                "num_envs": num_envs,
+                "steps_per_update": num_envs,
+                "pipeline": pipeline,
+                "agent_steps_per_second": rate,
+                "baseline_agent_steps_per_second": base,
+                "speedup_vs_baseline": rate / base,
+            }));
+        }
+    }
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "tdmpc2-bench-loop-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io("create a bench run directory", e))?;
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rate_is_read_from_the_trainers_last_line() {
+        let log = "Pretraining...\nTraining finished: /tmp/x (123.5 agent steps/s after seeding)\n";
+        assert_eq!(parse_rate(log), Some(123.5));
+        assert_eq!(parse_rate("Training finished: /tmp/x"), None);
+    }
+
+    #[test]
+    fn each_case_makes_one_update_per_vector_step_after_short_seeding() {
+        let options = LoopOptions {
+            task: "Pendulum-v1".into(),
+            model_sizes: vec![1],
+            num_envs: vec![1, 4],
+            pipeline: vec![false, true],
+            vector_steps: 10,
+            device: "cpu".into(),
+            threads: Some(2),
+        };
+        let args = train_args(&options, 200, 5, 4, true);
+        for expected in [
+            "model_size=5",
+            "num_envs=4",
+            "steps_per_update=4",
+            "pipeline=true",
+            "seed_steps=800",
+            "steps=844",
+            "eval_episodes=0",
+            "num_threads=2",
+        ] {
+            assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+        }
+    }
+}
