@@ -256,7 +256,7 @@ fn bench_case(
     let mut batch_noise = HostNoise::seeded(options.seed);
     let mut model = WorldModel::new(config, device)?;
     let mut learner = Learner::new(config, &model)?;
-    let mut planner = Planner::new(config, device);
+    let mut planner = Planner::new(config, device, 1)?;
     let (h, b) = (config.horizon as i64, options.batch_size as i64);
     let options_f = (Kind::Float, device);
     let batch = Batch {

@@ -178,13 +178,15 @@ impl WorldModel {
         self.reward.forward(&Tensor::cat(&[z, a], -1))
     }
 
-    /// [`Self::next`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
-    pub fn next_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+    /// [`Self::next`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
+    /// (N, A).
+    pub fn next_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
         self.dynamics.forward_shared_prefix(z, a)
     }
 
-    /// [`Self::reward`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
-    pub fn reward_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+    /// [`Self::reward`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
+    /// (N, A).
+    pub fn reward_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
         self.reward.forward_shared_prefix(z, a)
     }
 
@@ -220,6 +222,23 @@ impl WorldModel {
         let parts = out.chunk(2, -1);
         let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
         (&parts[0] + eps * log_std.exp()).tanh()
+    }
+
+    /// [`Self::pi_action`] for latents `z` (G, Z), each shared by N/G consecutive rows of the
+    /// noise `eps` (N, A): the policy runs once per latent.
+    pub fn pi_action_shared(&self, z: &Tensor, eps: &Tensor) -> Tensor {
+        let groups = z.size()[0];
+        if groups == 1 {
+            return self.pi_action(z, eps);
+        }
+        let out = self.policy.forward(z);
+        let parts = out.chunk(2, -1);
+        let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
+        let (rows, a) = (eps.size()[0], eps.size()[1]);
+        let eps = eps.view([groups, rows / groups, a]);
+        (parts[0].unsqueeze(1) + eps * log_std.exp().unsqueeze(1))
+            .tanh()
+            .view([rows, a])
     }
 
     /// Q logits of the chosen heads: (k, …, num_bins). `dropout` (training) supplies the first
