@@ -442,6 +442,35 @@ mod tests {
     }
 
     #[test]
+    fn shared_latents_match_repeated_latents() {
+        tch::manual_seed(4);
+        let model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
+        tch::no_grad(|| {
+            let _ = model.policy_params.flat.detach().normal_(0.0, 0.3);
+            let _ = model.model_params.flat.detach().normal_(0.0, 0.3);
+        });
+        let cpu = (Kind::Float, Device::Cpu);
+        let z = model.encode(&Tensor::randn([3, 5], cpu));
+        let repeated = z.repeat_interleave_self_int(4, 0, None);
+        let eps = Tensor::randn([12, 2], cpu);
+        let a = Tensor::rand([12, 2], cpu);
+        let max_diff = |x: Tensor, y: Tensor| (x - y).abs().max().double_value(&[]);
+        let pairs = [
+            (
+                model.pi_action_shared(&z, &eps),
+                model.pi_action(&repeated, &eps),
+            ),
+            (model.next_shared(&z, &a), model.next(&repeated, &a)),
+            (model.reward_shared(&z, &a), model.reward(&repeated, &a)),
+        ];
+        for (i, (shared, full)) in pairs.into_iter().enumerate() {
+            assert_eq!(shared.size(), full.size());
+            let diff = max_diff(shared, full);
+            assert!(diff < 1e-5, "case {i}: {diff}");
+        }
+    }
+
+    #[test]
     fn target_qs_never_use_dropout_but_online_qs_do_in_training() {
         tch::manual_seed(1);
         let mut model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
