@@ -200,7 +200,8 @@ impl Planner {
     /// Plans from the observations (E, obs_dim) of all environments and returns their actions
     /// (E, A) clamped to [−1, 1], on the model's device. `t0[e]` drops environment e's warm
     /// start; `eval_mode` drops the final exploration noise (the elite choice stays random).
-    /// Makes no host synchronisation.
+    /// Reads nothing back from the device (only `noise` might, and [`super::TorchNoise`]
+    /// does not), and every shape depends on E alone.
     pub fn plan_batch(
         &mut self,
         model: &impl LatentModel,
