@@ -95,6 +95,9 @@ pub struct BenchArgs {
     /// agent: task dimensions to time (walker-run and/or dog-run).
     #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
     pub tasks: Vec<String>,
+    /// agent: environment counts of batched plans to time besides one (per-environment ms).
+    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    pub plan_envs: Vec<usize>,
     /// agent: torch threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -303,6 +306,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 let options = crate::agent::bench::BenchOptions {
                     model_sizes: args.model_sizes.clone(),
                     tasks: args.tasks.clone(),
+                    plan_envs: args.plan_envs.clone(),
                     threads: args.threads,
                     device: args.device.clone(),
                     ..Default::default()

@@ -349,7 +349,7 @@ fn run_plans(
     model: &WorldModel,
     fixture: &HashMap<String, Tensor>,
 ) {
-    let mut planner = Planner::new(config, Device::Cpu);
+    let mut planner = Planner::new(config, Device::Cpu, 1).expect("planner");
     for (plan, t0) in [("plan1", true), ("plan2", false)] {
         let mut noise = replay_for_plan(plan, fixture);
         let obs = get(fixture, &format!("{plan}.obs"));
@@ -360,7 +360,13 @@ fn run_plans(
         let key = format!("{plan}.action");
         report.compare(&key, &key, &action, get(fixture, &key), None);
         let key = format!("{plan}.prev_mean_after");
-        report.compare(&key, &key, planner.prev_mean(), get(fixture, &key), None);
+        report.compare(
+            &key,
+            &key,
+            &planner.prev_mean().get(0),
+            get(fixture, &key),
+            None,
+        );
     }
 }
 

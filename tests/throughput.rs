@@ -18,6 +18,8 @@ fn gym_settings() -> Vec<String> {
             "steps_per_update=4",
             "env_workers=2",
             "num_threads=1",
+            // One episode of each environment before learning starts.
+            "seed_steps=800",
         ]
         .map(String::from),
     );

@@ -122,7 +122,7 @@ fn a_resumed_pipelined_run_makes_exactly_the_same_updates() {
 
 #[test]
 fn a_resumed_run_with_several_environments_makes_exactly_the_same_updates() {
-    assert_resume_is_exact(&["num_envs=2", "steps_per_update=2"]);
+    assert_resume_is_exact(&["num_envs=2", "steps_per_update=2", "seed_steps=400"]);
 }
 
 /// The default loop (num_envs=1, pipeline=false) trains bit for bit what it trained before

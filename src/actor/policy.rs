@@ -12,7 +12,7 @@ use crate::agent::{AgentConfig, Error, Noise, Planner, Result, WorldModel};
 
 pub struct Policy {
     model: WorldModel,
-    planners: Vec<Planner>,
+    planner: Planner,
     noise: Box<dyn Noise + Send>,
     mpc: bool,
     num_envs: usize,
@@ -32,9 +32,7 @@ impl Policy {
         }
         Ok(Self {
             model: WorldModel::new(config, device)?,
-            planners: (0..num_envs)
-                .map(|_| Planner::new(config, device))
-                .collect(),
+            planner: Planner::new(config, device, num_envs)?,
             noise,
             mpc: config.mpc,
             num_envs,
@@ -86,16 +84,13 @@ impl Policy {
         let obs = Tensor::from_slice(obs)
             .view([e, obs_dim])
             .to_device(self.model.device());
-        let mut actions = Vec::with_capacity(self.num_envs);
-        for (i, planner) in self.planners.iter_mut().enumerate() {
-            let obs = obs.narrow(0, i as i64, 1);
-            actions.push(if self.mpc {
-                planner.plan(&self.model, &obs, t0[i], eval_mode, self.noise.as_mut())?
-            } else {
-                planner.act_with_policy(&self.model, &obs, eval_mode, self.noise.as_mut())?
-            });
-        }
-        let actions = Tensor::stack(&actions, 0);
+        let actions = if self.mpc {
+            self.planner
+                .plan_batch(&self.model, &obs, t0, eval_mode, self.noise.as_mut())?
+        } else {
+            self.planner
+                .act_with_policy_batch(&self.model, &obs, eval_mode, self.noise.as_mut())?
+        };
         let actions = actions.to_device(Device::Cpu).to_kind(Kind::Float);
         Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
     }

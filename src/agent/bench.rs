@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub model_sizes: Vec<u32>,
     /// Tasks to run: "walker-run" and/or "dog-run".
     pub tasks: Vec<String>,
+    /// Environment counts (besides 1) of batched plans to time.
+    pub plan_envs: Vec<usize>,
     pub seed: u64,
 }
 
@@ -38,6 +40,7 @@ impl Default for BenchOptions {
             update_repeats: 10,
             model_sizes: vec![1, 5],
             tasks: vec!["walker-run".into(), "dog-run".into()],
+            plan_envs: vec![4, 16],
             seed: 1,
         }
     }
@@ -66,6 +69,19 @@ pub struct BenchCase {
     pub update_gflops: f64,
     pub plan_fraction: f64,
     pub update_fraction: f64,
+    /// One plan for several environments at once.
+    pub batched_plans: Vec<BatchedPlanTime>,
+}
+
+/// Timing of one batched plan call.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchedPlanTime {
+    pub num_envs: usize,
+    /// Median and fastest milliseconds per call.
+    pub plan_ms: f64,
+    pub plan_ms_min: f64,
+    /// Median milliseconds per call divided by the number of environments.
+    pub plan_ms_per_env: f64,
 }
 
 /// The whole benchmark.
@@ -256,7 +272,7 @@ fn bench_case(
     let mut batch_noise = HostNoise::seeded(options.seed);
     let mut model = WorldModel::new(config, device)?;
     let mut learner = Updater::new(config, &model)?;
-    let mut planner = Planner::new(config, device);
+    let mut planner = Planner::new(config, device, 1)?;
     let (h, b) = (config.horizon as i64, options.batch_size as i64);
     let options_f = (Kind::Float, device);
     let batch = Batch {
@@ -280,6 +296,26 @@ fn bench_case(
             .map(|_| ())
     })?;
     let min = |times: &[f64]| times.iter().copied().fold(f64::INFINITY, f64::min);
+    let mut batched_plans = Vec::new();
+    for &envs in &options.plan_envs {
+        let mut planner = Planner::new(config, device, envs)?;
+        let obs = Tensor::randn([envs as i64, config.obs_dim as i64], options_f);
+        let mut first = true;
+        let times = time_ms(device, options.plan_repeats, || {
+            let t0 = vec![std::mem::take(&mut first); envs];
+            planner
+                .plan_batch(&model, &obs, &t0, false, &mut sample_noise)
+                .map(|_| ())
+        })?;
+        let plan_ms_min = min(&times);
+        let plan_ms = median(times);
+        batched_plans.push(BatchedPlanTime {
+            num_envs: envs,
+            plan_ms,
+            plan_ms_min,
+            plan_ms_per_env: plan_ms / envs as f64,
+        });
+    }
     let (plan_ms_min, update_ms_min) = (min(&plan_times), min(&update_times));
     let plan_ms = median(plan_times);
     let update_ms = median(update_times);
@@ -303,6 +339,7 @@ fn bench_case(
         update_gflops,
         plan_fraction: plan_gflops / matmul,
         update_fraction: update_gflops / matmul,
+        batched_plans,
     })
 }
 

@@ -161,15 +161,22 @@ impl Mlp {
         self.forward_from(self.layers[0].forward(x))
     }
 
-    /// The MLP on `cat([shared, per_row], -1)` where `shared` (1, S) is the same for every row
-    /// of `per_row` (N, R): the first layer's shared part is computed once.
+    /// The MLP on `cat([shared[g], per_row[r]], -1)` where each of the G rows of `shared`
+    /// (G, S) is shared by N/G consecutive rows of `per_row` (N, R): the first layer's shared
+    /// part is computed once per group. N must be a multiple of G.
     pub fn forward_shared_prefix(&self, shared: &Tensor, per_row: &Tensor) -> Tensor {
         let first = &self.layers[0];
-        let width = shared.size()[1];
-        let rest = per_row.size()[1];
+        let (groups, width) = (shared.size()[0], shared.size()[1]);
+        let (rows, rest) = (per_row.size()[0], per_row.size()[1]);
         let shared_part = shared.linear(&first.weight.narrow(1, 0, width), Some(&first.bias));
-        let linear =
-            per_row.linear::<Tensor>(&first.weight.narrow(1, width, rest), None) + shared_part;
+        let per_row_part = per_row.linear::<Tensor>(&first.weight.narrow(1, width, rest), None);
+        let linear = if groups == 1 {
+            per_row_part + shared_part
+        } else {
+            let out = shared_part.size()[1];
+            (per_row_part.view([groups, rows / groups, out]) + shared_part.unsqueeze(1))
+                .view([rows, out])
+        };
         self.forward_from(first.finish(linear))
     }
 
@@ -473,6 +480,20 @@ mod tests {
         let shared = Tensor::randn([1, 5], (Kind::Float, Device::Cpu));
         let per_row = Tensor::randn([4, 2], (Kind::Float, Device::Cpu));
         let full = Tensor::cat(&[shared.expand([4, 5], false), per_row.shallow_clone()], 1);
+        let diff = (mlp.forward(&full) - mlp.forward_shared_prefix(&shared, &per_row))
+            .abs()
+            .max();
+        assert!(diff.double_value(&[]) < 1e-6);
+        // Three groups of four rows, each with its own shared part.
+        let shared = Tensor::randn([3, 5], (Kind::Float, Device::Cpu));
+        let per_row = Tensor::randn([12, 2], (Kind::Float, Device::Cpu));
+        let full = Tensor::cat(
+            &[
+                shared.repeat_interleave_self_int(4, 0, None),
+                per_row.shallow_clone(),
+            ],
+            1,
+        );
         let diff = (mlp.forward(&full) - mlp.forward_shared_prefix(&shared, &per_row))
             .abs()
             .max();

@@ -16,6 +16,8 @@ pub mod math;
 pub mod noise;
 pub mod params;
 pub mod planner;
+#[cfg(test)]
+mod planner_reference;
 pub mod scale;
 pub mod update;
 pub mod world_model;
@@ -25,7 +27,7 @@ use tch::Tensor;
 pub use adam::{clip_grad_norm, Adam, AdamState};
 pub use config::AgentConfig;
 pub use import::import_official;
-pub use noise::{HostNoise, Noise, NoiseKind, ReplayNoise, TorchNoise};
+pub use noise::{HostNoise, Noise, NoiseKind, RecordingNoise, ReplayNoise, TorchNoise};
 pub use planner::{LatentModel, Planner};
 pub use scale::RunningScale;
 pub use update::{Batch, PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};

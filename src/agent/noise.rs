@@ -233,6 +233,53 @@ impl Noise for ReplayNoise {
     }
 }
 
+/// Serves the draws of another stream and keeps a copy of each, in order, e.g. to replay them
+/// (sliced or whole) through a [`ReplayNoise`].
+#[derive(Debug)]
+pub struct RecordingNoise<N> {
+    inner: N,
+    /// The draws so far; permutations as int64 tensors.
+    pub draws: Vec<(NoiseKind, Tensor)>,
+}
+
+impl<N: Noise> RecordingNoise<N> {
+    pub fn new(inner: N) -> Self {
+        Self {
+            inner,
+            draws: Vec::new(),
+        }
+    }
+
+    fn keep(&mut self, kind: NoiseKind, draw: Tensor) -> Result<Tensor> {
+        self.draws.push((kind, draw.f_detach_copy()?));
+        Ok(draw)
+    }
+}
+
+impl<N: Noise> Noise for RecordingNoise<N> {
+    fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let draw = self.inner.randn(shape, device)?;
+        self.keep(NoiseKind::Randn, draw)
+    }
+
+    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
+        let perm = self.inner.randperm(n)?;
+        self.draws
+            .push((NoiseKind::Randperm, Tensor::from_slice(&perm)));
+        Ok(perm)
+    }
+
+    fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
+        let draw = self.inner.exponential(shape, device)?;
+        self.keep(NoiseKind::Exponential, draw)
+    }
+
+    fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
+        let draw = self.inner.dropout_mask(shape, p, device)?;
+        self.keep(NoiseKind::DropoutMask, draw)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +305,22 @@ mod tests {
             replay.exponential(&[1], Device::Cpu),
             Err(Error::Replay(_))
         ));
+    }
+
+    #[test]
+    fn recording_keeps_what_it_serves_and_replays_it() {
+        let mut recording = RecordingNoise::new(HostNoise::seeded(3));
+        let normal = recording.randn(&[2, 3], Device::Cpu).unwrap();
+        let perm = recording.randperm(4).unwrap();
+        let exp = recording.exponential(&[5], Device::Cpu).unwrap();
+        let mut replay = ReplayNoise::new();
+        for (kind, draw) in recording.draws {
+            replay.push(kind, draw);
+        }
+        assert!(replay.randn(&[2, 3], Device::Cpu).unwrap().equal(&normal));
+        assert_eq!(replay.randperm(4).unwrap(), perm);
+        assert!(replay.exponential(&[5], Device::Cpu).unwrap().equal(&exp));
+        assert_eq!(replay.remaining(), 0);
     }
 
     #[test]

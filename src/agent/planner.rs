@@ -1,20 +1,30 @@
-//! MPPI planning in the latent space of the world model (official `_plan`, `_estimate_value`).
+//! MPPI planning in the latent space of the world model (official `_plan`, `_estimate_value`),
+//! for E environments at once: every environment has its own means, standard deviations,
+//! elites, elite choice and warm start; the model runs once over all E·N candidates.
+//!
+//! Random draws are those of E separate plans laid end to end along the first dimension
+//! (environment-major), so that one environment's slice is exactly the draw its own plan would
+//! make, and at E = 1 the draws are today's single-environment draws. The one draw all
+//! environments share is the Q-head permutation of each iteration: as in the official code,
+//! one `randperm` serves the whole batch of a Q call (per-environment heads would need a gather
+//! of the heads' weights per row).
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
 use super::noise::Noise;
 use super::world_model::{QParams, QReduce, WorldModel};
-use super::{expect_shape, Result};
+use super::{expect_shape, Error, Result};
 
-/// What planning needs from a model. Latent arguments are (N, Z), or (1, Z) for one latent
-/// shared by N actions (the first planning step), which implementations may exploit.
+/// What planning needs from a model. Latent arguments are (N, Z), or (G, Z) with G < N for G
+/// latents each shared by N/G consecutive rows of the other argument (the first planning step
+/// of G environments), which implementations may exploit.
 pub trait LatentModel {
     fn device(&self) -> Device;
     fn obs_dim(&self) -> i64;
     fn latent_dim(&self) -> i64;
     fn action_dim(&self) -> i64;
     fn num_q(&self) -> i64;
-    /// Observations (1, obs_dim) → latent (1, Z).
+    /// Observations (E, obs_dim) → latents (E, Z).
     fn encode(&self, obs: &Tensor) -> Tensor;
     /// Next latents (N, Z).
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor;
@@ -28,8 +38,9 @@ pub trait LatentModel {
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: (i64, i64)) -> Result<Tensor>;
 }
 
-fn is_shared(z: &Tensor, a: &Tensor) -> bool {
-    z.size()[0] == 1 && a.size()[0] > 1
+/// Whether each latent of `z` is shared by several consecutive rows of `other`.
+fn is_shared(z: &Tensor, other: &Tensor) -> bool {
+    z.size()[0] < other.size()[0]
 }
 
 impl LatentModel for WorldModel {
@@ -53,14 +64,14 @@ impl LatentModel for WorldModel {
     }
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
         if is_shared(z, a) {
-            self.next_from_one(z, a)
+            self.next_shared(z, a)
         } else {
             WorldModel::next(self, z, a)
         }
     }
     fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor {
         let logits = if is_shared(z, a) {
-            self.reward_from_one(z, a)
+            self.reward_shared(z, a)
         } else {
             WorldModel::reward(self, z, a)
         };
@@ -71,14 +82,19 @@ impl LatentModel for WorldModel {
             .map(|logits| logits.sigmoid().gt(0.5).to_kind(Kind::Float))
     }
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
-        self.pi_action(z, eps)
+        if is_shared(z, eps) {
+            self.pi_action_shared(z, eps)
+        } else {
+            self.pi_action(z, eps)
+        }
     }
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: (i64, i64)) -> Result<Tensor> {
         self.q_value(z, a, QParams::Online, pair, QReduce::Avg, None)
     }
 }
 
-/// Returns, final latents and termination flags of a batch of candidate rollouts.
+/// Returns (E, R, 1), final latents (E, R, Z) and termination flags (E, R, 1) of R candidate
+/// rollouts per environment.
 struct Rollout {
     returns: Tensor,
     latents: Tensor,
@@ -87,7 +103,7 @@ struct Rollout {
 
 impl Rollout {
     fn first_rows(&self, rows: i64) -> Rollout {
-        let take = |t: &Tensor| t.narrow(0, 0, rows).copy();
+        let take = |t: &Tensor| t.narrow(1, 0, rows).copy();
         Rollout {
             returns: take(&self.returns),
             latents: take(&self.latents),
@@ -96,7 +112,7 @@ impl Rollout {
     }
 
     fn concat(&self, rest: &Rollout) -> Rollout {
-        let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 0);
+        let cat = |a: &Tensor, b: &Tensor| Tensor::cat(&[a, b], 1);
         Rollout {
             returns: cat(&self.returns, &rest.returns),
             latents: cat(&self.latents, &rest.latents),
@@ -108,7 +124,7 @@ impl Rollout {
     }
 }
 
-/// The planner's settings and its warm-start state.
+/// The planner's settings and the warm-start state of each environment.
 #[derive(Debug)]
 pub struct Planner {
     horizon: i64,
@@ -121,19 +137,27 @@ pub struct Planner {
     temperature: f64,
     discount: f64,
     action_dim: i64,
-    /// The final mean of the previous plan, (H, A); shifted by one step for the next plan.
+    num_envs: i64,
+    /// The final means of the previous plan, (E, H, A); shifted by one step for the next plan.
     prev_mean: Tensor,
-    /// Candidate actions (H, N, A), reused across calls: columns 0..P hold the policy
+    /// Candidate actions (E, H, N, A), reused across calls: columns 0..P hold the policy
     /// trajectories, the rest the Gaussian samples.
     candidates: Tensor,
 }
 
 impl Planner {
-    pub fn new(config: &AgentConfig, device: Device) -> Self {
+    /// A planner for `num_envs` environments (at least 1) whose warm starts start empty.
+    pub fn new(config: &AgentConfig, device: Device, num_envs: usize) -> Result<Self> {
+        if num_envs == 0 {
+            return Err(Error::Config(
+                "num_envs must be at least 1 (environments planned for at once)".into(),
+            ));
+        }
+        let e = num_envs as i64;
         let h = config.horizon as i64;
         let a = config.action_dim as i64;
         let n = config.num_samples as i64;
-        Self {
+        Ok(Self {
             horizon: h,
             num_samples: n,
             num_elites: config.num_elites as i64,
@@ -144,19 +168,24 @@ impl Planner {
             temperature: config.temperature,
             discount: config.discount,
             action_dim: a,
-            prev_mean: Tensor::zeros([h, a], (Kind::Float, device)),
-            candidates: Tensor::zeros([h, n, a], (Kind::Float, device)),
-        }
+            num_envs: e,
+            prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
+            candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
+        })
     }
 
-    /// The mean kept for the next warm start, (H, A).
+    /// The number of environments planned for at once.
+    pub fn num_envs(&self) -> usize {
+        self.num_envs as usize
+    }
+
+    /// The means kept for the next warm starts, (E, H, A).
     pub fn prev_mean(&self) -> &Tensor {
         &self.prev_mean
     }
 
-    /// Plans from one observation (1, obs_dim) and returns the action (A) clamped to [−1, 1],
-    /// on the model's device. `t0` drops the warm start; `eval_mode` drops the final
-    /// exploration noise (the elite choice stays random).
+    /// Plans for one environment (a planner made for one): observation (1, obs_dim), action
+    /// (A). See [`Self::plan_batch`].
     pub fn plan(
         &mut self,
         model: &impl LatentModel,
@@ -165,11 +194,35 @@ impl Planner {
         eval_mode: bool,
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
-        expect_shape("planner observation", obs, &[1, model.obs_dim()])?;
+        Ok(self.plan_batch(model, obs, &[t0], eval_mode, noise)?.get(0))
+    }
+
+    /// Plans from the observations (E, obs_dim) of all environments and returns their actions
+    /// (E, A) clamped to [−1, 1], on the model's device. `t0[e]` drops environment e's warm
+    /// start; `eval_mode` drops the final exploration noise (the elite choice stays random).
+    /// Reads nothing back from the device (only `noise` might, and [`super::TorchNoise`]
+    /// does not), and every shape depends on E alone.
+    pub fn plan_batch(
+        &mut self,
+        model: &impl LatentModel,
+        obs: &Tensor,
+        t0: &[bool],
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let e = self.num_envs;
+        expect_shape("planner observations", obs, &[e, model.obs_dim()])?;
+        if t0.len() as i64 != e {
+            return Err(Error::Shape {
+                what: "planner t0 flags (one per environment)".into(),
+                expected: vec![e],
+                got: vec![t0.len() as i64],
+            });
+        }
         expect_shape(
             "planner action space",
             &self.prev_mean,
-            &[self.horizon, model.action_dim()],
+            &[e, self.horizon, model.action_dim()],
         )?;
         let obs = obs.to_device(model.device());
         tch::no_grad(|| self.plan_inner(model, &obs, t0, eval_mode, noise))
@@ -179,63 +232,85 @@ impl Planner {
         &mut self,
         model: &impl LatentModel,
         obs: &Tensor,
-        t0: bool,
+        t0: &[bool],
         eval_mode: bool,
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
-        let (h, n, p, a) = (
+        let (e, h, n, p, a, k) = (
+            self.num_envs,
             self.horizon,
             self.num_samples,
             self.num_pi_trajs,
             self.action_dim,
+            self.num_elites,
         );
         let device = model.device();
-        // One latent (1, Z): the first step's layers see it once, not once per candidate.
+        // One latent per environment (E, Z): the first step's layers see it once, not once per
+        // candidate.
         let z = model.encode(obs);
 
         // Policy trajectories, fixed for all iterations.
         if p > 0 {
             let mut zp = z.shallow_clone();
             for t in 0..h {
-                let eps = noise.randn(&[p, a], device)?;
+                let eps = noise.randn(&[e * p, a], device)?;
                 let action = model.policy_action(&zp, &eps);
-                self.candidates.get(t).narrow(0, 0, p).copy_(&action);
+                self.candidates
+                    .select(1, t)
+                    .narrow(1, 0, p)
+                    .copy_(&action.view([e, p, a]));
                 if t + 1 < h {
                     zp = model.next(&zp, &action);
                 }
             }
         }
 
-        let mut mean = Tensor::zeros([h, a], (Kind::Float, device));
-        let mut std = Tensor::full([h, a], self.max_std, (Kind::Float, device));
-        if !t0 && h > 1 {
-            mean.narrow(0, 0, h - 1)
-                .copy_(&self.prev_mean.narrow(0, 1, h - 1));
+        let mut mean = Tensor::zeros([e, h, a], (Kind::Float, device));
+        let mut std = Tensor::full([e, h, a], self.max_std, (Kind::Float, device));
+        if h > 1 {
+            if t0.iter().all(|&first| !first) {
+                mean.narrow(1, 0, h - 1)
+                    .copy_(&self.prev_mean.narrow(1, 1, h - 1));
+            } else {
+                for (env, _) in t0.iter().enumerate().filter(|(_, &first)| !first) {
+                    let env = env as i64;
+                    mean.get(env)
+                        .narrow(0, 0, h - 1)
+                        .copy_(&self.prev_mean.get(env).narrow(0, 1, h - 1));
+                }
+            }
         }
 
         let mut policy_rollout = None;
-        let mut score = Tensor::zeros([self.num_elites, 1], (Kind::Float, device));
-        let mut elite_actions = Tensor::zeros([h, self.num_elites, a], (Kind::Float, device));
+        let mut score = Tensor::zeros([e, k, 1], (Kind::Float, device));
+        let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, device));
         for _ in 0..self.iterations {
-            let r = noise.randn(&[h, n - p, a], device)?;
-            let samples = (mean.unsqueeze(1) + std.unsqueeze(1) * r).clamp(-1.0, 1.0);
-            self.candidates.narrow(1, p, n - p).copy_(&samples);
+            let r = noise
+                .randn(&[e * h, n - p, a], device)?
+                .view([e, h, n - p, a]);
+            let samples = (mean.unsqueeze(2) + std.unsqueeze(2) * r).clamp(-1.0, 1.0);
+            self.candidates.narrow(2, p, n - p).copy_(&samples);
 
             let value = self
                 .estimate_value(model, &z, &mut policy_rollout, noise)?
-                .nan_to_num(0.0, None, None);
-            let (_, elite_idxs) = value.squeeze_dim(1).topk(self.num_elites, 0, true, true);
-            let elite_value = value.index_select(0, &elite_idxs);
-            elite_actions = self.candidates.index_select(1, &elite_idxs);
+                .nan_to_num(0.0, None, None)
+                .view([e, n]);
+            let (_, elite_idxs) = value.topk(k, 1, true, true);
+            let elite_value = value.gather(1, &elite_idxs, false).unsqueeze(2);
+            elite_actions = self.candidates.gather(
+                2,
+                &elite_idxs.view([e, 1, k, 1]).expand([e, h, k, a], false),
+                false,
+            );
 
-            let (max_value, _) = elite_value.max_dim(0, false);
+            let (max_value, _) = elite_value.max_dim(1, true);
             score = ((elite_value - max_value) * self.temperature).exp();
-            score = &score / score.sum_dim_intlist(0, false, Kind::Float);
-            let weights = score.unsqueeze(0);
-            let total = score.sum_dim_intlist(0, false, Kind::Float) + 1e-9;
-            mean = (&weights * &elite_actions).sum_dim_intlist(1, false, Kind::Float) / &total;
-            std = ((&weights * (&elite_actions - mean.unsqueeze(1)).square()).sum_dim_intlist(
-                1,
+            score = &score / score.sum_dim_intlist(1, true, Kind::Float);
+            let weights = score.unsqueeze(1);
+            let total = score.sum_dim_intlist(1, true, Kind::Float) + 1e-9;
+            mean = (&weights * &elite_actions).sum_dim_intlist(2, false, Kind::Float) / &total;
+            std = ((&weights * (&elite_actions - mean.unsqueeze(2)).square()).sum_dim_intlist(
+                2,
                 false,
                 Kind::Float,
             ) / &total)
@@ -243,28 +318,36 @@ impl Planner {
                 .clamp(self.min_std, self.max_std);
         }
 
-        // Sample one elite with the Gumbel-max trick on log-weights.
-        let exponential = noise.exponential(&[self.num_elites], device)?;
-        let gumbel = score.squeeze_dim(1).log() - exponential.log();
-        let choice = gumbel.softmax(0, Kind::Float).argmax(-1, false).view([1]);
-        let chosen = elite_actions.index_select(1, &choice).squeeze_dim(1);
-        let mut action = chosen.get(0);
+        // Sample one elite per environment with the Gumbel-max trick on log-weights.
+        let exponential = noise.exponential(&[e * k], device)?.view([e, k]);
+        let gumbel = score.squeeze_dim(2).log() - exponential.log();
+        let choice = gumbel.softmax(1, Kind::Float).argmax(1, true);
+        let mut action = elite_actions
+            .select(1, 0)
+            .gather(1, &choice.view([e, 1, 1]).expand([e, 1, a], false), false)
+            .squeeze_dim(1);
         if !eval_mode {
-            action += std.get(0) * noise.randn(&[a], device)?;
+            action += std.select(1, 0) * noise.randn(&[e * a], device)?.view([e, a]);
         }
         self.prev_mean.copy_(&mean);
         Ok(action.clamp(-1.0, 1.0))
     }
 
-    /// Rolls out candidates `first..first + rows` from the latent `z0` (1, Z) over the horizon:
-    /// Σ_t γ^t (1 − done_t) r_t, the final latents and the termination flags.
+    /// Rolls out candidates `first..first + rows` of every environment from its latent in `z0`
+    /// (E, Z) over the horizon: Σ_t γ^t (1 − done_t) r_t, the final latents and the
+    /// termination flags.
     fn rollout(&self, model: &impl LatentModel, z0: &Tensor, first: i64, rows: i64) -> Rollout {
+        let (e, a) = (self.num_envs, self.action_dim);
         let mut z = z0.shallow_clone();
         let mut returns: Option<Tensor> = None;
         let mut discount = 1.0;
         let mut terminated: Option<Tensor> = None;
         for t in 0..self.horizon {
-            let action = self.candidates.get(t).narrow(0, first, rows);
+            let action = self
+                .candidates
+                .select(1, t)
+                .narrow(1, first, rows)
+                .reshape([e * rows, a]);
             let reward = model.reward(&z, &action);
             z = model.next(&z, &action);
             let term = match &terminated {
@@ -283,18 +366,18 @@ impl Planner {
                 });
             }
         }
-        let returns = returns.expect("the horizon is at least 1");
+        let per_env = |t: Tensor| t.view([e, rows, -1]);
         Rollout {
-            returns,
-            latents: z,
-            terminated,
+            returns: per_env(returns.expect("the horizon is at least 1")),
+            latents: per_env(z),
+            terminated: terminated.map(per_env),
         }
     }
 
-    /// V = Σ_t γ^t r_t + γ^H·Q_avg(z_H, π(z_H)) for every candidate; (N, 1), from the latent
-    /// `z0` (1, Z). The policy trajectories' rollouts are the same in every iteration, so
-    /// `policy_rollout` keeps them after the first. Draws policy noise for π(z_H), then the
-    /// permutation picking the two Q heads.
+    /// V = Σ_t γ^t r_t + γ^H·Q_avg(z_H, π(z_H)) for every candidate of every environment;
+    /// (E·N, 1), from the latents `z0` (E, Z). The policy trajectories' rollouts are the same in
+    /// every iteration, so `policy_rollout` keeps them after the first. Draws policy noise for
+    /// π(z_H), then the permutation picking the two Q heads (shared by all environments).
     fn estimate_value(
         &self,
         model: &impl LatentModel,
@@ -302,7 +385,7 @@ impl Planner {
         policy_rollout: &mut Option<Rollout>,
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
-        let (n, p) = (self.num_samples, self.num_pi_trajs);
+        let (e, n, p) = (self.num_envs, self.num_samples, self.num_pi_trajs);
         let rollout = match policy_rollout.as_ref() {
             Some(cached) => cached.concat(&self.rollout(model, z0, p, n - p)),
             None => {
@@ -314,28 +397,25 @@ impl Planner {
             }
         };
         let discount = (0..self.horizon).fold(1.0, |d, _| d * self.discount);
-        let z = &rollout.latents;
-        let eps = noise.randn(&[n, self.action_dim], z.device())?;
-        let action = model.policy_action(z, &eps);
+        let rows = |t: &Tensor| t.reshape([e * n, -1]);
+        let z = rows(&rollout.latents);
+        let eps = noise.randn(&[e * n, self.action_dim], z.device())?;
+        let action = model.policy_action(&z, &eps);
         let perm = noise.randperm(model.num_q())?;
         let pair = match perm.as_slice() {
             [first, second, ..] => (*first, *second),
-            _ => {
-                return Err(super::Error::Replay(
-                    "Q-head permutation shorter than 2".into(),
-                ))
-            }
+            _ => return Err(Error::Replay("Q-head permutation shorter than 2".into())),
         };
-        let q = model.q_avg(z, &action, pair)?;
+        let q = model.q_avg(&z, &action, pair)?;
         let bootstrap = match &rollout.terminated {
-            Some(done) => (1.0f64 - done) * discount * q,
+            Some(done) => (1.0f64 - rows(done)) * discount * q,
             None => q * discount,
         };
-        Ok(rollout.returns + bootstrap)
+        Ok(rows(&rollout.returns) + bootstrap)
     }
 
-    /// Acting without planning (`mpc = false`): a policy sample, or tanh of its mean in eval
-    /// mode. Returns (A).
+    /// Acting without planning (`mpc = false`) for one environment: observation (1, obs_dim),
+    /// action (A). See [`Self::act_with_policy_batch`].
     pub fn act_with_policy(
         &mut self,
         model: &WorldModel,
@@ -344,12 +424,27 @@ impl Planner {
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
         expect_shape("policy observation", obs, &[1, model.obs_dim])?;
+        Ok(self
+            .act_with_policy_batch(model, obs, eval_mode, noise)?
+            .get(0))
+    }
+
+    /// Acting without planning (`mpc = false`) for E observations (E, obs_dim): a policy
+    /// sample, or tanh of its mean in eval mode. Returns (E, A).
+    pub fn act_with_policy_batch(
+        &mut self,
+        model: &WorldModel,
+        obs: &Tensor,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let rows = obs.size().first().copied().unwrap_or(0);
+        expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
         tch::no_grad(|| {
             let z = model.encode(obs);
-            let eps = noise.randn(&[1, self.action_dim], model.device())?;
+            let eps = noise.randn(&[rows, self.action_dim], model.device())?;
             let out = model.pi(&z, &eps);
-            let action = if eval_mode { out.mean } else { out.action };
-            Ok(action.get(0))
+            Ok(if eval_mode { out.mean } else { out.action })
         })
     }
 }
@@ -357,7 +452,8 @@ impl Planner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::noise::TorchNoise;
+    use crate::agent::noise::{HostNoise, NoiseKind, RecordingNoise, ReplayNoise, TorchNoise};
+    use crate::agent::planner_reference::ReferencePlanner;
 
     /// A model whose reward is −|a − a*|² whatever the latent, with zero values beyond the
     /// horizon: the best plan repeats a*.
@@ -396,6 +492,8 @@ mod tests {
             None
         }
         fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
+            let per_latent = eps.size()[0] / z.size()[0];
+            let z = z.repeat_interleave_self_int(per_latent, 0, None);
             (eps + z.sum_dim_intlist(-1, true, Kind::Float)).tanh()
         }
         fn q_avg(&self, z: &Tensor, _a: &Tensor, pair: (i64, i64)) -> Result<Tensor> {
@@ -413,7 +511,7 @@ mod tests {
             iterations,
             ..AgentConfig::defaults(None, 3, 3).unwrap()
         };
-        let mut planner = Planner::new(&config, Device::Cpu);
+        let mut planner = Planner::new(&config, Device::Cpu, 1).unwrap();
         let mut noise = TorchNoise::seeded(seed);
         let obs = Tensor::zeros([1, 3], (Kind::Float, Device::Cpu));
         let action = planner.plan(&model, &obs, true, true, &mut noise).unwrap();
@@ -449,12 +547,12 @@ mod tests {
             iterations: 6,
             ..AgentConfig::defaults(None, 3, 2).unwrap()
         };
-        let mut planner = Planner::new(&config, Device::Cpu);
+        let mut planner = Planner::new(&config, Device::Cpu, 1).unwrap();
         let mut noise = TorchNoise::seeded(1);
         let obs = Tensor::zeros([1, 3], (Kind::Float, Device::Cpu));
         let first = planner.plan(&model, &obs, true, false, &mut noise).unwrap();
         assert!(first.abs().max().double_value(&[]) <= 1.0);
-        let mean = planner.prev_mean().copy();
+        let mean = planner.prev_mean().get(0).copy();
         assert!(
             (mean.get(0) - model.target.shallow_clone())
                 .abs()
@@ -472,5 +570,218 @@ mod tests {
                 &mut noise
             )
             .is_err());
+    }
+
+    fn small_config(episodic: bool) -> AgentConfig {
+        AgentConfig {
+            enc_dim: 16,
+            mlp_dim: 24,
+            latent_dim: 16,
+            num_q: 3,
+            num_samples: 40,
+            num_elites: 6,
+            num_pi_trajs: 5,
+            iterations: 3,
+            episodic,
+            ..AgentConfig::defaults(None, 5, 3).unwrap()
+        }
+    }
+
+    /// A model with random parameters from a seeded host stream (independent of torch's
+    /// global generator, which other tests reseed), so that rewards, values and terminations
+    /// vary between candidates (fresh models decode every reward and Q to 0).
+    fn random_model(config: &AgentConfig, seed: u64) -> WorldModel {
+        let model = WorldModel::new(config, Device::Cpu).unwrap();
+        let mut noise = HostNoise::seeded(seed);
+        tch::no_grad(|| {
+            for params in [&model.model_params, &model.policy_params] {
+                let values = noise.randn(&params.flat.size(), Device::Cpu).unwrap() * 0.1;
+                params.flat.detach().copy_(&values);
+                for (entry, view) in params.entries.iter().zip(params.views()) {
+                    if entry.name.ends_with("ln.weight") {
+                        let _ = view.detach().g_add_scalar_(1.0);
+                    }
+                }
+            }
+        });
+        model
+    }
+
+    /// (t0, eval_mode) of consecutive calls: episode starts, warm starts, both modes.
+    const CALLS: [(bool, bool); 5] = [
+        (true, false),
+        (false, false),
+        (false, true),
+        (true, true),
+        (false, false),
+    ];
+
+    /// At one environment the batched planner makes the same draws (order and shapes) and the
+    /// same operations as the single-environment planner it replaced: equal bit for bit.
+    #[test]
+    fn one_environment_is_bit_identical_to_the_former_planner() {
+        let configs = [
+            small_config(false),
+            small_config(true),
+            AgentConfig::defaults(Some(1), 24, 6).unwrap(),
+        ];
+        for (c, config) in configs.iter().enumerate() {
+            let model = random_model(config, 3);
+            let mut reference = ReferencePlanner::new(config);
+            let mut planner = Planner::new(config, Device::Cpu, 1).unwrap();
+            let mut reference_noise = HostNoise::seeded(7);
+            let mut noise = HostNoise::seeded(7);
+            let mut obs_noise = HostNoise::seeded(8);
+            for (call, &(t0, eval_mode)) in CALLS.iter().enumerate() {
+                let obs = obs_noise
+                    .randn(&[1, config.obs_dim as i64], Device::Cpu)
+                    .unwrap();
+                let expected = reference
+                    .plan(&model, &obs, t0, eval_mode, &mut reference_noise)
+                    .unwrap();
+                let got = planner
+                    .plan(&model, &obs, t0, eval_mode, &mut noise)
+                    .unwrap();
+                assert!(
+                    got.equal(&expected),
+                    "config {c} call {call}: {got:?} vs {expected:?}"
+                );
+                assert!(
+                    planner.prev_mean().get(0).equal(&reference.prev_mean),
+                    "config {c} call {call}: warm starts differ"
+                );
+                // The two streams are still in step.
+                let (a, b) = (
+                    noise.randn(&[1], Device::Cpu).unwrap(),
+                    reference_noise.randn(&[1], Device::Cpu).unwrap(),
+                );
+                assert!(a.equal(&b), "config {c} call {call}: draws differ");
+            }
+        }
+    }
+
+    /// Splits draws made for `envs` environments into each environment's own draws: every draw
+    /// is environment-major along its first dimension, except the Q-head permutation, which all
+    /// environments share.
+    fn split_draws(draws: &[(NoiseKind, Tensor)], envs: i64) -> Vec<ReplayNoise> {
+        let mut replays: Vec<ReplayNoise> = (0..envs).map(|_| ReplayNoise::new()).collect();
+        for (kind, draw) in draws {
+            match kind {
+                NoiseKind::Randperm => {
+                    for replay in &mut replays {
+                        replay.push(*kind, draw.copy());
+                    }
+                }
+                _ => {
+                    for (replay, part) in replays.iter_mut().zip(draw.chunk(envs, 0)) {
+                        replay.push(*kind, part.contiguous());
+                    }
+                }
+            }
+        }
+        replays
+    }
+
+    /// Three environments with different observations, episode starts and warm starts: the
+    /// batched plan equals three separate plans fed each environment's slice of its draws.
+    ///
+    /// Not bit for bit: a one-row matmul (the encoder, and the shared first-layer part of the
+    /// first step, at E = 1) takes another kernel than an E-row one and sums in another order,
+    /// so latents differ in the last bit (rows of the N-candidate matmuls do not). MPPI's
+    /// weights exp(0.5·(V − max V)) carry that into the means in proportion to the values'
+    /// magnitude: about 3e-7 with the small model's values, up to 7e-5 with the size-1 model's
+    /// (|V| in the hundreds, one ulp ≈ 1e-5). Any slicing or bookkeeping error gives
+    /// differences of order 0.1.
+    #[test]
+    fn batched_plan_equals_separate_plans_given_the_same_draws() {
+        let t0s = [
+            [true, true, true],
+            [false, false, false],
+            [false, true, false],
+            [true, false, false],
+            [false, false, true],
+        ];
+        for (config, tolerance) in [
+            (small_config(true), 1e-6),
+            (AgentConfig::defaults(Some(1), 24, 6).unwrap(), 1e-3),
+        ] {
+            let model = random_model(&config, 4);
+            let envs = 3;
+            let mut batched = Planner::new(&config, Device::Cpu, envs).unwrap();
+            let mut separate: Vec<Planner> = (0..envs)
+                .map(|_| Planner::new(&config, Device::Cpu, 1).unwrap())
+                .collect();
+            let mut noise = RecordingNoise::new(HostNoise::seeded(11));
+            let mut obs_noise = HostNoise::seeded(12);
+            for (call, t0) in t0s.iter().enumerate() {
+                let eval_mode = call == 2;
+                let obs = obs_noise
+                    .randn(&[envs as i64, config.obs_dim as i64], Device::Cpu)
+                    .unwrap();
+                noise.draws.clear();
+                let actions = batched
+                    .plan_batch(&model, &obs, t0, eval_mode, &mut noise)
+                    .unwrap();
+                assert_eq!(actions.size(), vec![envs as i64, config.action_dim as i64]);
+                let replays = split_draws(&noise.draws, envs as i64);
+                for (env, (planner, mut replay)) in separate.iter_mut().zip(replays).enumerate() {
+                    let e = env as i64;
+                    let action = planner
+                        .plan(
+                            &model,
+                            &obs.narrow(0, e, 1),
+                            t0[env],
+                            eval_mode,
+                            &mut replay,
+                        )
+                        .unwrap();
+                    assert_eq!(replay.remaining(), 0, "call {call} env {env}: draws left");
+                    let diff = (action - actions.get(e)).abs().max().double_value(&[]);
+                    assert!(
+                        diff <= tolerance,
+                        "call {call} env {env}: actions differ by {diff}"
+                    );
+                    let diff = (planner.prev_mean().get(0) - batched.prev_mean().get(e))
+                        .abs()
+                        .max()
+                        .double_value(&[]);
+                    assert!(
+                        diff <= tolerance,
+                        "call {call} env {env}: means differ by {diff}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_environment_counts_are_errors() {
+        let config = small_config(false);
+        let model = random_model(&config, 4);
+        assert!(matches!(
+            Planner::new(&config, Device::Cpu, 0),
+            Err(Error::Config(_))
+        ));
+        let mut planner = Planner::new(&config, Device::Cpu, 2).unwrap();
+        let mut noise = HostNoise::seeded(1);
+        let obs = Tensor::zeros([2, 5], (Kind::Float, Device::Cpu));
+        // One t0 flag for two environments.
+        assert!(matches!(
+            planner.plan_batch(&model, &obs, &[true], false, &mut noise),
+            Err(Error::Shape { .. })
+        ));
+        // The single-environment call on a planner for two.
+        assert!(matches!(
+            planner.plan(&model, &obs.narrow(0, 0, 1), true, false, &mut noise),
+            Err(Error::Shape { .. })
+        ));
+        let actions = planner
+            .plan_batch(&model, &obs, &[true, true], false, &mut noise)
+            .unwrap();
+        assert_eq!(actions.size(), vec![2, 3]);
+        let policy = planner
+            .act_with_policy_batch(&model, &obs, true, &mut noise)
+            .unwrap();
+        assert_eq!(policy.size(), vec![2, 3]);
     }
 }

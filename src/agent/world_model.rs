@@ -178,13 +178,15 @@ impl WorldModel {
         self.reward.forward(&Tensor::cat(&[z, a], -1))
     }
 
-    /// [`Self::next`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
-    pub fn next_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+    /// [`Self::next`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
+    /// (N, A).
+    pub fn next_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
         self.dynamics.forward_shared_prefix(z, a)
     }
 
-    /// [`Self::reward`] for one latent `z` (1, Z) shared by all actions `a` (N, A).
-    pub fn reward_from_one(&self, z: &Tensor, a: &Tensor) -> Tensor {
+    /// [`Self::reward`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
+    /// (N, A).
+    pub fn reward_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
         self.reward.forward_shared_prefix(z, a)
     }
 
@@ -220,6 +222,23 @@ impl WorldModel {
         let parts = out.chunk(2, -1);
         let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
         (&parts[0] + eps * log_std.exp()).tanh()
+    }
+
+    /// [`Self::pi_action`] for latents `z` (G, Z), each shared by N/G consecutive rows of the
+    /// noise `eps` (N, A): the policy runs once per latent.
+    pub fn pi_action_shared(&self, z: &Tensor, eps: &Tensor) -> Tensor {
+        let groups = z.size()[0];
+        if groups == 1 {
+            return self.pi_action(z, eps);
+        }
+        let out = self.policy.forward(z);
+        let parts = out.chunk(2, -1);
+        let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
+        let (rows, a) = (eps.size()[0], eps.size()[1]);
+        let eps = eps.view([groups, rows / groups, a]);
+        (parts[0].unsqueeze(1) + eps * log_std.exp().unsqueeze(1))
+            .tanh()
+            .view([rows, a])
     }
 
     /// Q logits of the chosen heads: (k, …, num_bins). `dropout` (training) supplies the first
@@ -420,6 +439,35 @@ mod tests {
             assert!(names.iter().any(|n| n == key), "missing {key}");
         }
         assert_eq!(model.q.layers[0].weight.size(), vec![3, 32, 18]);
+    }
+
+    #[test]
+    fn shared_latents_match_repeated_latents() {
+        tch::manual_seed(4);
+        let model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
+        tch::no_grad(|| {
+            let _ = model.policy_params.flat.detach().normal_(0.0, 0.3);
+            let _ = model.model_params.flat.detach().normal_(0.0, 0.3);
+        });
+        let cpu = (Kind::Float, Device::Cpu);
+        let z = model.encode(&Tensor::randn([3, 5], cpu));
+        let repeated = z.repeat_interleave_self_int(4, 0, None);
+        let eps = Tensor::randn([12, 2], cpu);
+        let a = Tensor::rand([12, 2], cpu);
+        let max_diff = |x: Tensor, y: Tensor| (x - y).abs().max().double_value(&[]);
+        let pairs = [
+            (
+                model.pi_action_shared(&z, &eps),
+                model.pi_action(&repeated, &eps),
+            ),
+            (model.next_shared(&z, &a), model.next(&repeated, &a)),
+            (model.reward_shared(&z, &a), model.reward(&repeated, &a)),
+        ];
+        for (i, (shared, full)) in pairs.into_iter().enumerate() {
+            assert_eq!(shared.size(), full.size());
+            let diff = max_diff(shared, full);
+            assert!(diff < 1e-5, "case {i}: {diff}");
+        }
     }
 
     #[test]
