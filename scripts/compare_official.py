@@ -21,7 +21,6 @@ time, neither of which touches its numerics:
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
