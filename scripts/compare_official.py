@@ -17,6 +17,8 @@ time, neither of which touches its numerics:
   - its Adam optimisers are created with `capturable=True`, which torch allows only for
     accelerator tensors: the flag is turned off on the CPU (it only keeps the step count on
     the device so that CUDA graphs can capture the step).
+Matmuls run at torch's default float32 precision on both sides (the official train.py asks for
+"high", i.e. TF32 on CUDA; neither side sets it on the CPU).
 """
 
 import argparse

@@ -3,7 +3,8 @@
 # provide) and of this project on the CPU, with the same torch (the project's venv), in one
 # sitting: rounds alternate ours, official, ours, official, ... so that a machine whose speed
 # drifts affects both alike. Prints every measurement as a `tdmpc2 bench --cases agent` JSON line
-# (with "impl" and "round"), then a table with the medians over rounds and the ratios.
+# (with "impl" and "round"), then a table: per side the lowest of the rounds' medians (other load
+# only slows calls down), each round's own ratio, and the fastest single calls.
 #
 #   scripts/compare_official.sh OFFICIAL_CHECKOUT [--rounds N] [--model-sizes 1,5]
 #       [--threads N] [--repeats N] [--bin PATH] [--out FILE]
