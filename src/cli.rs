@@ -101,6 +101,9 @@ pub struct BenchArgs {
     /// agent: torch threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// agent: timed calls per plan and per update measurement (after one warm-up call).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_repeats: u64,
     /// agent: where to run the model.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
     pub device: String,
@@ -309,6 +312,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     plan_envs: args.plan_envs.clone(),
                     threads: args.threads,
                     device: args.device.clone(),
+                    plan_repeats: args.agent_repeats as usize,
+                    update_repeats: args.agent_repeats as usize,
                     ..Default::default()
                 };
                 let report = crate::agent::bench::bench(&options)?;

@@ -289,3 +289,9 @@ fn integral_floats_and_names_are_taken_as_meant() {
     let e = rejected(&["train", "--cfg", "job", "steps=-1e5"]);
     assert!(e.contains("wrong type for 'steps'"), "{e}");
 }
+
+#[test]
+fn bench_agent_repeats_must_be_positive() {
+    let stderr = rejected(&["bench", "--cases", "agent", "--agent-repeats", "0"]);
+    assert!(stderr.contains("--agent-repeats"), "{stderr}");
+}
