@@ -28,6 +28,17 @@ fn random_policy_return(episodes: u64) -> f64 {
 
 #[test]
 fn a_short_run_beats_a_random_policy() {
+    assert_short_run_learns(&[]);
+}
+
+/// The same budget over four environments, acting and learning overlapped: 1000 random
+/// steps, 1000 pretraining updates, then 150 vector steps of four updates each.
+#[test]
+fn a_short_pipelined_run_with_four_environments_beats_a_random_policy() {
+    assert_short_run_learns(&["num_envs=4", "pipeline=true"]);
+}
+
+fn assert_short_run_learns(extra: &[&str]) {
     let random = random_policy_return(10);
     let dir = tempfile::tempdir().unwrap();
     // Policy-prior acting (mpc=false) keeps the budget small: 1000 random steps, 1000
@@ -45,6 +56,7 @@ fn a_short_run_beats_a_random_policy() {
             "batch_size=64",
             "enable_tensorboard=false",
         ])
+        .args(extra)
         .arg(format!("run_dir={}", dir.path().display()))
         .output()
         .unwrap();
@@ -61,7 +73,7 @@ fn a_short_run_beats_a_random_policy() {
         .unwrap();
     assert_eq!(last_eval["step"], 1600);
     let learned = last_eval["episode_reward"].as_f64().unwrap();
-    eprintln!("random policy {random:.1}, after 1600 steps {learned:.1}");
+    eprintln!("{extra:?}: random policy {random:.1}, after 1600 steps {learned:.1}");
     assert!(
         random < -900.0,
         "the random baseline is what Pendulum gives: {random}"

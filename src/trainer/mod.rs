@@ -251,11 +251,12 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
             save_due = false;
         }
         if !(eval_due || save_due) {
-            // Episode seeds count the episodes started, so every environment gets its own.
-            let mut started = state.episodes;
-            for i in actor.done() {
-                actor.reset(i, derive_seed(config.seed, rank.rank, started, 0))?;
-                started += 1;
+            // Episode seeds count the episodes started (finished ones and those running), so
+            // every episode of every environment gets its own.
+            let done = actor.done();
+            let started = state.episodes + (actor.num_envs() - done.len()) as u64;
+            for (episode, i) in (started..).zip(done) {
+                actor.reset(i, derive_seed(config.seed, rank.rank, episode, 0))?;
             }
         }
         if let Some(request) = stop::requested(&group)? {
