@@ -31,11 +31,13 @@ fn a_short_run_beats_a_random_policy() {
     assert_short_run_learns(&[]);
 }
 
-/// The same budget over four environments, acting and learning overlapped: 1000 random
-/// steps, 1000 pretraining updates, then 150 vector steps of four updates each.
+/// The same budget over two environments, acting and learning overlapped: 1000 random steps,
+/// 1000 pretraining updates, then 300 vector steps of two updates each. Two, not more: with
+/// N environments the first episodes acted by the learned policy reach the buffer only after
+/// N × 200 further steps, and this budget leaves room for them only up to N = 2.
 #[test]
-fn a_short_pipelined_run_with_four_environments_beats_a_random_policy() {
-    assert_short_run_learns(&["num_envs=4", "pipeline=true"]);
+fn a_short_pipelined_run_with_two_environments_beats_a_random_policy() {
+    assert_short_run_learns(&["num_envs=2", "pipeline=true"]);
 }
 
 fn assert_short_run_learns(extra: &[&str]) {
