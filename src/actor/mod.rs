@@ -37,7 +37,6 @@ pub struct Actor {
     envs: envs::VectorEnv,
     policy: Policy,
     episodic: bool,
-    action_dim: usize,
     slots: Vec<Slot>,
 }
 
@@ -58,7 +57,6 @@ impl Actor {
                 policy.num_envs()
             )));
         }
-        let action_dim = envs.spec().action_dim;
         let slots = (0..envs.num_envs())
             .map(|_| Slot {
                 done: true,
@@ -69,7 +67,6 @@ impl Actor {
             envs,
             policy,
             episodic,
-            action_dim,
             slots,
         })
     }
@@ -130,7 +127,7 @@ impl Actor {
         if running.is_empty() {
             return Ok(0);
         }
-        let a = self.action_dim;
+        let a = self.envs.spec().action_dim;
         let actions: Vec<f32> = match acting {
             Acting::Random(rng) => (0..running.len() * a)
                 .map(|_| rng.random_range(-1.0f32..=1.0))
@@ -138,7 +135,11 @@ impl Actor {
             Acting::Policy => {
                 // One batched plan for every environment; a paused one plans from its last
                 // observation (fixed shapes) and its action is dropped.
-                let obs: Vec<f32> = self.slots.iter().flat_map(|s| s.obs.clone()).collect();
+                let obs: Vec<f32> = self
+                    .slots
+                    .iter()
+                    .flat_map(|s| s.obs.iter().copied())
+                    .collect();
                 let t0: Vec<bool> = self.slots.iter().map(|s| s.episode.is_empty()).collect();
                 let all = self.policy.act(&obs, &t0, false)?;
                 running
@@ -190,7 +191,7 @@ impl Actor {
     /// environments at once, environment i reset with `seeds[i]`. The training episodes are
     /// not touched: call it with every environment at an episode boundary.
     pub fn evaluate(&mut self, seeds: &[u64]) -> Result<Vec<EvalEpisode>> {
-        let (n, a) = (self.slots.len(), self.action_dim);
+        let (n, a) = (self.slots.len(), self.envs.spec().action_dim);
         if seeds.len() > n {
             return Err(Error::Other(format!(
                 "{} evaluation episodes at once with {n} environments",

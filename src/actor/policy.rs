@@ -15,7 +15,6 @@ pub struct Policy {
     planner: Planner,
     noise: Box<dyn Noise + Send>,
     mpc: bool,
-    num_envs: usize,
 }
 
 impl Policy {
@@ -27,20 +26,16 @@ impl Policy {
         num_envs: usize,
         noise: Box<dyn Noise + Send>,
     ) -> Result<Self> {
-        if num_envs == 0 {
-            return Err(Error::Config("num_envs must be >= 1".into()));
-        }
         Ok(Self {
             model: WorldModel::new(config, device)?,
             planner: Planner::new(config, device, num_envs)?,
             noise,
             mpc: config.mpc,
-            num_envs,
         })
     }
 
     pub fn num_envs(&self) -> usize {
-        self.num_envs
+        self.planner.num_envs()
     }
 
     pub fn set_noise(&mut self, noise: Box<dyn Noise + Send>) {
@@ -50,18 +45,7 @@ impl Policy {
     /// Copies the learner's current world model and policy parameters (not the target Qs,
     /// which acting never reads).
     pub fn load_weights(&mut self, learner_model: &WorldModel) -> Result<()> {
-        for (mine, theirs) in [
-            (&self.model.model_params, &learner_model.model_params),
-            (&self.model.policy_params, &learner_model.policy_params),
-        ] {
-            if mine.entries != theirs.entries {
-                return Err(Error::Config(
-                    "policy weights: the learner's model has another architecture".into(),
-                ));
-            }
-            tch::no_grad(|| mine.flat.detach().copy_(&theirs.flat));
-        }
-        Ok(())
+        self.model.copy_acting_weights_from(learner_model)
     }
 
     /// Loads weights from a safetensors file (official state-dict names).
@@ -73,7 +57,7 @@ impl Policy {
     /// marks the environments at the first step of an episode (their warm start is dropped).
     /// Returns `num_envs × action_dim` values in [−1, 1].
     pub fn act(&mut self, obs: &[f32], t0: &[bool], eval_mode: bool) -> Result<Vec<f32>> {
-        let (e, obs_dim) = (self.num_envs as i64, self.model.obs_dim);
+        let (e, obs_dim) = (self.planner.num_envs() as i64, self.model.obs_dim);
         if obs.len() as i64 != e * obs_dim || t0.len() as i64 != e {
             return Err(Error::Shape {
                 what: "observations".into(),

@@ -375,27 +375,34 @@ impl WorldModel {
 
     /// Copies all parameters of `other` (same architecture) into this model.
     pub fn copy_from(&mut self, other: &WorldModel) -> Result<()> {
-        for (mine, theirs) in [
-            (&self.model_params, &other.model_params),
-            (&self.policy_params, &other.policy_params),
-            (&self.target_params, &other.target_params),
-        ] {
-            if mine.entries != theirs.entries {
-                return Err(Error::Config(
-                    "copy_from: the models' architectures differ".into(),
-                ));
-            }
-            tch::no_grad(|| mine.flat.detach().copy_(&theirs.flat));
-        }
+        self.copy_acting_weights_from(other)?;
+        copy_flat(&self.target_params, &other.target_params)?;
         self.log_std_min = other.log_std_min;
         self.log_std_dif = other.log_std_dif;
         Ok(())
+    }
+
+    /// Copies what acting reads (world model and policy, not the target Qs) from `other`: two
+    /// device copies of flat buffers.
+    pub fn copy_acting_weights_from(&mut self, other: &WorldModel) -> Result<()> {
+        copy_flat(&self.model_params, &other.model_params)?;
+        copy_flat(&self.policy_params, &other.policy_params)
     }
 
     /// Number of trainable parameters (world model and policy).
     pub fn num_params(&self) -> i64 {
         self.model_params.numel() + self.policy_params.numel()
     }
+}
+
+fn copy_flat(mine: &FlatParams, theirs: &FlatParams) -> Result<()> {
+    if mine.entries != theirs.entries {
+        return Err(Error::Config(
+            "copying parameters: the models' architectures differ".into(),
+        ));
+    }
+    tch::no_grad(|| mine.flat.detach().copy_(&theirs.flat));
+    Ok(())
 }
 
 #[cfg(test)]
