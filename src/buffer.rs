@@ -10,8 +10,32 @@ use rand_pcg::Pcg64;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-pub use crate::agent::Batch;
 use crate::error::{Error, Result};
+
+/// A batch of H+1 consecutive steps for B sequences, time-major.
+#[derive(Debug)]
+pub struct Batch {
+    /// (H+1, B, obs_dim)
+    pub obs: Tensor,
+    /// (H, B, action_dim)
+    pub action: Tensor,
+    /// (H, B, 1)
+    pub reward: Tensor,
+    /// (H, B, 1); zeros for non-episodic tasks.
+    pub terminated: Tensor,
+}
+
+impl Batch {
+    /// The batch on `device` (no copy when it is already there).
+    pub fn to_device(&self, device: Device) -> Batch {
+        Batch {
+            obs: self.obs.to_device(device),
+            action: self.action.to_device(device),
+            reward: self.reward.to_device(device),
+            terminated: self.terminated.to_device(device),
+        }
+    }
+}
 
 /// One finished episode, as the actor hands it over.
 #[derive(Debug, Clone, Default)]

@@ -9,18 +9,6 @@ use crate::ddp::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
 use crate::trainer;
 
-/// The hidden subcommand that serves a vector env's worker process.
-pub const ENV_WORKER: &str = "env-worker";
-
-/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
-pub fn env_worker_command() -> Result<envs::WorkerCommand> {
-    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
-    Ok(envs::WorkerCommand {
-        program,
-        args: vec![ENV_WORKER.into()],
-    })
-}
-
 #[derive(Debug, Parser)]
 #[command(name = "tdmpc2", version, about = "Distributed TD-MPC2 trainer")]
 pub struct Cli {
@@ -48,7 +36,7 @@ pub enum Command {
     BenchWorker(crate::bench::ddp::WorkerArgs),
     /// One worker process of a vector env (`tdmpc2 env-worker`, started by its parent, which
     /// talks to it over stdin/stdout and shared memory).
-    #[command(name = ENV_WORKER, hide = true)]
+    #[command(name = crate::actor::ENV_WORKER, hide = true)]
     EnvWorker,
     /// Draw learning curves of run directories: `tdmpc2 plot RUN_DIR... --out curves.png`.
     Plot(crate::tools::plot::PlotArgs),
@@ -157,7 +145,9 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train(args) if args.multirun => crate::tools::sweep::run(&args, args.jobs),
+        Command::Train(args) if args.multirun => {
+            crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)
+        }
         Command::Train(args) => {
             let config = resolved_config(&args)?;
             if args.cfg.is_some() {
@@ -189,7 +179,7 @@ fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
         if config.node_rank == 0 {
-            trainer::lock::check_free(&trainer::run_dir(&config))?;
+            trainer::lock::check_free(&config.run_dir())?;
         }
         let program =
             std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
@@ -246,7 +236,7 @@ fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> R
             launcher::RESTART_COUNT_ENV
         ))
     })?;
-    let dir = trainer::run_dir(config);
+    let dir = config.run_dir();
     let checkpoints = crate::checkpoint::checkpoints_dir(&dir);
     if count > 0 && crate::checkpoint::store::latest(&checkpoints).is_some() {
         config.resume = Some("auto".into());
@@ -270,7 +260,7 @@ fn evaluate(config: Config) -> Result<()> {
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
     tch::manual_seed(config.seed as i64);
     let mut policy = crate::actor::Policy::new(
-        &config.agent_config()?,
+        &crate::agent::AgentConfig::from_config(&config)?,
         device,
         1,
         Box::new(crate::agent::TorchNoise::global()),
@@ -280,7 +270,7 @@ fn evaluate(config: Config) -> Result<()> {
         &config.task,
         &[config.seed],
         envs::Placement::InProcess,
-        &env_worker_command()?,
+        &crate::actor::env_worker_command()?,
     )?;
     let mut actor = crate::actor::Actor::new(env, policy, config.episodic)?;
     let group = crate::ddp::ProcessGroup::alone(rank);

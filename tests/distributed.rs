@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use common::{children_of, free_port, TINY};
 use tch::{Device, Kind, Tensor};
-use tdmpc2::agent::{Batch, NoiseKind, ReplayNoise};
+use tdmpc2::agent::{NoiseKind, ReplayNoise};
+use tdmpc2::buffer::Batch;
 use tdmpc2::config::{Config, Source};
 use tdmpc2::ddp::{Backend, ProcessGroup, RankInfo};
-use tdmpc2::learner::Learner;
+use tdmpc2::learner::{Learner, LearnerSettings};
 
 const B: i64 = 8;
 const H: i64 = 3;
@@ -126,7 +127,14 @@ fn learner<'g>(config: &Config, group: &'g ProcessGroup) -> Learner<'g> {
         seed: 5,
         ..config.clone()
     };
-    Learner::new(&config, 100, Device::Cpu, group).unwrap()
+    Learner::new(
+        &LearnerSettings::from_config(&config)
+            .unwrap()
+            .with_capacity(100),
+        Device::Cpu,
+        group,
+    )
+    .unwrap()
 }
 
 /// Parameters, scale and losses after one synchronised update, as named tensors.

@@ -9,9 +9,9 @@ use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::layers::Heads;
 use tdmpc2::agent::world_model::QParams;
 use tdmpc2::agent::{
-    import_official, AgentConfig, Batch, NoiseKind, Planner, ReplayNoise, UpdateStats, Updater,
-    WorldModel,
+    import_official, AgentConfig, NoiseKind, Planner, ReplayNoise, UpdateStats, Updater, WorldModel,
 };
+use tdmpc2::buffer::Batch;
 
 const ABS_TOL: f64 = 1e-5;
 const REL_TOL: f64 = 1e-4;

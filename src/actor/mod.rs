@@ -5,6 +5,7 @@
 //! has ended stays paused until the trainer takes the episode and resets it; the trainer
 //! pauses them all before an evaluation or a checkpoint, so those always see every
 //! environment at an episode boundary.
+pub mod environments;
 pub mod policy;
 
 use rand::Rng;
@@ -12,6 +13,7 @@ use rand_pcg::Pcg64;
 
 use crate::buffer::Episode;
 use crate::error::{Error, Result};
+pub use environments::{env_worker_command, ActorSettings, ENV_WORKER};
 pub use policy::Policy;
 
 /// What one finished episode looked like.

@@ -7,9 +7,10 @@ use tch::{Device, Kind, Tensor};
 use super::config::AgentConfig;
 use super::noise::{HostNoise, TorchNoise};
 use super::planner::Planner;
-use super::update::{Batch, Updater};
+use super::update::Updater;
 use super::world_model::WorldModel;
 use super::Result;
+use crate::buffer::Batch;
 
 /// What to measure.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -57,7 +57,54 @@ impl AgentConfig {
         obs_dim: usize,
         action_dim: usize,
     ) -> crate::error::Result<Self> {
-        crate::config::Config::for_dims(model_size, obs_dim, action_dim)?.agent_config()
+        Self::from_config(&crate::config::Config::for_dims(
+            model_size, obs_dim, action_dim,
+        )?)
+    }
+
+    /// The agent's settings of a run; the config must be resolved against the task.
+    pub fn from_config(config: &crate::config::Config) -> crate::error::Result<Self> {
+        let unresolved = || {
+            crate::error::Error::Config("the config must be resolved against the task first".into())
+        };
+        let obs_shape = config.obs_shape.as_ref().ok_or_else(unresolved)?;
+        Ok(AgentConfig {
+            obs_dim: obs_shape.iter().product(),
+            action_dim: config.action_dim.ok_or_else(unresolved)?,
+            latent_dim: config.latent_dim,
+            enc_dim: config.enc_dim,
+            mlp_dim: config.mlp_dim,
+            num_enc_layers: config.num_enc_layers,
+            num_q: config.num_q,
+            num_bins: config.num_bins,
+            vmin: config.vmin,
+            vmax: config.vmax,
+            simnorm_dim: config.simnorm_dim,
+            dropout: config.dropout,
+            log_std_min: config.log_std_min,
+            log_std_max: config.log_std_max,
+            episodic: config.episodic,
+            horizon: config.horizon,
+            rho: config.rho,
+            discount: config.discount.ok_or_else(unresolved)?,
+            lr: config.lr * config.lr_multiplier(),
+            enc_lr_scale: config.enc_lr_scale,
+            grad_clip_norm: config.grad_clip_norm,
+            tau: config.tau,
+            consistency_coef: config.consistency_coef,
+            reward_coef: config.reward_coef,
+            value_coef: config.value_coef,
+            termination_coef: config.termination_coef,
+            entropy_coef: config.entropy_coef,
+            mpc: config.mpc,
+            iterations: config.iterations,
+            num_samples: config.num_samples,
+            num_elites: config.num_elites,
+            num_pi_trajs: config.num_pi_trajs,
+            min_std: config.min_std,
+            max_std: config.max_std,
+            temperature: config.temperature,
+        })
     }
 
     /// Width of one bin of the two-hot support (in symlog space).

@@ -30,7 +30,7 @@ pub use import::import_official;
 pub use noise::{HostNoise, Noise, NoiseKind, RecordingNoise, ReplayNoise, TorchNoise};
 pub use planner::{LatentModel, Planner};
 pub use scale::RunningScale;
-pub use update::{Batch, PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};
+pub use update::{PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};
 pub use world_model::{PolicyOutput, QParams, WorldModel};
 
 /// Errors of the agent.

@@ -20,50 +20,25 @@ use super::noise::Noise;
 use super::scale::RunningScale;
 use super::world_model::{QParams, QReduce, WorldModel};
 use super::{expect_shape, Result};
+use crate::buffer::Batch;
 
 const BETAS: (f64, f64) = (0.9, 0.999);
 const MODEL_EPS: f64 = 1e-8;
 const POLICY_EPS: f64 = 1e-5;
 
-/// A batch of H+1 consecutive steps for B sequences, time-major.
-#[derive(Debug)]
-pub struct Batch {
-    /// (H+1, B, obs_dim)
-    pub obs: Tensor,
-    /// (H, B, action_dim)
-    pub action: Tensor,
-    /// (H, B, 1)
-    pub reward: Tensor,
-    /// (H, B, 1); zeros for non-episodic tasks.
-    pub terminated: Tensor,
+/// Checks a batch's shapes against the model and horizon; returns the batch size.
+fn batch_size_of(batch: &Batch, model: &WorldModel, horizon: i64) -> Result<i64> {
+    let b = *batch.obs.size().get(1).unwrap_or(&0);
+    expect_shape("batch.obs", &batch.obs, &[horizon + 1, b, model.obs_dim])?;
+    expect_shape(
+        "batch.action",
+        &batch.action,
+        &[horizon, b, model.action_dim],
+    )?;
+    expect_shape("batch.reward", &batch.reward, &[horizon, b, 1])?;
+    expect_shape("batch.terminated", &batch.terminated, &[horizon, b, 1])?;
+    Ok(b)
 }
-
-impl Batch {
-    /// The batch on `device` (no copy when it is already there).
-    pub fn to_device(&self, device: tch::Device) -> Batch {
-        Batch {
-            obs: self.obs.to_device(device),
-            action: self.action.to_device(device),
-            reward: self.reward.to_device(device),
-            terminated: self.terminated.to_device(device),
-        }
-    }
-
-    /// Checks the shapes against the model and horizon; returns the batch size.
-    pub fn validate(&self, model: &WorldModel, horizon: i64) -> Result<i64> {
-        let b = *self.obs.size().get(1).unwrap_or(&0);
-        expect_shape("batch.obs", &self.obs, &[horizon + 1, b, model.obs_dim])?;
-        expect_shape(
-            "batch.action",
-            &self.action,
-            &[horizon, b, model.action_dim],
-        )?;
-        expect_shape("batch.reward", &self.reward, &[horizon, b, 1])?;
-        expect_shape("batch.terminated", &self.terminated, &[horizon, b, 1])?;
-        Ok(b)
-    }
-}
-
 /// Losses of one world-model backward pass (device scalars) and the latents for the policy.
 #[derive(Debug)]
 pub struct WorldModelPass {
@@ -286,7 +261,7 @@ impl Updater {
         batch_noise: &mut dyn Noise,
     ) -> Result<WorldModelPass> {
         let h = self.config.horizon as i64;
-        batch.validate(model, h)?;
+        batch_size_of(batch, model, h)?;
         let batch = &batch.to_device(model.device());
         let (next_z, td_targets) = self.td_targets(model, batch, sample_noise, batch_noise)?;
         let cfg = &self.config;

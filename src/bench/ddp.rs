@@ -31,7 +31,7 @@ use crate::buffer::Episode;
 use crate::config::{Config, Source};
 use crate::ddp::{affinity, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
-use crate::learner::Learner;
+use crate::learner::{Learner, LearnerSettings};
 
 /// walker-run's dimensions (dm_control): the discount they resolve to is 0.99.
 const OBS_DIM: usize = 24;
@@ -663,10 +663,14 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     )?;
     crate::ddp::affinity::apply_from_env()?;
     let device = Device::Cpu;
-    let mut learner = Learner::new(&config, EPISODES * (EPISODE_LENGTH + 1), device, &group)?;
+    let mut learner = Learner::new(
+        &LearnerSettings::from_config(&config)?.with_capacity(EPISODES * (EPISODE_LENGTH + 1)),
+        device,
+        &group,
+    )?;
     learner.broadcast_parameters()?;
     let mut policy = Policy::new(
-        &config.agent_config()?,
+        &crate::agent::AgentConfig::from_config(&config)?,
         device,
         1,
         Box::new(TorchNoise::global()),

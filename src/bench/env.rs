@@ -49,7 +49,7 @@ pub fn cases(cores: usize) -> Vec<EnvCase> {
 /// Runs every case for `steps` agent steps (all envs together) and prints one JSON line each.
 pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let worker = crate::cli::env_worker_command()?;
+    let worker = crate::actor::env_worker_command()?;
     let mut baseline = None;
     for case in cases(cores) {
         let seeds: Vec<u64> = (0..case.num_envs as u64).collect();

@@ -24,9 +24,6 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// The values `dist_backend` accepts.
-    pub const SETTINGS: [&'static str; 3] = ["auto", "gloo", "nccl"];
-
     /// The backend for `setting` on `device`: `auto` is NCCL on CUDA and gloo on CPU.
     pub fn choose(setting: &str, device: Device) -> Result<Self> {
         match (setting, device.is_cuda()) {
@@ -39,7 +36,7 @@ impl Backend {
             )),
             (other, _) => Err(Error::Config(format!(
                 "dist_backend={other} is not a backend; allowed: {}",
-                Self::SETTINGS.join(", ")
+                crate::config::DIST_BACKENDS.join(", ")
             ))),
         }
     }

@@ -4,11 +4,13 @@
 //!
 //! The kernel sends the rank SIGHUP when its parent dies (`PR_SET_PDEATHSIG`). Its handler
 //! points stdout and stderr at /dev/null (the pipes to the launcher are broken, and a write
-//! there would fail) and stops the rank the way Ctrl-C does: every rank agrees at the next step
-//! and rank 0 writes a checkpoint. A watchdog makes sure of the rest: once the launcher is gone
+//! there would fail) and calls the rank's `on_orphaned` (the trainer passes its stop request, so
+//! the rank stops the way Ctrl-C stops it: every rank agrees at the next step and rank 0 writes a
+//! checkpoint). A watchdog makes sure of the rest: once the launcher is gone
 //! it ends the process after a short grace period.
 use std::os::fd::IntoRawFd;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -21,19 +23,22 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(200);
 
 /// Binds this process's life to the launcher named in the environment (nothing to do when no
-/// built-in launcher started it).
-pub fn bind_to_launcher() -> Result<()> {
+/// built-in launcher started it). `on_orphaned` runs in a signal handler when the launcher
+/// dies: it must be async-signal-safe (store to an atomic, nothing more).
+pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
     let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) else {
         return Ok(());
     };
     let launcher = parse_pid(&value.to_string_lossy())?;
+    // A second binding keeps the first callback: one process has one launcher.
+    let _ = ON_ORPHANED.set(on_orphaned);
     let null = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/null")
         .map_err(|e| Error::io("open /dev/null", e))?;
     NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
     // SAFETY: the handler only calls dup2 and stores to atomics, which are async-signal-safe.
-    unsafe { libc::signal(libc::SIGHUP, on_orphaned as *const () as libc::sighandler_t) };
+    unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
     // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
     let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGHUP as libc::c_ulong) };
     if set != 0 {
@@ -72,7 +77,11 @@ fn parent() -> libc::pid_t {
 /// /dev/null, opened before the handler may need it.
 static NULL_FD: AtomicI32 = AtomicI32::new(-1);
 
-extern "C" fn on_orphaned(_: libc::c_int) {
+/// What the rank does when its launcher dies, set before the handler is installed (reading it
+/// afterwards is one atomic load).
+static ON_ORPHANED: OnceLock<fn()> = OnceLock::new();
+
+extern "C" fn orphaned(_: libc::c_int) {
     let null = NULL_FD.load(Ordering::SeqCst);
     if null >= 0 {
         for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {
@@ -80,7 +89,9 @@ extern "C" fn on_orphaned(_: libc::c_int) {
             unsafe { libc::dup2(null, fd) };
         }
     }
-    crate::trainer::stop::request(crate::trainer::stop::Reason::LauncherLost);
+    if let Some(on_orphaned) = ON_ORPHANED.get() {
+        on_orphaned();
+    }
 }
 
 fn watch(launcher: libc::pid_t) {

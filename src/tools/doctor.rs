@@ -79,7 +79,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
-    check_disk(&mut report, &crate::trainer::run_dir(&config));
+    check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
         check_group(&mut report, world_size);
     }

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::cli::RunArgs;
 use crate::config::{Config, Source};
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
 use crate::tools::curves::Metrics;
@@ -159,8 +158,9 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
 }
 
-/// `tdmpc2 train --multirun ...`.
-pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
+/// `tdmpc2 train --multirun ...`: the jobs of `sweep`'s overrides (comma-separated values
+/// expanded), listed only with `list_only`, else run `jobs_at_once` at a time.
+pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Result<()> {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
@@ -172,19 +172,19 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
         )));
     }
     let source = |overrides: Vec<String>| Source {
-        config_name: args.config_name.clone(),
-        config_path: args.config_path.clone(),
         overrides,
+        ..sweep.clone()
     };
     // Where the job directories go: under run_dir when given, else runs/<task>/<exp_name>.
-    let mut first: Vec<String> = expand(&args.overrides, Path::new("."))?[0]
+    let mut first: Vec<String> = expand(&sweep.overrides, Path::new("."))?[0]
         .overrides
         .iter()
         .filter(|o| !is_key(o, "run_dir"))
         .cloned()
         .collect();
     first.extend(
-        args.overrides
+        sweep
+            .overrides
             .iter()
             .filter(|o| is_key(o, "run_dir"))
             .cloned(),
@@ -199,19 +199,19 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
             .join(&first.exp_name),
         Err(_) => PathBuf::from("runs"),
     };
-    let jobs = expand(&args.overrides, &base)?;
+    let jobs = expand(&sweep.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
-    if args.cfg.is_some() {
+    if list_only {
         for job in &jobs {
             println!("job {}: {}", job.index, job.overrides.join(" "));
         }
         return Ok(());
     }
     let mut flags = Vec::new();
-    if let Some(name) = &args.config_name {
+    if let Some(name) = &sweep.config_name {
         flags.extend(["--config-name".to_string(), name.clone()]);
     }
-    if let Some(path) = &args.config_path {
+    if let Some(path) = &sweep.config_path {
         flags.extend(["--config-path".to_string(), path.display().to_string()]);
     }
     let spawner = Spawner {
@@ -219,8 +219,8 @@ pub fn run(args: &RunArgs, jobs_at_once: Option<usize>) -> Result<()> {
         flags,
         cores,
         parallel,
-        threads_given: args.overrides.iter().any(|o| is_key(o, "num_threads")),
-        port_given: args.overrides.iter().any(|o| is_key(o, "master_port")),
+        threads_given: sweep.overrides.iter().any(|o| is_key(o, "num_threads")),
+        port_given: sweep.overrides.iter().any(|o| is_key(o, "master_port")),
         gpus: gpu_slots(parallel, visible_gpus()),
     };
     println!(

@@ -3,9 +3,9 @@
 //!
 //! Every rank decides alike without a collective: the update statistics are all-reduced and
 //! the parameters identical on all ranks, so each rank sees the same values at the same step.
+use super::Learner;
 use crate::agent::UpdateStats;
 use crate::error::{Error, Result};
-use crate::learner::Learner;
 
 /// The statistics of the last update are all finite.
 pub fn check_stats(stats: &UpdateStats, step: u64) -> Result<()> {
@@ -86,7 +86,14 @@ mod tests {
     fn non_finite_parameters_are_refused() {
         let config = crate::config::Config::for_dims(None, 3, 1).unwrap();
         let group = crate::ddp::ProcessGroup::alone(crate::ddp::RankInfo::single(&config));
-        let learner = Learner::new(&config, 10, tch::Device::Cpu, &group).unwrap();
+        let learner = Learner::new(
+            &crate::learner::LearnerSettings::from_config(&config)
+                .unwrap()
+                .with_capacity(10),
+            tch::Device::Cpu,
+            &group,
+        )
+        .unwrap();
         assert!(check_parameters(&learner, 5).is_ok());
         tch::no_grad(|| {
             let _ = learner.model().policy_params.flat.get(0).fill_(f64::NAN);

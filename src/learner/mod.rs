@@ -7,16 +7,53 @@
 //! stored latents, then one policy step). Gradients are averaged over ranks and micro-batches,
 //! so N ranks × k micro-batches of B behave as one update on a batch of N·k·B. The Q scale is
 //! updated at every micro-batch from the Q values gathered from all ranks.
+pub mod finite;
+
 use std::time::Instant;
 
 use rand_pcg::Pcg64;
 use tch::{Device, Tensor};
 
-use crate::agent::{Batch, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
-use crate::buffer::{Episode, ReplayBuffer};
+use crate::agent::{AgentConfig, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
+use crate::buffer::{Batch, Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
+
+/// What a learner is built from, taken once from the resolved config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LearnerSettings {
+    pub agent: AgentConfig,
+    /// Seeds the initial parameters and the first random streams.
+    pub seed: u64,
+    /// Rows of the replay buffer.
+    pub capacity: usize,
+    pub batch_size: usize,
+    pub sync_freq: usize,
+    /// Optimiser steps over which the learning rates ramp up from 0.
+    pub warmup_steps: u64,
+}
+
+impl LearnerSettings {
+    /// A rank's learner: its buffer keeps min(buffer_size, steps / world_size) rows, as many as
+    /// the rank can ever fill.
+    pub fn from_config(config: &Config) -> Result<Self> {
+        let local_steps = config.steps / config.world_size.max(1) as u64;
+        Ok(Self {
+            agent: AgentConfig::from_config(config)?,
+            seed: config.seed,
+            capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
+            batch_size: config.batch_size,
+            sync_freq: config.sync_freq,
+            warmup_steps: config.lr_warmup_steps,
+        })
+    }
+
+    /// The same settings with a buffer of `capacity` rows.
+    pub fn with_capacity(self, capacity: usize) -> Self {
+        Self { capacity, ..self }
+    }
+}
 
 pub struct Learner<'g> {
     model: WorldModel,
@@ -48,37 +85,30 @@ pub struct CommTimes {
 }
 
 impl<'g> Learner<'g> {
-    /// A freshly initialised learner: torch's generator is seeded with `config.seed` before the
-    /// model is drawn, so every rank starts from the same parameters.
+    /// A freshly initialised learner: torch's generator is seeded with `settings.seed` before
+    /// the model is drawn, so every rank starts from the same parameters.
     pub fn new(
-        config: &Config,
-        capacity: usize,
+        settings: &LearnerSettings,
         device: Device,
         group: &'g ProcessGroup,
     ) -> Result<Self> {
-        let agent_config = config.agent_config()?;
-        agent_config.validate()?;
+        let agent = &settings.agent;
+        agent.validate()?;
         crate::agent::kernels::retain_freed_memory();
-        let sample_noise = TorchNoise::seeded(config.seed);
-        let model = WorldModel::new(&agent_config, device)?;
-        let updater = Updater::new(&agent_config, &model)?;
-        let obs_dim = config
-            .obs_shape
-            .as_ref()
-            .map(|s| s.iter().product())
-            .unwrap_or(0);
-        let action_dim = config.action_dim.unwrap_or(0);
+        let sample_noise = TorchNoise::seeded(settings.seed);
+        let model = WorldModel::new(agent, device)?;
+        let updater = Updater::new(agent, &model)?;
         Ok(Self {
             model,
             updater,
             sample_noise: Box::new(sample_noise),
-            batch_noise: Box::new(HostNoise::seeded(config.seed)),
-            buffer: ReplayBuffer::new(capacity, obs_dim, action_dim, device)?,
-            batch_size: config.batch_size,
-            horizon: config.horizon,
-            sync_freq: config.sync_freq,
-            tau: config.tau,
-            warmup_steps: config.lr_warmup_steps,
+            batch_noise: Box::new(HostNoise::seeded(settings.seed)),
+            buffer: ReplayBuffer::new(settings.capacity, agent.obs_dim, agent.action_dim, device)?,
+            batch_size: settings.batch_size,
+            horizon: agent.horizon,
+            sync_freq: settings.sync_freq,
+            tau: agent.tau,
+            warmup_steps: settings.warmup_steps,
             base_lrs: None,
             group,
             comm: CommTimes::default(),

@@ -1,0 +1,100 @@
+//! The actor's settings and its environments: `num_envs` of the task, in this process or in
+//! `tdmpc2 env-worker` processes.
+use envs::{Placement, VectorEnv, WorkerCommand};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// The hidden subcommand of this binary that serves a vector env's worker process.
+pub const ENV_WORKER: &str = "env-worker";
+
+/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
+pub fn env_worker_command() -> Result<WorkerCommand> {
+    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+    Ok(WorkerCommand {
+        program,
+        args: vec![ENV_WORKER.into()],
+    })
+}
+
+/// What an actor is built from, taken once from the resolved config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActorSettings {
+    pub task: String,
+    /// One seed per environment.
+    pub seeds: Vec<u64>,
+    pub placement: Placement,
+    /// Whether an environment's termination ends its episode (`episodic`).
+    pub episodic: bool,
+}
+
+impl ActorSettings {
+    /// Rank `rank`'s environments: environment i seeded with seed + i·world_size + rank
+    /// (environment 0 as a single environment always was). Python environments step in
+    /// worker processes when there are several; native ones always in process.
+    pub fn from_config(config: &Config, rank: usize) -> Self {
+        let n = config.num_envs;
+        let seeds = (0..n)
+            .map(|i| config.seed + (i * config.world_size + rank) as u64)
+            .collect();
+        let native = envs::native::TASKS.contains(&config.task.as_str());
+        let workers = match config.env_workers {
+            _ if n == 1 || native => 0,
+            Some(k) => k,
+            None => crate::device::threads(config.num_threads, 1).min(n),
+        };
+        let placement = match workers {
+            0 => Placement::InProcess,
+            k => Placement::Workers(k),
+        };
+        Self {
+            task: config.task.clone(),
+            seeds,
+            placement,
+            episodic: config.episodic,
+        }
+    }
+
+    /// The environments, started.
+    pub fn make_envs(&self) -> Result<VectorEnv> {
+        Ok(VectorEnv::new(
+            &self.task,
+            &self.seeds,
+            self.placement,
+            &env_worker_command()?,
+        )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Source;
+
+    fn settings(overrides: &[&str], rank: usize) -> ActorSettings {
+        let config = Config::load(&Source {
+            overrides: overrides.iter().map(|s| s.to_string()).collect(),
+            ..Source::default()
+        })
+        .unwrap();
+        ActorSettings::from_config(&config, rank)
+    }
+
+    #[test]
+    fn environments_are_seeded_across_ranks_and_placed_by_kind() {
+        let s = settings(
+            &["task=walker-run", "num_envs=3", "world_size=2", "seed=10"],
+            1,
+        );
+        assert_eq!(s.seeds, vec![11, 13, 15]);
+        assert!(matches!(s.placement, Placement::Workers(_)));
+        let s = settings(&["task=walker-run", "num_envs=3", "env_workers=0"], 0);
+        assert_eq!(s.placement, Placement::InProcess);
+        let s = settings(&["task=Pendulum-v1", "num_envs=4", "env_workers=2"], 0);
+        assert_eq!(
+            s.placement,
+            Placement::InProcess,
+            "native tasks step in process"
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! Resuming: rank 0 finds, verifies and loads the checkpoint `resume` names and sends the learner
+//! state to every other rank; each rank restores its own replay buffer when it was saved.
+use std::path::{Path, PathBuf};
+
+use tch::Tensor;
+
+use super::{
+    buffers_dir, checkpoints_dir, fail, integrity, read_meta, store, verify_files,
+    CheckpointSettings, Meta, TrainState, FORMAT, META, MODEL, STATE,
+};
+use crate::agent::AdamState;
+use crate::buffer::BufferMeta;
+use crate::ddp::ProcessGroup;
+use crate::error::{Error, Result};
+use crate::learner::Learner;
+
+/// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
+/// checkpoint directory.
+fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {
+    let run_dir = &settings.run_dir;
+    match settings.resume.as_deref() {
+        None | Some("") | Some("none") => Ok(None),
+        Some("auto") => Ok(store::latest(&checkpoints_dir(run_dir)).map(|(_, dir)| dir)),
+        Some(path) => {
+            let given = PathBuf::from(path);
+            // Any file of a checkpoint names its directory.
+            let dir = match given.parent() {
+                Some(parent) if given.is_file() && parent.join(META).is_file() => parent.into(),
+                _ => given,
+            };
+            if dir.join(META).is_file() {
+                Ok(Some(dir))
+            } else if let Some((_, latest)) =
+                store::latest(&dir).or_else(|| store::latest(&checkpoints_dir(&dir)))
+            {
+                Ok(Some(latest))
+            } else {
+                Err(Error::Config(format!(
+                    "resume={path}: not a checkpoint directory (no {META}), nor a run or checkpoints \
+                     directory holding one; use resume=auto or a path to checkpoints/step_<N>"
+                )))
+            }
+        }
+    }
+}
+
+/// Loads the learner state named by `resume` into `agent` (and this rank's buffer when it was
+/// saved at the same step and world size); returns the counters to continue from.
+///
+/// Rank 0 alone reads and verifies the checkpoint; every other rank receives its state over the
+/// process group, so ranks on other nodes need no copy of the run directory, and all ranks agree
+/// on whether the run resumes (a restarted multi-node job re-forms from rank 0's checkpoint).
+pub fn resume(
+    settings: &CheckpointSettings,
+    learner: &mut Learner,
+    group: &ProcessGroup,
+) -> Result<Option<TrainState>> {
+    let loaded = if group.rank() == 0 {
+        load_on_root(settings, learner)
+    } else {
+        Ok(None)
+    };
+    // What rank 0 found: status (0 fresh, 1 resumed, 2 failed), then the counters.
+    let (status, counters) = match &loaded {
+        Ok(None) => (0.0, Counters::default()),
+        Ok(Some(meta)) => (1.0, Counters::of(meta)),
+        Err(_) => (2.0, Counters::default()),
+    };
+    let mut header = Tensor::from_slice(&counters.header(status));
+    group.broadcast_from_root(&mut header)?;
+    let header = Vec::<f64>::try_from(header)?;
+    let meta = match (loaded, header[0] as u8) {
+        (Err(e), _) => return Err(e),
+        (_, 2) => {
+            return Err(Error::Checkpoint(
+                "resume: rank 0 could not load the checkpoint (see its error)".into(),
+            ))
+        }
+        (_, 0) => return Ok(None),
+        (Ok(Some(meta)), _) => Counters::of(&meta),
+        (Ok(None), _) => Counters::from_header(&header),
+    };
+    share_learner_state(
+        learner,
+        group,
+        meta.model_optim_step,
+        meta.policy_optim_step,
+    )?;
+
+    let world = group.world_size() as u64;
+    // The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N), or,
+    // on a rank that cannot see it, in its own run directory.
+    let source_run = resume_source(settings)
+        .ok()
+        .flatten()
+        .and_then(|dir| dir.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .unwrap_or_else(|| settings.run_dir.clone());
+    let buffer = store::at(&buffers_dir(&source_run, group.rank()), meta.global_step);
+    match buffer {
+        Some(buffer_dir) if meta.world_size == group.world_size() => {
+            let tensors = Tensor::read_safetensors(buffer_dir.join("buffer.safetensors"))?;
+            let buffer_meta: BufferMeta = serde_json::from_slice(
+                &std::fs::read(buffer_dir.join("buffer.json"))
+                    .map_err(|e| Error::io("read buffer.json", e))?,
+            )
+            .map_err(|e| fail("buffer.json", e))?;
+            learner.buffer_mut().restore(&tensors, buffer_meta)?;
+        }
+        _ if group.rank() == 0 => eprintln!(
+            "warning: resuming without replay buffers (saved with save_buffer=true at the same \
+             world size); the buffer refills from new episodes"
+        ),
+        _ => {}
+    }
+    Ok(Some(TrainState {
+        step: meta.global_step / world,
+        episodes: meta.episodes,
+        elapsed: meta.elapsed,
+        pretrain_updates: meta.pretrain_updates,
+    }))
+}
+
+/// The counters a resumed run continues from, as rank 0 sends them to the others.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Counters {
+    global_step: u64,
+    world_size: usize,
+    episodes: u64,
+    elapsed: f64,
+    pretrain_updates: u64,
+    model_optim_step: u64,
+    policy_optim_step: u64,
+}
+
+impl Counters {
+    fn of(meta: &Meta) -> Self {
+        Self {
+            global_step: meta.global_step,
+            world_size: meta.world_size,
+            episodes: meta.episodes,
+            elapsed: meta.elapsed,
+            pretrain_updates: meta.pretrain_updates,
+            model_optim_step: meta.model_optim_step,
+            policy_optim_step: meta.policy_optim_step,
+        }
+    }
+
+    /// `status` then the counters, as float64 (exact for counts below 2^53).
+    fn header(&self, status: f64) -> [f64; 8] {
+        [
+            status,
+            self.global_step as f64,
+            self.world_size as f64,
+            self.episodes as f64,
+            self.elapsed,
+            self.pretrain_updates as f64,
+            self.model_optim_step as f64,
+            self.policy_optim_step as f64,
+        ]
+    }
+
+    fn from_header(header: &[f64]) -> Self {
+        let n = |i: usize| header.get(i).copied().unwrap_or(0.0);
+        Self {
+            global_step: n(1) as u64,
+            world_size: n(2) as usize,
+            episodes: n(3) as u64,
+            elapsed: n(4),
+            pretrain_updates: n(5) as u64,
+            model_optim_step: n(6) as u64,
+            policy_optim_step: n(7) as u64,
+        }
+    }
+}
+
+/// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`.
+fn load_on_root(settings: &CheckpointSettings, learner: &mut Learner) -> Result<Option<Meta>> {
+    let Some(dir) = resume_source(settings)? else {
+        return Ok(None);
+    };
+    let meta = read_meta(&dir)?;
+    if meta.task != settings.task {
+        return Err(Error::Config(format!(
+            "resume: the checkpoint was trained on task={}, this run has task={}",
+            meta.task, settings.task
+        )));
+    }
+    if meta.format < FORMAT {
+        eprintln!(
+            "warning: {} was written by an older tdmpc2 (float checksums, no file hashes): \
+             resuming from it without verifying what it loads",
+            dir.display()
+        );
+    }
+    if meta.format == FORMAT {
+        verify_files(&dir, &meta, &[MODEL, STATE])?;
+    }
+    learner.model_mut().load(&dir.join(MODEL))?;
+    let device = learner.model().device();
+    let tensors = Tensor::read_safetensors(dir.join(STATE))?;
+    let get = |name: &str| -> Result<Tensor> {
+        tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.to_device(device))
+            .ok_or_else(|| Error::Checkpoint(format!("{}: {STATE} lacks '{name}'", dir.display())))
+    };
+    let model_state = AdamState {
+        step: meta.model_optim_step,
+        exp_avg: get("model_optim.exp_avg")?,
+        exp_avg_sq: get("model_optim.exp_avg_sq")?,
+    };
+    let policy_state = AdamState {
+        step: meta.policy_optim_step,
+        exp_avg: get("policy_optim.exp_avg")?,
+        exp_avg_sq: get("policy_optim.exp_avg_sq")?,
+    };
+    let scale = get("scale")?;
+    let updater = learner.updater_mut();
+    updater.model_optim.load_state(&model_state)?;
+    updater.policy_optim.load_state(&policy_state)?;
+    updater.scale.set(&scale);
+    if meta.format == FORMAT {
+        let differing: Vec<&str> = integrity::learner_parts(learner)
+            .into_iter()
+            .filter(|(name, crc)| meta.learner_parts.get(*name) != Some(crc))
+            .map(|(name, _)| name)
+            .collect();
+        if !differing.is_empty() {
+            return Err(Error::Checkpoint(format!(
+                "resume: {}: its files are intact, but the learner state does not load back to \
+                 what was saved ({} differ{}); this tdmpc2 reads the checkpoint differently \
+                 from the one that wrote it",
+                dir.display(),
+                differing.join(", "),
+                if differing.len() == 1 { "s" } else { "" }
+            )));
+        }
+    }
+    eprintln!("Resumed from {} (step {})", dir.display(), meta.global_step);
+    Ok(Some(meta))
+}
+
+/// Makes every rank's learner state rank 0's: parameters, target Qs, Adam moments and step
+/// counts, the Q scale.
+fn share_learner_state(
+    learner: &mut Learner,
+    group: &ProcessGroup,
+    model_step: u64,
+    policy_step: u64,
+) -> Result<()> {
+    let model = learner.model();
+    let updater = learner.updater();
+    let (m, p) = (updater.model_optim.state(), updater.policy_optim.state());
+    for tensor in [
+        &model.model_params.flat,
+        &model.policy_params.flat,
+        &model.target_params.flat,
+        &m.exp_avg,
+        &m.exp_avg_sq,
+        &p.exp_avg,
+        &p.exp_avg_sq,
+        updater.scale.value(),
+    ] {
+        // A shallow clone shares the storage: the broadcast lands in the learner's own tensor.
+        group.broadcast_from_root(&mut tensor.shallow_clone())?;
+    }
+    let updater = learner.updater_mut();
+    updater.model_optim.load_state(&AdamState {
+        step: model_step,
+        ..m
+    })?;
+    updater.policy_optim.load_state(&AdamState {
+        step: policy_step,
+        ..p
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_cross_the_group_unchanged() {
+        let counters = Counters {
+            global_step: 123_456_789,
+            world_size: 8,
+            episodes: 4321,
+            elapsed: 3600.25,
+            pretrain_updates: 17,
+            model_optim_step: 99_999,
+            policy_optim_step: 99_998,
+        };
+        let header = counters.header(1.0);
+        assert_eq!(header[0], 1.0);
+        assert_eq!(Counters::from_header(&header), counters);
+    }
+}

@@ -1,0 +1,116 @@
+//! Writing a checkpoint: every rank checks that its learner state is finite and equal to every
+//! other rank's; rank 0 writes the model, the optimiser state and the counters.
+use std::collections::BTreeMap;
+
+use tch::Tensor;
+
+use super::{
+    buffers_dir, checkpoints_dir, integrity, store, write_json, CheckpointSettings, Meta,
+    TrainState, FORMAT, META, MODEL, STATE,
+};
+use crate::agent::AdamState;
+use crate::ddp::ProcessGroup;
+use crate::error::{Error, Result};
+use crate::learner::Learner;
+
+/// Writes a checkpoint at the current step (every rank calls this at the same point).
+pub fn save(
+    settings: &CheckpointSettings,
+    state: &TrainState,
+    learner: &Learner,
+    group: &ProcessGroup,
+) -> Result<()> {
+    let global_step = state.step * group.world_size() as u64;
+    // Never a checkpoint of a diverged state: the last one written stays the last good one.
+    crate::learner::finite::check_parameters(learner, global_step)?;
+    let (parts, checksums) = rank_checksums(learner, group)?;
+    if settings.save_buffer {
+        let (tensors, meta) = learner.buffer().export();
+        store::save(
+            &buffers_dir(&settings.run_dir, group.rank()),
+            global_step,
+            |dir| {
+                Tensor::write_safetensors(&tensors, dir.join("buffer.safetensors"))?;
+                write_json(&dir.join("buffer.json"), &meta)
+            },
+        )?;
+    }
+    if group.rank() != 0 {
+        return Ok(());
+    }
+    let optim = |prefix: &str, s: AdamState| {
+        vec![
+            (format!("{prefix}.exp_avg"), s.exp_avg),
+            (format!("{prefix}.exp_avg_sq"), s.exp_avg_sq),
+        ]
+    };
+    let model_state = learner.updater().model_optim.state();
+    let policy_state = learner.updater().policy_optim.state();
+    let mut meta = Meta {
+        format: FORMAT,
+        global_step,
+        world_size: group.world_size(),
+        episodes: state.episodes,
+        elapsed: state.elapsed,
+        task: settings.task.clone(),
+        rank_checksums: checksums,
+        learner_parts: parts.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        files: BTreeMap::new(),
+        model_optim_step: model_state.step,
+        policy_optim_step: policy_state.step,
+        pretrain_updates: state.pretrain_updates,
+    };
+    let mut tensors = optim("model_optim", model_state);
+    tensors.extend(optim("policy_optim", policy_state));
+    tensors.push((
+        "scale".into(),
+        learner.updater().scale.value().to_device(tch::Device::Cpu),
+    ));
+    let tensors: Vec<(String, Tensor)> = tensors
+        .into_iter()
+        .map(|(n, t)| (n, t.to_device(tch::Device::Cpu)))
+        .collect();
+    store::save(&checkpoints_dir(&settings.run_dir), global_step, |dir| {
+        Tensor::write_safetensors(&learner.model().named_tensors(), dir.join(MODEL))?;
+        Tensor::write_safetensors(&tensors, dir.join(STATE))?;
+        for name in [MODEL, STATE] {
+            meta.files
+                .insert(name.into(), integrity::file_crc(&dir.join(name))?);
+        }
+        write_json(&dir.join(META), &meta)
+    })?;
+    Ok(())
+}
+
+/// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ
+/// when ranks disagree. Returns this rank's parts and every rank's combined checksum.
+fn rank_checksums(learner: &Learner, group: &ProcessGroup) -> Result<(integrity::Parts, Vec<u32>)> {
+    let parts = integrity::learner_parts(learner);
+    let local: Vec<i64> = parts.iter().map(|(_, crc)| *crc as i64).collect();
+    let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
+    let n = parts.len();
+    let mut combined = Vec::new();
+    let mut differing = Vec::new();
+    for (rank, row) in all.chunks(n).enumerate() {
+        let named: Vec<(&str, u32)> = parts
+            .iter()
+            .zip(row)
+            .map(|((name, _), crc)| (*name, *crc as u32))
+            .collect();
+        for ((name, mine), (_, theirs)) in parts.iter().zip(&named) {
+            if mine != theirs {
+                differing.push(format!("{name} on rank {rank}"));
+            }
+        }
+        combined.push(integrity::combine(&named));
+    }
+    if !differing.is_empty() {
+        return Err(Error::Checkpoint(format!(
+            "learner state diverged across ranks (differs from rank {}: {}); this is a bug, \
+             please report it",
+            group.rank(),
+            differing.join(", ")
+        )));
+    }
+    Ok((parts, combined))
+}

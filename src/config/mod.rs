@@ -1,0 +1,180 @@
+//! The run configuration: official TD-MPC2 names and defaults (configs/config.yaml), hydra-style
+//! overrides, validation, and the fields derived from the task.
+//!
+//! In parts by job: `defaults` (the one source of every default, preset and allowed value),
+//! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks),
+//! `resolve` (fields derived from the task) and `resources` (what the settings need of the
+//! machine). The config reads no other module of the crate.
+mod defaults;
+mod overrides;
+mod resolve;
+mod resources;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_yaml_ng::Value;
+
+use crate::error::{Error, Result};
+
+pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
+pub use overrides::{apply_override, default_config_dir};
+
+/// Every setting of a run. Field names follow the official TD-MPC2 config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    // environment
+    pub task: String,
+    pub obs: String,
+    pub episodic: bool,
+    // evaluation
+    pub checkpoint: Option<String>,
+    pub eval_episodes: usize,
+    pub eval_freq: u64,
+    // training
+    pub steps: u64,
+    pub batch_size: usize,
+    pub reward_coef: f64,
+    pub value_coef: f64,
+    pub termination_coef: f64,
+    pub consistency_coef: f64,
+    pub rho: f64,
+    pub lr: f64,
+    pub enc_lr_scale: f64,
+    pub grad_clip_norm: f64,
+    pub tau: f64,
+    pub discount_denom: f64,
+    pub discount_min: f64,
+    pub discount_max: f64,
+    pub buffer_size: usize,
+    pub exp_name: String,
+    // planning
+    pub mpc: bool,
+    pub iterations: usize,
+    pub num_samples: usize,
+    pub num_elites: usize,
+    pub num_pi_trajs: usize,
+    pub horizon: usize,
+    pub min_std: f64,
+    pub max_std: f64,
+    pub temperature: f64,
+    // actor
+    pub log_std_min: f64,
+    pub log_std_max: f64,
+    pub entropy_coef: f64,
+    // critic
+    pub num_bins: usize,
+    pub vmin: f64,
+    pub vmax: f64,
+    // architecture
+    pub model_size: Option<u32>,
+    pub num_enc_layers: usize,
+    pub enc_dim: usize,
+    pub num_channels: usize,
+    pub mlp_dim: usize,
+    pub latent_dim: usize,
+    pub task_dim: usize,
+    pub num_q: usize,
+    pub dropout: f64,
+    pub simnorm_dim: usize,
+    // logging
+    pub wandb_project: String,
+    pub wandb_entity: Option<String>,
+    pub wandb_name: Option<String>,
+    pub wandb_silent: bool,
+    pub enable_wandb: bool,
+    pub enable_tensorboard: bool,
+    pub enable_mlflow: bool,
+    pub save_csv: bool,
+    // misc
+    pub compile: bool,
+    pub save_video: bool,
+    pub save_agent: bool,
+    pub seed: u64,
+    pub save_freq: u64,
+    pub save_buffer: bool,
+    pub resume: Option<String>,
+    // distributed
+    pub world_size: usize,
+    pub sync_freq: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    pub dist_timeout: u64,
+    pub dist_backend: String,
+    pub dist_force_group: bool,
+    pub max_restarts: usize,
+    pub peer_timeout: u64,
+    pub launcher: String,
+    pub lr_scale: String,
+    pub lr_warmup_steps: u64,
+    // throughput
+    pub num_envs: usize,
+    pub steps_per_update: usize,
+    /// `None` for auto.
+    pub env_workers: Option<usize>,
+    pub pipeline: bool,
+    /// `None` for auto.
+    pub actor_threads: Option<usize>,
+    // hardware
+    pub device: String,
+    pub num_threads: Option<usize>,
+    pub tf32: bool,
+    pub cpu_affinity: bool,
+    // output
+    pub run_dir: Option<String>,
+    // derived (filled by `resolve`)
+    pub discount: Option<f64>,
+    pub seed_steps: Option<u64>,
+    pub obs_shape: Option<Vec<usize>>,
+    pub action_dim: Option<usize>,
+    pub episode_length: Option<usize>,
+    pub bin_size: Option<f64>,
+}
+
+/// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`
+/// (default: the repository's `configs/`).
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    pub config_name: Option<String>,
+    pub config_path: Option<PathBuf>,
+    pub overrides: Vec<String>,
+}
+
+impl Config {
+    /// Builds a config from the compiled-in defaults, an optional named file laid over them,
+    /// then `key=value` overrides. Validates everything that does not need the environment.
+    pub fn load(source: &Source) -> Result<Config> {
+        let mut tree = defaults::tree()?;
+        if let Some(file) = source.file()? {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+            let layer: Value = serde_yaml_ng::from_str(&text)
+                .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+            overrides::merge_file(&mut tree, layer, &file)?;
+        }
+        let mut raw = BTreeMap::new();
+        for arg in &source.overrides {
+            apply_override(&mut tree, arg)?;
+            if let Some((key, value)) = arg.split_once('=') {
+                raw.insert(key.trim().trim_start_matches('+'), value.trim());
+            }
+        }
+        let config = overrides::from_tree(tree, &raw)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The resolved config as YAML (what `--cfg job` prints and each run saves).
+    pub fn to_yaml(&self) -> Result<String> {
+        serde_yaml_ng::to_string(self)
+            .map_err(|e| Error::Config(format!("cannot write config: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests;

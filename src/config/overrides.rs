@@ -1,0 +1,252 @@
+//! Laying a config file and hydra-style `key=value` overrides over the defaults' YAML tree,
+//! then reading the tree into a `Config` with errors in plain words.
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_yaml_ng::{Mapping, Value};
+
+use super::{Config, Source};
+use crate::error::{Error, Result};
+
+impl Source {
+    pub(super) fn file(&self) -> Result<Option<PathBuf>> {
+        let Some(name) = &self.config_name else {
+            if let Some(dir) = &self.config_path {
+                return Err(Error::Config(format!(
+                    "--config-path {} needs --config-name NAME",
+                    dir.display()
+                )));
+            }
+            return Ok(None);
+        };
+        let dir = match &self.config_path {
+            Some(dir) => dir.clone(),
+            None => default_config_dir(),
+        };
+        let file_name = if name.ends_with(".yaml") || name.ends_with(".yml") {
+            name.clone()
+        } else {
+            format!("{name}.yaml")
+        };
+        let path = dir.join(file_name);
+        if path.is_file() {
+            return Ok(Some(path));
+        }
+        let available: Vec<String> = std::fs::read_dir(&dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .filter_map(|n| n.strip_suffix(".yaml").map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Err(Error::Config(format!(
+            "--config-name {name}: no file {} (available in {}: {})",
+            path.display(),
+            dir.display(),
+            if available.is_empty() {
+                "none".into()
+            } else {
+                available.join(", ")
+            }
+        )))
+    }
+}
+
+/// The repository's `configs/` directory: `TDMPC2_CONFIG_DIR`, else next to the sources the
+/// binary was built from.
+pub fn default_config_dir() -> PathBuf {
+    std::env::var_os("TDMPC2_CONFIG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("configs"))
+}
+
+pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<()> {
+    let Value::Mapping(layer) = layer else {
+        if layer.is_null() {
+            return Ok(());
+        }
+        return Err(Error::Config(format!(
+            "{}: expected a mapping of keys",
+            file.display()
+        )));
+    };
+    for (key, value) in layer {
+        let key = key
+            .as_str()
+            .ok_or_else(|| Error::Config(format!("{}: keys must be strings", file.display())))?
+            .to_owned();
+        set_path(tree, &key, value)
+            .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+    }
+    Ok(())
+}
+
+/// Applies one hydra-style `key=value` (or `a.b=value`); the value is a YAML scalar or flow list.
+pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
+    let Some((key, raw)) = arg.split_once('=') else {
+        return Err(Error::Config(format!(
+            "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
+        )));
+    };
+    let key = key.trim().trim_start_matches('+');
+    if key.is_empty() {
+        return Err(Error::Config(format!(
+            "cannot parse '{arg}': the key is empty"
+        )));
+    }
+    let value: Value = if raw.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_yaml_ng::from_str(raw).map_err(|e| {
+            Error::Config(format!(
+                "cannot parse the value of {key}: '{raw}' is not a YAML value ({e})"
+            ))
+        })?
+    };
+    set_path(tree, key, value).map_err(Error::Config)
+}
+
+/// Sets a dotted path inside the tree; every segment must already exist (the defaults name
+/// every key), otherwise the error names the closest known key.
+fn set_path(tree: &mut Value, dotted: &str, value: Value) -> std::result::Result<(), String> {
+    let mut node = tree;
+    let segments: Vec<&str> = dotted.split('.').collect();
+    for (i, segment) in segments.iter().enumerate() {
+        let prefix = segments[..i].join(".");
+        let Value::Mapping(map) = node else {
+            return Err(format!(
+                "{prefix} is not a section, so {dotted} does not exist"
+            ));
+        };
+        let key = Value::String((*segment).to_owned());
+        if !map.contains_key(&key) {
+            let known: Vec<String> = keys_of(map)
+                .into_iter()
+                .map(|k| {
+                    if prefix.is_empty() {
+                        k
+                    } else {
+                        format!("{prefix}.{k}")
+                    }
+                })
+                .collect();
+            return Err(unknown_key(dotted, &known));
+        }
+        if i + 1 == segments.len() {
+            map.insert(key, value);
+            return Ok(());
+        }
+        node = map.get_mut(&key).expect("checked above");
+    }
+    Ok(())
+}
+
+fn keys_of(map: &Mapping) -> Vec<String> {
+    map.keys()
+        .filter_map(|k| k.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn unknown_key(key: &str, known: &[String]) -> String {
+    let closest = known
+        .iter()
+        .map(|k| (strsim::jaro_winkler(key, k), k))
+        .max_by(|a, b| a.0.total_cmp(&b.0));
+    match closest {
+        Some((_, k)) => format!("unknown key '{key}'; did you mean '{k}'?"),
+        None => format!("unknown key '{key}'"),
+    }
+}
+
+/// Deserializes the tree into a config. A value of another YAML type that means the same is
+/// taken as the type the key needs: an integral float (`steps=1e5`) for an integer, a number
+/// or boolean for a string (`exp_name=2024`, spelled as it was given in `raw` overrides).
+pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<Config> {
+    // Each pass converts one value to a type that is never converted again.
+    for _ in 0..=2 * keys_in(&tree) {
+        let error = match serde_path_to_error::deserialize(tree.clone()) {
+            Ok(config) => return Ok(config),
+            Err(error) => error,
+        };
+        let key = error.path().to_string();
+        let inner = error.into_inner().to_string();
+        let expected = inner.rsplit(", expected ").next().unwrap_or_default();
+        let converted = match tree.get(key.as_str()) {
+            Some(value) => convert(value, expected, raw.get(key.as_str()).copied()),
+            None => None,
+        };
+        match (converted, tree.as_mapping_mut()) {
+            (Some(value), Some(map)) => {
+                map.insert(Value::String(key), value);
+            }
+            _ => {
+                // serde spells a float out in full: 1e300 as 301 digits.
+                let huge = tree
+                    .get(key.as_str())
+                    .and_then(Value::as_f64)
+                    .filter(|x| x.abs() >= 1e16);
+                let described = match huge {
+                    Some(x) => format!("expected {}, got {x:e}", describe_expected(expected)),
+                    None => describe_type_error(&inner),
+                };
+                return Err(Error::Config(format!(
+                    "wrong type for '{key}': {described}"
+                )));
+            }
+        }
+    }
+    Err(Error::Config(
+        "the configuration does not settle on types".into(),
+    ))
+}
+
+fn keys_in(tree: &Value) -> usize {
+    tree.as_mapping().map_or(0, Mapping::len)
+}
+
+/// `value` as the type serde `expected`, where that keeps its meaning.
+fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
+    const INTEGERS: [&str; 4] = ["usize", "u64", "u32", "u16"];
+    match value {
+        Value::Number(n) if INTEGERS.contains(&expected) => {
+            let x = n.as_f64().filter(|_| n.is_f64())?;
+            // 2^64 is exact as a float; anything below it and integral is a u64.
+            let integral = x.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&x);
+            integral.then(|| Value::Number((x as u64).into()))
+        }
+        Value::Number(_) | Value::Bool(_) if expected == "a string" => {
+            let text = match (raw, value) {
+                (Some(raw), _) => raw.to_owned(),
+                (None, Value::Number(n)) => n.to_string(),
+                (None, other) => other.as_bool().map(|b| b.to_string())?,
+            };
+            Some(Value::String(text))
+        }
+        _ => None,
+    }
+}
+
+/// Plain words for the type serde expected.
+fn describe_expected(rust: &str) -> &str {
+    match rust {
+        "usize" | "u64" | "u32" => "a non-negative integer",
+        "u16" => "a port number 1..=65535",
+        "f64" => "a number",
+        "a boolean" => "true or false",
+        other => other,
+    }
+}
+
+/// Turns serde's "invalid type: string \"x\", expected usize" into plain words.
+fn describe_type_error(message: &str) -> String {
+    let Some((what, expected)) = message.rsplit_once(", expected ") else {
+        return message.to_owned();
+    };
+    let got = what
+        .strip_prefix("invalid type: ")
+        .or_else(|| what.strip_prefix("invalid value: "))
+        .unwrap_or(what);
+    format!("expected {}, got {got}", describe_expected(expected))
+}

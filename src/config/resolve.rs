@@ -1,0 +1,116 @@
+//! The fields the official parse step derives from the task and the settings, and the
+//! settings read as the quantities they stand for (the run directory, the learning-rate
+//! multiplier).
+use std::path::PathBuf;
+
+use super::defaults::preset;
+use super::resources::Machine;
+use super::validate::range;
+use super::Config;
+use crate::error::Result;
+
+impl Config {
+    /// Applies the model-size preset and computes the fields the official parse step derives
+    /// from the task: dimensions, episode length, discount, seed steps, planning iterations.
+    pub fn resolve(&mut self, spec: &envs::EnvSpec) -> Result<()> {
+        if let Some(p) = self.model_size.and_then(preset) {
+            self.enc_dim = p.enc_dim;
+            self.mlp_dim = p.mlp_dim;
+            self.latent_dim = p.latent_dim;
+            self.num_enc_layers = p.num_enc_layers;
+            self.num_q = p.num_q;
+        }
+        let length = spec.episode_length;
+        // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
+        let denom = length as f64 / self.discount_denom;
+        // An infinite denominator (a tiny discount_denom) is the limit 1, before clipping.
+        let discount = if denom.is_finite() {
+            (denom - 1.0) / denom
+        } else {
+            1.0
+        };
+        // clip(x, min, max) as max then min: never a panic, even on an unvalidated config.
+        self.discount
+            .get_or_insert(discount.max(self.discount_min).min(self.discount_max));
+        // Every environment finishes an episode before learning starts.
+        let all_envs = (self.num_envs * length) as u64;
+        self.seed_steps
+            .get_or_insert((5 * length as u64).max(1000).max(all_envs));
+        // The official parser adds two planning iterations for large action spaces (dog,
+        // humanoid); a config resolved before already has them.
+        if self.episode_length.is_none() && spec.action_dim >= 20 {
+            self.iterations += 2;
+        }
+        self.obs_shape = Some(spec.obs_shape.clone());
+        self.action_dim = Some(spec.action_dim);
+        self.episode_length = Some(length);
+        self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
+        let seed_steps = self.seed_steps.unwrap_or_default();
+        if seed_steps < (self.num_envs * length) as u64 {
+            return Err(range(
+                "seed_steps",
+                seed_steps,
+                &format!(
+                    "must be >= num_envs × the episode length ({} × {length}), so that the \
+                     buffer holds an episode of every environment before the first update",
+                    self.num_envs
+                ),
+            ));
+        }
+        self.check_resources(&Machine::this())?;
+        self.check_episode_fits(length)
+    }
+
+    /// Each rank keeps min(buffer_size, steps / world_size) rows, and an episode of L steps
+    /// takes L + 1 of them (its first observation too).
+    fn check_episode_fits(&self, length: usize) -> Result<()> {
+        let rows = length as u64 + 1;
+        if (self.buffer_size as u64) < rows {
+            return Err(range(
+                "buffer_size",
+                self.buffer_size,
+                &format!(
+                    "must hold one whole episode of {}: >= episode_length + 1 = {rows} rows",
+                    self.task
+                ),
+            ));
+        }
+        let world = self.world_size.max(1) as u64;
+        if self.steps / world < rows {
+            return Err(range(
+                "steps",
+                self.steps,
+                &format!(
+                    "each of the world_size={world} ranks runs steps / world_size = {} steps, \
+                     but one episode of {} needs {rows} (its {length} steps and the first \
+                     observation); use steps >= world_size × {rows} = {}",
+                    self.steps / world,
+                    self.task,
+                    rows * world
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The learning-rate multiplier for the effective batch (world_size × sync_freq).
+    pub fn lr_multiplier(&self) -> f64 {
+        let batches = (self.world_size * self.sync_freq) as f64;
+        match self.lr_scale.as_str() {
+            "linear" => batches,
+            "sqrt" => batches.sqrt(),
+            _ => 1.0,
+        }
+    }
+
+    /// The run directory: `run_dir`, else `runs/<task>/<exp_name>/<seed>`.
+    pub fn run_dir(&self) -> PathBuf {
+        match &self.run_dir {
+            Some(dir) => PathBuf::from(dir),
+            None => PathBuf::from("runs")
+                .join(&self.task)
+                .join(&self.exp_name)
+                .join(self.seed.to_string()),
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! What the settings need of the machine: ranks against CPU cores, and a lower bound of a
+//! rank's memory against RAM (or, on a GPU, a cap no GPU exceeds).
+use super::Config;
+use crate::error::{Error, Result};
+
+/// Ranks per CPU core a node may run before `world_size` is refused on the CPU.
+const OVERSUBSCRIPTION: usize = 4;
+
+/// The memory a rank on a GPU may ask for: more than any GPU has, so only absurd settings
+/// are refused up front (the device reports a real shortage when it allocates).
+const GPU_MEMORY_CAP: f64 = 256.0 * (1u64 << 30) as f64;
+
+/// What a part of a rank's memory is for, the keys that size it, and its bytes.
+struct Footprint {
+    what: &'static str,
+    keys: String,
+    bytes: f64,
+}
+
+/// What the resource checks compare against.
+pub(super) struct Machine {
+    pub(super) cores: usize,
+    pub(super) memory_bytes: f64,
+    /// Asked only when `device=auto` and a check depends on it.
+    pub(super) cuda_available: fn() -> bool,
+}
+
+impl Machine {
+    pub(super) fn this() -> Machine {
+        // The node's CPUs, not the ones this process is bound to: a rank that srun bound to
+        // one CPU resolves the same config as the launcher that has them all.
+        // SAFETY: sysconf has no preconditions; a failure returns -1.
+        let (pages, page_size, online) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGE_SIZE),
+                libc::sysconf(libc::_SC_NPROCESSORS_ONLN),
+            )
+        };
+        let memory_bytes = if pages > 0 && page_size > 0 {
+            pages as f64 * page_size as f64
+        } else {
+            f64::INFINITY
+        };
+        Machine {
+            cores: usize::try_from(online)
+                .ok()
+                .filter(|&n| n > 0)
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            memory_bytes,
+            cuda_available: tch::Cuda::is_available,
+        }
+    }
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
+}
+
+impl Config {
+    /// What the settings need against what this machine has: ranks per node against CPU
+    /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
+    /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
+    pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
+        let local_ranks = (self.world_size / self.nnodes.max(1)).max(1);
+        // Asked only when a check depends on it: probing CUDA starts its driver.
+        let gpu = || match self.device.as_str() {
+            "cpu" => false,
+            "auto" => (machine.cuda_available)(),
+            _ => true,
+        };
+        let max_ranks = OVERSUBSCRIPTION * machine.cores;
+        if local_ranks > max_ranks && !gpu() {
+            return Err(Error::Config(format!(
+                "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s), more than \
+                 {OVERSUBSCRIPTION} per CPU core of this machine ({} cores) allow on the CPU; \
+                 use world_size <= {} per node (num_threads sets each rank's threads, so fewer \
+                 ranks still use every core)",
+                self.world_size, self.nnodes, machine.cores, max_ranks
+            )));
+        }
+        let parts = self.footprint();
+        let per_rank: f64 = parts.iter().map(|p| p.bytes).sum();
+        let on_node = per_rank * local_ranks as f64;
+        if on_node <= machine.memory_bytes && per_rank <= GPU_MEMORY_CAP {
+            return Ok(());
+        }
+        let (need, have, place) = if gpu() {
+            (
+                per_rank,
+                GPU_MEMORY_CAP,
+                "a GPU (a cap above any GPU's memory)",
+            )
+        } else {
+            (on_node, machine.memory_bytes, "this machine's memory")
+        };
+        if need > have {
+            let largest = parts
+                .iter()
+                .max_by(|a, b| a.bytes.total_cmp(&b.bytes))
+                .ok_or_else(|| Error::Other("no memory estimate".into()))?;
+            return Err(Error::Config(format!(
+                "these settings need at least {} per rank ({local_ranks} rank(s) on this node: \
+                 world_size={} / nnodes={}), more than {place} ({}); {} ({}) alone needs {}",
+                gib(per_rank),
+                self.world_size,
+                self.nnodes,
+                gib(have),
+                largest.what,
+                largest.keys,
+                gib(largest.bytes)
+            )));
+        }
+        Ok(())
+    }
+
+    /// A lower bound of the bytes one rank allocates, by what allocates them (32-bit floats).
+    fn footprint(&self) -> [Footprint; 4] {
+        let f = |v: usize| v as f64;
+        let (obs, a) = (
+            f(self.obs_shape.as_ref().map_or(0, |s| s.iter().product())),
+            f(self.action_dim.unwrap_or(0)),
+        );
+        let (z, m, e, bins, q) = (
+            f(self.latent_dim),
+            f(self.mlp_dim),
+            f(self.enc_dim),
+            f(self.num_bins),
+            f(self.num_q),
+        );
+        let (h, n, b) = (f(self.horizon), f(self.num_samples), f(self.batch_size));
+        let hidden = f(self.num_enc_layers.saturating_sub(1).max(1));
+        let encoder = obs * e + (hidden - 1.0) * e * e + e * z;
+        let head = |inputs: f64, outputs: f64| inputs * m + m * m + m * outputs;
+        let termination = if self.episodic { head(z, 1.0) } else { 0.0 };
+        let q_heads = q * head(z + a, bins);
+        let trainable =
+            encoder + head(z + a, z) + head(z + a, bins) + termination + head(z, 2.0 * a) + q_heads;
+        // Parameters, gradients and two Adam moments, and the target Q heads.
+        let model = 4.0 * (4.0 * trainable + q_heads);
+        let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
+        let batch = 4.0 * b * (h + 1.0) * (obs + z + m + bins + q * (m + bins));
+        let rows = (self.buffer_size as u64).min(self.steps / self.world_size.max(1) as u64);
+        let buffer = 4.0 * rows as f64 * (obs + a + 2.0);
+        let model_keys = format!(
+            "{}mlp_dim={}, latent_dim={}, enc_dim={}, num_enc_layers={}, num_q={}, num_bins={}",
+            self.model_size
+                .map_or(String::new(), |s| format!("model_size={s}: ")),
+            self.mlp_dim,
+            self.latent_dim,
+            self.enc_dim,
+            self.num_enc_layers,
+            self.num_q,
+            self.num_bins
+        );
+        [
+            Footprint {
+                what: "the model and its optimiser state",
+                keys: model_keys,
+                bytes: model,
+            },
+            Footprint {
+                what: "planning",
+                keys: format!(
+                    "num_samples={}, horizon={}, num_q={}",
+                    self.num_samples, self.horizon, self.num_q
+                ),
+                bytes: planning,
+            },
+            Footprint {
+                what: "an update's batch",
+                keys: format!(
+                    "batch_size={}, horizon={}, num_q={}",
+                    self.batch_size, self.horizon, self.num_q
+                ),
+                bytes: batch,
+            },
+            Footprint {
+                what: "the replay buffer",
+                keys: format!(
+                    "buffer_size={} rows, or steps / world_size when fewer",
+                    self.buffer_size
+                ),
+                bytes: buffer,
+            },
+        ]
+    }
+}

@@ -1,0 +1,202 @@
+//! Loading, overrides, validation and resolution, through `Config::load` as a user meets them.
+use serde_yaml_ng::Value;
+
+use super::resources::Machine;
+use super::*;
+
+fn load(overrides: &[&str]) -> Result<Config> {
+    Config::load(&Source {
+        overrides: overrides.iter().map(|s| s.to_string()).collect(),
+        ..Source::default()
+    })
+}
+
+fn error(overrides: &[&str]) -> String {
+    load(overrides).expect_err("should be rejected").to_string()
+}
+
+#[test]
+fn defaults_match_the_official_values() {
+    let c = load(&[]).unwrap();
+    assert_eq!(
+        (c.batch_size, c.horizon, c.num_samples, c.num_elites),
+        (256, 3, 512, 64)
+    );
+    assert_eq!(
+        (c.lr, c.enc_lr_scale, c.grad_clip_norm, c.tau),
+        (3e-4, 0.3, 20.0, 0.01)
+    );
+    assert_eq!((c.num_bins, c.vmin, c.vmax, c.num_q), (101, -10.0, 10.0, 5));
+    assert_eq!((c.latent_dim, c.mlp_dim, c.enc_dim), (512, 512, 256));
+}
+
+#[test]
+fn overrides_parse_yaml_scalars_and_lists() {
+    let c = load(&[
+        "steps=1000",
+        "lr=1e-3",
+        "mpc=false",
+        "wandb_entity=me",
+        "num_threads=null",
+    ])
+    .unwrap();
+    assert_eq!((c.steps, c.lr, c.mpc), (1000, 1e-3, false));
+    assert_eq!(c.wandb_entity.as_deref(), Some("me"));
+    let c = load(&["obs_shape=[3, 4]"]).unwrap();
+    assert_eq!(c.obs_shape, Some(vec![3, 4]));
+}
+
+#[test]
+fn nested_keys_are_set_and_checked() {
+    let mut tree: Value = serde_yaml_ng::from_str("a: {b: 1, c: {d: 2}}").unwrap();
+    apply_override(&mut tree, "a.c.d=5").unwrap();
+    assert_eq!(tree["a"]["c"]["d"], Value::from(5));
+    let e = apply_override(&mut tree, "a.c.e=1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did you mean 'a.c.d'"), "{e}");
+    let e = apply_override(&mut tree, "a.b.x=1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a.b is not a section"), "{e}");
+}
+
+#[test]
+fn unknown_key_names_the_closest() {
+    assert!(error(&["bach_size=3"]).contains("did you mean 'batch_size'"));
+    assert!(error(&["horizn=3"]).contains("did you mean 'horizon'"));
+}
+
+#[test]
+fn wrong_types_name_key_and_type() {
+    let e = error(&["batch_size=abc"]);
+    assert!(
+        e.contains("batch_size") && e.contains("non-negative integer"),
+        "{e}"
+    );
+    let e = error(&["mpc=maybe"]);
+    assert!(e.contains("mpc") && e.contains("true or false"), "{e}");
+    let e = error(&["lr=fast"]);
+    assert!(e.contains("'lr'") && e.contains("a number"), "{e}");
+}
+
+#[test]
+fn ranges_are_enforced() {
+    for (arg, needle) in [
+        ("batch_size=0", "batch_size=0 is out of range"),
+        ("horizon=0", "horizon=0"),
+        ("world_size=0", "world_size=0"),
+        ("sync_freq=0", "sync_freq=0"),
+        ("rho=0", "0 < rho <= 1"),
+        ("rho=1.5", "0 < rho <= 1"),
+        ("num_pi_trajs=600", "must be < num_samples"),
+        ("num_elites=513", "must be <= num_samples"),
+        ("min_std=3", "must be <= max_std"),
+        ("model_size=7", "valid sizes: 1, 5, 19, 48, 317"),
+    ] {
+        let e = error(&[arg]);
+        assert!(e.contains(needle), "{arg}: {e}");
+    }
+    assert!(load(&["rho=1"]).is_ok());
+}
+
+#[test]
+fn integral_floats_are_integers_and_names_are_strings_as_typed() {
+    let c = load(&["steps=1e5", "exp_name=1.10", "wandb_name=7", "seed=3.0"]).unwrap();
+    assert_eq!((c.steps, c.seed), (100_000, 3));
+    assert_eq!(c.exp_name, "1.10");
+    assert_eq!(c.wandb_name.as_deref(), Some("7"));
+    assert!(error(&["steps=2.5"]).contains("wrong type for 'steps'"));
+    assert!(error(&["steps=1e20"]).contains("got 1e20"));
+}
+
+#[test]
+fn non_finite_and_unsupported_values_are_refused() {
+    for (arg, needle) in [
+        ("lr=.nan", "lr=NaN is out of range"),
+        ("tau=-.inf", "tau=-inf is out of range"),
+        ("discount=1", "0 < discount < 1"),
+        ("discount_min=0.999", "discount_min (0.999) <= discount_max"),
+        ("save_agent=false", "save_agent=false is not supported"),
+        ("task_dim=0", "task_dim=0 is not supported"),
+    ] {
+        let e = error(&[arg]);
+        assert!(e.contains(needle), "{arg}: {e}");
+    }
+}
+
+#[test]
+fn resources_are_checked_against_the_machine() {
+    let mut c = load(&["task=Pendulum-v1", "device=cpu"]).unwrap();
+    c.obs_shape = Some(vec![3]);
+    c.action_dim = Some(1);
+    let small = Machine {
+        cores: 2,
+        memory_bytes: 4e9,
+        cuda_available: || false,
+    };
+    c.check_resources(&small).unwrap();
+    c.world_size = 9;
+    let e = c.check_resources(&small).unwrap_err().to_string();
+    assert!(e.contains("world_size=9 puts 9 ranks"), "{e}");
+    c.world_size = 8;
+    c.check_resources(&small).unwrap();
+    // Ranks of a GPU node are not limited by its cores.
+    c.device = "auto".into();
+    c.world_size = 64;
+    let gpu = Machine {
+        cuda_available: || true,
+        ..small
+    };
+    c.check_resources(&gpu).unwrap();
+    c.world_size = 1;
+    c.buffer_size = 1 << 40;
+    c.steps = 1 << 50;
+    let e = c.check_resources(&gpu).unwrap_err().to_string();
+    assert!(
+        e.contains("more than a GPU") && e.contains("the replay buffer (buffer_size="),
+        "{e}"
+    );
+    c.device = "cpu".into();
+    c.buffer_size = 200_000_000;
+    let e = c.check_resources(&small).unwrap_err().to_string();
+    assert!(e.contains("this machine's memory (3.7 GiB)"), "{e}");
+}
+
+#[test]
+fn resolve_derives_the_official_fields() {
+    let mut c = load(&["model_size=1"]).unwrap();
+    let spec = envs::EnvSpec {
+        obs_shape: vec![223],
+        action_dim: 38,
+        episode_length: 500,
+    };
+    c.resolve(&spec).unwrap();
+    assert_eq!(
+        (c.enc_dim, c.mlp_dim, c.latent_dim, c.num_q),
+        (256, 384, 128, 2)
+    );
+    assert_eq!(c.discount, Some(0.99));
+    assert_eq!(c.seed_steps, Some(2500));
+    assert_eq!(c.iterations, 8);
+    assert!((c.bin_size.unwrap() - 0.2).abs() < 1e-12);
+    let mut c = load(&[]).unwrap();
+    c.resolve(&envs::EnvSpec {
+        obs_shape: vec![3],
+        action_dim: 1,
+        episode_length: 200,
+    })
+    .unwrap();
+    assert_eq!(
+        (c.discount, c.seed_steps, c.iterations),
+        (Some(0.975), Some(1000), 6)
+    );
+    let mut c = load(&[]).unwrap();
+    c.resolve(&envs::EnvSpec {
+        obs_shape: vec![3],
+        action_dim: 1,
+        episode_length: 1000,
+    })
+    .unwrap();
+    assert_eq!(c.discount, Some(0.995));
+}

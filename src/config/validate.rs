@@ -1,0 +1,468 @@
+//! Range checks of a loaded config that need no environment. Every error names the key and
+//! what is allowed.
+use super::defaults::{preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
+use super::Config;
+use crate::error::{Error, Result};
+
+/// The most restarts `max_restarts` allows: a job failing more often needs a person.
+const MAX_RESTARTS: u64 = 100;
+
+/// |x| bound of vmin, vmax and the log-std limits: e^80 is still a finite 32-bit float.
+const EXP_LIMIT: f64 = 80.0;
+
+impl Config {
+    /// Range checks that need no environment. Each error names the key and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        self.validate_floats()?;
+        self.validate_sizes()?;
+        self.validate_unsupported()?;
+        self.validate_planning()?;
+        self.validate_model()?;
+        self.validate_learning()?;
+        self.validate_distributed()?;
+        self.validate_run()
+    }
+
+    /// MPPI: the elite and policy-trajectory counts fit the samples; the std bounds.
+    fn validate_planning(&self) -> Result<()> {
+        if !(self.rho > 0.0 && self.rho <= 1.0) {
+            return Err(range("rho", short(self.rho), "must satisfy 0 < rho <= 1"));
+        }
+        if self.num_pi_trajs >= self.num_samples {
+            return Err(range(
+                "num_pi_trajs",
+                self.num_pi_trajs,
+                &format!("must be < num_samples ({})", self.num_samples),
+            ));
+        }
+        if self.num_elites > self.num_samples {
+            return Err(range(
+                "num_elites",
+                self.num_elites,
+                &format!("must be <= num_samples ({})", self.num_samples),
+            ));
+        }
+        if self.min_std > self.max_std {
+            return Err(range(
+                "min_std",
+                short(self.min_std),
+                &format!("must be <= max_std ({})", short(self.max_std)),
+            ));
+        }
+        if self.min_std <= 0.0 {
+            return Err(range("min_std", short(self.min_std), "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// The architecture, the value support and the policy's log-std bounds.
+    fn validate_model(&self) -> Result<()> {
+        if let Some(size) = self.model_size {
+            if preset(size).is_none() {
+                return Err(Error::Config(format!(
+                    "model_size={size} is not a model size; valid sizes: {}",
+                    join(&MODEL_SIZES)
+                )));
+            }
+        }
+        if self.num_q < 2 {
+            return Err(range(
+                "num_q",
+                self.num_q,
+                "must be >= 2 (two heads are drawn per Q estimate)",
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(range(
+                "dropout",
+                short(self.dropout),
+                "must satisfy 0 <= dropout < 1",
+            ));
+        }
+        for (key, value) in [
+            ("vmin", self.vmin),
+            ("vmax", self.vmax),
+            ("log_std_min", self.log_std_min),
+            ("log_std_max", self.log_std_max),
+        ] {
+            if value.abs() > EXP_LIMIT {
+                return Err(range(
+                    key,
+                    short(value),
+                    &format!(
+                        "must be within [-{EXP_LIMIT}, {EXP_LIMIT}] (its exponential must be a \
+                         finite 32-bit float)"
+                    ),
+                ));
+            }
+        }
+        if self.num_bins < 2 || self.vmin >= self.vmax {
+            return Err(Error::Config(format!(
+                "num_bins={} vmin={} vmax={}: need num_bins >= 2 and vmin < vmax",
+                self.num_bins,
+                short(self.vmin),
+                short(self.vmax)
+            )));
+        }
+        if self.log_std_min >= self.log_std_max {
+            return Err(range(
+                "log_std_min",
+                short(self.log_std_min),
+                &format!("must be < log_std_max ({})", short(self.log_std_max)),
+            ));
+        }
+        if self.simnorm_dim > 0 && !self.latent_dim.is_multiple_of(self.simnorm_dim) {
+            return Err(Error::Config(format!(
+                "latent_dim={} must be a multiple of simnorm_dim={}",
+                self.latent_dim, self.simnorm_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// Learning rates, coefficients and the discount rule.
+    fn validate_learning(&self) -> Result<()> {
+        if !(0.0..=1.0).contains(&self.tau) {
+            return Err(range("tau", short(self.tau), "must satisfy 0 <= tau <= 1"));
+        }
+        if self.lr <= 0.0 {
+            return Err(range("lr", short(self.lr), "must be > 0"));
+        }
+        if self.grad_clip_norm <= 0.0 {
+            return Err(range(
+                "grad_clip_norm",
+                short(self.grad_clip_norm),
+                "must be > 0",
+            ));
+        }
+        for (key, value) in [
+            ("reward_coef", self.reward_coef),
+            ("value_coef", self.value_coef),
+            ("termination_coef", self.termination_coef),
+            ("consistency_coef", self.consistency_coef),
+            ("entropy_coef", self.entropy_coef),
+            ("enc_lr_scale", self.enc_lr_scale),
+            ("temperature", self.temperature),
+        ] {
+            if value < 0.0 {
+                return Err(range(key, short(value), "must be >= 0"));
+            }
+        }
+        if self.discount_denom <= 0.0 {
+            return Err(range(
+                "discount_denom",
+                short(self.discount_denom),
+                "must be > 0",
+            ));
+        }
+        if !(self.discount_min > 0.0 && self.discount_min < 1.0) {
+            return Err(range(
+                "discount_min",
+                short(self.discount_min),
+                "must satisfy 0 < discount_min < 1",
+            ));
+        }
+        if !(self.discount_max >= self.discount_min && self.discount_max < 1.0) {
+            return Err(range(
+                "discount_max",
+                short(self.discount_max),
+                &format!(
+                    "must satisfy discount_min ({}) <= discount_max < 1",
+                    short(self.discount_min)
+                ),
+            ));
+        }
+        if let Some(discount) = self.discount {
+            if !(discount > 0.0 && discount < 1.0) {
+                return Err(range(
+                    "discount",
+                    short(discount),
+                    "must satisfy 0 < discount < 1",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes, ranks, the rendezvous address, devices, backends and launchers.
+    fn validate_distributed(&self) -> Result<()> {
+        if self.node_rank >= self.nnodes {
+            return Err(range(
+                "node_rank",
+                self.node_rank,
+                &format!("must be < nnodes ({})", self.nnodes),
+            ));
+        }
+        if !self.world_size.is_multiple_of(self.nnodes) {
+            return Err(Error::Config(format!(
+                "world_size={} cannot be split over nnodes={}: every node runs world_size / \
+                 nnodes ranks, so world_size must be a multiple of nnodes",
+                self.world_size, self.nnodes
+            )));
+        }
+        if self.master_port == 0 {
+            return Err(range("master_port", 0, "must be a port number 1..=65535"));
+        }
+        if self.master_addr.trim().is_empty() {
+            return Err(Error::Config(
+                "master_addr is empty; give the host name or address of node 0".into(),
+            ));
+        }
+        let gpu_index = self.device.strip_prefix("cuda:").map(str::parse::<u32>);
+        if !DEVICES.contains(&self.device.as_str()) && !matches!(gpu_index, Some(Ok(_))) {
+            return Err(Error::Config(format!(
+                "device={} is not a device; allowed: {}, cuda:N",
+                self.device,
+                DEVICES.join(", ")
+            )));
+        }
+        if !DIST_BACKENDS.contains(&self.dist_backend.as_str()) {
+            return Err(Error::Config(format!(
+                "dist_backend={} is not a backend; allowed: {}",
+                self.dist_backend,
+                DIST_BACKENDS.join(", ")
+            )));
+        }
+        if self.dist_backend == "nccl" && self.device == "cpu" {
+            return Err(Error::Config(
+                "dist_backend=nccl needs GPUs, but device=cpu; use dist_backend=gloo or auto"
+                    .into(),
+            ));
+        }
+        if !LAUNCHERS.contains(&self.launcher.as_str()) {
+            return Err(Error::Config(format!(
+                "launcher={} is not a launcher; allowed: {}",
+                self.launcher,
+                LAUNCHERS.join(", ")
+            )));
+        }
+        if !(1..=self.dist_timeout.max(1)).contains(&self.peer_timeout) {
+            return Err(range(
+                "peer_timeout",
+                self.peer_timeout,
+                &format!(
+                    "must be >= 1 second and <= dist_timeout ({})",
+                    self.dist_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Observation mode, learning-rate scaling, resume, threads and environments.
+    fn validate_run(&self) -> Result<()> {
+        if self.obs != "state" {
+            return Err(Error::Config(format!(
+                "obs={} is not supported yet; allowed: state",
+                self.obs
+            )));
+        }
+        if !LR_SCALES.contains(&self.lr_scale.as_str()) {
+            return Err(Error::Config(format!(
+                "lr_scale={} is not a scaling rule; allowed: {}",
+                self.lr_scale,
+                LR_SCALES.join(", ")
+            )));
+        }
+        if let Some(resume) = &self.resume {
+            if resume.is_empty() {
+                return Err(Error::Config(
+                    "resume= is empty; use resume=auto or resume=PATH".into(),
+                ));
+            }
+        }
+        if self.num_threads == Some(0) {
+            return Err(range(
+                "num_threads",
+                0,
+                "must be >= 1 (or null for cores / local ranks)",
+            ));
+        }
+        if !self.num_envs.is_multiple_of(self.steps_per_update) {
+            return Err(Error::Config(format!(
+                "steps_per_update={} must divide num_envs={}: each vector step of num_envs \
+                 environments makes num_envs / steps_per_update updates",
+                self.steps_per_update, self.num_envs
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every float is finite and fits the 32-bit floats the model computes in.
+    fn validate_floats(&self) -> Result<()> {
+        let optional = [("discount", self.discount), ("bin_size", self.bin_size)];
+        let floats = [
+            ("reward_coef", self.reward_coef),
+            ("value_coef", self.value_coef),
+            ("termination_coef", self.termination_coef),
+            ("consistency_coef", self.consistency_coef),
+            ("rho", self.rho),
+            ("lr", self.lr),
+            ("enc_lr_scale", self.enc_lr_scale),
+            ("grad_clip_norm", self.grad_clip_norm),
+            ("tau", self.tau),
+            ("discount_denom", self.discount_denom),
+            ("discount_min", self.discount_min),
+            ("discount_max", self.discount_max),
+            ("min_std", self.min_std),
+            ("max_std", self.max_std),
+            ("temperature", self.temperature),
+            ("log_std_min", self.log_std_min),
+            ("log_std_max", self.log_std_max),
+            ("entropy_coef", self.entropy_coef),
+            ("vmin", self.vmin),
+            ("vmax", self.vmax),
+            ("dropout", self.dropout),
+        ];
+        let set = optional
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|v| (key, v)));
+        for (key, value) in floats.into_iter().chain(set) {
+            if !value.is_finite() || value.abs() > f64::from(f32::MAX) {
+                return Err(range(
+                    key,
+                    short(value),
+                    "must be a finite number that fits a 32-bit float (|x| <= 3.4e38)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts and sizes: a lower bound, and an upper one that keeps every product of them
+    /// (tensor shapes, step counters) far from overflow. What they allocate together is
+    /// checked against the machine by `resolve`.
+    fn validate_sizes(&self) -> Result<()> {
+        const STEPS: u64 = 1_000_000_000_000_000;
+        const DIM: u64 = 1 << 20;
+        let optional = |value: Option<usize>| value.map_or(1, |v| v as u64);
+        let sizes: [(&str, u64, u64, u64); 36] = [
+            ("steps", self.steps, 1, STEPS),
+            ("eval_freq", self.eval_freq, 1, STEPS),
+            ("save_freq", self.save_freq, 1, STEPS),
+            ("lr_warmup_steps", self.lr_warmup_steps, 0, STEPS),
+            ("seed_steps", self.seed_steps.unwrap_or(1), 1, STEPS),
+            ("eval_episodes", self.eval_episodes as u64, 0, 1_000_000),
+            ("batch_size", self.batch_size as u64, 1, 1 << 24),
+            ("buffer_size", self.buffer_size as u64, 1, 1 << 40),
+            ("horizon", self.horizon as u64, 1, 1_000),
+            ("iterations", self.iterations as u64, 1, 1_000),
+            ("num_samples", self.num_samples as u64, 1, 1 << 24),
+            ("num_elites", self.num_elites as u64, 1, 1 << 24),
+            ("num_pi_trajs", self.num_pi_trajs as u64, 0, 1 << 24),
+            ("num_bins", self.num_bins as u64, 0, 100_000),
+            ("num_q", self.num_q as u64, 0, 1_000),
+            ("num_enc_layers", self.num_enc_layers as u64, 1, 1_000),
+            ("enc_dim", self.enc_dim as u64, 1, DIM),
+            ("mlp_dim", self.mlp_dim as u64, 1, DIM),
+            ("latent_dim", self.latent_dim as u64, 1, DIM),
+            ("simnorm_dim", self.simnorm_dim as u64, 1, DIM),
+            ("task_dim", self.task_dim as u64, 0, DIM),
+            ("num_channels", self.num_channels as u64, 0, DIM),
+            ("action_dim", optional(self.action_dim), 1, DIM),
+            ("episode_length", optional(self.episode_length), 1, STEPS),
+            ("world_size", self.world_size as u64, 1, 1 << 16),
+            ("nnodes", self.nnodes as u64, 1, 1 << 16),
+            ("node_rank", self.node_rank as u64, 0, 1 << 16),
+            ("sync_freq", self.sync_freq as u64, 1, 1 << 16),
+            ("num_threads", optional(self.num_threads), 1, 4096),
+            ("num_envs", self.num_envs as u64, 1, 4096),
+            ("steps_per_update", self.steps_per_update as u64, 1, 4096),
+            ("env_workers", optional(self.env_workers), 0, 4096),
+            ("actor_threads", optional(self.actor_threads), 1, 4096),
+            ("dist_timeout", self.dist_timeout, 1, 7 * 24 * 3600),
+            ("max_restarts", self.max_restarts as u64, 0, MAX_RESTARTS),
+            (
+                "obs_shape",
+                self.obs_shape
+                    .as_ref()
+                    .map_or(1, |s| s.iter().product::<usize>() as u64),
+                1,
+                DIM,
+            ),
+        ];
+        for (key, value, min, max) in sizes {
+            if value < min {
+                return Err(range(key, value, &format!("must be >= {min}")));
+            }
+            if value > max {
+                return Err(range(key, value, &format!("must be <= {max}")));
+            }
+        }
+        // dm_control takes 32-bit seeds, and rank r seeds its environment with seed + r.
+        let last_rank = self.world_size.saturating_sub(1) as u64;
+        if self.seed.saturating_add(last_rank) > u64::from(u32::MAX) {
+            return Err(range(
+                "seed",
+                self.seed,
+                &format!(
+                    "seed + world_size - 1 must be <= {} (environments take 32-bit seeds, \
+                     rank r uses seed + r)",
+                    u32::MAX
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Keys of the official config this trainer accepts but does not implement: their
+    /// defaults are fine, anything else is refused rather than silently ignored.
+    fn validate_unsupported(&self) -> Result<()> {
+        let defaults = Config::defaults()?;
+        let unsupported = [
+            (
+                "save_video",
+                self.save_video.to_string(),
+                defaults.save_video.to_string(),
+                "videos are not recorded",
+            ),
+            (
+                "save_agent",
+                self.save_agent.to_string(),
+                defaults.save_agent.to_string(),
+                "checkpoints are always written (save_freq spaces them)",
+            ),
+            (
+                "num_channels",
+                self.num_channels.to_string(),
+                defaults.num_channels.to_string(),
+                "it sizes the image encoder, and only obs=state is supported",
+            ),
+            (
+                "task_dim",
+                self.task_dim.to_string(),
+                defaults.task_dim.to_string(),
+                "it sizes the multitask embedding, and multitask training is not supported",
+            ),
+        ];
+        for (key, value, default, why) in unsupported {
+            if value != default {
+                return Err(Error::Config(format!(
+                    "{key}={value} is not supported: {why}; leave {key} at {default}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A float as a user would write it: 1e300, not 301 digits.
+pub(super) fn short(x: f64) -> String {
+    if x != 0.0 && !(1e-6..1e16).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        x.to_string()
+    }
+}
+
+pub(super) fn range(key: &str, value: impl std::fmt::Display, allowed: &str) -> Error {
+    Error::Config(format!("{key}={value} is out of range: {allowed}"))
+}
+
+fn join(values: &[u32]) -> String {
+    values
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,150 @@
+//! What rank 0 reports: the resolved config in the run directory, a record per finished
+//! episode and per evaluation (console, files, trackers), and a progress bar on a terminal.
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::evaluate::EvalSummary;
+use crate::actor::EpisodeStats;
+use crate::agent::UpdateStats;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::logging::{Logger, LoggerOptions, Phase, Record};
+
+pub(super) struct Report {
+    logger: Logger,
+    progress: Option<ProgressBar>,
+}
+
+impl Report {
+    /// Creates the run directory with the resolved config in it and opens the logger.
+    pub(super) fn open(config: &Config, dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        std::fs::write(dir.join("config.yaml"), config.to_yaml()?)
+            .map_err(|e| Error::io("write config.yaml", e))?;
+        let logger = Logger::open(&LoggerOptions::from_config(config, dir)?)?;
+        let progress = std::io::stderr()
+            .is_terminal()
+            .then(|| progress_bar(config.steps));
+        Ok(Self { logger, progress })
+    }
+
+    pub(super) fn evaluation(
+        &mut self,
+        global_step: u64,
+        summary: &EvalSummary,
+        episodes: u64,
+        clock: &Clock,
+    ) -> Result<()> {
+        let mut record = Record::new(Phase::Eval, global_step)
+            .with("episode_reward", summary.mean)
+            .with("episode_reward_std", summary.std)
+            .with("episode_reward_min", summary.min)
+            .with("episode_reward_max", summary.max)
+            .with("episode_length", summary.mean_length)
+            .with("episodes", summary.episodes as f64)
+            .with("episode", episodes as f64)
+            .with("elapsed_time", clock.elapsed())
+            .with("steps_per_second", clock.rate(global_step));
+        if let Some(s) = summary.success {
+            record = record.with("episode_success", s);
+        }
+        self.log(&record)
+    }
+
+    /// A finished training episode, with the statistics of the last update when there was one.
+    pub(super) fn episode(
+        &mut self,
+        global_step: u64,
+        stats: &EpisodeStats,
+        episodes: u64,
+        clock: &Clock,
+        update: Option<&UpdateStats>,
+    ) -> Result<()> {
+        let mut record = Record::new(Phase::Train, global_step)
+            .with("episode_reward", stats.reward)
+            .with("episode_length", stats.length as f64)
+            .with("episode_terminated", stats.terminated as u8 as f64)
+            .with("episode", episodes as f64)
+            .with("elapsed_time", clock.elapsed())
+            .with("steps_per_second", clock.rate(global_step));
+        if let Some(s) = stats.success {
+            record = record.with("episode_success", s);
+        }
+        for (k, v) in update.map(UpdateStats::named).into_iter().flatten() {
+            record = record.with(k, v);
+        }
+        self.log(&record)
+    }
+
+    pub(super) fn progress(&self, global_step: u64) {
+        if let Some(bar) = &self.progress {
+            bar.set_position(global_step);
+        }
+    }
+
+    pub(super) fn close(self) -> Result<()> {
+        if let Some(bar) = &self.progress {
+            bar.finish_and_clear();
+        }
+        self.logger.close()
+    }
+
+    fn log(&mut self, record: &Record) -> Result<()> {
+        match &self.progress {
+            Some(bar) => bar.suspend(|| self.logger.log(record)),
+            None => self.logger.log(record),
+        }
+    }
+}
+
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {per_sec}  ETA {eta}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar
+}
+
+/// Training time across resumes, and the throughput once learning reached its steady state.
+pub(super) struct Clock {
+    start: Instant,
+    /// Seconds of training before this process started.
+    before: f64,
+    /// Where learning's steady state began (time, local step).
+    steady_from: Option<(Instant, u64)>,
+}
+
+impl Clock {
+    pub(super) fn new(before: f64) -> Self {
+        Self {
+            start: Instant::now(),
+            before,
+            steady_from: None,
+        }
+    }
+
+    pub(super) fn elapsed(&self) -> f64 {
+        self.before + self.start.elapsed().as_secs_f64()
+    }
+
+    /// Global agent steps per second of training so far.
+    fn rate(&self, global_step: u64) -> f64 {
+        global_step as f64 / self.elapsed().max(1e-9)
+    }
+
+    /// Marks the first step of the steady state (later calls change nothing).
+    pub(super) fn steady_from(&mut self, step: u64) {
+        self.steady_from.get_or_insert((Instant::now(), step));
+    }
+
+    /// Global agent steps per second since the steady state began, up to local step `step`.
+    pub(super) fn steady_rate(&self, step: u64, world_size: u64) -> Option<f64> {
+        self.steady_from.map(|(since, from)| {
+            (step - from) as f64 * world_size as f64 / since.elapsed().as_secs_f64().max(1e-9)
+        })
+    }
+}

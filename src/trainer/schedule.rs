@@ -1,0 +1,85 @@
+//! When evaluations and checkpoints fall due: at the first step at or after each multiple of
+//! `eval_freq` and `save_freq` (global agent steps), the way the official trainer evaluates.
+//! They happen once every environment of the rank is at an episode boundary.
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Schedule {
+    eval_freq: u64,
+    save_freq: u64,
+    world_size: u64,
+    previous_step: u64,
+    eval_due: bool,
+    save_due: bool,
+}
+
+impl Schedule {
+    /// From local step `start`: a fresh run evaluates first; a resumed one already evaluated
+    /// and saved at its first step, before the checkpoint.
+    pub(super) fn new(eval_freq: u64, save_freq: u64, world_size: u64, start: u64) -> Self {
+        Self {
+            eval_freq,
+            save_freq,
+            world_size,
+            previous_step: start,
+            eval_due: start == 0,
+            save_due: false,
+        }
+    }
+
+    /// Notes the multiples crossed since the last call.
+    pub(super) fn advance(&mut self, step: u64) {
+        if step > self.previous_step {
+            let (before, now) = (self.previous_step * self.world_size, step * self.world_size);
+            self.eval_due |= crossed(self.eval_freq, before, now);
+            self.save_due |= crossed(self.save_freq, before, now);
+        }
+        self.previous_step = step;
+    }
+
+    pub(super) fn eval_due(&self) -> bool {
+        self.eval_due
+    }
+
+    pub(super) fn save_due(&self) -> bool {
+        self.save_due
+    }
+
+    /// Whether environments wait at their episode boundary for an evaluation or a checkpoint.
+    pub(super) fn any_due(&self) -> bool {
+        self.eval_due || self.save_due
+    }
+
+    pub(super) fn evaluated(&mut self) {
+        self.eval_due = false;
+    }
+
+    pub(super) fn saved(&mut self) {
+        self.save_due = false;
+    }
+}
+
+/// Counts a crossing of a multiple of `every` between two consecutive global steps.
+fn crossed(every: u64, before: u64, now: u64) -> bool {
+    now / every != before / every
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn points_fall_due_at_the_first_step_past_each_multiple() {
+        let mut s = Schedule::new(100, 250, 2, 0);
+        assert!(s.eval_due() && !s.save_due(), "a fresh run evaluates first");
+        s.evaluated();
+        s.advance(49);
+        assert!(!s.any_due());
+        s.advance(51);
+        assert!(s.eval_due() && !s.save_due());
+        s.evaluated();
+        s.advance(130);
+        assert!(s.eval_due() && s.save_due(), "260 crossed 200 and 250");
+        let resumed = Schedule::new(100, 250, 2, 130);
+        assert!(!resumed.any_due());
+    }
+}

@@ -1,0 +1,398 @@
+//! One rank's training run as named steps (reference §7): the state they share and what each
+//! step does. `trainer::run` calls them in order.
+use tch::Device;
+
+use super::evaluate::{self, Outcome};
+use super::pipeline::Pipeline;
+use super::report::{Clock, Report};
+use super::schedule::Schedule;
+use super::stop::{self, StopRequest};
+use super::streams::Streams;
+use crate::actor::{Acting, Actor, ActorSettings, Policy};
+use crate::agent::{AgentConfig, TorchNoise, UpdateInfo};
+use crate::checkpoint::{self, CheckpointSettings, TrainState};
+use crate::config::Config;
+use crate::ddp::{ProcessGroup, RankInfo};
+use crate::error::{Error, Result};
+use crate::learner::{finite, Learner, LearnerSettings};
+
+/// The loop's own settings, taken once from the resolved config (steps are this rank's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LoopSettings {
+    world_size: u64,
+    local_steps: u64,
+    seed_steps: u64,
+    /// Updates per vector step: num_envs / steps_per_update.
+    updates_per_step: u64,
+    /// Updates of the seed-data pretraining: seed_steps / steps_per_update, at least one.
+    pretrain_updates: u64,
+    eval_episodes: usize,
+}
+
+impl LoopSettings {
+    fn from_config(config: &Config, world_size: u64) -> Result<Self> {
+        let seed_steps = config.seed_steps.ok_or_else(|| {
+            Error::Config("the config must be resolved against the task first".into())
+        })?;
+        let steps_per_update = config.steps_per_update as u64;
+        Ok(Self {
+            world_size,
+            local_steps: config.steps / world_size,
+            seed_steps,
+            updates_per_step: config.num_envs as u64 / steps_per_update,
+            pretrain_updates: (seed_steps / steps_per_update).max(1),
+            eval_episodes: config.eval_episodes,
+        })
+    }
+}
+
+pub(super) struct Training<'g> {
+    settings: LoopSettings,
+    checkpoints: CheckpointSettings,
+    group: &'g ProcessGroup,
+    learner: Learner<'g>,
+    actor: Actor,
+    pipeline: Option<Pipeline>,
+    streams: Streams,
+    state: TrainState,
+    schedule: Schedule,
+    /// Rank 0's logging.
+    report: Option<Report>,
+    clock: Clock,
+    /// Set once every rank's buffer can give a batch.
+    ready_to_update: bool,
+    /// The last update's statistics (device tensors), logged with the next finished episode.
+    last_info: Option<UpdateInfo>,
+    /// With pipeline=true: the updates owed by the last step, made beside the next one.
+    pending: u64,
+}
+
+impl<'g> Training<'g> {
+    /// Sets up or resumes: the learner (identical on every rank, broadcast from rank 0 all the
+    /// same, or loaded from the checkpoint), the actor with its environments, the streams, and
+    /// rank 0's report.
+    pub(super) fn start(
+        config: &Config,
+        rank: &RankInfo,
+        device: Device,
+        group: &'g ProcessGroup,
+    ) -> Result<Self> {
+        let world_size = group.world_size() as u64;
+        let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
+        let policy = Policy::new(
+            &AgentConfig::from_config(config)?,
+            device,
+            config.num_envs,
+            Box::new(TorchNoise::global()),
+        )?;
+        let actor_settings = ActorSettings::from_config(config, rank.rank);
+        let mut actor = Actor::new(actor_settings.make_envs()?, policy, actor_settings.episodic)?;
+        let pipeline = Pipeline::new(config, rank)?;
+        let checkpoints = CheckpointSettings::from_config(config);
+        let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
+            Some(resumed) => resumed,
+            None => {
+                learner.broadcast_parameters()?;
+                TrainState::default()
+            }
+        };
+        actor.policy_mut().load_weights(learner.model())?;
+        let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
+        streams.reseed(state.step * world_size, &mut learner, &mut actor);
+        let report = match group.rank() {
+            0 => Some(Report::open(config, &checkpoints.run_dir)?),
+            _ => None,
+        };
+        Ok(Self {
+            settings: LoopSettings::from_config(config, world_size)?,
+            schedule: Schedule::new(config.eval_freq, config.save_freq, world_size, state.step),
+            clock: Clock::new(state.elapsed),
+            checkpoints,
+            group,
+            learner,
+            actor,
+            pipeline,
+            streams,
+            state,
+            report,
+            ready_to_update: false,
+            last_info: None,
+            pending: 0,
+        })
+    }
+
+    pub(super) fn running(&self) -> bool {
+        self.state.step <= self.settings.local_steps
+    }
+
+    fn global_step(&self) -> u64 {
+        self.state.step * self.settings.world_size
+    }
+
+    /// Notes what fell due; whether this step is a checkpoint point: an evaluation or a
+    /// checkpoint is due and every environment is at an episode boundary.
+    pub(super) fn begin_step(&mut self) -> bool {
+        if self.state.step > self.settings.seed_steps {
+            self.clock.steady_from(self.state.step);
+        }
+        self.schedule.advance(self.state.step);
+        self.schedule.any_due() && self.actor.all_done()
+    }
+
+    /// Makes the updates the pipeline owes, so that evaluations and checkpoints see none in
+    /// flight.
+    pub(super) fn drain_pipeline(&mut self) -> Result<()> {
+        if self.pending > 0 {
+            self.last_info = Some(self.update(self.pending)?);
+            self.actor.policy_mut().load_weights(self.learner.model())?;
+            self.pending = 0;
+        }
+        Ok(())
+    }
+
+    pub(super) fn evaluate_if_due(&mut self) -> Result<()> {
+        if !self.schedule.eval_due() {
+            return Ok(());
+        }
+        let global = self.global_step();
+        if self.settings.eval_episodes > 0 {
+            let seed = self.streams.evaluation_seed(global);
+            let outcome = evaluate::evaluate(
+                &mut self.actor,
+                self.settings.eval_episodes,
+                seed,
+                self.group,
+            )?;
+            let summary = match outcome {
+                Outcome::Done(summary) => summary,
+                // The episodes that just ended are not in the buffer nor counted: the
+                // checkpoint is the state before them.
+                Outcome::Stopped(request) => {
+                    return Err(
+                        self.stop(&format!("during the evaluation at step {global}"), request)
+                    )
+                }
+            };
+            if let Some(report) = &mut self.report {
+                report.evaluation(global, &summary, self.state.episodes, &self.clock)?;
+            }
+        }
+        self.schedule.evaluated();
+        Ok(())
+    }
+
+    /// Puts every finished episode into the buffer and logs it. The statistics are fetched on
+    /// every rank (the values are all-reduced), so a divergence stops all ranks alike.
+    pub(super) fn store_finished_episodes(&mut self) -> Result<()> {
+        let global = self.global_step();
+        for i in self.actor.done() {
+            let Some((episode, stats)) = self.actor.take_episode(i) else {
+                continue;
+            };
+            self.learner.add_episode(&episode)?;
+            self.state.episodes += 1;
+            let update = match &self.last_info {
+                Some(info) => Some(UpdateInfo::fetch(info)?),
+                None => None,
+            };
+            if let Some(stats) = &update {
+                finite::check_stats(stats, global)?;
+            }
+            if let Some(report) = &mut self.report {
+                report.episode(
+                    global,
+                    &stats,
+                    self.state.episodes,
+                    &self.clock,
+                    update.as_ref(),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint that is due, then re-derives every stream from this step.
+    pub(super) fn checkpoint_if_due(&mut self) -> Result<()> {
+        if !self.schedule.save_due() {
+            return Ok(());
+        }
+        self.state.elapsed = self.clock.elapsed();
+        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        let global = self.global_step();
+        self.streams
+            .reseed(global, &mut self.learner, &mut self.actor);
+        self.schedule.saved();
+        Ok(())
+    }
+
+    /// Starts the next episode of every finished environment, unless they wait for an
+    /// evaluation or a checkpoint. Episode seeds count the episodes started (finished ones and
+    /// those running), so every episode of every environment gets its own.
+    pub(super) fn reset_finished_environments(&mut self) -> Result<()> {
+        if self.schedule.any_due() {
+            return Ok(());
+        }
+        let done = self.actor.done();
+        let started = self.state.episodes + (self.actor.num_envs() - done.len()) as u64;
+        for (episode, i) in (started..).zip(done) {
+            self.actor.reset(i, self.streams.episode_seed(episode))?;
+        }
+        Ok(())
+    }
+
+    /// Ends the run with a checkpoint when any rank asked to stop (agreed by all).
+    pub(super) fn stop_if_requested(&mut self) -> Result<()> {
+        let Some(request) = stop::requested(self.group)? else {
+            return Ok(());
+        };
+        if self.pending > 0 {
+            self.update(self.pending)?;
+        }
+        Err(self.stop(&format!("at step {}", self.global_step()), request))
+    }
+
+    /// One vector step of the environments: random actions while seeding, then the policy's.
+    /// Pipelined, the updates the last step owed run beside it. Returns the agent steps taken.
+    pub(super) fn act(&mut self) -> Result<u64> {
+        let explore = self.state.step > self.settings.seed_steps;
+        let owed = std::mem::take(&mut self.pending);
+        let Some(pipeline) = self.pipeline else {
+            let acting = match explore {
+                true => Acting::Policy,
+                false => Acting::Random(&mut self.streams.learner),
+            };
+            return Ok(self.actor.step(acting)? as u64);
+        };
+        let acting = match explore {
+            true => Acting::Policy,
+            false => Acting::Random(&mut self.streams.actor),
+        };
+        let (actor, learner, rng) = (
+            &mut self.actor,
+            &mut self.learner,
+            &mut self.streams.learner,
+        );
+        let (stepped, info) = pipeline.overlap(
+            || actor.step(acting),
+            || match owed {
+                0 => Ok(None),
+                n => run_updates(learner, rng, n).map(Some),
+            },
+        )?;
+        if let Some(info) = info {
+            self.last_info = Some(info);
+            self.actor.policy_mut().load_weights(self.learner.model())?;
+        }
+        Ok(stepped as u64)
+    }
+
+    /// The updates this step makes: the pretraining burst when seeding ends, then
+    /// `updates_per_step` per step (owed to the next step when pipelined).
+    pub(super) fn learn(&mut self, stepped: u64) -> Result<()> {
+        let (step, seed_steps) = (self.state.step, self.settings.seed_steps);
+        let seeding_ends = step <= seed_steps && seed_steps < step + stepped.max(1);
+        let learning = seeding_ends || step > seed_steps;
+        // Only a run resumed without its replay buffers can find it empty here.
+        self.ready_to_update = self.ready_to_update || (learning && self.learner.ready()?);
+        if !(learning && self.ready_to_update) {
+            return Ok(());
+        }
+        if seeding_ends {
+            return self.pretrain();
+        }
+        if self.pipeline.is_some() {
+            self.pending = self.settings.updates_per_step;
+            return Ok(());
+        }
+        self.last_info = Some(self.update(self.settings.updates_per_step)?);
+        self.actor.policy_mut().load_weights(self.learner.model())?;
+        Ok(())
+    }
+
+    /// One update per steps_per_update seed steps, as afterwards. A run stopped during
+    /// pretraining makes only the updates that were left.
+    fn pretrain(&mut self) -> Result<()> {
+        let updates = self.settings.pretrain_updates;
+        let done = self.state.pretrain_updates;
+        if updates > 1 && self.group.rank() == 0 {
+            eprintln!(
+                "Pretraining agent on seed data ({} updates)...",
+                updates - done
+            );
+        }
+        for update in done..updates {
+            // The same update indices on every rank: the stop check is a collective.
+            let request = match updates > 1 {
+                true => stop::requested(self.group)?,
+                false => None,
+            };
+            if let Some(request) = request {
+                self.state.pretrain_updates = update;
+                let when = format!(
+                    "during pretraining (after {update} of {updates} updates) at step {}",
+                    self.global_step()
+                );
+                return Err(self.stop(&when, request));
+            }
+            self.last_info = Some(self.learner.update(&mut self.streams.learner)?);
+        }
+        self.state.pretrain_updates = 0;
+        self.actor.policy_mut().load_weights(self.learner.model())?;
+        Ok(())
+    }
+
+    pub(super) fn advance(&mut self, stepped: u64) {
+        self.state.step += stepped.max(1);
+        if let Some(report) = &self.report {
+            report.progress(self.global_step());
+        }
+    }
+
+    /// Makes what is owed, closes the report and writes the final checkpoint.
+    pub(super) fn finish(mut self) -> Result<()> {
+        if self.pending > 0 {
+            self.update(self.pending)?;
+        }
+        let last = self.state.step.min(self.settings.local_steps + 1);
+        let steady_rate = self.clock.steady_rate(last, self.settings.world_size);
+        if let Some(report) = self.report.take() {
+            report.close()?;
+        }
+        self.state.step = self.settings.local_steps;
+        self.state.elapsed = self.clock.elapsed();
+        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        if self.group.rank() == 0 {
+            let dir = self.checkpoints.run_dir.display();
+            match steady_rate {
+                Some(rate) => {
+                    eprintln!("Training finished: {dir} ({rate:.1} agent steps/s after seeding)")
+                }
+                None => eprintln!("Training finished: {dir}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// `count` synchronised updates; the statistics of the last.
+    fn update(&mut self, count: u64) -> Result<UpdateInfo> {
+        run_updates(&mut self.learner, &mut self.streams.learner, count)
+    }
+
+    /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's
+    /// own, if it failed).
+    fn stop(&mut self, when: &str, request: StopRequest) -> Error {
+        self.state.elapsed = self.clock.elapsed();
+        match checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group) {
+            Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
+            Err(e) => e,
+        }
+    }
+}
+
+fn run_updates(learner: &mut Learner, rng: &mut rand_pcg::Pcg64, count: u64) -> Result<UpdateInfo> {
+    let mut info = learner.update(rng)?;
+    for _ in 1..count {
+        info = learner.update(rng)?;
+    }
+    Ok(info)
+}
