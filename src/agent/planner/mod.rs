@@ -1,0 +1,405 @@
+//! MPPI planning in the latent space of the world model (official `_plan`, `_estimate_value`),
+//! for E environments at once: every environment has its own means, standard deviations,
+//! elites, elite choice and warm start; the model runs once over all E·N candidates.
+//!
+//! Random draws are those of E separate plans laid end to end along the first dimension
+//! (environment-major), so that one environment's slice is exactly the draw its own plan would
+//! make, and at E = 1 the draws are today's single-environment draws. The one draw all
+//! environments share is the Q-head permutation of each iteration: as in the official code,
+//! one `randperm` serves the whole batch of a Q call (per-environment heads would need a gather
+//! of the heads' weights per row).
+mod latent;
+#[cfg(test)]
+mod tests;
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::AgentConfig;
+use super::noise::Noise;
+use super::world_model::WorldModel;
+use super::{expect_shape, Error, Result};
+pub use latent::LatentModel;
+use latent::Rollout;
+
+/// The planner's settings and the warm-start state of each environment.
+#[derive(Debug)]
+pub struct Planner {
+    horizon: i64,
+    num_samples: i64,
+    num_elites: i64,
+    num_pi_trajs: i64,
+    iterations: usize,
+    min_std: f64,
+    max_std: f64,
+    temperature: f64,
+    discount: f64,
+    action_dim: i64,
+    num_envs: i64,
+    /// The final means of the previous plan, (E, H, A); shifted by one step for the next plan.
+    prev_mean: Tensor,
+    /// Candidate actions (E, H, N, A), reused across calls: columns 0..P hold the policy
+    /// trajectories, the rest the Gaussian samples.
+    candidates: Tensor,
+}
+
+impl Planner {
+    /// A planner for `num_envs` environments (at least 1) whose warm starts start empty.
+    pub fn new(config: &AgentConfig, device: Device, num_envs: usize) -> Result<Self> {
+        if num_envs == 0 {
+            return Err(Error::Config(
+                "num_envs must be at least 1 (environments planned for at once)".into(),
+            ));
+        }
+        let e = num_envs as i64;
+        let h = config.horizon as i64;
+        let a = config.action_dim as i64;
+        let n = config.num_samples as i64;
+        Ok(Self {
+            horizon: h,
+            num_samples: n,
+            num_elites: config.num_elites as i64,
+            num_pi_trajs: config.num_pi_trajs as i64,
+            iterations: config.iterations,
+            min_std: config.min_std,
+            max_std: config.max_std,
+            temperature: config.temperature,
+            discount: config.discount,
+            action_dim: a,
+            num_envs: e,
+            prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
+            candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
+        })
+    }
+
+    /// The number of environments planned for at once.
+    pub fn num_envs(&self) -> usize {
+        self.num_envs as usize
+    }
+
+    /// The means kept for the next warm starts, (E, H, A).
+    pub fn prev_mean(&self) -> &Tensor {
+        &self.prev_mean
+    }
+
+    /// Plans for one environment (a planner made for one): observation (1, obs_dim), action
+    /// (A). See [`Self::plan_batch`].
+    pub fn plan(
+        &mut self,
+        model: &impl LatentModel,
+        obs: &Tensor,
+        t0: bool,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        Ok(self.plan_batch(model, obs, &[t0], eval_mode, noise)?.get(0))
+    }
+
+    /// Plans from the observations (E, obs_dim) of all environments and returns their actions
+    /// (E, A) clamped to [−1, 1], on the model's device. `t0[e]` drops environment e's warm
+    /// start; `eval_mode` drops the final exploration noise (the elite choice stays random).
+    /// Reads nothing back from the device (only `noise` might, and [`super::TorchNoise`]
+    /// does not), and every shape depends on E alone.
+    pub fn plan_batch(
+        &mut self,
+        model: &impl LatentModel,
+        obs: &Tensor,
+        t0: &[bool],
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let e = self.num_envs;
+        expect_shape("planner observations", obs, &[e, model.obs_dim()])?;
+        if t0.len() as i64 != e {
+            return Err(Error::Shape {
+                what: "planner t0 flags (one per environment)".into(),
+                expected: vec![e],
+                got: vec![t0.len() as i64],
+            });
+        }
+        expect_shape(
+            "planner action space",
+            &self.prev_mean,
+            &[e, self.horizon, model.action_dim()],
+        )?;
+        let obs = obs.to_device(model.device());
+        tch::no_grad(|| self.plan_inner(model, &obs, t0, eval_mode, noise))
+    }
+
+    fn plan_inner(
+        &mut self,
+        model: &impl LatentModel,
+        obs: &Tensor,
+        t0: &[bool],
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        // One latent per environment (E, Z): the first step's layers see it once, not once per
+        // candidate.
+        let z = model.encode(obs);
+        self.sample_policy_trajectories(model, &z, noise)?;
+        let (mut mean, mut std) = self.warm_start(t0, model.device());
+        let (e, h, k, a) = (
+            self.num_envs,
+            self.horizon,
+            self.num_elites,
+            self.action_dim,
+        );
+        let mut policy_rollout = None;
+        let mut score = Tensor::zeros([e, k, 1], (Kind::Float, model.device()));
+        let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, model.device()));
+        for _ in 0..self.iterations {
+            self.sample_candidates(&mean, &std, model.device(), noise)?;
+            let value = self
+                .estimate_value(model, &z, &mut policy_rollout, noise)?
+                .nan_to_num(0.0, None, None)
+                .view([e, self.num_samples]);
+            let (_, elite_idxs) = value.topk(k, 1, true, true);
+            let elite_value = value.gather(1, &elite_idxs, false).unsqueeze(2);
+            elite_actions = self.candidates.gather(
+                2,
+                &elite_idxs.view([e, 1, k, 1]).expand([e, h, k, a], false),
+                false,
+            );
+            (score, mean, std) = self.refit(&elite_value, &elite_actions);
+        }
+        let action = self.choose_action(&score, &elite_actions, &std, eval_mode, noise)?;
+        self.prev_mean.copy_(&mean);
+        Ok(action)
+    }
+
+    /// The policy's trajectories, candidates 0..P of every environment, fixed for all
+    /// iterations.
+    fn sample_policy_trajectories(
+        &mut self,
+        model: &impl LatentModel,
+        z: &Tensor,
+        noise: &mut dyn Noise,
+    ) -> Result<()> {
+        let (e, h, p, a) = (
+            self.num_envs,
+            self.horizon,
+            self.num_pi_trajs,
+            self.action_dim,
+        );
+        if p == 0 {
+            return Ok(());
+        }
+        let mut zp = z.shallow_clone();
+        for t in 0..h {
+            let eps = noise.randn(&[e * p, a], model.device())?;
+            let action = model.policy_action(&zp, &eps);
+            self.candidates
+                .select(1, t)
+                .narrow(1, 0, p)
+                .copy_(&action.view([e, p, a]));
+            if t + 1 < h {
+                zp = model.next(&zp, &action);
+            }
+        }
+        Ok(())
+    }
+
+    /// The first iteration's means and standard deviations: the previous plan's means shifted
+    /// by one step, except for environments that start an episode (`t0`).
+    fn warm_start(&self, t0: &[bool], device: Device) -> (Tensor, Tensor) {
+        let (e, h, a) = (self.num_envs, self.horizon, self.action_dim);
+        let mean = Tensor::zeros([e, h, a], (Kind::Float, device));
+        let std = Tensor::full([e, h, a], self.max_std, (Kind::Float, device));
+        if h > 1 {
+            if t0.iter().all(|&first| !first) {
+                mean.narrow(1, 0, h - 1)
+                    .copy_(&self.prev_mean.narrow(1, 1, h - 1));
+            } else {
+                for (env, _) in t0.iter().enumerate().filter(|(_, &first)| !first) {
+                    let env = env as i64;
+                    mean.get(env)
+                        .narrow(0, 0, h - 1)
+                        .copy_(&self.prev_mean.get(env).narrow(0, 1, h - 1));
+                }
+            }
+        }
+        (mean, std)
+    }
+
+    /// Gaussian candidates P..N of every environment around `mean` with `std`, clamped.
+    fn sample_candidates(
+        &mut self,
+        mean: &Tensor,
+        std: &Tensor,
+        device: Device,
+        noise: &mut dyn Noise,
+    ) -> Result<()> {
+        let (e, h, n, p, a) = (
+            self.num_envs,
+            self.horizon,
+            self.num_samples,
+            self.num_pi_trajs,
+            self.action_dim,
+        );
+        let r = noise
+            .randn(&[e * h, n - p, a], device)?
+            .view([e, h, n - p, a]);
+        let samples = (mean.unsqueeze(2) + std.unsqueeze(2) * r).clamp(-1.0, 1.0);
+        self.candidates.narrow(2, p, n - p).copy_(&samples);
+        Ok(())
+    }
+
+    /// The elites' softmax weights (E, K, 1) and the weighted mean and clamped standard
+    /// deviation (E, H, A) of their actions.
+    fn refit(&self, elite_value: &Tensor, elite_actions: &Tensor) -> (Tensor, Tensor, Tensor) {
+        let (max_value, _) = elite_value.max_dim(1, true);
+        let mut score = ((elite_value - max_value) * self.temperature).exp();
+        score = &score / score.sum_dim_intlist(1, true, Kind::Float);
+        let weights = score.unsqueeze(1);
+        let total = score.sum_dim_intlist(1, true, Kind::Float) + 1e-9;
+        let mean = (&weights * elite_actions).sum_dim_intlist(2, false, Kind::Float) / &total;
+        let std = ((&weights * (elite_actions - mean.unsqueeze(2)).square()).sum_dim_intlist(
+            2,
+            false,
+            Kind::Float,
+        ) / &total)
+            .sqrt()
+            .clamp(self.min_std, self.max_std);
+        (score, mean, std)
+    }
+
+    /// One elite per environment, drawn with the Gumbel-max trick on log-weights; its first
+    /// action, with exploration noise unless `eval_mode`, clamped to [−1, 1].
+    fn choose_action(
+        &self,
+        score: &Tensor,
+        elite_actions: &Tensor,
+        std: &Tensor,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let (e, k, a) = (self.num_envs, self.num_elites, self.action_dim);
+        let device = elite_actions.device();
+        let exponential = noise.exponential(&[e * k], device)?.view([e, k]);
+        let gumbel = score.squeeze_dim(2).log() - exponential.log();
+        let choice = gumbel.softmax(1, Kind::Float).argmax(1, true);
+        let mut action = elite_actions
+            .select(1, 0)
+            .gather(1, &choice.view([e, 1, 1]).expand([e, 1, a], false), false)
+            .squeeze_dim(1);
+        if !eval_mode {
+            action += std.select(1, 0) * noise.randn(&[e * a], device)?.view([e, a]);
+        }
+        Ok(action.clamp(-1.0, 1.0))
+    }
+
+    /// Rolls out candidates `first..first + rows` of every environment from its latent in `z0`
+    /// (E, Z) over the horizon: Σ_t γ^t (1 − done_t) r_t, the final latents and the
+    /// termination flags.
+    fn rollout(&self, model: &impl LatentModel, z0: &Tensor, first: i64, rows: i64) -> Rollout {
+        let (e, a) = (self.num_envs, self.action_dim);
+        let mut z = z0.shallow_clone();
+        let mut returns: Option<Tensor> = None;
+        let mut discount = 1.0;
+        let mut terminated: Option<Tensor> = None;
+        for t in 0..self.horizon {
+            let action = self
+                .candidates
+                .select(1, t)
+                .narrow(1, first, rows)
+                .reshape([e * rows, a]);
+            let reward = model.reward(&z, &action);
+            z = model.next(&z, &action);
+            let term = match &terminated {
+                Some(done) => (1.0f64 - done) * discount * reward,
+                None => reward * discount,
+            };
+            returns = Some(match returns {
+                Some(g) => g + term,
+                None => term,
+            });
+            discount *= self.discount;
+            if let Some(now) = model.terminal(&z) {
+                terminated = Some(match terminated {
+                    Some(done) => (done + now).clamp_max(1.0),
+                    None => now,
+                });
+            }
+        }
+        let per_env = |t: Tensor| t.view([e, rows, -1]);
+        Rollout {
+            returns: per_env(returns.expect("the horizon is at least 1")),
+            latents: per_env(z),
+            terminated: terminated.map(per_env),
+        }
+    }
+
+    /// V = Σ_t γ^t r_t + γ^H·Q_avg(z_H, π(z_H)) for every candidate of every environment;
+    /// (E·N, 1), from the latents `z0` (E, Z). The policy trajectories' rollouts are the same in
+    /// every iteration, so `policy_rollout` keeps them after the first. Draws policy noise for
+    /// π(z_H), then the permutation picking the two Q heads (shared by all environments).
+    fn estimate_value(
+        &self,
+        model: &impl LatentModel,
+        z0: &Tensor,
+        policy_rollout: &mut Option<Rollout>,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let (e, n, p) = (self.num_envs, self.num_samples, self.num_pi_trajs);
+        let rollout = match policy_rollout.as_ref() {
+            Some(cached) => cached.concat(&self.rollout(model, z0, p, n - p)),
+            None => {
+                let all = self.rollout(model, z0, 0, n);
+                if p > 0 {
+                    *policy_rollout = Some(all.first_rows(p));
+                }
+                all
+            }
+        };
+        let discount = (0..self.horizon).fold(1.0, |d, _| d * self.discount);
+        let rows = |t: &Tensor| t.reshape([e * n, -1]);
+        let z = rows(&rollout.latents);
+        let eps = noise.randn(&[e * n, self.action_dim], z.device())?;
+        let action = model.policy_action(&z, &eps);
+        let perm = noise.randperm(model.num_q())?;
+        let pair = match perm.as_slice() {
+            [first, second, ..] => (*first, *second),
+            _ => return Err(Error::Replay("Q-head permutation shorter than 2".into())),
+        };
+        let q = model.q_avg(&z, &action, pair)?;
+        let bootstrap = match &rollout.terminated {
+            Some(done) => (1.0f64 - rows(done)) * discount * q,
+            None => q * discount,
+        };
+        Ok(rows(&rollout.returns) + bootstrap)
+    }
+
+    /// Acting without planning (`mpc = false`) for one environment: observation (1, obs_dim),
+    /// action (A). See [`Self::act_with_policy_batch`].
+    pub fn act_with_policy(
+        &mut self,
+        model: &WorldModel,
+        obs: &Tensor,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        expect_shape("policy observation", obs, &[1, model.obs_dim])?;
+        Ok(self
+            .act_with_policy_batch(model, obs, eval_mode, noise)?
+            .get(0))
+    }
+
+    /// Acting without planning (`mpc = false`) for E observations (E, obs_dim): a policy
+    /// sample, or tanh of its mean in eval mode. Returns (E, A).
+    pub fn act_with_policy_batch(
+        &mut self,
+        model: &WorldModel,
+        obs: &Tensor,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        let rows = obs.size().first().copied().unwrap_or(0);
+        expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
+        tch::no_grad(|| {
+            let z = model.encode(obs);
+            let eps = noise.randn(&[rows, self.action_dim], model.device())?;
+            let out = model.pi(&z, &eps);
+            Ok(if eval_mode { out.mean } else { out.action })
+        })
+    }
+}
