@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
 
@@ -207,17 +207,65 @@ async fn supervise(
     restart: usize,
     store: Option<&Arc<heartbeat::JobStore>>,
 ) -> Result<()> {
-    let local = plan.local_ranks();
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
-    let mut children: Vec<Option<Child>> = Vec::with_capacity(local);
+    let alive = spawn_ranks(plan, restart, store.is_some(), &tx)?;
+    let _heartbeat = match store {
+        Some(store) => Some(start_heartbeat(plan, restart, store, &tx)?),
+        None => None,
+    };
+    drop(tx);
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|e| Error::io("watch SIGTERM", e))?;
+    let mut job = Supervision::new(plan, alive);
+    while job.running > 0 {
+        let deadline = job.deadline;
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) => job.on_event(event),
+                None => break,
+            },
+            _ = interrupt.recv() => job.interrupt("interrupted (Ctrl-C)"),
+            _ = terminate.recv() => job.interrupt("terminated (SIGTERM)"),
+            _ = timeout => {
+                eprintln!("[launcher] ranks still running after the grace period; killing them");
+                stop_all(&job.alive, libc::SIGKILL);
+                job.deadline = None;
+            }
+        }
+    }
+    // Drain what is left of the children's output.
+    while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
+        print_line(rank, &text, is_err);
+    }
+    job.outcome()
+}
+
+/// Starts this node's ranks with their rank variables, their output forwarded and their exits
+/// reported on `tx`; returns their pids.
+fn spawn_ranks(
+    plan: &LaunchPlan,
+    restart: usize,
+    agent_store: bool,
+    tx: &mpsc::UnboundedSender<Event>,
+) -> Result<Vec<Option<u32>>> {
+    let local = plan.local_ranks();
     let cpu_slices = cpu_slices(plan)?;
+    let mut children = Vec::with_capacity(local);
     for local_rank in 0..local {
         let rank = plan.global_rank(local_rank);
         let mut child = Command::new(&plan.program)
             .args(&plan.args)
             .envs(rank_env_defaults())
             .env(RESTART_COUNT_ENV, restart.to_string())
-            .envs(store.map(|_| (heartbeat::AGENT_STORE_ENV, "1")))
+            .envs(agent_store.then_some((heartbeat::AGENT_STORE_ENV, "1")))
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", plan.world_size.to_string())
             .env("LOCAL_RANK", local_rank.to_string())
@@ -249,13 +297,11 @@ async fn supervise(
         if let Some(err) = child.stderr.take() {
             forward(err, rank, true, tx.clone());
         }
-        children.push(Some(child));
+        children.push((rank, child));
     }
     // The pids of ranks not yet reaped: only those may be signalled (a reaped pid can be reused).
-    let mut alive: Vec<Option<u32>> = Vec::with_capacity(local);
-    for (local_rank, slot) in children.iter_mut().enumerate() {
-        let rank = plan.global_rank(local_rank);
-        let mut child = slot.take().expect("spawned above");
+    let mut alive = Vec::with_capacity(local);
+    for (rank, mut child) in children {
         let tx = tx.clone();
         alive.push(child.id());
         tokio::spawn(async move {
@@ -263,133 +309,143 @@ async fn supervise(
             let _ = tx.send(Event::Exit { rank, status });
         });
     }
-    let _heartbeat = if let Some(store) = store {
-        let stop = Arc::new(AtomicBool::new(false));
-        let watch = heartbeat::Watch {
-            attempt: restart,
-            peer_timeout: plan.peer_timeout,
-            start_timeout: plan.dist_timeout,
-        };
-        let tx = tx.clone();
-        heartbeat::spawn(store.clone(), watch, stop.clone(), move |lost| {
-            let _ = tx.send(Event::PeerLost(lost));
-        })
-        .map_err(|e| Error::io("start the heartbeat between nodes", e))?;
-        Some(StopOnDrop(stop))
-    } else {
-        None
+    Ok(alive)
+}
+
+/// Beats in the job's store and reports a node gone silent on `tx`, until dropped.
+fn start_heartbeat(
+    plan: &LaunchPlan,
+    restart: usize,
+    store: &Arc<heartbeat::JobStore>,
+    tx: &mpsc::UnboundedSender<Event>,
+) -> Result<StopOnDrop> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let watch = heartbeat::Watch {
+        attempt: restart,
+        peer_timeout: plan.peer_timeout,
+        start_timeout: plan.dist_timeout,
     };
-    drop(tx);
+    let tx = tx.clone();
+    heartbeat::spawn(store.clone(), watch, stop.clone(), move |lost| {
+        let _ = tx.send(Event::PeerLost(lost));
+    })
+    .map_err(|e| Error::io("start the heartbeat between nodes", e))?;
+    Ok(StopOnDrop(stop))
+}
 
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| Error::io("watch SIGTERM", e))?;
-    let mut tails: Vec<VecDeque<String>> = vec![VecDeque::new(); local];
-    let mut running = local;
-    let mut failure: Option<(usize, String)> = None;
-    let mut lost_peer: Option<heartbeat::PeerLost> = None;
-    // A rank that stopped because a stop was asked for (by another node, say): not a failure.
-    let mut stopped: Option<usize> = None;
-    let mut interrupted: Option<&'static str> = None;
-    let mut deadline: Option<tokio::time::Instant> = None;
+/// What the launcher knows of its ranks while they run, and what it decides from it.
+struct Supervision {
+    /// The global rank of local rank 0.
+    first_rank: usize,
+    alive: Vec<Option<u32>>,
+    running: usize,
+    /// Each rank's last error lines.
+    tails: Vec<VecDeque<String>>,
+    failure: Option<(usize, String)>,
+    lost_peer: Option<heartbeat::PeerLost>,
+    /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
+    stopped: Option<usize>,
+    interrupted: Option<&'static str>,
+    /// When the ranks still running get SIGKILL.
+    deadline: Option<tokio::time::Instant>,
+}
 
-    while running > 0 {
-        let timeout = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            event = rx.recv() => match event {
-                Some(Event::Line { rank, text, is_err }) => {
-                    print_line(rank, &text, is_err);
-                    if is_err {
-                        let tail = &mut tails[rank - plan.node_rank * local];
-                        if tail.len() == TAIL_LINES { tail.pop_front(); }
-                        tail.push_back(text);
+impl Supervision {
+    fn new(plan: &LaunchPlan, alive: Vec<Option<u32>>) -> Self {
+        let local = alive.len();
+        Self {
+            first_rank: plan.node_rank * local,
+            running: local,
+            alive,
+            tails: vec![VecDeque::new(); local],
+            failure: None,
+            lost_peer: None,
+            stopped: None,
+            interrupted: None,
+            deadline: None,
+        }
+    }
+
+    fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Line { rank, text, is_err } => {
+                print_line(rank, &text, is_err);
+                if is_err {
+                    let tail = &mut self.tails[rank - self.first_rank];
+                    if tail.len() == TAIL_LINES {
+                        tail.pop_front();
                     }
+                    tail.push_back(text);
                 }
-                Some(Event::Exit { rank, status }) => {
-                    running -= 1;
-                    alive[rank - plan.node_rank * local] = None;
-                    let ok = matches!(&status, Ok(s) if s.success());
-                    let asked_to_stop = matches!(&status, Ok(s) if s.code() == Some(STOPPED_EXIT_CODE));
-                    if asked_to_stop && failure.is_none() {
-                        // The others stop at the same step by agreement; the grace is a bound.
-                        stopped.get_or_insert(rank);
-                        deadline.get_or_insert(tokio::time::Instant::now() + GRACE);
-                    } else if !ok && failure.is_none() && interrupted.is_none() {
-                        failure = Some((rank, describe(&status)));
-                        stop_all(&alive, libc::SIGTERM);
-                        deadline = Some(tokio::time::Instant::now() + GRACE);
-                    }
-                }
-                Some(Event::PeerLost(lost)) => {
-                    if lost_peer.is_none() && interrupted.is_none() {
-                        eprintln!("[launcher] {lost}; stopping this node's ranks");
-                        lost_peer = Some(lost);
-                        stop_all(&alive, libc::SIGTERM);
-                        deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
-                    }
-                }
-                None => break,
-            },
-            _ = interrupt.recv() => {
-                interrupted.get_or_insert("interrupted (Ctrl-C)");
-                stop_all(&alive, libc::SIGTERM);
-                deadline.get_or_insert(tokio::time::Instant::now() + GRACE * 3);
             }
-            _ = terminate.recv() => {
-                interrupted.get_or_insert("terminated (SIGTERM)");
-                stop_all(&alive, libc::SIGTERM);
-                deadline.get_or_insert(tokio::time::Instant::now() + GRACE * 3);
-            }
-            _ = timeout => {
-                eprintln!("[launcher] ranks still running after the grace period; killing them");
-                stop_all(&alive, libc::SIGKILL);
-                deadline = None;
+            Event::Exit { rank, status } => self.on_exit(rank, status),
+            Event::PeerLost(lost) => {
+                if self.lost_peer.is_none() && self.interrupted.is_none() {
+                    eprintln!("[launcher] {lost}; stopping this node's ranks");
+                    self.lost_peer = Some(lost);
+                    stop_all(&self.alive, libc::SIGTERM);
+                    self.deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
+                }
             }
         }
     }
-    // Drain what is left of the children's output.
-    while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
-        print_line(rank, &text, is_err);
+
+    fn on_exit(&mut self, rank: usize, status: std::io::Result<std::process::ExitStatus>) {
+        self.running -= 1;
+        self.alive[rank - self.first_rank] = None;
+        let ok = matches!(&status, Ok(s) if s.success());
+        let asked_to_stop = matches!(&status, Ok(s) if s.code() == Some(STOPPED_EXIT_CODE));
+        if asked_to_stop && self.failure.is_none() {
+            // The others stop at the same step by agreement; the grace is a bound.
+            self.stopped.get_or_insert(rank);
+            self.deadline
+                .get_or_insert(tokio::time::Instant::now() + GRACE);
+        } else if !ok && self.failure.is_none() && self.interrupted.is_none() {
+            self.failure = Some((rank, describe(&status)));
+            stop_all(&self.alive, libc::SIGTERM);
+            self.deadline = Some(tokio::time::Instant::now() + GRACE);
+        }
     }
-    if let Some(lost) = lost_peer {
-        return Err(Error::JobFailed(format!(
-            "{lost}; this node's ranks were stopped"
-        )));
+
+    fn interrupt(&mut self, why: &'static str) {
+        self.interrupted.get_or_insert(why);
+        stop_all(&self.alive, libc::SIGTERM);
+        self.deadline
+            .get_or_insert(tokio::time::Instant::now() + GRACE * 3);
     }
-    if let Some((rank, how)) = failure {
-        let tail = &tails[rank - plan.node_rank * local];
-        let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
-        return Err(Error::JobFailed(format!(
-            "rank {rank} failed ({how}); the other ranks were stopped. Its last error lines:\n{}",
-            if lines.is_empty() {
-                "  (none)".to_owned()
-            } else {
-                lines
-                    .iter()
-                    .map(|l| format!("  {l}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            }
-        )));
+
+    /// Ok only when every rank exited 0; else what went wrong first.
+    fn outcome(self) -> Result<()> {
+        if let Some(lost) = self.lost_peer {
+            return Err(Error::JobFailed(format!(
+                "{lost}; this node's ranks were stopped"
+            )));
+        }
+        if let Some((rank, how)) = &self.failure {
+            let tail = &self.tails[rank - self.first_rank];
+            let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
+            return Err(Error::JobFailed(format!(
+                "rank {rank} failed ({how}); the other ranks were stopped. Its last error lines:\n{}",
+                if lines.is_empty() {
+                    "  (none)".to_owned()
+                } else {
+                    lines.join("\n")
+                }
+            )));
+        }
+        if let Some(why) = self.interrupted {
+            return Err(Error::Stopped(format!("{why}: all ranks stopped")));
+        }
+        if let Some(rank) = self.stopped {
+            let tail = &self.tails[rank - self.first_rank];
+            let why = tail.back().map_or("", String::as_str);
+            let why = why.strip_prefix("error: ").unwrap_or(why);
+            return Err(Error::Stopped(format!(
+                "the job stopped (rank {rank}: {why})"
+            )));
+        }
+        Ok(())
     }
-    if let Some(why) = interrupted {
-        return Err(Error::Stopped(format!("{why}: all ranks stopped")));
-    }
-    if let Some(rank) = stopped {
-        let tail = &tails[rank - plan.node_rank * local];
-        let why = tail.back().map_or("", String::as_str);
-        let why = why.strip_prefix("error: ").unwrap_or(why);
-        return Err(Error::Stopped(format!(
-            "the job stopped (rank {rank}: {why})"
-        )));
-    }
-    Ok(())
 }
 
 fn forward(

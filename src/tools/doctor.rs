@@ -98,37 +98,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
 /// torch imports.
 fn check_python(report: &mut Report) -> bool {
     let site = embedded_python::site_packages();
-    let venv = match std::env::var_os("TDMPC2_SITE_PACKAGES") {
-        Some(_) => None,
-        None => std::env::var("TDMPC2_VENV").ok(),
-    };
-    match venv {
-        Some(venv) if !Path::new(&venv).join("lib").is_dir() || !site.starts_with(&venv) => {
-            report.line(
-                Mark::Fail,
-                "venv",
-                format!(
-                    "TDMPC2_VENV={venv} holds no lib/python3.*/site-packages (the embedded \
-                     interpreter falls back to {}); point TDMPC2_VENV at the venv \
-                     scripts/setup.sh made, or unset it",
-                    site.display()
-                ),
-            );
-        }
-        _ if site.is_dir() => report.line(
-            Mark::Pass,
-            "venv",
-            format!("site-packages {}", site.display()),
-        ),
-        _ => report.line(
-            Mark::Fail,
-            "venv",
-            format!(
-                "site-packages {} does not exist; run scripts/setup.sh, or set TDMPC2_VENV",
-                site.display()
-            ),
-        ),
-    }
+    check_venv(report, &site);
     let probe = embedded_python::with_python(|py| {
         let sys = py.import("sys")?;
         let sysconfig = py.import("sysconfig")?;
@@ -185,6 +155,55 @@ fn check_python(report: &mut Report) -> bool {
             return false;
         }
     };
+    check_torch_build(report, &version, &file, cuda, &loaded);
+    true
+}
+
+/// `TDMPC2_VENV` (unless `TDMPC2_SITE_PACKAGES` overrides it) holds the site-packages the
+/// embedded interpreter uses.
+fn check_venv(report: &mut Report, site: &Path) {
+    let venv = match std::env::var_os("TDMPC2_SITE_PACKAGES") {
+        Some(_) => None,
+        None => std::env::var("TDMPC2_VENV").ok(),
+    };
+    match venv {
+        Some(venv) if !Path::new(&venv).join("lib").is_dir() || !site.starts_with(&venv) => {
+            report.line(
+                Mark::Fail,
+                "venv",
+                format!(
+                    "TDMPC2_VENV={venv} holds no lib/python3.*/site-packages (the embedded \
+                     interpreter falls back to {}); point TDMPC2_VENV at the venv \
+                     scripts/setup.sh made, or unset it",
+                    site.display()
+                ),
+            );
+        }
+        _ if site.is_dir() => report.line(
+            Mark::Pass,
+            "venv",
+            format!("site-packages {}", site.display()),
+        ),
+        _ => report.line(
+            Mark::Fail,
+            "venv",
+            format!(
+                "site-packages {} does not exist; run scripts/setup.sh, or set TDMPC2_VENV",
+                site.display()
+            ),
+        ),
+    }
+}
+
+/// torch's version against the one this binary is built for, and the libtorch this process
+/// loaded against the venv's.
+fn check_torch_build(
+    report: &mut Report,
+    version: &str,
+    file: &str,
+    cuda: Option<String>,
+    loaded: &[PathBuf],
+) {
     let build = cuda.map_or("a CPU-only build".to_string(), |c| {
         format!("CUDA {c} build")
     });
@@ -221,7 +240,6 @@ fn check_python(report: &mut Report) -> bool {
             "not found among the loaded libraries",
         ),
     }
-    true
 }
 
 /// The shared libraries mapped into this process.

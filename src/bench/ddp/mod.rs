@@ -45,9 +45,6 @@ pub struct DdpOptions {
     pub seed: u64,
 }
 
-/// The hidden `bench-worker` subcommand: one rank of a measurement (rank variables from the
-/// environment, as torchrun sets them).
-
 /// Runs every measurement, handing each JSON line to `emit` as soon as it is known; the last
 /// line holds the scaling efficiency of each rank count above 1.
 pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
@@ -318,8 +315,6 @@ fn free_port() -> Result<u16> {
         .port();
     Ok(port)
 }
-
-/// The resolved config of the measurement: official settings, model_size=1, walker-run dims.
 
 #[cfg(test)]
 mod tests {

@@ -24,6 +24,9 @@ const EPISODE_LENGTH: usize = 500;
 const EPISODES: usize = 4;
 /// Collective timeout of the workers' group; the parent stops all ranks as soon as one fails.
 const GROUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The hidden `bench-worker` subcommand: one rank of a measurement (rank variables from the
+/// environment, as torchrun sets them).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
     #[arg(long)]
@@ -38,6 +41,7 @@ pub struct WorkerArgs {
     pub seed: u64,
 }
 
+/// The resolved config of the measurement: official settings, model_size=1, walker-run dims.
 fn worker_config(args: &WorkerArgs) -> Result<Config> {
     let overrides = vec![
         "model_size=1".to_owned(),
