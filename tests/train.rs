@@ -135,10 +135,13 @@ fn the_default_loop_reproduces_the_recorded_run() {
     let mut args = vec!["train"];
     args.extend(TINY);
     args.extend(["steps=600", "eval_freq=400", "num_threads=1"]);
-    // MKL's conditional numerical reproducibility: the same float32 results on any x86 CPU.
+    // The same float32 results on any x86 CPU with AVX2: torch's own kernels, oneDNN's and
+    // MKL's (conditional numerical reproducibility) pinned to one code path each.
     let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(&args)
         .arg(format!("run_dir={}", dir.path().display()))
+        .env("ATEN_CPU_CAPABILITY", "avx2")
+        .env("ONEDNN_MAX_CPU_ISA", "AVX2")
         .env("MKL_CBWR", "COMPATIBLE")
         .output()
         .unwrap();
