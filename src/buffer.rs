@@ -78,6 +78,36 @@ struct Span {
     rows: usize,
 }
 
+/// What a rank's replay buffer is built from, taken once from the resolved config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferSettings {
+    /// Rows kept: min(buffer_size, steps / world_size), as many as the rank can ever fill.
+    pub capacity: usize,
+    pub obs_dim: usize,
+    pub action_dim: usize,
+    /// Sequences per sampled batch (`batch_size`).
+    pub batch_size: usize,
+}
+
+impl BufferSettings {
+    pub fn from_config(config: &crate::config::Config) -> Result<Self> {
+        let unresolved =
+            || Error::Config("the config must be resolved against the task first".into());
+        let local_steps = config.steps / config.world_size.max(1) as u64;
+        Ok(Self {
+            capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
+            obs_dim: config
+                .obs_shape
+                .as_ref()
+                .ok_or_else(unresolved)?
+                .iter()
+                .product(),
+            action_dim: config.action_dim.ok_or_else(unresolved)?,
+            batch_size: config.batch_size,
+        })
+    }
+}
+
 pub struct ReplayBuffer {
     capacity: usize,
     obs_dim: usize,

@@ -50,6 +50,34 @@ impl Backend {
     }
 }
 
+/// How a rank joins the process group, taken once from the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupSettings {
+    /// `dist_backend`: auto, gloo or nccl.
+    pub backend: String,
+    /// How long a collective waits for the other ranks (`dist_timeout`).
+    pub timeout: Duration,
+    /// A real group even with one rank (`dist_force_group`).
+    pub force_group: bool,
+}
+
+impl GroupSettings {
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            backend: config.dist_backend.clone(),
+            timeout: Duration::from_secs(config.dist_timeout),
+            force_group: config.dist_force_group,
+        }
+    }
+
+    /// Forms the group of `rank` on `device`; returns it with the backend it chose.
+    pub fn join(&self, rank: RankInfo, device: Device) -> Result<(ProcessGroup, Backend)> {
+        let backend = Backend::choose(&self.backend, device)?;
+        let group = ProcessGroup::init(rank, backend, device, self.timeout, self.force_group)?;
+        Ok((group, backend))
+    }
+}
+
 pub struct ProcessGroup {
     info: RankInfo,
     /// `torch.distributed`, present when there is a real group.

@@ -5,6 +5,6 @@ pub mod heartbeat;
 pub mod lifeline;
 pub mod rank;
 
-pub use group::{Backend, ProcessGroup};
+pub use group::{Backend, GroupSettings, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};
 pub mod launcher;

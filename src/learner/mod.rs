@@ -15,7 +15,7 @@ use rand_pcg::Pcg64;
 use tch::{Device, Tensor};
 
 use crate::agent::{AgentConfig, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
-use crate::buffer::{Batch, Episode, ReplayBuffer};
+use crate::buffer::{Batch, BufferSettings, Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
@@ -26,32 +26,27 @@ pub struct LearnerSettings {
     pub agent: AgentConfig,
     /// Seeds the initial parameters and the first random streams.
     pub seed: u64,
-    /// Rows of the replay buffer.
-    pub capacity: usize,
-    pub batch_size: usize,
+    pub buffer: BufferSettings,
     pub sync_freq: usize,
     /// Optimiser steps over which the learning rates ramp up from 0.
     pub warmup_steps: u64,
 }
 
 impl LearnerSettings {
-    /// A rank's learner: its buffer keeps min(buffer_size, steps / world_size) rows, as many as
-    /// the rank can ever fill.
     pub fn from_config(config: &Config) -> Result<Self> {
-        let local_steps = config.steps / config.world_size.max(1) as u64;
         Ok(Self {
             agent: AgentConfig::from_config(config)?,
             seed: config.seed,
-            capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
-            batch_size: config.batch_size,
+            buffer: BufferSettings::from_config(config)?,
             sync_freq: config.sync_freq,
             warmup_steps: config.lr_warmup_steps,
         })
     }
 
     /// The same settings with a buffer of `capacity` rows.
-    pub fn with_capacity(self, capacity: usize) -> Self {
-        Self { capacity, ..self }
+    pub fn with_capacity(mut self, capacity: usize) -> Self {
+        self.buffer.capacity = capacity;
+        self
     }
 }
 
@@ -103,8 +98,13 @@ impl<'g> Learner<'g> {
             updater,
             sample_noise: Box::new(sample_noise),
             batch_noise: Box::new(HostNoise::seeded(settings.seed)),
-            buffer: ReplayBuffer::new(settings.capacity, agent.obs_dim, agent.action_dim, device)?,
-            batch_size: settings.batch_size,
+            buffer: ReplayBuffer::new(
+                settings.buffer.capacity,
+                settings.buffer.obs_dim,
+                settings.buffer.action_dim,
+                device,
+            )?,
+            batch_size: settings.buffer.batch_size,
             horizon: agent.horizon,
             sync_freq: settings.sync_freq,
             tau: agent.tau,

@@ -1,25 +1,16 @@
 //! A rank's place before training: its device and threads, then the process group, then its
 //! CPUs (after the group: its communication threads, already started, keep every CPU).
-use std::time::Duration;
-
 use tch::Device;
 
 use crate::config::Config;
-use crate::ddp::{affinity, Backend, ProcessGroup, RankInfo};
+use crate::ddp::{affinity, GroupSettings, ProcessGroup, RankInfo};
 use crate::error::Result;
 
 pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, ProcessGroup)> {
     let device = crate::device::select(&config.device, rank, config.dist_backend == "gloo")?;
     tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
     crate::device::set_tf32(device, config.tf32)?;
-    let backend = Backend::choose(&config.dist_backend, device)?;
-    let group = ProcessGroup::init(
-        rank.clone(),
-        backend,
-        device,
-        Duration::from_secs(config.dist_timeout),
-        config.dist_force_group,
-    )?;
+    let (group, backend) = GroupSettings::from_config(config).join(rank.clone(), device)?;
     let pinned = match config.cpu_affinity {
         true => affinity::apply_from_env()?,
         false => None,
