@@ -109,6 +109,25 @@ pub fn scaled_entropy(
     -squashed_log_prob * entropy_scale
 }
 
+/// The official `termination_statistics`: the share of terminated targets, and the F1 score
+/// of predicting termination where `probability > 0.5`. `probability` and `target` are (B, 1);
+/// both results are device scalars.
+pub fn termination_statistics(probability: &Tensor, target: &Tensor) -> (Tensor, Tensor) {
+    const EPS: f64 = 1e-9;
+    let predicted = probability.squeeze_dim(-1).gt(0.5);
+    let target = target.squeeze_dim(-1);
+    let positive = target.eq(1.0);
+    let count = |mask: &Tensor| mask.sum(Kind::Float);
+    let rate = target.sum(Kind::Float) / target.size()[0] as f64;
+    let true_positives = count(&predicted.logical_and(&positive));
+    let false_negatives = count(&predicted.logical_not().logical_and(&positive));
+    let false_positives = count(&predicted.logical_and(&positive.logical_not()));
+    let recall = &true_positives / (&true_positives + false_negatives + EPS);
+    let precision = &true_positives / (&true_positives + false_positives + EPS);
+    let f1 = (&precision * &recall * 2.0) / (precision + recall + EPS);
+    (rate, f1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +254,19 @@ mod tests {
         let raw = Tensor::from_slice(&[-100.0f32, 0.0, 100.0]);
         let s = squash_log_std(&raw, -10.0, 12.0);
         assert!(close(&s, &Tensor::from_slice(&[-10.0f32, -4.0, 2.0]), 1e-6));
+    }
+
+    /// The official formula, worked by hand: targets 1,1,0,0,1 and predictions
+    /// 0.9,0.2,0.7,0.1,0.6 give tp 2, fn 1, fp 1: rate 0.6, precision = recall = 2/3, F1 2/3.
+    #[test]
+    fn termination_statistics_follow_the_official_formula() {
+        let probability = Tensor::from_slice(&[0.9f32, 0.2, 0.7, 0.1, 0.6]).view([5, 1]);
+        let target = Tensor::from_slice(&[1.0f32, 1.0, 0.0, 0.0, 1.0]).view([5, 1]);
+        let (rate, f1) = termination_statistics(&probability, &target);
+        assert!((rate.double_value(&[]) - 0.6).abs() < 1e-6);
+        assert!((f1.double_value(&[]) - 2.0 / 3.0).abs() < 1e-6);
+        let none = Tensor::zeros([4, 1], (Kind::Float, Device::Cpu));
+        let (rate, f1) = termination_statistics(&none, &none);
+        assert_eq!((rate.double_value(&[]), f1.double_value(&[])), (0.0, 0.0));
     }
 }

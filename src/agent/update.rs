@@ -46,6 +46,9 @@ pub struct WorldModelPass {
     pub reward_loss: Tensor,
     pub value_loss: Tensor,
     pub termination_loss: Tensor,
+    /// Episodic tasks: the official termination statistics of the last step (zero otherwise).
+    pub termination_rate: Tensor,
+    pub termination_f1: Tensor,
     pub total_loss: Tensor,
     /// The rollout ẑ_0..ẑ_H, detached: (H+1, B, latent_dim).
     pub latents: Tensor,
@@ -64,6 +67,8 @@ pub struct PolicyPass {
 pub struct UpdateInfo {
     /// The values in the order of [`UpdateStats::FIELDS`].
     pub values: Tensor,
+    /// Whether the termination statistics are part of them (episodic tasks).
+    pub episodic: bool,
 }
 
 /// The logged statistics of one update, on the host.
@@ -80,10 +85,14 @@ pub struct UpdateStats {
     pub pi_entropy: f64,
     pub pi_scaled_entropy: f64,
     pub pi_scale: f64,
+    /// Episodic tasks only, as the official code logs them.
+    pub termination_rate: Option<f64>,
+    pub termination_f1: Option<f64>,
 }
 
 impl UpdateStats {
-    pub const FIELDS: [&'static str; 11] = [
+    /// The statistics tensor's entries, in order; the last two are logged for episodic tasks.
+    pub const FIELDS: [&'static str; 13] = [
         "consistency_loss",
         "reward_loss",
         "value_loss",
@@ -95,10 +104,12 @@ impl UpdateStats {
         "pi_entropy",
         "pi_scaled_entropy",
         "pi_scale",
+        "termination_rate",
+        "termination_f1",
     ];
 
-    /// `(name, value)` pairs in [`Self::FIELDS`] order.
-    pub fn named(&self) -> [(&'static str, f64); 11] {
+    /// `(name, value)` pairs in [`Self::FIELDS`] order, of the statistics this update has.
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
         let v = [
             self.consistency_loss,
             self.reward_loss,
@@ -112,11 +123,12 @@ impl UpdateStats {
             self.pi_scaled_entropy,
             self.pi_scale,
         ];
-        let mut out = [("", 0.0); 11];
-        for (i, name) in Self::FIELDS.iter().enumerate() {
-            out[i] = (name, v[i]);
-        }
-        out
+        let termination = [self.termination_rate, self.termination_f1];
+        Self::FIELDS
+            .into_iter()
+            .zip(v.into_iter().map(Some).chain(termination))
+            .filter_map(|(name, value)| value.map(|v| (name, v)))
+            .collect()
     }
 }
 
@@ -141,6 +153,8 @@ impl UpdateInfo {
             pi_entropy: v[8],
             pi_scaled_entropy: v[9],
             pi_scale: v[10],
+            termination_rate: self.episodic.then_some(v[11]),
+            termination_f1: self.episodic.then_some(v[12]),
         })
     }
 }
@@ -300,16 +314,24 @@ impl Updater {
             .sum_dim_intlist(0, false, Kind::Float);
         let value_loss = (value_per_step * &rho).sum(Kind::Float) / (h * cfg.num_q as i64) as f64;
 
-        let termination_loss = match model.termination.as_ref() {
-            Some(head) => head
-                .forward(&predicted)
-                .binary_cross_entropy_with_logits::<Tensor>(
+        let zero = || Tensor::zeros([], (Kind::Float, model.device()));
+        let (termination_loss, termination_rate, termination_f1) = match model.termination.as_ref()
+        {
+            Some(head) => {
+                let logits = head.forward(&predicted);
+                let loss = logits.binary_cross_entropy_with_logits::<Tensor>(
                     &batch.terminated,
                     None,
                     None,
                     Reduction::Mean,
-                ),
-            None => Tensor::zeros([], (Kind::Float, model.device())),
+                );
+                let (rate, f1) = super::math::termination_statistics(
+                    &logits.get(h - 1).detach().sigmoid(),
+                    &batch.terminated.get(h - 1),
+                );
+                (loss, rate, f1)
+            }
+            None => (zero(), zero(), zero()),
         };
         let total_loss = &consistency * cfg.consistency_coef
             + &reward_loss * cfg.reward_coef
@@ -327,6 +349,8 @@ impl Updater {
             reward_loss: reward_loss.detach(),
             value_loss: value_loss.detach(),
             termination_loss: termination_loss.detach(),
+            termination_rate,
+            termination_f1,
             total_loss: total_loss.detach(),
             latents: zs.detach(),
         })
@@ -454,9 +478,12 @@ impl Updater {
             pi.entropy.shallow_clone(),
             pi.scaled_entropy.shallow_clone(),
             self.scale.value().view([]),
+            wm.termination_rate.shallow_clone(),
+            wm.termination_f1.shallow_clone(),
         ];
         UpdateInfo {
             values: Tensor::stack(&scalars, 0).to_kind(Kind::Float),
+            episodic: self.config.episodic,
         }
     }
 }
@@ -571,5 +598,39 @@ mod tests {
         assert!(learner
             .update(&mut model, &bad, &mut sample, &mut perms)
             .is_err());
+    }
+
+    /// Episodic tasks log the official termination statistics of the last step; others do not.
+    #[test]
+    fn episodic_updates_report_termination_statistics() {
+        tch::manual_seed(2);
+        let stats_for = |episodic: bool| {
+            let config = AgentConfig {
+                episodic,
+                ..small_config()
+            };
+            let mut model = WorldModel::new(&config, Device::Cpu).unwrap();
+            let mut learner = Updater::new(&config, &model).unwrap();
+            let mut batch = random_batch(8);
+            // Two of the eight sequences end at the last step.
+            let _ = batch.terminated.get(2).narrow(0, 0, 2).fill_(1.0);
+            let mut sample = TorchNoise::seeded(2);
+            let mut perms = crate::agent::noise::HostNoise::seeded(2);
+            learner
+                .update(&mut model, &batch, &mut sample, &mut perms)
+                .unwrap()
+                .fetch()
+                .unwrap()
+        };
+        let episodic = stats_for(true);
+        assert_eq!(episodic.termination_rate, Some(0.25));
+        let f1 = episodic.termination_f1.unwrap();
+        assert!((0.0..=1.0).contains(&f1), "{f1}");
+        let names: Vec<&str> = episodic.named().iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, UpdateStats::FIELDS);
+        assert!(episodic.termination_loss > 0.0);
+        let plain = stats_for(false);
+        assert_eq!((plain.termination_rate, plain.termination_f1), (None, None));
+        assert_eq!(plain.named().len(), UpdateStats::FIELDS.len() - 2);
     }
 }

@@ -65,6 +65,8 @@ mod tests {
             pi_entropy: 1.0,
             pi_scaled_entropy: 1.0,
             pi_scale: 1.0,
+            termination_rate: None,
+            termination_f1: None,
         }
     }
 

@@ -296,6 +296,8 @@ fn mean_passes(passes: &[crate::agent::WorldModelPass]) -> crate::agent::WorldMo
         reward_loss: mean_of(passes.iter().map(|p| &p.reward_loss).collect()),
         value_loss: mean_of(passes.iter().map(|p| &p.value_loss).collect()),
         termination_loss: mean_of(passes.iter().map(|p| &p.termination_loss).collect()),
+        termination_rate: mean_of(passes.iter().map(|p| &p.termination_rate).collect()),
+        termination_f1: mean_of(passes.iter().map(|p| &p.termination_f1).collect()),
         total_loss: mean_of(passes.iter().map(|p| &p.total_loss).collect()),
         latents: passes[0].latents.shallow_clone(),
     }
