@@ -5,7 +5,8 @@ Used by scripts/compare_official.sh; two subcommands:
   time OFFICIAL_CHECKOUT --model-sizes 1,5 --threads 2 --repeats 10 --round R
       builds the official agent (walker-run dimensions, the official config.yaml and model-size
       presets, compile=false) and prints one JSON line per model size in the form of
-      `tdmpc2 bench --cases agent`, with "impl": "official".
+      `tdmpc2 bench --cases agent`, with "impl": "official"; the operators of one plan and one
+      update are counted by scripts/op_count.py, the rule our bench applies to ours.
   summary FILE
       reads the JSON lines of all rounds (ours and official) and prints the side-by-side table.
 
@@ -28,6 +29,8 @@ import statistics
 import sys
 import time
 import types
+
+import op_count  # beside this file
 
 # Walker-run as the official DMC wrapper gives it (500 steps after action repeat 2), as in
 # `tdmpc2 bench --tasks walker-run`.
@@ -169,6 +172,8 @@ def time_official(args):
             agent.act(obs, t0=t0)
 
         plan_times = time_ms(args.repeats, plan)
+        plan_ops = op_count.count(plan)
+        update_ops = op_count.count(lambda: agent.update(buffer))
         line = {
             "case": "agent",
             "impl": "official",
@@ -187,6 +192,8 @@ def time_official(args):
             "update_ms": statistics.median(update_times),
             "plan_ms_min": min(plan_times),
             "update_ms_min": min(update_times),
+            "plan_ops": dict(zip(("ops", "top_level", "host_syncs"), plan_ops)),
+            "update_ops": dict(zip(("ops", "top_level", "host_syncs"), update_ops)),
             "device": "Cpu",
             "threads": torch.get_num_threads(),
             "batch_size": b,
@@ -268,6 +275,30 @@ def summary(args):
                     "ratio_min": b_min / a_min,
                 }
             )
+    ops_rows = []
+    for size in sizes:
+        ours, theirs = by.get(("ours", size), []), by.get(("official", size), [])
+        for call in ("plan", "update"):
+            a = next((l[f"{call}_ops"] for l in ours if f"{call}_ops" in l), None)
+            b = next((l[f"{call}_ops"] for l in theirs if f"{call}_ops" in l), None)
+            if a and b:
+                ops_rows.append((size, call, a, b))
+    if ops_rows:
+        print()
+        print("operators per call (torch's profiler, scripts/op_count.py): all, top-level and"
+              " host syncs; ratio = ours / official")
+        header = f"{'size':>4}  {'call':<6}  {'ours':>18}  {'official':>18}  {'ratio':>13}"
+        print(header)
+        print("-" * len(header))
+        for size, call, a, b in ops_rows:
+            print(
+                f"{size:>4}  {call:<6}  {a['ops']:>6} {a['top_level']:>6} {a['host_syncs']:>4}  "
+                f"{b['ops']:>6} {b['top_level']:>6} {b['host_syncs']:>4}  "
+                f"{a['ops'] / b['ops']:>6.2f} {a['top_level'] / b['top_level']:>6.2f}"
+            )
+            rows.append({"case": "compare_ops", "model_size": size, "call": call,
+                         "ours": a, "official": b, "ratio": a["ops"] / b["ops"],
+                         "ratio_top_level": a["top_level"] / b["top_level"]})
     loads = [x for l in lines for x in (l.get("load_average") or []) if x is not None]
     if loads:
         print(f"1-minute load average during the runs: {min(loads):.2f}–{max(loads):.2f}")

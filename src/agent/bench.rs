@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
 use super::noise::{HostNoise, TorchNoise};
+use super::op_count::{count_ops, OpCount};
 use super::planner::Planner;
 use super::update::Updater;
 use super::world_model::WorldModel;
@@ -72,6 +73,10 @@ pub struct BenchCase {
     pub update_fraction: f64,
     /// One plan for several environments at once.
     pub batched_plans: Vec<BatchedPlanTime>,
+    /// Operators one plan (warm-started) and one update dispatch, counted by the rule that
+    /// scripts/compare_official.py applies to the official code.
+    pub plan_ops: OpCount,
+    pub update_ops: OpCount,
 }
 
 /// Timing of one batched plan call.
@@ -296,6 +301,9 @@ fn bench_case(
             .plan(&model, &obs, t0, false, &mut sample_noise)
             .map(|_| ())
     })?;
+    let (_, plan_ops) = count_ops(|| planner.plan(&model, &obs, false, false, &mut sample_noise))?;
+    let (_, update_ops) =
+        count_ops(|| learner.update(&mut model, &batch, &mut sample_noise, &mut batch_noise))?;
     let min = |times: &[f64]| times.iter().copied().fold(f64::INFINITY, f64::min);
     let mut batched_plans = Vec::new();
     for &envs in &options.plan_envs {
@@ -341,6 +349,8 @@ fn bench_case(
         plan_fraction: plan_gflops / matmul,
         update_fraction: update_gflops / matmul,
         batched_plans,
+        plan_ops,
+        update_ops,
     })
 }
 

@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod layers;
 pub mod math;
 pub mod noise;
+pub mod op_count;
 pub mod params;
 pub mod planner;
 #[cfg(test)]
@@ -50,6 +51,14 @@ pub enum Error {
     Replay(String),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
+    #[error("embedded Python: {0}")]
+    Python(String),
+}
+
+impl From<embedded_python::Error> for Error {
+    fn from(e: embedded_python::Error) -> Self {
+        Self::Python(e.to_string())
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

@@ -611,7 +611,7 @@ mod tests {
             };
             let mut model = WorldModel::new(&config, Device::Cpu).unwrap();
             let mut learner = Updater::new(&config, &model).unwrap();
-            let mut batch = random_batch(8);
+            let batch = random_batch(8);
             // Two of the eight sequences end at the last step.
             let _ = batch.terminated.get(2).narrow(0, 0, 2).fill_(1.0);
             let mut sample = TorchNoise::seeded(2);

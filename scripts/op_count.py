@@ -1,0 +1,51 @@
+"""Counts the torch operators a call dispatches: the one rule by which `tdmpc2 bench --cases
+agent` counts ours (the binary embeds this file and runs it in its interpreter, which shares
+the process's libtorch) and scripts/compare_official.py counts the official code's.
+
+Every `aten::` event torch's profiler records is an operator; `top_level` leaves out those
+called inside another operator (aten::addmm inside aten::linear, say); `host_syncs` counts the
+operators that must wait for the device to hand a value to the host (a scalar read, or a
+nonzero whose size depends on the data): a CUDA graph cannot hold them."""
+
+import os
+
+# libkineto, which starts with the first profile, logs its CPU-only start-up as errors.
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")
+
+import torch  # noqa: E402
+
+
+def start():
+    profile = torch.autograd.profiler.profile(record_shapes=False)
+    profile.__enter__()
+    return profile
+
+
+def _inside_an_operator(event):
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+HOST_SYNCS = ("aten::_local_scalar_dense", "aten::nonzero")
+
+
+def stop(profile):
+    """(operators, top-level operators, host syncs) recorded since `start`."""
+    profile.__exit__(None, None, None)
+    ops = [e for e in profile.function_events if e.name.startswith("aten::")]
+    top_level = sum(1 for e in ops if not _inside_an_operator(e))
+    return len(ops), top_level, sum(1 for e in ops if e.name in HOST_SYNCS)
+
+
+def count(call):
+    """(operators, top-level operators, host syncs) of one `call()`."""
+    profile = start()
+    try:
+        call()
+    finally:
+        counts = stop(profile)
+    return counts

@@ -1,0 +1,127 @@
+//! Counting the operators a call dispatches to torch, by the rule of `scripts/op_count.py`
+//! (compiled in), which `scripts/compare_official.py` applies to the official code: torch's
+//! profiler, reached through the embedded interpreter that shares this process's libtorch.
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::{Error, Result};
+
+const RULE: &str = include_str!("../../scripts/op_count.py");
+
+/// Operators one call dispatched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpCount {
+    /// Every operator, nested ones included.
+    pub ops: u64,
+    /// Operators not called from inside another operator.
+    pub top_level: u64,
+    /// Operators that wait for the device to hand a value to the host (a scalar read, a
+    /// data-dependent size): none may be inside a CUDA graph.
+    pub host_syncs: u64,
+}
+
+/// One profile at a time: torch's profiler session is the process's (its callbacks see only
+/// the thread that started it).
+static PROFILER: Mutex<()> = Mutex::new(());
+
+/// Runs `call` once under torch's profiler; its result and the operators it dispatched on
+/// this thread.
+pub fn count_ops<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, OpCount)> {
+    let _one_at_a_time = PROFILER
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let failed = |e: PyErr| Error::Python(format!("op counting: {e}"));
+    let (rule, profile) = embedded_python::attach_exclusive(|py| {
+        let rule = embedded_python::load_module(py, RULE, "tdmpc2_op_count").map_err(failed)?;
+        let profile = rule.call_method0("start").map_err(failed)?;
+        Ok::<_, Error>((rule.unbind(), profile.unbind()))
+    })?;
+    let result = call();
+    let (ops, top_level, host_syncs): (u64, u64, u64) = embedded_python::attach(|py| {
+        rule.bind(py)
+            .call_method1("stop", (profile.bind(py),))
+            .and_then(|counts| counts.extract())
+            .map_err(failed)
+    })?;
+    Ok((
+        result?,
+        OpCount {
+            ops,
+            top_level,
+            host_syncs,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Kind, Tensor};
+
+    /// The same call counts the same; a call with more operators counts more.
+    #[test]
+    fn calls_are_counted_by_their_operators() {
+        let x = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
+        let one = || Ok((&x + 1.0).sum(Kind::Float));
+        let two = || Ok(((&x + 1.0) * 2.0).sum(Kind::Float).exp());
+        let (_, a) = count_ops(one).unwrap();
+        let (_, b) = count_ops(one).unwrap();
+        let (_, c) = count_ops(two).unwrap();
+        assert_eq!(a, b);
+        assert!(a.top_level >= 2 && a.ops >= a.top_level, "{a:?}");
+        assert_eq!(c.top_level, a.top_level + 2, "{a:?} {c:?}");
+        assert_eq!(c.host_syncs, 0);
+        let (_, read) = count_ops(|| Ok((&x + 1.0).sum(Kind::Float).double_value(&[]))).unwrap();
+        assert_eq!(read.host_syncs, 1, "{read:?}");
+    }
+
+    /// Plans and updates never wait for the device to hand the host a value: what a CUDA graph
+    /// needs, and what keeps them from stalling the GPU without one. The only host reads of a
+    /// training step are the action fetch and the statistics, both outside these calls.
+    #[test]
+    fn plans_and_updates_make_no_host_syncs() {
+        use crate::agent::noise::{HostNoise, TorchNoise};
+        use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
+        use crate::buffer::Batch;
+        for episodic in [false, true] {
+            let config = AgentConfig {
+                episodic,
+                enc_dim: 16,
+                mlp_dim: 16,
+                latent_dim: 8,
+                num_samples: 64,
+                num_elites: 8,
+                num_pi_trajs: 4,
+                ..AgentConfig::defaults(Some(1), 5, 2).unwrap()
+            };
+            let device = tch::Device::Cpu;
+            let o = (Kind::Float, device);
+            let mut model = WorldModel::new(&config, device).unwrap();
+            let mut updater = Updater::new(&config, &model).unwrap();
+            let mut planner = Planner::new(&config, device, 3).unwrap();
+            let (mut sample, mut batch_noise) = (TorchNoise::seeded(3), HostNoise::seeded(3));
+            let obs = Tensor::randn([3, 5], o);
+            let (_, plan) = count_ops(|| {
+                planner.plan_batch(&model, &obs, &[true, false, true], false, &mut sample)
+            })
+            .unwrap();
+            let batch = Batch {
+                obs: Tensor::randn([4, 16, 5], o),
+                action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
+                reward: Tensor::randn([3, 16, 1], o),
+                terminated: Tensor::zeros([3, 16, 1], o),
+            };
+            let (_, update) =
+                count_ops(|| updater.update(&mut model, &batch, &mut sample, &mut batch_noise))
+                    .unwrap();
+            assert!(plan.ops > 0 && update.ops > 0);
+            assert_eq!(
+                (plan.host_syncs, update.host_syncs),
+                (0, 0),
+                "episodic={episodic}: plan {plan:?}, update {update:?}"
+            );
+        }
+    }
+}
