@@ -101,6 +101,8 @@ void tdmpc2_cuda_graph_delete(Tdmpc2CudaGraph* graph) {
       c10::cuda::setCurrentCUDAStream(*graph->saved);
     }
     c10::cuda::CUDAGuard guard(graph->device);
+    // A replay still running holds the graph's memory: wait for it before freeing.
+    c10::cuda::device_synchronize();
     delete graph;
   });
   std::free(error);
@@ -137,7 +139,9 @@ char* tdmpc2_cuda_graph_capture_begin(
     TORCH_CHECK(graph->saved, "capture_begin needs the side stream to be current");
     c10::cuda::CUDAGuard guard(graph->device);
     c10::cuda::device_synchronize();
-    graph->graph.capture_begin({pool_first, pool_second});
+    // Thread-local: another thread (a pipelined actor) that synchronises meanwhile does not
+    // invalidate this capture, and its own work is not captured.
+    graph->graph.capture_begin({pool_first, pool_second}, cudaStreamCaptureModeThreadLocal);
   });
 }
 

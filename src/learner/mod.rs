@@ -70,7 +70,10 @@ pub struct Learner<'g> {
     comm: CommTimes,
 }
 
-/// Seconds spent inside the update's collectives since the learner was made (for benchmarks).
+/// Seconds spent inside the update's collectives since the learner was made (for benchmarks),
+/// as the host sees them: on the CPU (gloo) the collectives themselves; on CUDA with NCCL the
+/// time to enqueue them and to wait for what they depend on, not the transfer, which runs on
+/// NCCL's stream after the call returns.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CommTimes {
     /// The two all-reduces of the flat gradient buffers.
