@@ -11,15 +11,19 @@ const MAX_RESTARTS: u64 = 100;
 const EXP_LIMIT: f64 = 80.0;
 
 impl Config {
-    /// Range checks that need no environment. Each error names the key and what is allowed.
+    /// Range checks that need no environment. Each error names the key and what is allowed;
+    /// with several mistakes, the first in this order is reported.
     pub fn validate(&self) -> Result<()> {
         self.validate_floats()?;
         self.validate_sizes()?;
         self.validate_unsupported()?;
         self.validate_planning()?;
-        self.validate_model()?;
+        self.validate_architecture()?;
         self.validate_learning()?;
-        self.validate_distributed()?;
+        self.validate_supports()?;
+        self.validate_rendezvous()?;
+        self.validate_modes()?;
+        self.validate_collectives()?;
         self.validate_run()
     }
 
@@ -55,8 +59,8 @@ impl Config {
         Ok(())
     }
 
-    /// The architecture, the value support and the policy's log-std bounds.
-    fn validate_model(&self) -> Result<()> {
+    /// The model size, the Q ensemble and dropout.
+    fn validate_architecture(&self) -> Result<()> {
         if let Some(size) = self.model_size {
             if preset(size).is_none() {
                 return Err(Error::Config(format!(
@@ -78,44 +82,6 @@ impl Config {
                 short(self.dropout),
                 "must satisfy 0 <= dropout < 1",
             ));
-        }
-        for (key, value) in [
-            ("vmin", self.vmin),
-            ("vmax", self.vmax),
-            ("log_std_min", self.log_std_min),
-            ("log_std_max", self.log_std_max),
-        ] {
-            if value.abs() > EXP_LIMIT {
-                return Err(range(
-                    key,
-                    short(value),
-                    &format!(
-                        "must be within [-{EXP_LIMIT}, {EXP_LIMIT}] (its exponential must be a \
-                         finite 32-bit float)"
-                    ),
-                ));
-            }
-        }
-        if self.num_bins < 2 || self.vmin >= self.vmax {
-            return Err(Error::Config(format!(
-                "num_bins={} vmin={} vmax={}: need num_bins >= 2 and vmin < vmax",
-                self.num_bins,
-                short(self.vmin),
-                short(self.vmax)
-            )));
-        }
-        if self.log_std_min >= self.log_std_max {
-            return Err(range(
-                "log_std_min",
-                short(self.log_std_min),
-                &format!("must be < log_std_max ({})", short(self.log_std_max)),
-            ));
-        }
-        if self.simnorm_dim > 0 && !self.latent_dim.is_multiple_of(self.simnorm_dim) {
-            return Err(Error::Config(format!(
-                "latent_dim={} must be a multiple of simnorm_dim={}",
-                self.latent_dim, self.simnorm_dim
-            )));
         }
         Ok(())
     }
@@ -184,8 +150,45 @@ impl Config {
         Ok(())
     }
 
-    /// Nodes, ranks, the rendezvous address, devices, backends and launchers.
-    fn validate_distributed(&self) -> Result<()> {
+    /// The value support and the policy's log-std bounds.
+    fn validate_supports(&self) -> Result<()> {
+        for (key, value) in [
+            ("vmin", self.vmin),
+            ("vmax", self.vmax),
+            ("log_std_min", self.log_std_min),
+            ("log_std_max", self.log_std_max),
+        ] {
+            if value.abs() > EXP_LIMIT {
+                return Err(range(
+                    key,
+                    short(value),
+                    &format!(
+                        "must be within [-{EXP_LIMIT}, {EXP_LIMIT}] (its exponential must be a \
+                         finite 32-bit float)"
+                    ),
+                ));
+            }
+        }
+        if self.num_bins < 2 || self.vmin >= self.vmax {
+            return Err(Error::Config(format!(
+                "num_bins={} vmin={} vmax={}: need num_bins >= 2 and vmin < vmax",
+                self.num_bins,
+                short(self.vmin),
+                short(self.vmax)
+            )));
+        }
+        if self.log_std_min >= self.log_std_max {
+            return Err(range(
+                "log_std_min",
+                short(self.log_std_min),
+                &format!("must be < log_std_max ({})", short(self.log_std_max)),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Nodes, ranks, the rendezvous address and the device.
+    fn validate_rendezvous(&self) -> Result<()> {
         if self.node_rank >= self.nnodes {
             return Err(range(
                 "node_rank",
@@ -216,6 +219,29 @@ impl Config {
                 DEVICES.join(", ")
             )));
         }
+        Ok(())
+    }
+
+    /// The observation mode and the learning-rate scaling rule.
+    fn validate_modes(&self) -> Result<()> {
+        if self.obs != "state" {
+            return Err(Error::Config(format!(
+                "obs={} is not supported yet; allowed: state",
+                self.obs
+            )));
+        }
+        if !LR_SCALES.contains(&self.lr_scale.as_str()) {
+            return Err(Error::Config(format!(
+                "lr_scale={} is not a scaling rule; allowed: {}",
+                self.lr_scale,
+                LR_SCALES.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Backends, launchers and the peer timeout.
+    fn validate_collectives(&self) -> Result<()> {
         if !DIST_BACKENDS.contains(&self.dist_backend.as_str()) {
             return Err(Error::Config(format!(
                 "dist_backend={} is not a backend; allowed: {}",
@@ -249,21 +275,8 @@ impl Config {
         Ok(())
     }
 
-    /// Observation mode, learning-rate scaling, resume, threads and environments.
+    /// Resume, threads, environments per update and the SimNorm groups.
     fn validate_run(&self) -> Result<()> {
-        if self.obs != "state" {
-            return Err(Error::Config(format!(
-                "obs={} is not supported yet; allowed: state",
-                self.obs
-            )));
-        }
-        if !LR_SCALES.contains(&self.lr_scale.as_str()) {
-            return Err(Error::Config(format!(
-                "lr_scale={} is not a scaling rule; allowed: {}",
-                self.lr_scale,
-                LR_SCALES.join(", ")
-            )));
-        }
         if let Some(resume) = &self.resume {
             if resume.is_empty() {
                 return Err(Error::Config(
@@ -283,6 +296,12 @@ impl Config {
                 "steps_per_update={} must divide num_envs={}: each vector step of num_envs \
                  environments makes num_envs / steps_per_update updates",
                 self.steps_per_update, self.num_envs
+            )));
+        }
+        if self.simnorm_dim > 0 && !self.latent_dim.is_multiple_of(self.simnorm_dim) {
+            return Err(Error::Config(format!(
+                "latent_dim={} must be a multiple of simnorm_dim={}",
+                self.latent_dim, self.simnorm_dim
             )));
         }
         Ok(())

@@ -31,13 +31,18 @@ pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
     };
     let launcher = parse_pid(&value.to_string_lossy())?;
     // A second binding keeps the first callback: one process has one launcher.
-    let _ = ON_ORPHANED.set(on_orphaned);
+    if ON_ORPHANED.set(on_orphaned).is_err() {
+        return Err(Error::Other(
+            "this rank is already bound to its launcher".into(),
+        ));
+    }
     let null = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/null")
         .map_err(|e| Error::io("open /dev/null", e))?;
     NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
-    // SAFETY: the handler only calls dup2 and stores to atomics, which are async-signal-safe.
+    // SAFETY: the handler calls dup2, loads an atomic (ON_ORPHANED, set above) and calls
+    // `on_orphaned`, which this function's contract requires to be async-signal-safe.
     unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
     // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
     let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGHUP as libc::c_ulong) };

@@ -164,7 +164,7 @@ impl Planner {
         }
         let action = self.choose_action(&score, &elite_actions, &std, eval_mode, noise)?;
         self.prev_mean.copy_(&mean);
-        Ok(action)
+        Ok(action.clamp(-1.0, 1.0))
     }
 
     /// The policy's trajectories, candidates 0..P of every environment, fixed for all
@@ -264,7 +264,7 @@ impl Planner {
     }
 
     /// One elite per environment, drawn with the Gumbel-max trick on log-weights; its first
-    /// action, with exploration noise unless `eval_mode`, clamped to [−1, 1].
+    /// action, with exploration noise unless `eval_mode` (not yet clamped).
     fn choose_action(
         &self,
         score: &Tensor,
@@ -285,7 +285,7 @@ impl Planner {
         if !eval_mode {
             action += std.select(1, 0) * noise.randn(&[e * a], device)?.view([e, a]);
         }
-        Ok(action.clamp(-1.0, 1.0))
+        Ok(action)
     }
 
     /// Rolls out candidates `first..first + rows` of every environment from its latent in `z0`
