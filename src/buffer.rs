@@ -91,18 +91,11 @@ pub struct BufferSettings {
 
 impl BufferSettings {
     pub fn from_config(config: &crate::config::Config) -> Result<Self> {
-        let unresolved =
-            || Error::Config("the config must be resolved against the task first".into());
         let local_steps = config.steps / config.world_size.max(1) as u64;
         Ok(Self {
             capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
-            obs_dim: config
-                .obs_shape
-                .as_ref()
-                .ok_or_else(unresolved)?
-                .iter()
-                .product(),
-            action_dim: config.action_dim.ok_or_else(unresolved)?,
+            obs_dim: config.resolved_obs_dim()?,
+            action_dim: config.resolved_action_dim()?,
             batch_size: config.batch_size,
         })
     }

@@ -64,13 +64,9 @@ impl AgentConfig {
 
     /// The agent's settings of a run; the config must be resolved against the task.
     pub fn from_config(config: &crate::config::Config) -> crate::error::Result<Self> {
-        let unresolved = || {
-            crate::error::Error::Config("the config must be resolved against the task first".into())
-        };
-        let obs_shape = config.obs_shape.as_ref().ok_or_else(unresolved)?;
         Ok(AgentConfig {
-            obs_dim: obs_shape.iter().product(),
-            action_dim: config.action_dim.ok_or_else(unresolved)?,
+            obs_dim: config.resolved_obs_dim()?,
+            action_dim: config.resolved_action_dim()?,
             latent_dim: config.latent_dim,
             enc_dim: config.enc_dim,
             mlp_dim: config.mlp_dim,
@@ -86,7 +82,7 @@ impl AgentConfig {
             episodic: config.episodic,
             horizon: config.horizon,
             rho: config.rho,
-            discount: config.discount.ok_or_else(unresolved)?,
+            discount: config.resolved_discount()?,
             lr: config.lr * config.lr_multiplier(),
             enc_lr_scale: config.enc_lr_scale,
             grad_clip_norm: config.grad_clip_norm,

@@ -7,7 +7,7 @@ use super::defaults::preset;
 use super::resources::Machine;
 use super::validate::range;
 use super::Config;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 impl Config {
     /// Applies the model-size preset and computes the fields the official parse step derives
@@ -113,4 +113,26 @@ impl Config {
                 .join(self.seed.to_string()),
         }
     }
+
+    /// The flattened observation size; needs a resolved config.
+    pub fn resolved_obs_dim(&self) -> Result<usize> {
+        resolved(self.obs_shape.as_ref().map(|s| s.iter().product()))
+    }
+
+    pub fn resolved_action_dim(&self) -> Result<usize> {
+        resolved(self.action_dim)
+    }
+
+    pub fn resolved_discount(&self) -> Result<f64> {
+        resolved(self.discount)
+    }
+
+    pub fn resolved_seed_steps(&self) -> Result<u64> {
+        resolved(self.seed_steps)
+    }
+}
+
+/// A derived field, or the error every reader of an unresolved config gets.
+fn resolved<T>(value: Option<T>) -> Result<T> {
+    value.ok_or_else(|| Error::Config("the config must be resolved against the task first".into()))
 }

@@ -6,32 +6,30 @@
 pub(super) struct Schedule {
     eval_freq: u64,
     save_freq: u64,
-    world_size: u64,
+    /// The global step of the last `advance`.
     previous_step: u64,
     eval_due: bool,
     save_due: bool,
 }
 
 impl Schedule {
-    /// From local step `start`: a fresh run evaluates first; a resumed one already evaluated
+    /// From global step `start`: a fresh run evaluates first; a resumed one already evaluated
     /// and saved at its first step, before the checkpoint.
-    pub(super) fn new(eval_freq: u64, save_freq: u64, world_size: u64, start: u64) -> Self {
+    pub(super) fn new(eval_freq: u64, save_freq: u64, start: u64) -> Self {
         Self {
             eval_freq,
             save_freq,
-            world_size,
             previous_step: start,
             eval_due: start == 0,
             save_due: false,
         }
     }
 
-    /// Notes the multiples crossed since the last call.
+    /// Notes the multiples crossed since the last call (global steps).
     pub(super) fn advance(&mut self, step: u64) {
         if step > self.previous_step {
-            let (before, now) = (self.previous_step * self.world_size, step * self.world_size);
-            self.eval_due |= crossed(self.eval_freq, before, now);
-            self.save_due |= crossed(self.save_freq, before, now);
+            self.eval_due |= crossed(self.eval_freq, self.previous_step, step);
+            self.save_due |= crossed(self.save_freq, self.previous_step, step);
         }
         self.previous_step = step;
     }
@@ -69,17 +67,17 @@ mod tests {
 
     #[test]
     fn points_fall_due_at_the_first_step_past_each_multiple() {
-        let mut s = Schedule::new(100, 250, 2, 0);
+        let mut s = Schedule::new(100, 250, 0);
         assert!(s.eval_due() && !s.save_due(), "a fresh run evaluates first");
         s.evaluated();
-        s.advance(49);
+        s.advance(98);
         assert!(!s.any_due());
-        s.advance(51);
+        s.advance(102);
         assert!(s.eval_due() && !s.save_due());
         s.evaluated();
-        s.advance(130);
+        s.advance(260);
         assert!(s.eval_due() && s.save_due(), "260 crossed 200 and 250");
-        let resumed = Schedule::new(100, 250, 2, 130);
+        let resumed = Schedule::new(100, 250, 260);
         assert!(!resumed.any_due());
     }
 }

@@ -31,9 +31,7 @@ struct LoopSettings {
 
 impl LoopSettings {
     fn from_config(config: &Config, world_size: u64) -> Result<Self> {
-        let seed_steps = config.seed_steps.ok_or_else(|| {
-            Error::Config("the config must be resolved against the task first".into())
-        })?;
+        let seed_steps = config.resolved_seed_steps()?;
         let steps_per_update = config.steps_per_update as u64;
         Ok(Self {
             world_size,
@@ -105,7 +103,7 @@ impl<'g> Training<'g> {
         };
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
-            schedule: Schedule::new(config.eval_freq, config.save_freq, world_size, state.step),
+            schedule: Schedule::new(config.eval_freq, config.save_freq, state.step * world_size),
             clock: Clock::new(state.elapsed),
             checkpoints,
             group,
@@ -135,7 +133,7 @@ impl<'g> Training<'g> {
         if self.state.step > self.settings.seed_steps {
             self.clock.steady_from(self.state.step);
         }
-        self.schedule.advance(self.state.step);
+        self.schedule.advance(self.global_step());
         self.schedule.any_due() && self.actor.all_done()
     }
 
