@@ -5,7 +5,9 @@ the process's libtorch) and scripts/compare_official.py counts the official code
 Every `aten::` event torch's profiler records is an operator; `top_level` leaves out those
 called inside another operator (aten::addmm inside aten::linear, say); `host_syncs` counts the
 operators that must wait for the device to hand a value to the host (a scalar read, or a
-nonzero whose size depends on the data): a CUDA graph cannot hold them."""
+nonzero whose size depends on the data): a CUDA graph cannot hold them.
+
+With TDMPC2_OP_DETAIL set, each count also prints its top-level operators by name to stderr."""
 
 import os
 
@@ -38,6 +40,25 @@ def stop(profile):
     profile.__exit__(None, None, None)
     ops = [e for e in profile.function_events if e.name.startswith("aten::")]
     top_level = sum(1 for e in ops if not _inside_an_operator(e))
+    if os.environ.get("TDMPC2_OP_DETAIL"):
+        import collections
+        import sys
+
+        every = collections.Counter(e.name for e in ops)
+        top = collections.Counter(e.name for e in ops if not _inside_an_operator(e))
+        print(f"operators ({len(ops)} in all, {top_level} top-level):", file=sys.stderr)
+        for name, n in every.most_common():
+            print(f"  {n:6d} {top[name]:6d} {name}", file=sys.stderr)
+        def root(e):
+            r = e
+            while e.cpu_parent is not None:
+                e = e.cpu_parent
+                if e.name.startswith("aten::"):
+                    r = e
+            return r.name
+        inside = collections.Counter((root(e), e.name) for e in ops if _inside_an_operator(e))
+        for (r, name), n in inside.most_common(40):
+            print(f"  {n:6d} {r} > {name}", file=sys.stderr)
     return len(ops), top_level, sum(1 for e in ops if e.name in HOST_SYNCS)
 
 

@@ -211,13 +211,13 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
         (
             "out.q_all_logits",
             model
-                .q_logits(&z0, &action, QParams::Online, Heads::All, None)
+                .q_logits(&z0, &action, QParams::Online, &Heads::All, None)
                 .expect("q"),
         ),
         (
             "out.q_all_target_logits",
             model
-                .q_logits(&z0, &action, QParams::Target, Heads::All, None)
+                .q_logits(&z0, &action, QParams::Target, &Heads::All, None)
                 .expect("q"),
         ),
         ("out.pi_mean_raw", policy.mean_raw.shallow_clone()),

@@ -4,7 +4,7 @@ use tch::{Device, Kind, Tensor};
 use super::kernels;
 use super::noise::Noise;
 use super::params::ParamVisitor;
-use super::Result;
+use super::{Error, Result};
 
 /// LayerNorm epsilon of `nn.LayerNorm`.
 const LAYER_NORM_EPS: f64 = 1e-5;
@@ -21,12 +21,25 @@ pub enum Activation {
 }
 
 impl Activation {
-    pub fn apply(self, x: &Tensor) -> Tensor {
+    /// The activation of `x`, a temporary (an operator's fresh output, shared by no other
+    /// tensor), which it may overwrite.
+    pub fn apply(self, x: Tensor) -> Tensor {
         match self {
-            Activation::Mish => kernels::mish(x),
-            Activation::SimNorm(group) => simnorm(x, group),
+            Activation::Mish => kernels::mish_of_temporary(x),
+            Activation::SimNorm(group) => simnorm(&x, group),
         }
     }
+}
+
+/// LayerNorm over the last dimension (of size `features`) with optional affine parameters:
+/// torch's operator itself rather than its `layer_norm` wrapper (the same kernels and
+/// gradients, fewer dispatched operators).
+fn layer_norm(x: &Tensor, features: i64, affine: Option<(&Tensor, &Tensor)>) -> Tensor {
+    let (weight, bias) = match affine {
+        Some((w, b)) => (Some(w), Some(b)),
+        None => (None, None),
+    };
+    Tensor::native_layer_norm(x, [features], weight, bias, LAYER_NORM_EPS).0
 }
 
 /// Simplicial normalisation: softmax over groups of `group` features of the last dim.
@@ -102,16 +115,10 @@ impl Layer {
     pub fn finish(&self, linear: Tensor) -> Tensor {
         let mut y = linear;
         if let Some(norm) = &self.norm {
-            y = y.layer_norm(
-                [self.output_dim()],
-                Some(&norm.weight),
-                Some(&norm.bias),
-                LAYER_NORM_EPS,
-                true,
-            );
+            y = layer_norm(&y, self.output_dim(), Some((&norm.weight, &norm.bias)));
         }
         match self.activation {
-            Some(activation) => activation.apply(&y),
+            Some(activation) => activation.apply(y),
             None => y,
         }
     }
@@ -204,11 +211,29 @@ impl ParamVisitor for Mlp {
 }
 
 /// Which members of the ensemble to evaluate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Heads {
     All,
-    /// Two members (the official code always averages or mins two random heads).
-    Pair(i64, i64),
+    /// Two members (the official code always averages or mins two random heads), as an int64
+    /// index tensor (2) on the ensemble's device.
+    Pair(Tensor),
+}
+
+impl Heads {
+    /// The first two entries of a random permutation of `num` heads, drawn on `device`.
+    pub fn random_pair(noise: &mut dyn Noise, num: i64, device: Device) -> Result<Self> {
+        if num < 2 {
+            return Err(Error::Config(format!(
+                "num_q is {num}; two Q heads are picked, so at least 2 are needed"
+            )));
+        }
+        Ok(Self::Pair(noise.randperm(num, device)?.narrow(0, 0, 2)))
+    }
+
+    /// The given two members.
+    pub fn pair(first: i64, second: i64, device: Device) -> Self {
+        Self::Pair(Tensor::from_slice(&[first, second]).to_device(device))
+    }
 }
 
 /// Reborrows an optional noise source for one call.
@@ -288,11 +313,13 @@ impl Ensemble {
 
     /// Evaluates the chosen members on a shared input `x` (…, in); returns (k, …, out).
     /// `detach` cuts the parameters from autograd (gradients reach `x` only). With `dropout`
-    /// (training), each member's first layer gets its own mask from that noise source.
+    /// (training), each member's first layer gets its own mask from that noise source (one
+    /// draw covers all members). A pair is picked from the stacked parameters on the device,
+    /// so the members evaluated are never a host value.
     pub fn forward(
         &self,
         x: &Tensor,
-        heads: Heads,
+        heads: &Heads,
         detach: bool,
         mut dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
@@ -300,18 +327,50 @@ impl Ensemble {
         let input = *leading.last().expect("ensemble input has a feature dim");
         let rows: i64 = leading[..leading.len() - 1].iter().product();
         let x = x.reshape([rows, input]);
-        let out = match heads {
-            Heads::All => self.forward_all(&x, detach, dropout)?,
-            Heads::Pair(i, j) => {
-                let first = self.forward_member(&x, i, detach, reborrow(&mut dropout))?;
-                let second = self.forward_member(&x, j, detach, dropout)?;
-                Tensor::stack(&[first, second], 0)
+        let (members, chosen) = match heads {
+            Heads::All => (self.size, None),
+            Heads::Pair(index) => (2, Some(index)),
+        };
+        let param = |t: &Tensor| {
+            let t = if detach {
+                t.detach()
+            } else {
+                t.shallow_clone()
+            };
+            match chosen {
+                Some(index) => t.index_select(0, index),
+                None => t,
             }
         };
-        let mut shape = vec![out.size()[0]];
+        // The first layer as one matmul over the stacked weights (rows, k·out), the others as
+        // batched matmuls.
+        let first = &self.layers[0];
+        let (out, width) = (first.weight.size()[1], first.weight.size()[2]);
+        let bias = param(&first.bias).view([1, members * out]);
+        let linear = bias
+            .addmm(&x, &param(&first.weight).view([members * out, width]).tr())
+            .view([-1, members, out]);
+        let norm = first
+            .norm
+            .as_ref()
+            .map(|n| (param(&n.weight), param(&n.bias)));
+        // (rows, k, out) → (k, rows, out) as a strided view; batched matmul reads it directly.
+        let mut h = self
+            .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
+            .transpose(0, 1);
+        for layer in &self.layers[1..] {
+            let bias = param(&layer.bias).unsqueeze(1);
+            let linear = bias.baddbmm(&h, &param(&layer.weight).transpose(1, 2), 1.0, 1.0);
+            let norm = layer
+                .norm
+                .as_ref()
+                .map(|n| (param(&n.weight).unsqueeze(1), param(&n.bias).unsqueeze(1)));
+            h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
+        }
+        let mut shape = vec![members];
         shape.extend_from_slice(&leading[..leading.len() - 1]);
-        shape.push(out.size()[2]);
-        Ok(out.view(shape.as_slice()))
+        shape.push(h.size()[2]);
+        Ok(h.view(shape.as_slice()))
     }
 
     fn dropout_and_finish(
@@ -330,89 +389,13 @@ impl Ensemble {
         }
         if let Some((weight, bias)) = norm {
             let out = *h.size().last().expect("features");
-            h = if weight.dim() == 1 {
-                h.layer_norm([out], Some(&weight), Some(&bias), LAYER_NORM_EPS, true)
-            } else {
-                // Per-member affine parameters broadcast over the rows.
-                let normalized =
-                    h.layer_norm([out], None::<Tensor>, None::<Tensor>, LAYER_NORM_EPS, true);
-                bias.addcmul(&normalized, &weight)
-            };
+            // Per-member affine parameters broadcast over the rows.
+            h = bias.addcmul(&layer_norm(&h, out, None), &weight);
         }
         Ok(match layer.activation {
-            Some(activation) => activation.apply(&h),
+            Some(activation) => activation.apply(h),
             None => h,
         })
-    }
-
-    /// All members: the first layer as one matmul over the stacked weights (rows, K·out), the
-    /// others as batched matmuls; returns (K, rows, out).
-    fn forward_all(
-        &self,
-        x: &Tensor,
-        detach: bool,
-        mut dropout: Option<&mut dyn Noise>,
-    ) -> Result<Tensor> {
-        let param = |t: &Tensor| {
-            if detach {
-                t.detach()
-            } else {
-                t.shallow_clone()
-            }
-        };
-        let k = self.size;
-        let first = &self.layers[0];
-        let (out, input) = (first.weight.size()[1], first.weight.size()[2]);
-        let bias = param(&first.bias).view([1, k * out]);
-        let linear = bias
-            .addmm(x, &param(&first.weight).view([k * out, input]).tr())
-            .view([-1, k, out]);
-        let norm = first
-            .norm
-            .as_ref()
-            .map(|n| (param(&n.weight), param(&n.bias)));
-        // (rows, K, out) → (K, rows, out) as a strided view; batched matmul reads it directly.
-        let mut h = self
-            .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
-            .transpose(0, 1);
-        for layer in &self.layers[1..] {
-            let bias = param(&layer.bias).unsqueeze(1);
-            let linear = bias.baddbmm(&h, &param(&layer.weight).transpose(1, 2), 1.0, 1.0);
-            let norm = layer
-                .norm
-                .as_ref()
-                .map(|n| (param(&n.weight).unsqueeze(1), param(&n.bias).unsqueeze(1)));
-            h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
-        }
-        Ok(h)
-    }
-
-    /// One member through views of its parameters (no copies); returns (rows, out).
-    fn forward_member(
-        &self,
-        x: &Tensor,
-        member: i64,
-        detach: bool,
-        mut dropout: Option<&mut dyn Noise>,
-    ) -> Result<Tensor> {
-        let param = |t: &Tensor| {
-            let t = t.select(0, member);
-            if detach {
-                t.detach()
-            } else {
-                t
-            }
-        };
-        let mut h = x.shallow_clone();
-        for layer in &self.layers {
-            let linear = h.linear(&param(&layer.weight), Some(&param(&layer.bias)));
-            let norm = layer
-                .norm
-                .as_ref()
-                .map(|n| (param(&n.weight), param(&n.bias)));
-            h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
-        }
-        Ok(h)
     }
 }
 
@@ -462,13 +445,15 @@ mod tests {
         tch::manual_seed(3);
         let ensemble = Ensemble::new(3, 5, &[7, 7], 4, 0.0);
         let x = Tensor::randn([2, 6, 5], (Kind::Float, Device::Cpu));
-        let all = ensemble.forward(&x, Heads::All, false, None).unwrap();
+        let all = ensemble.forward(&x, &Heads::All, false, None).unwrap();
         assert_eq!(all.size(), vec![3, 2, 6, 4]);
         for k in 0..3 {
             let single = member(&ensemble, k).forward(&x);
             assert!((single - all.get(k)).abs().max().double_value(&[]) < 1e-5);
         }
-        let pair = ensemble.forward(&x, Heads::Pair(2, 0), true, None).unwrap();
+        let pair = ensemble
+            .forward(&x, &Heads::pair(2, 0, Device::Cpu), true, None)
+            .unwrap();
         assert!((pair.get(0) - all.get(2)).abs().max().double_value(&[]) < 1e-5);
         assert!((pair.get(1) - all.get(0)).abs().max().double_value(&[]) < 1e-5);
     }
@@ -518,7 +503,7 @@ mod tests {
         let x = Tensor::randn([64, 3], (Kind::Float, Device::Cpu));
         let mut noise = TorchNoise::seeded(5);
         let train = first
-            .forward(&x, Heads::All, false, Some(&mut noise))
+            .forward(&x, &Heads::All, false, Some(&mut noise))
             .unwrap();
         let dropped = train.eq(0.0).to_kind(Kind::Float);
         let rate = dropped.mean(Kind::Float).double_value(&[]);
@@ -533,7 +518,7 @@ mod tests {
             .mean(Kind::Float);
         assert!(differ.double_value(&[]) > 0.2);
         let pair = first
-            .forward(&x, Heads::Pair(0, 1), true, Some(&mut noise))
+            .forward(&x, &Heads::pair(0, 1, Device::Cpu), true, Some(&mut noise))
             .unwrap();
         let pair_dropped = pair.eq(0.0).to_kind(Kind::Float);
         assert!((pair_dropped.mean(Kind::Float).double_value(&[]) - p).abs() < 0.03);
@@ -547,7 +532,7 @@ mod tests {
                 > 0.2
         );
         // Eval mode: no dropout at all.
-        let eval = first.forward(&x, Heads::All, false, None).unwrap();
+        let eval = first.forward(&x, &Heads::All, false, None).unwrap();
         assert_eq!(eval.eq(0.0).sum(Kind::Int64).int64_value(&[]), 0);
     }
 }

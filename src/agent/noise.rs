@@ -1,9 +1,10 @@
 //! Sources of the agent's random draws, so that tests can replay recorded draws.
 //!
-//! Three kinds of draw exist: standard normal tensors, permutations (the Q heads picked), and
-//! Exp(1) tensors (the Gumbel noise of the planner's elite choice). Permutations come back to
-//! the host: the agent only needs their first entries as plain indices, which avoids a
-//! device-to-host transfer on accelerators.
+//! Four kinds of draw exist: standard normal tensors, permutations (the Q heads picked), Exp(1)
+//! tensors (the Gumbel noise of the planner's elite choice) and dropout masks. Every draw ends
+//! on the device that uses it, permutations included: the heads are picked there with
+//! `index_select`, so that nothing the device computes waits for the host (a CUDA graph replays
+//! device draws; a host value would be frozen into it).
 use std::collections::VecDeque;
 
 use rand::rngs::{SmallRng, StdRng};
@@ -30,8 +31,8 @@ pub enum NoiseKind {
 pub trait Noise {
     /// Standard normal samples of `shape` on `device` (float32).
     fn randn(&mut self, shape: &[i64], device: Device) -> Result<Tensor>;
-    /// A random permutation of `0..n`.
-    fn randperm(&mut self, n: i64) -> Result<Vec<i64>>;
+    /// A random permutation of `0..n` (int64) on `device`.
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor>;
     /// Exp(1) samples of `shape` on `device` (float32).
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor>;
     /// A dropout mask of `shape` on `device`: 0 with probability `p`, else 1/(1−p).
@@ -84,9 +85,8 @@ impl Noise for TorchNoise {
         Ok(Tensor::f_randn(shape, (Kind::Float, device))?)
     }
 
-    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
-        let perm = Tensor::f_randperm(n, (Kind::Int64, Device::Cpu))?;
-        Ok(Vec::<i64>::try_from(&perm)?)
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor> {
+        Ok(Tensor::f_randperm(n, (Kind::Int64, device))?)
     }
 
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
@@ -138,13 +138,13 @@ impl Noise for HostNoise {
         Self::host_tensor(values, shape, device)
     }
 
-    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor> {
         let mut perm: Vec<i64> = (0..n.max(0)).collect();
         for i in (1..perm.len()).rev() {
             let j = self.rng.random_range(0..=i);
             perm.swap(i, j);
         }
-        Ok(perm)
+        Ok(Tensor::from_slice(&perm).f_to_device(device)?)
     }
 
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
@@ -211,11 +211,11 @@ impl Noise for ReplayNoise {
             .f_to_device(device)?)
     }
 
-    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
-        let perm = self
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor> {
+        Ok(self
             .next(NoiseKind::Randperm, &[n])?
-            .f_to_kind(Kind::Int64)?;
-        Ok(Vec::<i64>::try_from(&perm)?)
+            .f_to_kind(Kind::Int64)?
+            .f_to_device(device)?)
     }
 
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
@@ -262,11 +262,9 @@ impl<N: Noise> Noise for RecordingNoise<N> {
         self.keep(NoiseKind::Randn, draw)
     }
 
-    fn randperm(&mut self, n: i64) -> Result<Vec<i64>> {
-        let perm = self.inner.randperm(n)?;
-        self.draws
-            .push((NoiseKind::Randperm, Tensor::from_slice(&perm)));
-        Ok(perm)
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor> {
+        let draw = self.inner.randperm(n, device)?;
+        self.keep(NoiseKind::Randperm, draw)
     }
 
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor> {
@@ -300,7 +298,8 @@ mod tests {
         ));
         let mut replay = ReplayNoise::new();
         replay.push(NoiseKind::Randperm, Tensor::from_slice(&[2i64, 0, 1]));
-        assert_eq!(replay.randperm(3).unwrap(), vec![2, 0, 1]);
+        let perm = replay.randperm(3, Device::Cpu).unwrap();
+        assert_eq!(Vec::<i64>::try_from(&perm).unwrap(), vec![2, 0, 1]);
         assert!(matches!(
             replay.exponential(&[1], Device::Cpu),
             Err(Error::Replay(_))
@@ -311,14 +310,14 @@ mod tests {
     fn recording_keeps_what_it_serves_and_replays_it() {
         let mut recording = RecordingNoise::new(HostNoise::seeded(3));
         let normal = recording.randn(&[2, 3], Device::Cpu).unwrap();
-        let perm = recording.randperm(4).unwrap();
+        let perm = recording.randperm(4, Device::Cpu).unwrap();
         let exp = recording.exponential(&[5], Device::Cpu).unwrap();
         let mut replay = ReplayNoise::new();
         for (kind, draw) in recording.draws {
             replay.push(kind, draw);
         }
         assert!(replay.randn(&[2, 3], Device::Cpu).unwrap().equal(&normal));
-        assert_eq!(replay.randperm(4).unwrap(), perm);
+        assert!(replay.randperm(4, Device::Cpu).unwrap().equal(&perm));
         assert!(replay.exponential(&[5], Device::Cpu).unwrap().equal(&exp));
         assert_eq!(replay.remaining(), 0);
     }
@@ -327,8 +326,9 @@ mod tests {
     fn host_noise_is_reproducible_and_well_formed() {
         let mut a = HostNoise::seeded(7);
         let mut b = HostNoise::seeded(7);
-        let perm = a.randperm(5).unwrap();
-        assert_eq!(perm, b.randperm(5).unwrap());
+        let perm = Vec::<i64>::try_from(a.randperm(5, Device::Cpu).unwrap()).unwrap();
+        let again = Vec::<i64>::try_from(b.randperm(5, Device::Cpu).unwrap()).unwrap();
+        assert_eq!(perm, again);
         let mut sorted = perm.clone();
         sorted.sort();
         assert_eq!(sorted, vec![0, 1, 2, 3, 4]);
@@ -355,7 +355,7 @@ mod tests {
             noise.exponential(&[5], Device::Cpu).unwrap().size(),
             vec![5]
         );
-        let mut perm = noise.randperm(6).unwrap();
+        let mut perm = Vec::<i64>::try_from(noise.randperm(6, Device::Cpu).unwrap()).unwrap();
         perm.sort();
         assert_eq!(perm, (0..6).collect::<Vec<_>>());
         let mask = noise.dropout_mask(&[4, 1000], 0.5, Device::Cpu).unwrap();

@@ -1,10 +1,10 @@
 //! Test-only: the single-environment MPPI planner as it was before batching, kept verbatim
 //! (including its own copies of the shared-latent first layer and the policy sample) so that
-//! tests can show the batched planner at one environment computes exactly the same thing.
+//! tests can show the batched planner at one environment computes the same thing.
 use tch::{Kind, Tensor};
 
 use super::config::AgentConfig;
-use super::layers::Mlp;
+use super::layers::{Heads, Mlp};
 use super::math;
 use super::noise::Noise;
 use super::world_model::{QParams, QReduce, WorldModel};
@@ -252,15 +252,8 @@ impl ReferencePlanner {
         let z = &rollout.latents;
         let eps = noise.randn(&[n, self.config.action_dim as i64], z.device())?;
         let action = policy_action(model, z, &eps);
-        let perm = noise.randperm(self.config.num_q as i64)?;
-        let q = model.q_value(
-            z,
-            &action,
-            QParams::Online,
-            (perm[0], perm[1]),
-            QReduce::Avg,
-            None,
-        )?;
+        let pair = Heads::random_pair(noise, self.config.num_q as i64, z.device())?;
+        let q = model.q_value(z, &action, QParams::Online, &pair, QReduce::Avg, None)?;
         let bootstrap = match &rollout.terminated {
             Some(done) => (1.0f64 - done) * discount * q,
             None => q * discount,

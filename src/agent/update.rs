@@ -245,23 +245,18 @@ impl Updater {
             }
             let eps = sample_noise.randn(&shape, model.device())?;
             let action = model.pi_action(&next_z, &eps);
-            let heads = self.pick_two(batch_noise)?;
-            let q = model.q_value(&next_z, &action, QParams::Target, heads, QReduce::Min, None)?;
+            let heads = Heads::random_pair(batch_noise, self.config.num_q as i64, model.device())?;
+            let q = model.q_value(
+                &next_z,
+                &action,
+                QParams::Target,
+                &heads,
+                QReduce::Min,
+                None,
+            )?;
             let continuing = (1.0f64 - &batch.terminated) * self.config.discount;
             Ok((next_z, &batch.reward + continuing * q))
         })
-    }
-
-    /// The first two entries of a random permutation of the Q heads.
-    fn pick_two(&self, batch_noise: &mut dyn Noise) -> Result<(i64, i64)> {
-        let perm = batch_noise.randperm(self.config.num_q as i64)?;
-        match perm.as_slice() {
-            [first, second, ..] => Ok((*first, *second)),
-            _ => Err(super::Error::Replay(format!(
-                "permutation of {} heads has fewer than 2 entries",
-                self.config.num_q
-            ))),
-        }
     }
 
     /// Computes the world-model losses on `batch` and adds their gradients to the world-model
@@ -304,7 +299,7 @@ impl Updater {
             &rollout,
             &batch.action,
             QParams::Online,
-            Heads::All,
+            &Heads::All,
             Some(sample_noise),
         )?;
         let value_ce = model.two_hot.soft_ce(&q_logits, &td_targets); // (K, H, B, 1)
@@ -394,12 +389,12 @@ impl Updater {
         let latents = &latents.to_device(model.device());
         let eps = sample_noise.randn(&[steps, batch_size, model.action_dim], model.device())?;
         let policy = model.pi(latents, &eps);
-        let heads = self.pick_two(batch_noise)?;
+        let heads = Heads::random_pair(batch_noise, cfg.num_q as i64, model.device())?;
         let q = model.q_value(
             latents,
             &policy.action,
             QParams::Detached,
-            heads,
+            &heads,
             QReduce::Avg,
             Some(sample_noise),
         )?;

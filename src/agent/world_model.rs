@@ -184,12 +184,6 @@ impl WorldModel {
         self.dynamics.forward_shared_prefix(z, a)
     }
 
-    /// [`Self::reward`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
-    /// (N, A).
-    pub fn reward_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        self.reward.forward_shared_prefix(z, a)
-    }
-
     /// Termination logits (…, 1), if the model is episodic.
     pub fn termination_logits(&self, z: &Tensor) -> Option<Tensor> {
         self.termination.as_ref().map(|t| t.forward(z))
@@ -248,7 +242,7 @@ impl WorldModel {
         z: &Tensor,
         a: &Tensor,
         params: QParams,
-        heads: Heads,
+        heads: &Heads,
         dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
         let x = Tensor::cat(&[z, a], -1);
@@ -259,18 +253,18 @@ impl WorldModel {
         }
     }
 
-    /// The official `Q(..., return_type='min'|'avg')`: two heads `(first, second)`, decoded and
-    /// combined; (…, 1).
+    /// The official `Q(..., return_type='min'|'avg')`: the two heads of `pair` (see
+    /// [`Heads::random_pair`]), decoded and combined; (…, 1).
     pub fn q_value(
         &self,
         z: &Tensor,
         a: &Tensor,
         params: QParams,
-        pair: (i64, i64),
+        pair: &Heads,
         reduce: QReduce,
         dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
-        let logits = self.q_logits(z, a, params, Heads::Pair(pair.0, pair.1), dropout)?;
+        let logits = self.q_logits(z, a, params, pair, dropout)?;
         let values = self.two_hot.decode(&logits);
         Ok(match reduce {
             QReduce::Min => values.amin(0, false),
@@ -429,7 +423,14 @@ mod tests {
         let r = model.two_hot.decode(&model.reward(&z, &a));
         assert!(r.abs().max().double_value(&[]) < 1e-6);
         let q = model
-            .q_value(&z, &a, QParams::Online, (0, 2), QReduce::Min, None)
+            .q_value(
+                &z,
+                &a,
+                QParams::Online,
+                &Heads::pair(0, 2, Device::Cpu),
+                QReduce::Min,
+                None,
+            )
             .unwrap();
         assert!(q.abs().max().double_value(&[]) < 1e-6);
         // Names follow the official state dict.
@@ -468,7 +469,6 @@ mod tests {
                 model.pi_action(&repeated, &eps),
             ),
             (model.next_shared(&z, &a), model.next(&repeated, &a)),
-            (model.reward_shared(&z, &a), model.reward(&repeated, &a)),
         ];
         for (i, (shared, full)) in pairs.into_iter().enumerate() {
             assert_eq!(shared.size(), full.size());
@@ -492,22 +492,22 @@ mod tests {
         let a = Tensor::randn([8, 2], (Kind::Float, Device::Cpu));
         let mut noise = crate::agent::noise::TorchNoise::seeded(1);
         let eval1 = model
-            .q_logits(&z, &a, QParams::Online, Heads::All, None)
+            .q_logits(&z, &a, QParams::Online, &Heads::All, None)
             .unwrap();
         let eval2 = model
-            .q_logits(&z, &a, QParams::Online, Heads::All, None)
+            .q_logits(&z, &a, QParams::Online, &Heads::All, None)
             .unwrap();
         assert!(eval1.allclose(&eval2, 0.0, 0.0, false));
         let target_train = model
-            .q_logits(&z, &a, QParams::Target, Heads::All, Some(&mut noise))
+            .q_logits(&z, &a, QParams::Target, &Heads::All, Some(&mut noise))
             .unwrap();
         assert!((target_train - &eval1).abs().max().double_value(&[]) < 1e-5);
         let train = model
-            .q_logits(&z, &a, QParams::Online, Heads::All, Some(&mut noise))
+            .q_logits(&z, &a, QParams::Online, &Heads::All, Some(&mut noise))
             .unwrap();
         assert!((train - &eval1).abs().max().double_value(&[]) > 1e-3);
         let detached = model
-            .q_logits(&z, &a, QParams::Detached, Heads::All, Some(&mut noise))
+            .q_logits(&z, &a, QParams::Detached, &Heads::All, Some(&mut noise))
             .unwrap();
         assert!((detached - &eval1).abs().max().double_value(&[]) > 1e-3);
         model.soft_update_target(0.5);

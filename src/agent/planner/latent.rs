@@ -2,6 +2,7 @@
 //! the rollouts the planner scores candidates with.
 use tch::{Device, Kind, Tensor};
 
+use crate::agent::layers::Heads;
 use crate::agent::world_model::{QParams, QReduce, WorldModel};
 use crate::agent::Result;
 
@@ -18,14 +19,14 @@ pub trait LatentModel {
     fn encode(&self, obs: &Tensor) -> Tensor;
     /// Next latents (N, Z).
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor;
-    /// Decoded rewards (N, 1).
+    /// Decoded rewards (N, 1), from latents (N, Z).
     fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor;
     /// 1.0 where the latent is terminal, 0.0 elsewhere (N, 1); `None` if never terminal.
     fn terminal(&self, z: &Tensor) -> Option<Tensor>;
     /// Policy-prior sample with standard-normal noise `eps` (N, A).
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor;
-    /// Mean of Q heads `pair.0` and `pair.1` (N, 1), without dropout.
-    fn q_avg(&self, z: &Tensor, a: &Tensor, pair: (i64, i64)) -> Result<Tensor>;
+    /// Mean of the two Q heads of `pair` (N, 1), without dropout.
+    fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor>;
 }
 
 /// Whether each latent of `z` is shared by several consecutive rows of `other`.
@@ -60,12 +61,7 @@ impl LatentModel for WorldModel {
         }
     }
     fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        let logits = if is_shared(z, a) {
-            self.reward_shared(z, a)
-        } else {
-            WorldModel::reward(self, z, a)
-        };
-        self.two_hot.decode(&logits)
+        self.two_hot.decode(&WorldModel::reward(self, z, a))
     }
     fn terminal(&self, z: &Tensor) -> Option<Tensor> {
         self.termination_logits(z)
@@ -78,7 +74,7 @@ impl LatentModel for WorldModel {
             self.pi_action(z, eps)
         }
     }
-    fn q_avg(&self, z: &Tensor, a: &Tensor, pair: (i64, i64)) -> Result<Tensor> {
+    fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor> {
         self.q_value(z, a, QParams::Online, pair, QReduce::Avg, None)
     }
 }

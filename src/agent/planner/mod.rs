@@ -15,6 +15,7 @@ mod tests;
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::layers::Heads;
 use super::noise::Noise;
 use super::world_model::WorldModel;
 use super::{expect_shape, Error, Result};
@@ -40,6 +41,18 @@ pub struct Planner {
     /// Candidate actions (E, H, N, A), reused across calls: columns 0..P hold the policy
     /// trajectories, the rest the Gaussian samples.
     candidates: Tensor,
+    /// γ^t for t = 0..H, (H, 1, 1): the weights of a rollout's rewards.
+    discounts: Tensor,
+}
+
+/// γ^t for t = 0..horizon as (horizon, 1, 1) on `device`, each power taken in f64.
+fn discounts(discount: f64, horizon: i64, device: Device) -> Tensor {
+    let powers: Vec<f32> = (0..horizon)
+        .map(|t| discount.powi(t as i32) as f32)
+        .collect();
+    Tensor::from_slice(&powers)
+        .to_device(device)
+        .view([horizon, 1, 1])
 }
 
 impl Planner {
@@ -68,6 +81,7 @@ impl Planner {
             num_envs: e,
             prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
             candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
+            discounts: discounts(config.discount, h, device),
         })
     }
 
@@ -122,14 +136,20 @@ impl Planner {
             &[e, self.horizon, model.action_dim()],
         )?;
         let obs = obs.to_device(model.device());
-        tch::no_grad(|| self.plan_inner(model, &obs, t0, eval_mode, noise))
+        let continuing: Vec<bool> = t0.iter().map(|&first| !first).collect();
+        let continuing = Tensor::from_slice(&continuing)
+            .view([e, 1, 1])
+            .to_device(model.device());
+        tch::no_grad(|| self.plan_inner(model, &obs, &continuing, eval_mode, noise))
     }
 
+    /// The plan proper: reads no host value, branches on none but `eval_mode`; `continuing`
+    /// (E, 1, 1) is true where an environment's warm start is kept.
     fn plan_inner(
         &mut self,
         model: &impl LatentModel,
         obs: &Tensor,
-        t0: &[bool],
+        continuing: &Tensor,
         eval_mode: bool,
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
@@ -137,7 +157,7 @@ impl Planner {
         // candidate.
         let z = model.encode(obs);
         self.sample_policy_trajectories(model, &z, noise)?;
-        let (mut mean, mut std) = self.warm_start(t0, model.device());
+        let (mut mean, mut std) = self.warm_start(continuing, model.device());
         let (e, h, k, a) = (
             self.num_envs,
             self.horizon,
@@ -200,23 +220,16 @@ impl Planner {
     }
 
     /// The first iteration's means and standard deviations: the previous plan's means shifted
-    /// by one step, except for environments that start an episode (`t0`).
-    fn warm_start(&self, t0: &[bool], device: Device) -> (Tensor, Tensor) {
+    /// by one step where the environment goes on (`continuing`, (E, 1, 1)), zero where it starts
+    /// an episode.
+    fn warm_start(&self, continuing: &Tensor, device: Device) -> (Tensor, Tensor) {
         let (e, h, a) = (self.num_envs, self.horizon, self.action_dim);
         let mean = Tensor::zeros([e, h, a], (Kind::Float, device));
         let std = Tensor::full([e, h, a], self.max_std, (Kind::Float, device));
         if h > 1 {
-            if t0.iter().all(|&first| !first) {
-                mean.narrow(1, 0, h - 1)
-                    .copy_(&self.prev_mean.narrow(1, 1, h - 1));
-            } else {
-                for (env, _) in t0.iter().enumerate().filter(|(_, &first)| !first) {
-                    let env = env as i64;
-                    mean.get(env)
-                        .narrow(0, 0, h - 1)
-                        .copy_(&self.prev_mean.get(env).narrow(0, 1, h - 1));
-                }
-            }
+            let shifted = self.prev_mean.narrow(1, 1, h - 1);
+            mean.narrow(1, 0, h - 1)
+                .copy_(&shifted.where_scalarother(continuing, 0.0));
         }
         (mean, std)
     }
@@ -290,40 +303,51 @@ impl Planner {
 
     /// Rolls out candidates `first..first + rows` of every environment from its latent in `z0`
     /// (E, Z) over the horizon: Σ_t γ^t (1 − done_t) r_t, the final latents and the
-    /// termination flags.
+    /// termination flags. The dynamics step one at a time; the rewards (and terminations) of
+    /// all steps are then decoded in one call.
     fn rollout(&self, model: &impl LatentModel, z0: &Tensor, first: i64, rows: i64) -> Rollout {
-        let (e, a) = (self.num_envs, self.action_dim);
+        let (e, h, a) = (self.num_envs, self.horizon, self.action_dim);
+        let z_dim = model.latent_dim();
+        // (H, E·rows, A): step t's actions of these candidates, environment-major.
+        let actions = self
+            .candidates
+            .narrow(2, first, rows)
+            .transpose(0, 1)
+            .reshape([h, e * rows, a]);
+        // Latents z_0..z_H as (1, E, rows, Z) each; z_0 is the environment's own, broadcast.
+        let mut latents = vec![z0.view([1, e, 1, z_dim]).expand([1, e, rows, z_dim], false)];
         let mut z = z0.shallow_clone();
-        let mut returns: Option<Tensor> = None;
-        let mut discount = 1.0;
-        let mut terminated: Option<Tensor> = None;
-        for t in 0..self.horizon {
-            let action = self
-                .candidates
-                .select(1, t)
-                .narrow(1, first, rows)
-                .reshape([e * rows, a]);
-            let reward = model.reward(&z, &action);
-            z = model.next(&z, &action);
-            let term = match &terminated {
-                Some(done) => (1.0f64 - done) * discount * reward,
-                None => reward * discount,
-            };
-            returns = Some(match returns {
-                Some(g) => g + term,
-                None => term,
-            });
-            discount *= self.discount;
-            if let Some(now) = model.terminal(&z) {
-                terminated = Some(match terminated {
-                    Some(done) => (done + now).clamp_max(1.0),
-                    None => now,
-                });
-            }
+        for t in 0..h {
+            z = model.next(&z, &actions.get(t));
+            latents.push(z.view([1, e, rows, z_dim]));
         }
+        let states = Tensor::cat(&latents[..h as usize], 0).view([h * e * rows, z_dim]);
+        let rewards = model
+            .reward(&states, &actions.reshape([h * e * rows, a]))
+            .view([h, e * rows, 1]);
+        let mut weights = self.discounts.shallow_clone();
+        let next_states = Tensor::cat(&latents[1..], 0).view([h * e * rows, z_dim]);
+        // done_t: terminated at or before z_t (t = 1..H); the reward at step t counts while
+        // z_t is not terminal.
+        let terminated = model.terminal(&next_states).map(|now| {
+            let done = now
+                .view([h, e * rows, 1])
+                .cumsum(0, Kind::Float)
+                .clamp_max(1.0);
+            let alive = Tensor::cat(
+                &[
+                    Tensor::ones([1, e * rows, 1], (Kind::Float, done.device())),
+                    1.0f64 - done.narrow(0, 0, h - 1),
+                ],
+                0,
+            );
+            weights = &weights * alive;
+            done.get(h - 1)
+        });
+        let returns = (rewards * weights).sum_dim_intlist(0, false, Kind::Float);
         let per_env = |t: Tensor| t.view([e, rows, -1]);
         Rollout {
-            returns: per_env(returns.expect("the horizon is at least 1")),
+            returns: per_env(returns),
             latents: per_env(z),
             terminated: terminated.map(per_env),
         }
@@ -356,12 +380,8 @@ impl Planner {
         let z = rows(&rollout.latents);
         let eps = noise.randn(&[e * n, self.action_dim], z.device())?;
         let action = model.policy_action(&z, &eps);
-        let perm = noise.randperm(model.num_q())?;
-        let pair = match perm.as_slice() {
-            [first, second, ..] => (*first, *second),
-            _ => return Err(Error::Replay("Q-head permutation shorter than 2".into())),
-        };
-        let q = model.q_avg(&z, &action, pair)?;
+        let pair = Heads::random_pair(noise, model.num_q(), z.device())?;
+        let q = model.q_avg(&z, &action, &pair)?;
         let bootstrap = match &rollout.terminated {
             Some(done) => (1.0f64 - rows(done)) * discount * q,
             None => q * discount,

@@ -45,8 +45,11 @@ impl LatentModel for Quadratic {
         let z = z.repeat_interleave_self_int(per_latent, 0, None);
         (eps + z.sum_dim_intlist(-1, true, Kind::Float)).tanh()
     }
-    fn q_avg(&self, z: &Tensor, _a: &Tensor, pair: (i64, i64)) -> Result<Tensor> {
-        assert_ne!(pair.0, pair.1);
+    fn q_avg(&self, z: &Tensor, _a: &Tensor, pair: &Heads) -> Result<Tensor> {
+        let Heads::Pair(pair) = pair else {
+            panic!("the planner averages a pair of heads");
+        };
+        assert_ne!(pair.int64_value(&[0]), pair.int64_value(&[1]));
         Ok(Tensor::zeros([z.size()[0], 1], (Kind::Float, Device::Cpu)))
     }
 }
@@ -165,10 +168,15 @@ const CALLS: [(bool, bool); 5] = [
     (false, false),
 ];
 
-/// At one environment the batched planner makes the same draws (order and shapes) and the
-/// same operations as the single-environment planner it replaced: equal bit for bit.
+/// At one environment the batched planner makes the same draws (order and shapes) as the
+/// single-environment planner it replaced and computes the same plans: equal but for float
+/// rounding (it decodes a rollout's rewards in one call where the former planner decoded them
+/// step by step).
 #[test]
-fn one_environment_is_bit_identical_to_the_former_planner() {
+fn one_environment_matches_the_former_planner() {
+    // Six refits amplify rounding: at model size 1 a relative change of 1e-7 in the observation
+    // moves the former planner's own action by up to 8e-5, so 1e-3 is rounding, not a change.
+    let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) < 1e-3;
     let configs = [
         small_config(false),
         small_config(true),
@@ -192,11 +200,11 @@ fn one_environment_is_bit_identical_to_the_former_planner() {
                 .plan(&model, &obs, t0, eval_mode, &mut noise)
                 .unwrap();
             assert!(
-                got.equal(&expected),
+                close(&got, &expected),
                 "config {c} call {call}: {got:?} vs {expected:?}"
             );
             assert!(
-                planner.prev_mean().get(0).equal(&reference.prev_mean),
+                close(&planner.prev_mean().get(0), &reference.prev_mean),
                 "config {c} call {call}: warm starts differ"
             );
             // The two streams are still in step.
