@@ -17,10 +17,26 @@ os.environ.setdefault("KINETO_LOG_LEVEL", "5")
 import torch  # noqa: E402
 
 
-def start():
-    profile = torch.autograd.profiler.profile(record_shapes=False)
+def start(record_shapes=False):
+    profile = torch.autograd.profiler.profile(record_shapes=record_shapes)
     profile.__enter__()
     return profile
+
+
+def start_trace():
+    return start(record_shapes=True)
+
+
+def stop_trace(profile):
+    """Every operator recorded since `start_trace`, in order, with its scalar arguments: two
+    calls whose traces are equal dispatch the same work with the same host values, so a graph
+    captured from one replays the other."""
+    profile.__exit__(None, None, None)
+    return [
+        f"{e.name}{list(getattr(e, 'concrete_inputs', None) or [])}"
+        for e in profile.function_events
+        if e.name.startswith("aten::")
+    ]
 
 
 def _inside_an_operator(event):

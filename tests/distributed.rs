@@ -558,20 +558,16 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
     scaled.lr_scale = "sqrt".into();
     scaled.lr_warmup_steps = 10;
     let mut learner = learner(&scaled, &single);
-    let lrs = |l: &Learner| {
-        l.updater()
-            .model_optim
-            .groups
-            .iter()
-            .map(|g| g.lr)
-            .collect::<Vec<_>>()
-    };
+    let lrs = |l: &Learner| l.updater().model_optim.learning_rates();
     let expected = scaled.lr * 2.0; // sqrt(world_size 4 × sync_freq 1)
     assert_eq!(
         lrs(&learner),
         vec![expected * scaled.enc_lr_scale, expected]
     );
-    assert_eq!(learner.updater().policy_optim.groups[0].lr, expected);
+    assert_eq!(
+        learner.updater().policy_optim.learning_rates(),
+        vec![expected]
+    );
 
     let batch = part(&union_batch(1), 0);
     // This update draws from torch's global generator: keep other tests' seeded draws whole.
@@ -582,7 +578,7 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
         (warm[1] - expected / 10.0).abs() < 1e-12,
         "first of 10 warm-up steps: {warm:?}"
     );
-    assert!((learner.updater().policy_optim.groups[0].lr - expected / 10.0).abs() < 1e-12);
+    assert!((learner.updater().policy_optim.learning_rates()[0] - expected / 10.0).abs() < 1e-12);
 }
 
 #[test]

@@ -1,6 +1,12 @@
 //! Adam over a flat parameter buffer, update for update equal to `torch.optim.Adam`
 //! (no AMSGrad, no weight decay), with its state open for saving, restoring and comparing.
-use tch::Tensor;
+//!
+//! On the CPU a fused kernel takes the step's scalars from the host. Elsewhere the step is
+//! tensor operations whose scalars (step count, bias corrections, warmed-up rates) are device
+//! tensors advanced by device operations, as torch's `capturable=True` (the official optimiser
+//! on CUDA): a CUDA graph that replays the step sees them change, where host scalars would be
+//! frozen into it.
+use tch::{Kind, Tensor};
 
 use super::kernels::{self, AdamCoefficients};
 use super::params::ParamEntry;
@@ -24,15 +30,41 @@ pub struct AdamState {
 
 #[derive(Debug)]
 pub struct Adam {
-    pub groups: Vec<ParamGroup>,
+    /// The groups at their base rates (before warm-up).
+    groups: Vec<ParamGroup>,
     pub beta1: f64,
     pub beta2: f64,
     pub eps: f64,
+    /// Rates rise linearly to the groups' over this many steps (0: from the first).
+    warmup_steps: u64,
     step: u64,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    /// The denominator buffer of the tensor-operation path (off the CPU), made on first use.
-    scratch: Option<Tensor>,
+    /// The tensor-operation path's device scalars, made on its first step.
+    on_device: Option<DeviceScalars>,
+}
+
+/// What the tensor-operation step keeps on the parameters' device.
+#[derive(Debug)]
+struct DeviceScalars {
+    /// The step count (float32, shape [1]), advanced by the step itself.
+    step: Tensor,
+    /// Each group's base rate, [groups].
+    base_lrs: Tensor,
+    /// The denominator buffer.
+    scratch: Tensor,
+}
+
+impl DeviceScalars {
+    /// For parameters like `params` after `steps` steps.
+    fn new(params: &Tensor, groups: &[ParamGroup], steps: u64) -> Self {
+        let base: Vec<f32> = groups.iter().map(|g| g.lr as f32).collect();
+        Self {
+            step: Tensor::full([1], steps as f64, (Kind::Float, params.device())),
+            base_lrs: Tensor::from_slice(&base).to_device(params.device()),
+            scratch: params.zeros_like().detach(),
+        }
+    }
 }
 
 impl Adam {
@@ -58,33 +90,57 @@ impl Adam {
             beta1,
             beta2,
             eps,
+            warmup_steps: 0,
             step: 0,
             exp_avg: params.zeros_like().detach(),
             exp_avg_sq: params.zeros_like().detach(),
-            scratch: None,
+            on_device: None,
         })
+    }
+
+    /// Rates rise linearly over the first `steps` steps: step t uses min(t/steps, 1) of each
+    /// group's rate.
+    pub fn with_warmup(mut self, steps: u64) -> Self {
+        self.warmup_steps = steps;
+        self
     }
 
     pub fn step_count(&self) -> u64 {
         self.step
     }
 
+    /// The rate of group `group` in the step numbered `step` (counting from 1).
+    fn rate_at(&self, group: &ParamGroup, step: u64) -> f64 {
+        if self.warmup_steps == 0 {
+            return group.lr;
+        }
+        group.lr * (step as f64 / self.warmup_steps as f64).min(1.0)
+    }
+
+    /// The rate each group's last step used (the base rates before the first step).
+    pub fn learning_rates(&self) -> Vec<f64> {
+        match self.step {
+            0 => self.groups.iter().map(|g| g.lr).collect(),
+            step => self.groups.iter().map(|g| self.rate_at(g, step)).collect(),
+        }
+    }
+
     /// One Adam step of `params` (flat) with `grads` (flat, same layout):
     /// m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², p ← p − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε).
     pub fn step(&mut self, params: &Tensor, grads: &Tensor) {
-        self.step += 1;
-        let t = self.step as i32;
-        let bias_correction1 = 1.0 - self.beta1.powi(t);
-        let bias_correction2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
         let buffers = [params, grads, &self.exp_avg, &self.exp_avg_sq];
         let len = self.exp_avg.numel();
         if !kernels::adam_step_applies(buffers, len)
             || params.numel() != len
             || grads.numel() != len
         {
-            self.step_with_tensor_ops(params, grads, bias_correction1, bias_correction2_sqrt);
+            self.step_with_tensor_ops(params, grads);
             return;
         }
+        self.step += 1;
+        let t = self.step as i32;
+        let bias_correction1 = 1.0 - self.beta1.powi(t);
+        let bias_correction2_sqrt = (1.0 - self.beta2.powi(t)).sqrt();
         for group in &self.groups {
             let coefficients = AdamCoefficients {
                 one_minus_beta1: (1.0 - self.beta1) as f32,
@@ -92,7 +148,7 @@ impl Adam {
                 one_minus_beta2: (1.0 - self.beta2) as f32,
                 bias_correction2_sqrt: bias_correction2_sqrt as f32,
                 eps: self.eps as f32,
-                neg_step_size: (-group.lr / bias_correction1) as f32,
+                neg_step_size: (-self.rate_at(group, self.step) / bias_correction1) as f32,
             };
             kernels::adam_step(
                 buffers,
@@ -103,33 +159,37 @@ impl Adam {
         }
     }
 
-    /// The same step as tensor operations over whole buffers (any device).
-    fn step_with_tensor_ops(
-        &mut self,
-        params: &Tensor,
-        grads: &Tensor,
-        bias_correction1: f64,
-        bias_correction2_sqrt: f64,
-    ) {
-        let scratch = self
-            .scratch
-            .get_or_insert_with(|| params.zeros_like().detach());
+    /// The same step as tensor operations over whole buffers (any device), with the order of
+    /// operations of torch's capturable multi-tensor Adam; reads no host value.
+    fn step_with_tensor_ops(&mut self, params: &Tensor, grads: &Tensor) {
+        let (beta1, beta2, eps, warmup) = (self.beta1, self.beta2, self.eps, self.warmup_steps);
+        let (taken, groups) = (self.step, &self.groups);
+        self.step += 1;
+        let scalars = self
+            .on_device
+            .get_or_insert_with(|| DeviceScalars::new(params, groups, taken));
         tch::no_grad(|| {
-            let _ = self.exp_avg.lerp_(grads, 1.0 - self.beta1);
-            let _ = self.exp_avg_sq.g_mul_scalar_(self.beta2);
+            let step = scalars.step.g_add_scalar_(1.0);
+            let lrs = match warmup {
+                0 => scalars.base_lrs.shallow_clone(),
+                steps => &scalars.base_lrs * (&step / steps as f64).clamp_max(1.0),
+            };
+            // −lr/(1 − β₁ᵗ) per group, and √(1 − β₂ᵗ).
+            let neg_step_sizes = ((Tensor::pow_scalar(beta1, &step) - 1.0) / lrs).reciprocal();
+            let bias_correction2_sqrt = (1.0f64 - Tensor::pow_scalar(beta2, &step)).sqrt();
+            let _ = self.exp_avg.lerp_(grads, 1.0 - beta1);
             let _ = self
                 .exp_avg_sq
-                .addcmul_(grads, &(grads * (1.0 - self.beta2)));
-            let _ = self.exp_avg_sq.sqrt_out(scratch);
-            let _ = scratch
-                .g_div_scalar_(bias_correction2_sqrt)
-                .g_add_scalar_(self.eps);
-            for group in &self.groups {
+                .g_mul_scalar_(beta2)
+                .addcmul_(grads, &(grads * (1.0 - beta2)));
+            let _ = self.exp_avg_sq.sqrt_out(&scalars.scratch);
+            for (index, group) in groups.iter().enumerate() {
                 let len = group.end - group.start;
-                let step_size = group.lr / bias_correction1;
-                let mut denom = scratch.narrow(0, group.start, len);
-                // p += (−step_size)·m/denom, folded into one addcdiv by scaling the denominator.
-                let _ = denom.g_div_scalar_(-step_size);
+                let neg_step_size = neg_step_sizes.narrow(0, index as i64, 1);
+                // p += m / (√v / (√(1 − β₂ᵗ)·(−step)) + ε/(−step)): one addcdiv.
+                let mut denom = scalars.scratch.narrow(0, group.start, len);
+                let _ = denom.g_div_(&(&bias_correction2_sqrt * &neg_step_size));
+                let _ = denom.g_add_(&(neg_step_size.reciprocal() * eps));
                 let mut p = params.narrow(0, group.start, len);
                 let _ = p.addcdiv_(&self.exp_avg.narrow(0, group.start, len), &denom);
             }
@@ -162,6 +222,9 @@ impl Adam {
         tch::no_grad(|| {
             self.exp_avg.copy_(&state.exp_avg);
             self.exp_avg_sq.copy_(&state.exp_avg_sq);
+            if let Some(scalars) = &self.on_device {
+                let _ = scalars.step.detach().fill_(state.step as f64);
+            }
         });
         self.step = state.step;
         Ok(())
@@ -257,11 +320,8 @@ mod tests {
         assert!((to_vec(&state.exp_avg_sq)[2] - v[2]).abs() < 1e-6);
     }
 
-    #[test]
-    fn fused_cpu_step_equals_the_tensor_operation_step() {
-        let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
-        let reference = params.copy();
-        let groups = vec![
+    fn two_groups() -> Vec<ParamGroup> {
+        vec![
             ParamGroup {
                 start: 0,
                 end: 300,
@@ -272,30 +332,88 @@ mod tests {
                 end: 1000,
                 lr: 3e-4,
             },
-        ];
-        let mut fused = Adam::new(&params, groups.clone(), 0.9, 0.999, 1e-8).unwrap();
-        let mut tensor_ops = Adam::new(&reference, groups, 0.9, 0.999, 1e-8).unwrap();
-        for t in 1..=3i32 {
+        ]
+    }
+
+    /// The fused CPU step (host scalars) and the tensor-operation step (device scalars) take the
+    /// same steps, warm-up included, and so does a tensor-operation optimiser restored from the
+    /// fused one's state (its device step count follows the restored one).
+    #[test]
+    fn fused_cpu_step_equals_the_tensor_operation_step() {
+        let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let reference = params.copy();
+        let mut fused = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(2);
+        let mut tensor_ops = Adam::new(&reference, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(2);
+        let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) < 2e-6;
+        for _ in 1..=3 {
             let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
             fused.step(&params, &grads);
-            tensor_ops.step += 1;
-            tensor_ops.step_with_tensor_ops(
-                &reference,
-                &grads,
-                1.0 - 0.9f64.powi(t),
-                (1.0 - 0.999f64.powi(t)).sqrt(),
-            );
+            tensor_ops.step_with_tensor_ops(&reference, &grads);
         }
         // Within rounding: parameters reach |x| ≈ 4, where one f32 ulp is 4.8e-7 (a wrong
         // term would be off by about the learning rate, 1e-4).
-        assert!((&params - &reference).abs().max().double_value(&[]) < 2e-6);
-        assert!(
-            (&fused.exp_avg_sq - &tensor_ops.exp_avg_sq)
-                .abs()
-                .max()
-                .double_value(&[])
-                < 1e-6
-        );
+        assert!(close(&params, &reference));
+        assert!(close(&fused.exp_avg_sq, &tensor_ops.exp_avg_sq));
+        assert_eq!(tensor_ops.step_count(), 3);
+        assert_eq!(fused.learning_rates(), vec![1e-3, 3e-4]);
+
+        let mut restored = Adam::new(&reference, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(2);
+        let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        restored.step_with_tensor_ops(&reference.copy(), &grads.zeros_like());
+        restored.load_state(&fused.state()).unwrap();
+        let (restored_params, fused_params) = (params.copy(), params.copy());
+        restored.step_with_tensor_ops(&restored_params, &grads);
+        fused.step(&fused_params, &grads);
+        assert!(close(&restored_params, &fused_params));
+    }
+
+    /// The warm-up scales each step's rates: step t of T uses t/T of them.
+    #[test]
+    fn warm_up_rises_linearly_to_the_base_rates() {
+        let params = Tensor::zeros([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let mut adam = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(4);
+        assert_eq!(adam.learning_rates(), vec![1e-3, 3e-4]);
+        let grads = params.ones_like();
+        adam.step(&params, &grads);
+        assert_eq!(adam.learning_rates(), vec![1e-3 / 4.0, 3e-4 / 4.0]);
+        // Adam's first step moves every parameter by its rate (m̂ = ĝ, √v̂ = |g|).
+        assert!((params.double_value(&[0]) + 1e-3 / 4.0).abs() < 1e-9);
+        for _ in 0..4 {
+            adam.step(&params, &grads);
+        }
+        assert_eq!(adam.learning_rates(), vec![1e-3, 3e-4]);
+    }
+
+    /// The tensor-operation step (the one a CUDA graph captures) never waits for the device
+    /// to hand the host a value, and consecutive steps, warm-up included, dispatch the same
+    /// operators with the same scalar arguments: a captured step replays the next one.
+    #[test]
+    fn tensor_operation_steps_are_replayable() {
+        use crate::agent::op_count::{count_ops, trace_ops};
+        let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let mut adam = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(3);
+        let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let mut step = || {
+            adam.step_with_tensor_ops(&params, &grads);
+            Ok(())
+        };
+        step().unwrap();
+        let ((), counted) = count_ops(&mut step).unwrap();
+        assert!(counted.ops > 0);
+        assert_eq!(counted.host_syncs, 0, "{counted:?}");
+        let ((), second) = trace_ops(&mut step).unwrap();
+        let ((), third) = trace_ops(&mut step).unwrap();
+        assert_eq!(second, third);
     }
 
     #[test]

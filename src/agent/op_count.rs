@@ -26,27 +26,47 @@ pub struct OpCount {
 /// the thread that started it).
 static PROFILER: Mutex<()> = Mutex::new(());
 
-/// Runs `call` once under torch's profiler; its result and the operators it dispatched on
-/// this thread.
-pub fn count_ops<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, OpCount)> {
+/// Runs `call` once under torch's profiler, started and stopped by the rule's functions
+/// `start` and `stop`; the call's result and what `stop` returned.
+fn profiled<T, R>(
+    start: &str,
+    stop: &str,
+    call: impl FnOnce() -> Result<T>,
+    extract: impl FnOnce(&Bound<'_, PyAny>) -> PyResult<R>,
+) -> Result<(T, R)> {
     let _one_at_a_time = PROFILER
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let failed = |e: PyErr| Error::Python(format!("op counting: {e}"));
     let (rule, profile) = embedded_python::attach_exclusive(|py| {
         let rule = embedded_python::load_module(py, RULE, "tdmpc2_op_count").map_err(failed)?;
-        let profile = rule.call_method0("start").map_err(failed)?;
+        let profile = rule.call_method0(start).map_err(failed)?;
         Ok::<_, Error>((rule.unbind(), profile.unbind()))
     })?;
     let result = call();
-    let (ops, top_level, host_syncs): (u64, u64, u64) = embedded_python::attach(|py| {
+    let recorded: R = embedded_python::attach(|py| {
         rule.bind(py)
-            .call_method1("stop", (profile.bind(py),))
-            .and_then(|counts| counts.extract())
+            .call_method1(stop, (profile.bind(py),))
+            .and_then(|out| extract(&out))
             .map_err(failed)
     })?;
+    Ok((result?, recorded))
+}
+
+/// Every operator `call` dispatched on this thread, in order, each with its scalar arguments
+/// (see `stop_trace` in scripts/op_count.py).
+pub fn trace_ops<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, Vec<String>)> {
+    profiled("start_trace", "stop_trace", call, |out| out.extract())
+}
+
+/// Runs `call` once under torch's profiler; its result and the operators it dispatched on
+/// this thread.
+pub fn count_ops<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, OpCount)> {
+    let (result, (ops, top_level, host_syncs)) = profiled("start", "stop", call, |out| {
+        out.extract::<(u64, u64, u64)>()
+    })?;
     Ok((
-        result?,
+        result,
         OpCount {
             ops,
             top_level,
@@ -75,6 +95,17 @@ mod tests {
         assert_eq!(c.host_syncs, 0);
         let (_, read) = count_ops(|| Ok((&x + 1.0).sum(Kind::Float).double_value(&[]))).unwrap();
         assert_eq!(read.host_syncs, 1, "{read:?}");
+    }
+
+    /// A trace names each operator with its scalar arguments: the same call traces the same,
+    /// a call that differs only in a host value does not.
+    #[test]
+    fn traces_show_scalar_arguments() {
+        let x = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
+        let trace = |row: i64, scale: f64| trace_ops(|| Ok(x.select(0, row) * scale)).unwrap().1;
+        assert_eq!(trace(1, 2.0), trace(1, 2.0));
+        assert_ne!(trace(1, 2.0), trace(2, 2.0));
+        assert_ne!(trace(1, 2.0), trace(1, 3.0));
     }
 
     /// Plans and updates never wait for the device to hand the host a value: what a CUDA graph
@@ -123,5 +154,57 @@ mod tests {
                 "episodic={episodic}: plan {plan:?}, update {update:?}"
             );
         }
+    }
+
+    /// What a CUDA graph needs besides no host reads: consecutive plans (whichever environments
+    /// start an episode) and consecutive updates dispatch the same operators with the same
+    /// scalar arguments, so that a graph captured from one call replays the next. A host value
+    /// that changes between calls (a Q head's index, a branch on who starts an episode) shows.
+    #[test]
+    fn consecutive_plans_and_updates_dispatch_the_same_calls() {
+        use crate::agent::noise::{HostNoise, TorchNoise};
+        use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
+        use crate::buffer::Batch;
+        let config = AgentConfig {
+            episodic: true,
+            enc_dim: 16,
+            mlp_dim: 16,
+            latent_dim: 8,
+            num_samples: 64,
+            num_elites: 8,
+            num_pi_trajs: 4,
+            ..AgentConfig::defaults(Some(1), 5, 2).unwrap()
+        };
+        let o = (Kind::Float, tch::Device::Cpu);
+        let mut model = WorldModel::new(&config, tch::Device::Cpu).unwrap();
+        let mut updater = Updater::new(&config, &model).unwrap().with_warmup(5);
+        let mut planner = Planner::new(&config, tch::Device::Cpu, 3).unwrap();
+        let (mut sample, mut batch_noise) = (TorchNoise::seeded(3), HostNoise::seeded(3));
+        let obs = Tensor::randn([3, 5], o);
+        let mut plan = |t0: &[bool]| {
+            trace_ops(|| planner.plan_batch(&model, &obs, t0, false, &mut sample))
+                .unwrap()
+                .1
+        };
+        plan(&[true, true, true]);
+        let first = plan(&[false, true, false]);
+        assert!(!first.is_empty());
+        assert_eq!(first, plan(&[true, false, false]), "plans");
+        assert_eq!(first, plan(&[false, false, false]), "plans");
+
+        let batch = Batch {
+            obs: Tensor::randn([4, 16, 5], o),
+            action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
+            reward: Tensor::randn([3, 16, 1], o),
+            terminated: Tensor::zeros([3, 16, 1], o),
+        };
+        let mut update = || {
+            trace_ops(|| updater.update(&mut model, &batch, &mut sample, &mut batch_noise))
+                .unwrap()
+                .1
+        };
+        update();
+        let second = update();
+        assert_eq!(second, update(), "updates");
     }
 }

@@ -222,6 +222,13 @@ impl Updater {
         &mut self.model_grads
     }
 
+    /// Both optimisers' rates rise linearly over their first `steps` steps.
+    pub fn with_warmup(mut self, steps: u64) -> Self {
+        self.model_optim = self.model_optim.with_warmup(steps);
+        self.policy_optim = self.policy_optim.with_warmup(steps);
+        self
+    }
+
     /// The policy gradient buffer (layout of `model.policy_params`).
     pub fn policy_grads_mut(&mut self) -> &mut Tensor {
         &mut self.policy_grads

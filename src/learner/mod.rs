@@ -62,10 +62,6 @@ pub struct Learner<'g> {
     horizon: usize,
     sync_freq: usize,
     tau: f64,
-    warmup_steps: u64,
-    /// The optimisers' configured learning rates per group (world model, policy), which the
-    /// warm-up scales.
-    base_lrs: Option<(Vec<f64>, Vec<f64>)>,
     group: &'g ProcessGroup,
     comm: CommTimes,
 }
@@ -95,7 +91,7 @@ impl<'g> Learner<'g> {
         crate::agent::kernels::retain_freed_memory();
         let sample_noise = TorchNoise::seeded(settings.seed);
         let model = WorldModel::new(agent, device)?;
-        let updater = Updater::new(agent, &model)?;
+        let updater = Updater::new(agent, &model)?.with_warmup(settings.warmup_steps);
         Ok(Self {
             model,
             updater,
@@ -111,8 +107,6 @@ impl<'g> Learner<'g> {
             horizon: agent.horizon,
             sync_freq: settings.sync_freq,
             tau: agent.tau,
-            warmup_steps: settings.warmup_steps,
-            base_lrs: None,
             group,
             comm: CommTimes::default(),
         })
@@ -194,31 +188,8 @@ impl<'g> Learner<'g> {
         self.update_on(&batches)
     }
 
-    /// Linear learning-rate warm-up over the first `lr_warmup_steps` optimiser steps.
-    fn warm_up(&mut self) {
-        if self.warmup_steps == 0 {
-            return;
-        }
-        let optimisers = [
-            &mut self.updater.model_optim,
-            &mut self.updater.policy_optim,
-        ];
-        let (model_base, policy_base) = self.base_lrs.get_or_insert_with(|| {
-            let lrs = |o: &crate::agent::Adam| o.groups.iter().map(|g| g.lr).collect::<Vec<_>>();
-            (lrs(optimisers[0]), lrs(optimisers[1]))
-        });
-        let step = optimisers[0].step_count() + 1;
-        let factor = (step as f64 / self.warmup_steps as f64).min(1.0);
-        for (optimiser, base) in optimisers.into_iter().zip([&*model_base, &*policy_base]) {
-            for (group, lr) in optimiser.groups.iter_mut().zip(base) {
-                group.lr = lr * factor;
-            }
-        }
-    }
-
     /// One synchronised update on the given micro-batches.
     pub fn update_on(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
-        self.warm_up();
         let group = self.group;
         let (model, learner) = (&mut self.model, &mut self.updater);
         let (sample_noise, batch_noise) = (&mut self.sample_noise, &mut self.batch_noise);
