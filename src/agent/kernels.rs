@@ -67,12 +67,6 @@ fn mish_slice_generic(x: &[f32], y: &mut [f32]) {
     }
 }
 
-fn mish_in_place_generic(values: &mut [f32]) {
-    for v in values {
-        *v = mish_value(*v);
-    }
-}
-
 fn mish_grad_slice_generic(x: &[f32], y: &mut [f32], g: &mut [f32]) {
     for ((out, grad), &v) in y.iter_mut().zip(g.iter_mut()).zip(x) {
         (*out, *grad) = mish_value_and_grad(v);
@@ -83,12 +77,6 @@ fn mish_grad_slice_generic(x: &[f32], y: &mut [f32], g: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn mish_slice_avx2(x: &[f32], y: &mut [f32]) {
     mish_slice_generic(x, y)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn mish_in_place_avx2(values: &mut [f32]) {
-    mish_in_place_generic(values)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -115,15 +103,6 @@ fn mish_slice(x: &[f32], y: &mut [f32]) {
         return unsafe { mish_slice_avx2(x, y) };
     }
     mish_slice_generic(x, y)
-}
-
-fn mish_in_place(values: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports the enabled features (checked above).
-        return unsafe { mish_in_place_avx2(values) };
-    }
-    mish_in_place_generic(values)
 }
 
 fn mish_grad_slice(x: &[f32], y: &mut [f32], g: &mut [f32]) {
@@ -292,19 +271,6 @@ pub fn mish(x: &Tensor) -> Tensor {
         mish_grad_slice(input, v, g);
     }
     value.addcmul(&(x - &detached), &grad)
-}
-
-/// [`mish`] of a temporary: a tensor whose storage no other tensor shares (an operator's fresh
-/// output). Without autograd it is overwritten in place, which saves an allocation and, on a
-/// GPU, nothing (torch's operator runs there).
-pub fn mish_of_temporary(x: Tensor) -> Tensor {
-    if !on_cpu(&x) || x.requires_grad() || !x.is_contiguous() {
-        return mish(&x);
-    }
-    // SAFETY: `x` is contiguous, kept alive, and (by the caller's contract) its storage is
-    // nobody else's.
-    unsafe { mish_in_place(slice_of(&x)) };
-    x
 }
 
 /// A dropout mask of `shape`: each element 0 with probability `p`, else 1/(1−p), from `rng`.

@@ -21,12 +21,10 @@ pub enum Activation {
 }
 
 impl Activation {
-    /// The activation of `x`, a temporary (an operator's fresh output, shared by no other
-    /// tensor), which it may overwrite.
-    pub fn apply(self, x: Tensor) -> Tensor {
+    pub fn apply(self, x: &Tensor) -> Tensor {
         match self {
-            Activation::Mish => kernels::mish_of_temporary(x),
-            Activation::SimNorm(group) => simnorm(&x, group),
+            Activation::Mish => kernels::mish(x),
+            Activation::SimNorm(group) => simnorm(x, group),
         }
     }
 }
@@ -118,7 +116,7 @@ impl Layer {
             y = layer_norm(&y, self.output_dim(), Some((&norm.weight, &norm.bias)));
         }
         match self.activation {
-            Some(activation) => activation.apply(y),
+            Some(activation) => activation.apply(&y),
             None => y,
         }
     }
@@ -185,6 +183,34 @@ impl Mlp {
                 .view([rows, out])
         };
         self.forward_from(first.finish(linear))
+    }
+
+    /// The MLP over a rollout of N rows and H steps, step-major: its inputs are
+    /// `cat([z_t, per_row[t·N + r]], -1)` where z_0 is `shared` (G, S), each row shared by N/G
+    /// consecutive rows, and z_t (t ≥ 1) is `later[t − 1]` (N, S); `per_row` is (H·N, R). The
+    /// first layer's shared part is computed once per row of `shared`, its per-row part in one
+    /// matmul for all steps.
+    pub fn forward_rollout(&self, shared: &Tensor, later: &[Tensor], per_row: &Tensor) -> Tensor {
+        let first = &self.layers[0];
+        let (groups, width) = (shared.size()[0], shared.size()[1]);
+        let steps = later.len() as i64 + 1;
+        let (rows, rest) = (per_row.size()[0] / steps, per_row.size()[1]);
+        let latent_weight = first.weight.narrow(1, 0, width);
+        let linear = per_row.linear(&first.weight.narrow(1, width, rest), Some(&first.bias));
+        let out = linear.size()[1];
+        let by_step = linear.view([steps, rows, out]);
+        let mut step0 = by_step.get(0).view([groups, rows / groups, out]);
+        step0 += shared.linear::<Tensor>(&latent_weight, None).unsqueeze(1);
+        for (t, z) in later.iter().enumerate() {
+            let mut step = by_step.get(t as i64 + 1);
+            step += z.linear::<Tensor>(&latent_weight, None);
+        }
+        // The rest step by step: on the CPU a step's activations stay in cache where all
+        // steps' would not (one call over all steps made plans 10–20 % slower).
+        let steps: Vec<Tensor> = (0..steps)
+            .map(|t| self.forward_from(first.finish(by_step.get(t))))
+            .collect();
+        Tensor::cat(&steps, 0)
     }
 
     /// The layers after the first, given the first's output.
@@ -313,48 +339,59 @@ impl Ensemble {
 
     /// Evaluates the chosen members on a shared input `x` (…, in); returns (k, …, out).
     /// `detach` cuts the parameters from autograd (gradients reach `x` only). With `dropout`
-    /// (training), each member's first layer gets its own mask from that noise source (one
-    /// draw covers all members). A pair is picked from the stacked parameters on the device,
-    /// so the members evaluated are never a host value.
+    /// (training), each member's first layer gets its own mask from that noise source. A pair
+    /// is picked from the stacked parameters on the device, so the members evaluated are never
+    /// a host value.
     pub fn forward(
         &self,
         x: &Tensor,
         heads: &Heads,
         detach: bool,
-        mut dropout: Option<&mut dyn Noise>,
+        dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
         let leading = x.size();
         let input = *leading.last().expect("ensemble input has a feature dim");
         let rows: i64 = leading[..leading.len() - 1].iter().product();
         let x = x.reshape([rows, input]);
-        let (members, chosen) = match heads {
-            Heads::All => (self.size, None),
-            Heads::Pair(index) => (2, Some(index)),
-        };
         let param = |t: &Tensor| {
-            let t = if detach {
+            if detach {
                 t.detach()
             } else {
                 t.shallow_clone()
-            };
-            match chosen {
-                Some(index) => t.index_select(0, index),
-                None => t,
             }
         };
-        // The first layer as one matmul over the stacked weights (rows, k·out), the others as
-        // batched matmuls.
+        let out = match heads {
+            Heads::All => self.forward_all(&x, &param, dropout)?,
+            Heads::Pair(index) => {
+                self.forward_pair(&x, &|t: &Tensor| param(t).index_select(0, index), dropout)?
+            }
+        };
+        let mut shape = vec![out.size()[0]];
+        shape.extend_from_slice(&leading[..leading.len() - 1]);
+        shape.push(out.size()[2]);
+        Ok(out.view(shape.as_slice()))
+    }
+
+    /// All members: the first layer as one matmul over the stacked weights (rows, K·out), the
+    /// others as batched matmuls; returns (K, rows, out).
+    fn forward_all(
+        &self,
+        x: &Tensor,
+        param: &dyn Fn(&Tensor) -> Tensor,
+        mut dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let members = self.size;
         let first = &self.layers[0];
         let (out, width) = (first.weight.size()[1], first.weight.size()[2]);
         let bias = param(&first.bias).view([1, members * out]);
         let linear = bias
-            .addmm(&x, &param(&first.weight).view([members * out, width]).tr())
+            .addmm(x, &param(&first.weight).view([members * out, width]).tr())
             .view([-1, members, out]);
         let norm = first
             .norm
             .as_ref()
             .map(|n| (param(&n.weight), param(&n.bias)));
-        // (rows, k, out) → (k, rows, out) as a strided view; batched matmul reads it directly.
+        // (rows, K, out) → (K, rows, out) as a strided view; batched matmul reads it directly.
         let mut h = self
             .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
             .transpose(0, 1);
@@ -367,10 +404,47 @@ impl Ensemble {
                 .map(|n| (param(&n.weight).unsqueeze(1), param(&n.bias).unsqueeze(1)));
             h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
         }
-        let mut shape = vec![members];
-        shape.extend_from_slice(&leading[..leading.len() - 1]);
-        shape.push(h.size()[2]);
-        Ok(h.view(shape.as_slice()))
+        Ok(h)
+    }
+
+    /// Two members whose stacked parameters `pick` selects (leading dimension 2), each through
+    /// plain matmuls (on the CPU faster than a batched matmul over two); returns (2, rows, out).
+    fn forward_pair(
+        &self,
+        x: &Tensor,
+        pick: &dyn Fn(&Tensor) -> Tensor,
+        mut dropout: Option<&mut dyn Noise>,
+    ) -> Result<Tensor> {
+        let picked: Vec<[Tensor; 4]> = self
+            .layers
+            .iter()
+            .map(|layer| {
+                let (norm_weight, norm_bias) = match &layer.norm {
+                    Some(n) => (pick(&n.weight), pick(&n.bias)),
+                    None => (Tensor::new(), Tensor::new()),
+                };
+                [
+                    pick(&layer.weight),
+                    pick(&layer.bias),
+                    norm_weight,
+                    norm_bias,
+                ]
+            })
+            .collect();
+        let mut outputs = Vec::with_capacity(2);
+        for member in 0..2 {
+            let mut h = x.shallow_clone();
+            for (layer, [weight, bias, norm_weight, norm_bias]) in self.layers.iter().zip(&picked) {
+                let linear = h.linear(&weight.get(member), Some(&bias.get(member)));
+                let norm = layer
+                    .norm
+                    .as_ref()
+                    .map(|_| (norm_weight.get(member), norm_bias.get(member)));
+                h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
+            }
+            outputs.push(h);
+        }
+        Ok(Tensor::stack(&outputs, 0))
     }
 
     fn dropout_and_finish(
@@ -389,11 +463,15 @@ impl Ensemble {
         }
         if let Some((weight, bias)) = norm {
             let out = *h.size().last().expect("features");
-            // Per-member affine parameters broadcast over the rows.
-            h = bias.addcmul(&layer_norm(&h, out, None), &weight);
+            h = if weight.dim() == 1 {
+                layer_norm(&h, out, Some((&weight, &bias)))
+            } else {
+                // Per-member affine parameters broadcast over the rows.
+                bias.addcmul(&layer_norm(&h, out, None), &weight)
+            };
         }
         Ok(match layer.activation {
-            Some(activation) => activation.apply(h),
+            Some(activation) => activation.apply(&h),
             None => h,
         })
     }
@@ -483,6 +561,31 @@ mod tests {
             .abs()
             .max();
         assert!(diff.double_value(&[]) < 1e-6);
+    }
+
+    /// A rollout's MLP equals the MLP on every step's concatenated input, stacked step-major.
+    #[test]
+    fn mlp_over_a_rollout_matches_the_concatenated_inputs() {
+        tch::manual_seed(5);
+        let cpu = (Kind::Float, Device::Cpu);
+        let mlp = Mlp::new(7, &[9, 9], 3, None, 0.0);
+        let shared = Tensor::randn([3, 5], cpu);
+        let later = [Tensor::randn([12, 5], cpu), Tensor::randn([12, 5], cpu)];
+        let per_row = Tensor::randn([36, 2], cpu);
+        let latents = Tensor::cat(
+            &[
+                shared.repeat_interleave_self_int(4, 0, None),
+                later[0].shallow_clone(),
+                later[1].shallow_clone(),
+            ],
+            0,
+        );
+        let full = mlp.forward(&Tensor::cat(&[latents, per_row.shallow_clone()], 1));
+        let rollout = mlp.forward_rollout(&shared, &later, &per_row);
+        assert!((full - rollout).abs().max().double_value(&[]) < 1e-6);
+        let one_step = mlp.forward_rollout(&shared, &[], &per_row.narrow(0, 0, 12));
+        let expected = mlp.forward_shared_prefix(&shared, &per_row.narrow(0, 0, 12));
+        assert!((one_step - expected).abs().max().double_value(&[]) < 1e-6);
     }
 
     #[test]

@@ -19,10 +19,13 @@ pub trait LatentModel {
     fn encode(&self, obs: &Tensor) -> Tensor;
     /// Next latents (N, Z).
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor;
-    /// Decoded rewards (N, 1), from latents (N, Z).
-    fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor;
-    /// 1.0 where the latent is terminal, 0.0 elsewhere (N, 1); `None` if never terminal.
-    fn terminal(&self, z: &Tensor) -> Option<Tensor>;
+    /// Decoded rewards (H·N, 1) of a rollout of N rows over H steps, step-major: step 0 from the
+    /// latents `z0` (G, Z), each shared by N/G consecutive rows; step t ≥ 1 from `later[t − 1]`
+    /// (N, Z); the actions (H·N, A).
+    fn rollout_rewards(&self, z0: &Tensor, later: &[Tensor], actions: &Tensor) -> Tensor;
+    /// For the latents (N, Z) of each step, 1.0 where the latent is terminal, 0.0 elsewhere,
+    /// step-major (steps·N, 1); `None` if never terminal.
+    fn terminal(&self, steps: &[Tensor]) -> Option<Tensor>;
     /// Policy-prior sample with standard-normal noise `eps` (N, A).
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor;
     /// Mean of the two Q heads of `pair` (N, 1), without dropout.
@@ -60,11 +63,14 @@ impl LatentModel for WorldModel {
             WorldModel::next(self, z, a)
         }
     }
-    fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        self.two_hot.decode(&WorldModel::reward(self, z, a))
+    fn rollout_rewards(&self, z0: &Tensor, later: &[Tensor], actions: &Tensor) -> Tensor {
+        self.two_hot
+            .decode(&self.reward.forward_rollout(z0, later, actions))
     }
-    fn terminal(&self, z: &Tensor) -> Option<Tensor> {
-        self.termination_logits(z)
+    fn terminal(&self, steps: &[Tensor]) -> Option<Tensor> {
+        // Nothing to concatenate where the model never terminates.
+        self.termination.as_ref()?;
+        self.termination_logits(&Tensor::cat(steps, 0))
             .map(|logits| logits.sigmoid().gt(0.5).to_kind(Kind::Float))
     }
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {

@@ -303,33 +303,33 @@ impl Planner {
 
     /// Rolls out candidates `first..first + rows` of every environment from its latent in `z0`
     /// (E, Z) over the horizon: Σ_t γ^t (1 − done_t) r_t, the final latents and the
-    /// termination flags. The dynamics step one at a time; the rewards (and terminations) of
-    /// all steps are then decoded in one call.
+    /// termination flags. The dynamics step one at a time; then the rewards of all steps (see
+    /// [`LatentModel::rollout_rewards`]) and their terminations.
     fn rollout(&self, model: &impl LatentModel, z0: &Tensor, first: i64, rows: i64) -> Rollout {
         let (e, h, a) = (self.num_envs, self.horizon, self.action_dim);
-        let z_dim = model.latent_dim();
         // (H, E·rows, A): step t's actions of these candidates, environment-major.
         let actions = self
             .candidates
             .narrow(2, first, rows)
             .transpose(0, 1)
             .reshape([h, e * rows, a]);
-        // Latents z_0..z_H as (1, E, rows, Z) each; z_0 is the environment's own, broadcast.
-        let mut latents = vec![z0.view([1, e, 1, z_dim]).expand([1, e, rows, z_dim], false)];
-        let mut z = z0.shallow_clone();
+        // z_1..z_H, (E·rows, Z) each.
+        let mut latents: Vec<Tensor> = Vec::with_capacity(h as usize);
         for t in 0..h {
-            z = model.next(&z, &actions.get(t));
-            latents.push(z.view([1, e, rows, z_dim]));
+            let z = latents.last().unwrap_or(z0);
+            latents.push(model.next(z, &actions.get(t)));
         }
-        let states = Tensor::cat(&latents[..h as usize], 0).view([h * e * rows, z_dim]);
         let rewards = model
-            .reward(&states, &actions.reshape([h * e * rows, a]))
+            .rollout_rewards(
+                z0,
+                &latents[..h as usize - 1],
+                &actions.reshape([h * e * rows, a]),
+            )
             .view([h, e * rows, 1]);
         let mut weights = self.discounts.shallow_clone();
-        let next_states = Tensor::cat(&latents[1..], 0).view([h * e * rows, z_dim]);
         // done_t: terminated at or before z_t (t = 1..H); the reward at step t counts while
         // z_t is not terminal.
-        let terminated = model.terminal(&next_states).map(|now| {
+        let terminated = model.terminal(&latents).map(|now| {
             let done = now
                 .view([h, e * rows, 1])
                 .cumsum(0, Kind::Float)
@@ -348,7 +348,7 @@ impl Planner {
         let per_env = |t: Tensor| t.view([e, rows, -1]);
         Rollout {
             returns: per_env(returns),
-            latents: per_env(z),
+            latents: per_env(latents[h as usize - 1].shallow_clone()),
             terminated: terminated.map(per_env),
         }
     }

@@ -32,12 +32,12 @@ impl LatentModel for Quadratic {
     fn next(&self, _z: &Tensor, a: &Tensor) -> Tensor {
         Tensor::zeros([a.size()[0], 4], (Kind::Float, Device::Cpu))
     }
-    fn reward(&self, _z: &Tensor, a: &Tensor) -> Tensor {
+    fn rollout_rewards(&self, _z0: &Tensor, _later: &[Tensor], a: &Tensor) -> Tensor {
         -(a - &self.target)
             .square()
             .sum_dim_intlist(-1, true, Kind::Float)
     }
-    fn terminal(&self, _z: &Tensor) -> Option<Tensor> {
+    fn terminal(&self, _steps: &[Tensor]) -> Option<Tensor> {
         None
     }
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
@@ -170,8 +170,7 @@ const CALLS: [(bool, bool); 5] = [
 
 /// At one environment the batched planner makes the same draws (order and shapes) as the
 /// single-environment planner it replaced and computes the same plans: equal but for float
-/// rounding (it decodes a rollout's rewards in one call where the former planner decoded them
-/// step by step).
+/// rounding (the reward's first layer sums its terms in another order).
 #[test]
 fn one_environment_matches_the_former_planner() {
     // Six refits amplify rounding: at model size 1 a relative change of 1e-7 in the observation
