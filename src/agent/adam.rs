@@ -335,6 +335,13 @@ mod tests {
         ]
     }
 
+    /// An optimiser over `params` with [`two_groups`] and `warmup` steps of warm-up.
+    fn adam(params: &Tensor, warmup: u64) -> Adam {
+        Adam::new(params, two_groups(), 0.9, 0.999, 1e-8)
+            .unwrap()
+            .with_warmup(warmup)
+    }
+
     /// The fused CPU step (host scalars) and the tensor-operation step (device scalars) take the
     /// same steps, warm-up included, and so does a tensor-operation optimiser restored from the
     /// fused one's state (its device step count follows the restored one).
@@ -342,12 +349,8 @@ mod tests {
     fn fused_cpu_step_equals_the_tensor_operation_step() {
         let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
         let reference = params.copy();
-        let mut fused = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
-            .unwrap()
-            .with_warmup(2);
-        let mut tensor_ops = Adam::new(&reference, two_groups(), 0.9, 0.999, 1e-8)
-            .unwrap()
-            .with_warmup(2);
+        let mut fused = adam(&params, 2);
+        let mut tensor_ops = adam(&reference, 2);
         let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) < 2e-6;
         for _ in 1..=3 {
             let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
@@ -361,9 +364,7 @@ mod tests {
         assert_eq!(tensor_ops.step_count(), 3);
         assert_eq!(fused.learning_rates(), vec![1e-3, 3e-4]);
 
-        let mut restored = Adam::new(&reference, two_groups(), 0.9, 0.999, 1e-8)
-            .unwrap()
-            .with_warmup(2);
+        let mut restored = adam(&reference, 2);
         let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
         restored.step_with_tensor_ops(&reference.copy(), &grads.zeros_like());
         restored.load_state(&fused.state()).unwrap();
@@ -377,9 +378,7 @@ mod tests {
     #[test]
     fn warm_up_rises_linearly_to_the_base_rates() {
         let params = Tensor::zeros([1000], (tch::Kind::Float, tch::Device::Cpu));
-        let mut adam = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
-            .unwrap()
-            .with_warmup(4);
+        let mut adam = adam(&params, 4);
         assert_eq!(adam.learning_rates(), vec![1e-3, 3e-4]);
         let grads = params.ones_like();
         adam.step(&params, &grads);
@@ -399,9 +398,7 @@ mod tests {
     fn tensor_operation_steps_are_replayable() {
         use crate::agent::op_count::{count_ops, trace_ops};
         let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
-        let mut adam = Adam::new(&params, two_groups(), 0.9, 0.999, 1e-8)
-            .unwrap()
-            .with_warmup(3);
+        let mut adam = adam(&params, 3);
         let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
         let mut step = || {
             adam.step_with_tensor_ops(&params, &grads);

@@ -166,47 +166,34 @@ impl Mlp {
         self.forward_from(self.layers[0].forward(x))
     }
 
-    /// The MLP on `cat([shared[g], per_row[r]], -1)` where each of the G rows of `shared`
-    /// (G, S) is shared by N/G consecutive rows of `per_row` (N, R): the first layer's shared
-    /// part is computed once per group. N must be a multiple of G.
-    pub fn forward_shared_prefix(&self, shared: &Tensor, per_row: &Tensor) -> Tensor {
-        let first = &self.layers[0];
-        let (groups, width) = (shared.size()[0], shared.size()[1]);
-        let (rows, rest) = (per_row.size()[0], per_row.size()[1]);
-        let shared_part = shared.linear(&first.weight.narrow(1, 0, width), Some(&first.bias));
-        let per_row_part = per_row.linear::<Tensor>(&first.weight.narrow(1, width, rest), None);
-        let linear = if groups == 1 {
-            per_row_part + shared_part
-        } else {
-            let out = shared_part.size()[1];
-            (per_row_part.view([groups, rows / groups, out]) + shared_part.unsqueeze(1))
-                .view([rows, out])
-        };
-        self.forward_from(first.finish(linear))
-    }
-
     /// The MLP over a rollout of N rows and H steps, step-major: its inputs are
     /// `cat([z_t, per_row[t·N + r]], -1)` where z_0 is `shared` (G, S), each row shared by N/G
     /// consecutive rows, and z_t (t ≥ 1) is `later[t − 1]` (N, S); `per_row` is (H·N, R). The
     /// first layer's shared part is computed once per row of `shared`, its per-row part in one
-    /// matmul for all steps.
+    /// matmul for all steps. With no `later` steps this is the MLP on one step whose latents
+    /// are shared (the first planning step).
     pub fn forward_rollout(&self, shared: &Tensor, later: &[Tensor], per_row: &Tensor) -> Tensor {
         let first = &self.layers[0];
         let (groups, width) = (shared.size()[0], shared.size()[1]);
         let steps = later.len() as i64 + 1;
         let (rows, rest) = (per_row.size()[0] / steps, per_row.size()[1]);
         let latent_weight = first.weight.narrow(1, 0, width);
-        let linear = per_row.linear(&first.weight.narrow(1, width, rest), Some(&first.bias));
+        let linear = per_row.linear::<Tensor>(&first.weight.narrow(1, width, rest), None);
         let out = linear.size()[1];
         let by_step = linear.view([steps, rows, out]);
         let mut step0 = by_step.get(0).view([groups, rows / groups, out]);
-        step0 += shared.linear::<Tensor>(&latent_weight, None).unsqueeze(1);
+        step0 += shared
+            .linear(&latent_weight, Some(&first.bias))
+            .unsqueeze(1);
         for (t, z) in later.iter().enumerate() {
             let mut step = by_step.get(t as i64 + 1);
-            step += z.linear::<Tensor>(&latent_weight, None);
+            step += z.linear(&latent_weight, Some(&first.bias));
         }
         // The rest step by step: on the CPU a step's activations stay in cache where all
         // steps' would not (one call over all steps made plans 10–20 % slower).
+        if steps == 1 {
+            return self.forward_from(first.finish(linear));
+        }
         let steps: Vec<Tensor> = (0..steps)
             .map(|t| self.forward_from(first.finish(by_step.get(t))))
             .collect();
@@ -543,7 +530,7 @@ mod tests {
         let shared = Tensor::randn([1, 5], (Kind::Float, Device::Cpu));
         let per_row = Tensor::randn([4, 2], (Kind::Float, Device::Cpu));
         let full = Tensor::cat(&[shared.expand([4, 5], false), per_row.shallow_clone()], 1);
-        let diff = (mlp.forward(&full) - mlp.forward_shared_prefix(&shared, &per_row))
+        let diff = (mlp.forward(&full) - mlp.forward_rollout(&shared, &[], &per_row))
             .abs()
             .max();
         assert!(diff.double_value(&[]) < 1e-6);
@@ -557,7 +544,7 @@ mod tests {
             ],
             1,
         );
-        let diff = (mlp.forward(&full) - mlp.forward_shared_prefix(&shared, &per_row))
+        let diff = (mlp.forward(&full) - mlp.forward_rollout(&shared, &[], &per_row))
             .abs()
             .max();
         assert!(diff.double_value(&[]) < 1e-6);
@@ -582,10 +569,15 @@ mod tests {
         );
         let full = mlp.forward(&Tensor::cat(&[latents, per_row.shallow_clone()], 1));
         let rollout = mlp.forward_rollout(&shared, &later, &per_row);
-        assert!((full - rollout).abs().max().double_value(&[]) < 1e-6);
+        assert!((&full - rollout).abs().max().double_value(&[]) < 1e-6);
         let one_step = mlp.forward_rollout(&shared, &[], &per_row.narrow(0, 0, 12));
-        let expected = mlp.forward_shared_prefix(&shared, &per_row.narrow(0, 0, 12));
-        assert!((one_step - expected).abs().max().double_value(&[]) < 1e-6);
+        assert!(
+            (one_step - full.narrow(0, 0, 12))
+                .abs()
+                .max()
+                .double_value(&[])
+                < 1e-6
+        );
     }
 
     #[test]

@@ -97,6 +97,66 @@ mod tests {
         assert_eq!(read.host_syncs, 1, "{read:?}");
     }
 
+    use crate::agent::noise::{HostNoise, TorchNoise};
+    use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
+    use crate::buffer::Batch;
+
+    /// A small agent (obs 5, action 2) planning for 3 environments, its noise streams and a
+    /// batch of 16 (horizon 3).
+    struct SmallAgent {
+        model: WorldModel,
+        updater: Updater,
+        planner: Planner,
+        sample: TorchNoise,
+        batch_noise: HostNoise,
+        obs: Tensor,
+        batch: Batch,
+    }
+
+    impl SmallAgent {
+        fn new(episodic: bool) -> Self {
+            let config = AgentConfig {
+                episodic,
+                enc_dim: 16,
+                mlp_dim: 16,
+                latent_dim: 8,
+                num_samples: 64,
+                num_elites: 8,
+                num_pi_trajs: 4,
+                ..AgentConfig::defaults(Some(1), 5, 2).unwrap()
+            };
+            let device = tch::Device::Cpu;
+            let o = (Kind::Float, device);
+            let model = WorldModel::new(&config, device).unwrap();
+            Self {
+                updater: Updater::new(&config, &model).unwrap().with_warmup(5),
+                planner: Planner::new(&config, device, 3).unwrap(),
+                model,
+                sample: TorchNoise::seeded(3),
+                batch_noise: HostNoise::seeded(3),
+                obs: Tensor::randn([3, 5], o),
+                batch: Batch {
+                    obs: Tensor::randn([4, 16, 5], o),
+                    action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
+                    reward: Tensor::randn([3, 16, 1], o),
+                    terminated: Tensor::zeros([3, 16, 1], o),
+                },
+            }
+        }
+
+        fn plan(&mut self, t0: &[bool]) -> Result<Tensor> {
+            let a = self;
+            a.planner
+                .plan_batch(&a.model, &a.obs, t0, false, &mut a.sample)
+        }
+
+        fn update(&mut self) -> Result<crate::agent::UpdateInfo> {
+            let a = self;
+            a.updater
+                .update(&mut a.model, &a.batch, &mut a.sample, &mut a.batch_noise)
+        }
+    }
+
     /// A trace names each operator with its scalar arguments: the same call traces the same,
     /// a call that differs only in a host value does not.
     #[test]
@@ -113,40 +173,10 @@ mod tests {
     /// training step are the action fetch and the statistics, both outside these calls.
     #[test]
     fn plans_and_updates_make_no_host_syncs() {
-        use crate::agent::noise::{HostNoise, TorchNoise};
-        use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
-        use crate::buffer::Batch;
         for episodic in [false, true] {
-            let config = AgentConfig {
-                episodic,
-                enc_dim: 16,
-                mlp_dim: 16,
-                latent_dim: 8,
-                num_samples: 64,
-                num_elites: 8,
-                num_pi_trajs: 4,
-                ..AgentConfig::defaults(Some(1), 5, 2).unwrap()
-            };
-            let device = tch::Device::Cpu;
-            let o = (Kind::Float, device);
-            let mut model = WorldModel::new(&config, device).unwrap();
-            let mut updater = Updater::new(&config, &model).unwrap();
-            let mut planner = Planner::new(&config, device, 3).unwrap();
-            let (mut sample, mut batch_noise) = (TorchNoise::seeded(3), HostNoise::seeded(3));
-            let obs = Tensor::randn([3, 5], o);
-            let (_, plan) = count_ops(|| {
-                planner.plan_batch(&model, &obs, &[true, false, true], false, &mut sample)
-            })
-            .unwrap();
-            let batch = Batch {
-                obs: Tensor::randn([4, 16, 5], o),
-                action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
-                reward: Tensor::randn([3, 16, 1], o),
-                terminated: Tensor::zeros([3, 16, 1], o),
-            };
-            let (_, update) =
-                count_ops(|| updater.update(&mut model, &batch, &mut sample, &mut batch_noise))
-                    .unwrap();
+            let mut agent = SmallAgent::new(episodic);
+            let (_, plan) = count_ops(|| agent.plan(&[true, false, true])).unwrap();
+            let (_, update) = count_ops(|| agent.update()).unwrap();
             assert!(plan.ops > 0 && update.ops > 0);
             assert_eq!(
                 (plan.host_syncs, update.host_syncs),
@@ -162,49 +192,17 @@ mod tests {
     /// that changes between calls (a Q head's index, a branch on who starts an episode) shows.
     #[test]
     fn consecutive_plans_and_updates_dispatch_the_same_calls() {
-        use crate::agent::noise::{HostNoise, TorchNoise};
-        use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
-        use crate::buffer::Batch;
-        let config = AgentConfig {
-            episodic: true,
-            enc_dim: 16,
-            mlp_dim: 16,
-            latent_dim: 8,
-            num_samples: 64,
-            num_elites: 8,
-            num_pi_trajs: 4,
-            ..AgentConfig::defaults(Some(1), 5, 2).unwrap()
-        };
-        let o = (Kind::Float, tch::Device::Cpu);
-        let mut model = WorldModel::new(&config, tch::Device::Cpu).unwrap();
-        let mut updater = Updater::new(&config, &model).unwrap().with_warmup(5);
-        let mut planner = Planner::new(&config, tch::Device::Cpu, 3).unwrap();
-        let (mut sample, mut batch_noise) = (TorchNoise::seeded(3), HostNoise::seeded(3));
-        let obs = Tensor::randn([3, 5], o);
-        let mut plan = |t0: &[bool]| {
-            trace_ops(|| planner.plan_batch(&model, &obs, t0, false, &mut sample))
-                .unwrap()
-                .1
-        };
-        plan(&[true, true, true]);
-        let first = plan(&[false, true, false]);
+        let mut agent = SmallAgent::new(true);
+        let plan = |agent: &mut SmallAgent, t0: &[bool]| trace_ops(|| agent.plan(t0)).unwrap().1;
+        plan(&mut agent, &[true, true, true]);
+        let first = plan(&mut agent, &[false, true, false]);
         assert!(!first.is_empty());
-        assert_eq!(first, plan(&[true, false, false]), "plans");
-        assert_eq!(first, plan(&[false, false, false]), "plans");
+        assert_eq!(first, plan(&mut agent, &[true, false, false]), "plans");
+        assert_eq!(first, plan(&mut agent, &[false, false, false]), "plans");
 
-        let batch = Batch {
-            obs: Tensor::randn([4, 16, 5], o),
-            action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
-            reward: Tensor::randn([3, 16, 1], o),
-            terminated: Tensor::zeros([3, 16, 1], o),
-        };
-        let mut update = || {
-            trace_ops(|| updater.update(&mut model, &batch, &mut sample, &mut batch_noise))
-                .unwrap()
-                .1
-        };
-        update();
-        let second = update();
-        assert_eq!(second, update(), "updates");
+        let update = |agent: &mut SmallAgent| trace_ops(|| agent.update()).unwrap().1;
+        update(&mut agent);
+        let second = update(&mut agent);
+        assert_eq!(second, update(&mut agent), "updates");
     }
 }

@@ -14,7 +14,7 @@ fn is_shared(z: &Tensor, a: &Tensor) -> bool {
     z.size()[0] == 1 && a.size()[0] > 1
 }
 
-/// The former `Mlp::forward_shared_prefix` for one latent (1, S) shared by every row.
+/// The former shared-prefix MLP (now `Mlp::forward_rollout`) for one latent (1, S) shared by every row.
 fn shared_prefix(mlp: &Mlp, shared: &Tensor, per_row: &Tensor) -> Tensor {
     let first = &mlp.layers[0];
     let width = shared.size()[1];

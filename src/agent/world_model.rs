@@ -181,7 +181,7 @@ impl WorldModel {
     /// [`Self::next`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
     /// (N, A).
     pub fn next_shared(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        self.dynamics.forward_shared_prefix(z, a)
+        self.dynamics.forward_rollout(z, &[], a)
     }
 
     /// Termination logits (…, 1), if the model is episodic.

@@ -295,7 +295,7 @@ fn batched_plan_equals_separate_plans_given_the_same_draws() {
                 let diff = (action - actions.get(e)).abs().max().double_value(&[]);
                 assert!(
                     diff <= tolerance,
-                    "call {call} env {env}: actions differ by {diff}"
+                    "call {call} env {env}: actions differ by {diff} (tolerance {tolerance})"
                 );
                 let diff = (planner.prev_mean().get(0) - batched.prev_mean().get(e))
                     .abs()
