@@ -18,6 +18,7 @@ import torch  # noqa: E402
 
 
 def start(record_shapes=False):
+    record_shapes = record_shapes or bool(os.environ.get("TDMPC2_OP_SHAPES"))
     profile = torch.autograd.profiler.profile(record_shapes=record_shapes)
     profile.__enter__()
     return profile
@@ -75,6 +76,20 @@ def stop(profile):
         inside = collections.Counter((root(e), e.name) for e in ops if _inside_an_operator(e))
         for (r, name), n in inside.most_common(40):
             print(f"  {n:6d} {r} > {name}", file=sys.stderr)
+        # Self time under the profiler (which adds its own per-operator cost): where time goes.
+        spent = collections.Counter()
+        for e in ops:
+            spent[e.name] += e.self_cpu_time_total
+        if os.environ.get("TDMPC2_OP_SHAPES"):
+            shaped = collections.Counter(
+                (e.name, str(e.input_shapes), str(getattr(e, "concrete_inputs", "")))
+                for e in ops if e.name == os.environ["TDMPC2_OP_SHAPES"])
+            for key, n in shaped.most_common(30):
+                print(f"  {n:6d} {key}", file=sys.stderr)
+        total = sum(spent.values())
+        print(f"self time by operator ({total / 1e3:.1f} ms in all, profiled):", file=sys.stderr)
+        for name, us in spent.most_common(25):
+            print(f"  {us / 1e3:8.2f} ms {every[name]:6d} {name}", file=sys.stderr)
     return len(ops), top_level, sum(1 for e in ops if e.name in HOST_SYNCS)
 
 

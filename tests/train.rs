@@ -154,16 +154,39 @@ fn the_default_loop_reproduces_the_recorded_run() {
         &std::fs::read(checkpoint(dir.path(), 600).join("meta.json")).unwrap(),
     )
     .unwrap();
+    let evals = std::fs::read_to_string(dir.path().join("eval.csv")).unwrap();
+    let column = |i: usize| -> Vec<f64> {
+        let value = |l: &str| l.split(',').nth(i).unwrap().parse().unwrap();
+        evals.lines().skip(1).map(value).collect()
+    };
+    let returns = column(4);
+    // A change that is meant to change the draws or the floats re-records the run:
+    // TDMPC2_RECORD_GOLDEN="why" cargo test --release --test train the_default_loop -- --nocapture
+    if let Ok(about) = std::env::var("TDMPC2_RECORD_GOLDEN") {
+        let eval: Vec<serde_json::Value> = column(0)
+            .iter()
+            .zip(&returns)
+            .map(|(&step, r)| serde_json::json!({"step": step as u64, "episode_reward": r}))
+            .collect();
+        let record = serde_json::json!({
+            "about": about,
+            "how": golden["how"],
+            "learner_parts": meta["learner_parts"],
+            "eval": eval,
+        });
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/data/golden_pendulum.json"
+        );
+        let text = serde_json::to_string_pretty(&record).unwrap() + "\n";
+        std::fs::write(path, text).unwrap();
+        eprintln!("RECORDED {path}: the comparison did not run");
+        return;
+    }
     assert_eq!(
         meta["learner_parts"], golden["learner_parts"],
         "the learner state after 600 steps differs from the recorded run"
     );
-    let evals = std::fs::read_to_string(dir.path().join("eval.csv")).unwrap();
-    let returns: Vec<f64> = evals
-        .lines()
-        .skip(1)
-        .map(|l| l.split(',').nth(4).unwrap().parse().unwrap())
-        .collect();
     let recorded: Vec<f64> = golden["eval"]
         .as_array()
         .unwrap()

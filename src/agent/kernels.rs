@@ -1,4 +1,5 @@
-//! Hand-written CPU kernels for the elementwise hot spots: Mish and dropout masks.
+//! Hand-written CPU kernels for the elementwise hot spots: Mish, short-row softmax and dropout
+//! masks.
 //!
 //! On the CPU, torch's Mish evaluates three transcendental functions per element (exp, log1p,
 //! tanh) in forward and again in backward, and its dropout draws Bernoulli samples one at a
@@ -10,9 +11,11 @@
 //! [`retain_freed_memory`] stops glibc from handing freed activation buffers back to the kernel
 //! (and faulting fresh zeroed pages in on the next allocation), about a tenth of an update.
 //!
-//! For autograd, [`mish`] returns `y + (x − x̄)·y'` where `y`, `y'` are the kernel's value and
-//! derivative (constants) and `x̄` is `x` detached: the value is exactly `y` and the gradient
-//! exactly `y'`, at the cost of two cheap elementwise passes instead of a Mish backward.
+//! For autograd, [`mish`] returns the tangent line `x·y' + (y − x̄·y')` where `y`, `y'` are the
+//! kernel's value and derivative at `x̄`, `x` detached (constants): its gradient is exactly `y'`
+//! and its value `y` within a rounding, for one multiply and one add forward and one multiply
+//! backward instead of a Mish backward.
+
 use rand::rngs::SmallRng;
 use rand::RngCore;
 use tch::{Device, Kind, Tensor};
@@ -67,9 +70,11 @@ fn mish_slice_generic(x: &[f32], y: &mut [f32]) {
     }
 }
 
-fn mish_grad_slice_generic(x: &[f32], y: &mut [f32], g: &mut [f32]) {
-    for ((out, grad), &v) in y.iter_mut().zip(g.iter_mut()).zip(x) {
-        (*out, *grad) = mish_value_and_grad(v);
+/// Writes the tangent line of Mish at each `x`: slope `g` and offset `y − x·g`.
+fn mish_grad_slice_generic(x: &[f32], offset: &mut [f32], g: &mut [f32]) {
+    for ((offset, grad), &v) in offset.iter_mut().zip(g.iter_mut()).zip(x) {
+        let (value, slope) = mish_value_and_grad(v);
+        (*offset, *grad) = ((-v).mul_add(slope, value), slope);
     }
 }
 
@@ -81,8 +86,8 @@ unsafe fn mish_slice_avx2(x: &[f32], y: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn mish_grad_slice_avx2(x: &[f32], y: &mut [f32], g: &mut [f32]) {
-    mish_grad_slice_generic(x, y, g)
+unsafe fn mish_grad_slice_avx2(x: &[f32], offset: &mut [f32], g: &mut [f32]) {
+    mish_grad_slice_generic(x, offset, g)
 }
 
 fn has_avx2() -> bool {
@@ -105,13 +110,73 @@ fn mish_slice(x: &[f32], y: &mut [f32]) {
     mish_slice_generic(x, y)
 }
 
-fn mish_grad_slice(x: &[f32], y: &mut [f32], g: &mut [f32]) {
+fn mish_grad_slice(x: &[f32], offset: &mut [f32], g: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports the enabled features (checked above).
-        return unsafe { mish_grad_slice_avx2(x, y, g) };
+        return unsafe { mish_grad_slice_avx2(x, offset, g) };
     }
-    mish_grad_slice_generic(x, y, g)
+    mish_grad_slice_generic(x, offset, g)
+}
+
+/// Softmax over each run of `N` consecutive values: max, exponentials, one reciprocal of the
+/// sum. A fixed `N` lets the compiler keep a group in registers.
+#[inline(always)]
+fn softmax_groups_fixed<const N: usize>(x: &[f32], y: &mut [f32]) {
+    for (input, output) in x.chunks_exact(N).zip(y.chunks_exact_mut(N)) {
+        let input: &[f32; N] = input.try_into().expect("chunks of N");
+        let output: &mut [f32; N] = output.try_into().expect("chunks of N");
+        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0;
+        for (out, &v) in output.iter_mut().zip(input) {
+            *out = exp_approx(v - max);
+            sum += *out;
+        }
+        let scale = 1.0 / sum;
+        for out in output.iter_mut() {
+            *out *= scale;
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_groups_any(x: &[f32], y: &mut [f32], group: usize) {
+    for (input, output) in x.chunks_exact(group).zip(y.chunks_exact_mut(group)) {
+        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0;
+        for (out, &v) in output.iter_mut().zip(input) {
+            *out = exp_approx(v - max);
+            sum += *out;
+        }
+        let scale = 1.0 / sum;
+        for out in output.iter_mut() {
+            *out *= scale;
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_groups_generic(x: &[f32], y: &mut [f32], group: usize) {
+    match group {
+        8 => softmax_groups_fixed::<8>(x, y),
+        16 => softmax_groups_fixed::<16>(x, y),
+        _ => softmax_groups_any(x, y, group),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_groups_avx2(x: &[f32], y: &mut [f32], group: usize) {
+    softmax_groups_generic(x, y, group)
+}
+
+fn softmax_groups(x: &[f32], y: &mut [f32], group: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports the enabled features (checked above).
+        return unsafe { softmax_groups_avx2(x, y, group) };
+    }
+    softmax_groups_generic(x, y, group)
 }
 
 /// Whether the fast path applies: a non-empty float32 tensor on the CPU.
@@ -262,15 +327,35 @@ pub fn mish(x: &Tensor) -> Tensor {
         return mish_inference(x);
     }
     let detached = x.detach().contiguous();
-    let mut value = detached.empty_like();
-    let mut grad = detached.empty_like();
+    let mut offset = detached.empty_like();
+    let mut slope = detached.empty_like();
     // SAFETY: `detached` is contiguous and kept alive; the outputs are new.
     unsafe {
         let input = as_slice(&detached);
-        let (v, g) = (as_mut_slice(&mut value), as_mut_slice(&mut grad));
-        mish_grad_slice(input, v, g);
+        let (o, g) = (as_mut_slice(&mut offset), as_mut_slice(&mut slope));
+        mish_grad_slice(input, o, g);
     }
-    value.addcmul(&(x - &detached), &grad)
+    x * slope + offset
+}
+
+/// Rows longer than this go to torch's softmax, which is faster there.
+const SHORT_ROW: i64 = 32;
+
+/// Softmax over the last dimension. For short rows without autograd on the CPU (SimNorm's
+/// groups of 8, most of a plan's softmax time), one pass on the calling thread, about 1e-7 from
+/// torch's, whose kernel is slow for short rows. Otherwise torch's operator.
+pub fn softmax_last_dim(x: &Tensor) -> Tensor {
+    let group = x.size().last().copied().unwrap_or(0);
+    if !on_cpu(x) || x.requires_grad() || group == 0 || group > SHORT_ROW {
+        return x.softmax(-1, Kind::Float);
+    }
+    let x = x.contiguous();
+    let mut y = x.empty_like();
+    // SAFETY: `x` is contiguous and kept alive; `y` is new and only written here.
+    unsafe {
+        softmax_groups(as_slice(&x), as_mut_slice(&mut y), group as usize);
+    }
+    y
 }
 
 /// A dropout mask of `shape`: each element 0 with probability `p`, else 1/(1−p), from `rng`.
@@ -316,6 +401,30 @@ mod tests {
     }
 
     #[test]
+    fn softmax_matches_torch() {
+        for (rows, group) in [(300, 8), (40, 16), (7, 101), (5, 3), (6, 32)] {
+            let x = Tensor::randn([rows, group], (Kind::Float, Device::Cpu)) * 6.0;
+            // Far apart values in one row: the maximum must be subtracted.
+            let _ = x.get(0).get(0).fill_(-100.0);
+            let _ = x.get(1).get(1).fill_(80.0);
+            let ours = softmax_last_dim(&x);
+            let diff = (&ours - x.softmax(-1, Kind::Float))
+                .abs()
+                .max()
+                .double_value(&[]);
+            assert!(diff < 1e-6, "rows of {group}: {diff}");
+        }
+        // Autograd and other layouts go to torch, so they still work.
+        let leaf = Tensor::randn([4, 8], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        assert!(softmax_last_dim(&leaf).requires_grad());
+        let strided = Tensor::randn([8, 4], (Kind::Float, Device::Cpu)).transpose(0, 1);
+        let diff = (softmax_last_dim(&strided) - strided.softmax(-1, Kind::Float))
+            .abs()
+            .max();
+        assert!(diff.double_value(&[]) < 1e-6);
+    }
+
+    #[test]
     fn mish_matches_torch_in_value_and_gradient() {
         let x = (Tensor::arange_start_step(-3000, 3000, 1, (Kind::Float, Device::Cpu)) * 0.01)
             .cat_extra(&[-100.0f32, -50.0, 50.0, 100.0, 0.0]);
@@ -330,7 +439,9 @@ mod tests {
 
         let leaf = x.detach().set_requires_grad(true);
         let y = mish(&leaf);
-        assert!((&y - &ours).abs().max().double_value(&[]) == 0.0);
+        // The tangent line's value is Mish's within a rounding of x·y'.
+        let off = ((&y - &ours).abs() - (x.abs() + 1.0) * 5e-7).max();
+        assert!(off.double_value(&[]) <= 0.0, "value off by {off:?}");
         let g = Tensor::run_backward(&[y.sum(Kind::Float)], &[&leaf], false, false).remove(0);
         let leaf2 = x.detach().set_requires_grad(true);
         let g_ref = Tensor::run_backward(&[leaf2.mish().sum(Kind::Float)], &[&leaf2], false, false)

@@ -48,9 +48,7 @@ pub fn simnorm(x: &Tensor, group: i64) -> Tensor {
         *last /= group;
     }
     grouped.push(group);
-    x.view(grouped.as_slice())
-        .softmax(-1, Kind::Float)
-        .view(shape.as_slice())
+    super::kernels::softmax_last_dim(&x.view(grouped.as_slice())).view(shape.as_slice())
 }
 
 /// Truncated normal N(0, 0.02²) on [−2, 2] (the bounds lie 100σ out, so this is a plain normal).
