@@ -395,19 +395,12 @@ fn a_dying_rank_stops_the_run_and_is_named() {
 
 /// SIGKILLs the child of `launcher` whose environment says RANK=`rank`.
 fn kill_rank(launcher: u32, rank: usize) -> bool {
-    let wanted = format!("RANK={rank}");
-    children_of(launcher)
-        .into_iter()
-        .find(|pid| {
-            let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes())
-        })
-        .is_some_and(|pid| {
-            Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+    rank_pid(launcher, rank).is_some_and(|pid| {
+        Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 #[test]
@@ -812,6 +805,126 @@ fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
     assert!(stderr.contains("Resumed from"), "{stderr}");
     let end = meta(dir.path(), 2400);
     let checksums = end["rank_checksums"].as_array().unwrap();
+    assert_eq!(checksums.len(), 2);
+    assert_eq!(checksums[0], checksums[1]);
+}
+
+/// The pid of rank `rank`'s process under the launcher `launcher`.
+fn rank_pid(launcher: u32, rank: usize) -> Option<u32> {
+    let wanted = format!("RANK={rank}");
+    children_of(launcher).into_iter().find(|pid| {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        environ.split(|b| *b == 0).any(|kv| kv == wanted.as_bytes())
+    })
+}
+
+/// Stops (SIGSTOP) the environment worker of rank `rank` once the run has one: alive but
+/// silent, as a worker whose renderer hangs. Returns its pid.
+fn silence_env_worker(launcher: u32, rank: usize, ready: impl Fn() -> bool) -> Option<u32> {
+    let waiting = Instant::now();
+    let running = || {
+        let stat = std::fs::read_to_string(format!("/proc/{launcher}/stat")).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+    };
+    while waiting.elapsed() < Duration::from_secs(300) && running() {
+        let worker = rank_pid(launcher, rank).and_then(|pid| {
+            children_of(pid).into_iter().find(|child| {
+                std::fs::read(format!("/proc/{child}/cmdline"))
+                    .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == b"env-worker"))
+            })
+        });
+        if let Some(worker) = worker.filter(|_| ready()) {
+            // SAFETY: a plain kill(2) of a process of this test's run.
+            return (unsafe { libc::kill(worker as i32, libc::SIGSTOP) } == 0).then_some(worker);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+fn silent_worker_run(dir: &Path, extra: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(tiny_train())
+        .args([
+            "task=gym:Pendulum-v1",
+            "num_envs=2",
+            "env_workers=1",
+            "env_timeout=4",
+            "world_size=2",
+            "seed_steps=400",
+        ])
+        .args(extra)
+        .args([
+            format!("master_port={}", free_port()),
+            format!("run_dir={}", dir.display()),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A worker that stops answering ends its rank within `env_timeout`, named (rank, envs, task,
+/// what it was asked) and killed; the launcher stops the other rank (which would otherwise wait
+/// at its next collective for `dist_timeout`, naming no worker).
+#[test]
+fn a_silent_environment_worker_fails_its_rank_within_env_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["steps=100000", "save_freq=800", "dist_timeout=600"];
+    let child = silent_worker_run(dir.path(), &extra);
+    let training = dir.path().join("checkpoints").join("step_000000000800");
+    let worker = silence_env_worker(child.id(), 1, || training.join("meta.json").exists());
+    let silenced = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let worker = worker.unwrap_or_else(|| panic!("found rank 1's env worker: {stderr}"));
+    assert!(
+        silenced.elapsed() < Duration::from_secs(60),
+        "stopped after {:?}: {stderr}",
+        silenced.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let named = format!(
+        "rank 1: the environment worker (pid {worker}) running `gym:Pendulum-v1` envs 0-1 did \
+         not answer `step` within 4 s (env_timeout) and was killed"
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    assert!(stderr.contains("rank 1 failed"), "{stderr}");
+    let state = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap_or_default();
+    assert!(state.is_empty(), "the silent worker is gone: {state}");
+}
+
+/// With `max_restarts`, a run whose worker stops answering restarts from its last checkpoint
+/// with fresh workers and finishes.
+#[test]
+fn a_silent_environment_worker_is_restarted_from_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "steps=1600",
+        "save_freq=800",
+        "eval_freq=1600",
+        "max_restarts=1",
+    ];
+    let child = silent_worker_run(dir.path(), &extra);
+    let first_checkpoint = dir.path().join("checkpoints").join("step_000000000800");
+    let worker = silence_env_worker(child.id(), 1, || {
+        first_checkpoint.join("meta.json").exists()
+    });
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(worker.is_some(), "found rank 1's env worker: {stderr}");
+    assert!(out.status.success(), "the restarted job finished: {stderr}");
+    assert!(
+        stderr.contains("did not answer `step` within 4 s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("restart 1 of 1"), "{stderr}");
+    assert!(stderr.contains("Resumed from"), "{stderr}");
+    let checksums = meta(dir.path(), 1600)["rank_checksums"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);
 }

@@ -8,10 +8,7 @@ use std::time::{Duration, Instant};
 use envs::{Placement, VectorEnv, WorkerCommand};
 
 fn worker() -> WorkerCommand {
-    WorkerCommand {
-        program: common::tdmpc2_bin(),
-        args: vec!["env-worker".into()],
-    }
+    WorkerCommand::new(common::tdmpc2_bin(), &["env-worker"])
 }
 
 /// A fixed action sequence in [-1, 1], different per env and step.

@@ -43,6 +43,20 @@ pub enum Error {
         pid: u32,
         message: String,
     },
+    /// A worker process of a vector env, alive, did not reply within its time limit (`limit`:
+    /// `4 s (env_timeout)`); it was killed. `owner` is who ran it (`rank 1: `, or empty).
+    #[error(
+        "{owner}the environment worker (pid {pid}) running `{task}` {envs} did not answer \
+         `{asked}` within {limit} and was killed"
+    )]
+    WorkerSilent {
+        owner: String,
+        task: String,
+        envs: String,
+        pid: u32,
+        asked: &'static str,
+        limit: String,
+    },
     #[error("cannot start the environment worker `{program}`: {reason}")]
     WorkerStart { program: String, reason: String },
     /// The worker side's own channel failed (`serve_worker`).

@@ -15,4 +15,4 @@ pub mod wrappers;
 pub use env::{ActionBox, BoxEnv, Env, EnvSpec, Step};
 pub use error::{Error, Result};
 pub use registry::{known_tasks, make};
-pub use vector::{serve_worker, Placement, VectorEnv, WorkerCommand};
+pub use vector::{serve_worker, Placement, ReplyLimit, VectorEnv, WorkerCommand};

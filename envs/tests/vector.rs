@@ -4,19 +4,15 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use envs::{Placement, Result, VectorEnv, WorkerCommand};
+use envs::{Placement, ReplyLimit, Result, VectorEnv, WorkerCommand};
 
 const TASK: &str = "Pendulum-v1";
 
 fn worker() -> WorkerCommand {
-    WorkerCommand {
-        program: PathBuf::from(env!("CARGO_BIN_EXE_envs-worker")),
-        args: vec![],
-    }
+    WorkerCommand::new(env!("CARGO_BIN_EXE_envs-worker"), &[])
 }
 
 fn error_text<T>(result: Result<T>) -> String {
@@ -124,6 +120,47 @@ fn a_killed_worker_is_a_clear_error_within_seconds() {
     assert!(error_text(venv.reset(3, None)).contains(&expected));
     assert_eq!(venv.step(&[1, 0], &[0.5, 0.5]).unwrap().len(), 2);
     assert!(process_gone(pids[1]), "the killed worker was reaped");
+}
+
+/// A worker that is alive but silent (stopped here, as a hung renderer would be) is named with
+/// what it was asked, within its reply limit, and killed; the other workers keep working.
+#[test]
+fn a_silent_worker_is_named_and_killed_within_its_reply_limit() {
+    let mut command = worker();
+    command.reply_limit = Some(ReplyLimit {
+        after: Duration::from_millis(800),
+        setting: "env_timeout".into(),
+    });
+    command.owner = "rank 1".into();
+    let mut venv = VectorEnv::new(TASK, &[0, 1, 2, 3], Placement::Workers(2), &command).unwrap();
+    for i in 0..4 {
+        venv.reset(i, None).unwrap();
+    }
+    // Answers that take a while but come within the limit are fine.
+    venv.step(&[0, 1, 2, 3], &[0.0; 4]).unwrap();
+    let pids = venv.worker_pids();
+    // SAFETY: a plain kill(2) of our own child: stopped, it is alive but never answers.
+    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGSTOP) }, 0);
+    let start = Instant::now();
+    let e = error_text(venv.step(&[0, 1, 2, 3], &[0.0; 4]));
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
+        "{waited:?}"
+    );
+    let expected = format!(
+        "rank 1: the environment worker (pid {}) running `Pendulum-v1` envs 0-1 did not answer \
+         `step` within 0.8 s (env_timeout) and was killed",
+        pids[0]
+    );
+    assert_eq!(e, expected);
+    assert!(wait_until_dead(pids[0], Duration::from_secs(5)));
+    assert!(process_gone(pids[0]), "the silent worker was reaped");
+    // It stays an error at once; the other worker's envs keep working.
+    let start = Instant::now();
+    assert!(error_text(venv.reset(1, None)).contains("did not answer `step` within 0.8 s"));
+    assert!(start.elapsed() < Duration::from_millis(100));
+    assert_eq!(venv.step(&[2, 3], &[0.5, 0.5]).unwrap().len(), 2);
 }
 
 #[test]

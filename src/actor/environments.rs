@@ -1,6 +1,8 @@
 //! The actor's settings and its environments: `num_envs` of the task, in this process or in
 //! `tdmpc2 env-worker` processes.
-use envs::{Placement, VectorEnv, WorkerCommand};
+use std::time::Duration;
+
+use envs::{Placement, ReplyLimit, VectorEnv, WorkerCommand};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -11,10 +13,7 @@ pub const ENV_WORKER: &str = "env-worker";
 /// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
 pub fn env_worker_command() -> Result<WorkerCommand> {
     let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
-    Ok(WorkerCommand {
-        program,
-        args: vec![ENV_WORKER.into()],
-    })
+    Ok(WorkerCommand::new(program, &[ENV_WORKER]))
 }
 
 /// What an actor is built from, taken once from the resolved config.
@@ -26,6 +25,10 @@ pub struct ActorSettings {
     pub placement: Placement,
     /// Whether an environment's termination ends its episode (`episodic`).
     pub episodic: bool,
+    /// Longest wait for a worker process's answer (`env_timeout`).
+    pub env_timeout: Duration,
+    /// Whose environments these are, for errors (`rank 1`).
+    pub owner: String,
 }
 
 impl ActorSettings {
@@ -52,16 +55,24 @@ impl ActorSettings {
             seeds,
             placement,
             episodic: config.episodic,
+            env_timeout: Duration::from_secs(config.env_timeout),
+            owner: format!("rank {rank}"),
         }
     }
 
     /// The environments, started.
     pub fn make_envs(&self) -> Result<VectorEnv> {
+        let mut worker = env_worker_command()?;
+        worker.reply_limit = Some(ReplyLimit {
+            after: self.env_timeout,
+            setting: "env_timeout".into(),
+        });
+        worker.owner = self.owner.clone();
         Ok(VectorEnv::new(
             &self.task,
             &self.seeds,
             self.placement,
-            &env_worker_command()?,
+            &worker,
         )?)
     }
 }
@@ -95,6 +106,13 @@ mod tests {
             s.placement,
             Placement::InProcess,
             "native tasks step in process"
+        );
+        assert_eq!(s.env_timeout, Duration::from_secs(300));
+        assert_eq!(s.owner, "rank 0");
+        let s = settings(&["env_timeout=5"], 1);
+        assert_eq!(
+            (s.env_timeout, s.owner.as_str()),
+            (Duration::from_secs(5), "rank 1")
         );
     }
 }

@@ -117,6 +117,8 @@ pub struct Config {
     pub steps_per_update: usize,
     /// `None` for auto.
     pub env_workers: Option<usize>,
+    /// Seconds.
+    pub env_timeout: u64,
     pub pipeline: bool,
     /// `None` for auto.
     pub actor_threads: Option<usize>,

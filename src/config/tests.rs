@@ -93,6 +93,7 @@ fn ranges_are_enforced() {
         ("num_elites=513", "must be <= num_samples"),
         ("min_std=3", "must be <= max_std"),
         ("model_size=7", "valid sizes: 1, 5, 19, 48, 317"),
+        ("env_timeout=0", "env_timeout=0 is out of range"),
     ] {
         let e = error(&[arg]);
         assert!(e.contains(needle), "{arg}: {e}");

@@ -355,7 +355,7 @@ impl Config {
         const STEPS: u64 = 1_000_000_000_000_000;
         const DIM: u64 = 1 << 20;
         let optional = |value: Option<usize>| value.map_or(1, |v| v as u64);
-        let sizes: [(&str, u64, u64, u64); 36] = [
+        let sizes: [(&str, u64, u64, u64); 37] = [
             ("steps", self.steps, 1, STEPS),
             ("eval_freq", self.eval_freq, 1, STEPS),
             ("save_freq", self.save_freq, 1, STEPS),
@@ -388,6 +388,7 @@ impl Config {
             ("num_envs", self.num_envs as u64, 1, 4096),
             ("steps_per_update", self.steps_per_update as u64, 1, 4096),
             ("env_workers", optional(self.env_workers), 0, 4096),
+            ("env_timeout", self.env_timeout, 1, 7 * 24 * 3600),
             ("actor_threads", optional(self.actor_threads), 1, 4096),
             ("dist_timeout", self.dist_timeout, 1, 7 * 24 * 3600),
             ("max_restarts", self.max_restarts as u64, 0, MAX_RESTARTS),

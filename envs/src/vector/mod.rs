@@ -12,6 +12,7 @@ mod protocol;
 mod worker;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use self::process::WorkerProcess;
 use self::protocol::{Encoder, Layout};
@@ -29,11 +30,36 @@ pub enum Placement {
     Workers(usize),
 }
 
-/// How to start a worker process: a program that calls [`serve_worker`], with its arguments.
+/// How to start a worker process (a program that calls [`serve_worker`], with its arguments)
+/// and how long to wait for its replies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerCommand {
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// Longest wait for any one reply; a worker silent for longer is killed and named.
+    /// `None`: wait as long as the worker lives.
+    pub reply_limit: Option<ReplyLimit>,
+    /// Who runs the workers, named first in their errors (`rank 1`); empty for no one.
+    pub owner: String,
+}
+
+/// How long a worker may take to answer, and the setting that says so (for its error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyLimit {
+    pub after: Duration,
+    pub setting: String,
+}
+
+impl WorkerCommand {
+    /// `program args…`, waiting for replies as long as the worker lives.
+    pub fn new(program: impl Into<PathBuf>, args: &[&str]) -> Self {
+        Self {
+            program: program.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            reply_limit: None,
+            owner: String::new(),
+        }
+    }
 }
 
 pub struct VectorEnv {

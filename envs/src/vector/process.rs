@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder};
-use super::WorkerCommand;
+use super::{ReplyLimit, WorkerCommand};
 use crate::{Error, Result};
 
 /// How long a worker whose channel broke may take to be reaped before it is killed.
@@ -35,6 +35,11 @@ pub struct WorkerProcess {
     region: Option<MmapMut>,
     /// Why the worker is gone, once it is.
     dead: Option<String>,
+    reply_limit: Option<ReplyLimit>,
+    /// `rank 1: ` (from the command's owner), or empty.
+    owner: String,
+    /// What the last command asked for.
+    asked: &'static str,
 }
 
 impl WorkerProcess {
@@ -75,6 +80,12 @@ impl WorkerProcess {
             shm,
             region: None,
             dead: None,
+            reply_limit: worker.reply_limit.clone(),
+            owner: match worker.owner.as_str() {
+                "" => String::new(),
+                owner => format!("{owner}: "),
+            },
+            asked: protocol::command_name(0),
         })
     }
 
@@ -111,6 +122,7 @@ impl WorkerProcess {
         if let Some(what) = &self.dead {
             return Err(self.failure(what.clone()));
         }
+        self.asked = protocol::command_name(tag);
         let sent = match self.stdin.as_mut() {
             Some(stdin) => protocol::write_frame(stdin, tag, payload),
             None => Err(io::ErrorKind::BrokenPipe.into()),
@@ -122,6 +134,17 @@ impl WorkerProcess {
     pub fn receive(&mut self) -> Result<Vec<u8>> {
         if let Some(what) = &self.dead {
             return Err(self.failure(what.clone()));
+        }
+        if let Some(limit) = &self.reply_limit {
+            // A frame already buffered is an answer; otherwise wait at most the limit for one
+            // to start (a worker writes each frame at once).
+            if self.stdout.buffer().is_empty() {
+                match wait_readable(self.stdout.get_ref().as_raw_fd(), limit.after) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(self.silent()),
+                    Err(e) => return Err(self.died(&e)),
+                }
+            }
         }
         let frame = match protocol::read_frame(&mut self.stdout) {
             Ok(Some(frame)) => frame,
@@ -174,14 +197,40 @@ impl WorkerProcess {
         self.failure(what)
     }
 
-    fn failure(&self, what: String) -> Error {
-        let envs = match self.envs.len() {
+    /// The worker is alive but did not answer in time: it is killed (a hung renderer or
+    /// driver may never return) and gone for good.
+    fn silent(&mut self) -> Error {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let limit = self.reply_limit.as_ref().map_or_else(String::new, |limit| {
+            format!("{} s ({})", limit.after.as_secs_f64(), limit.setting)
+        });
+        self.dead = Some(format!(
+            "did not answer `{}` within {limit} and was killed",
+            self.asked
+        ));
+        Error::WorkerSilent {
+            owner: self.owner.clone(),
+            task: self.task.clone(),
+            envs: self.env_names(),
+            pid: self.pid(),
+            asked: self.asked,
+            limit,
+        }
+    }
+
+    fn env_names(&self) -> String {
+        match self.envs.len() {
             1 => format!("env {}", self.envs.start),
             _ => format!("envs {}-{}", self.envs.start, self.envs.end - 1),
-        };
+        }
+    }
+
+    fn failure(&self, what: String) -> Error {
         Error::Worker {
             task: self.task.clone(),
-            envs,
+            envs: self.env_names(),
             pid: self.pid(),
             what,
         }
@@ -267,6 +316,33 @@ fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
     answer
         .recv()
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
+}
+
+/// Waits until `fd` has something to read (data, end of file or an error) or `limit` passes;
+/// false if it passed.
+fn wait_readable(fd: RawFd, limit: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let millis = left.as_millis().min(i32::MAX as u128) as i32;
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for a descriptor this process owns.
+        match unsafe { libc::poll(&mut poll, 1, millis) } {
+            0 if left.is_zero() || Instant::now() >= deadline => return Ok(false),
+            0 => continue,
+            n if n > 0 => return Ok(true),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
 }
 
 fn wait_for_exit(child: &mut Child, grace: Duration) -> Option<ExitStatus> {

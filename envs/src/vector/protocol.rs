@@ -23,6 +23,17 @@ pub const ERR: u8 = 0x81;
 /// The local index of an error that concerns no single env.
 pub const NO_ENV: u32 = u32::MAX;
 
+/// What a command asks for, in words (for errors).
+pub fn command_name(tag: u8) -> &'static str {
+    match tag {
+        INIT => "build its environments",
+        MAP => "map the shared memory",
+        RESET => "reset",
+        STEP => "step",
+        _ => "an unknown command",
+    }
+}
+
 /// The worker's file descriptor of the shared memory region.
 pub const SHM_FD: i32 = 3;
 

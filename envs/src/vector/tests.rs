@@ -2,10 +2,7 @@
 use super::*;
 
 fn no_worker() -> WorkerCommand {
-    WorkerCommand {
-        program: PathBuf::from("/nonexistent/envs-worker"),
-        args: vec![],
-    }
+    WorkerCommand::new("/nonexistent/envs-worker", &[])
 }
 
 fn pendulums(n: usize) -> VectorEnv {
