@@ -52,6 +52,12 @@ else
     say "venv up to date: $venv"
 fi
 
+# Rendering (pixel observations, `tdmpc2 doctor`) goes through EGL headless: libEGL and a Mesa
+# or GPU driver, system packages this script cannot install. State runs do not need them.
+if ! ldconfig -p 2>/dev/null | grep -q 'libEGL\.so\.1'; then
+    say "note: no libEGL.so.1 on this machine: MuJoCo cannot render (pixel observations); install libegl1 and libgl1-mesa-dri (apt), or your GPU driver's EGL; state runs are unaffected"
+fi
+
 if [ "${TDMPC2_SKIP_BUILD:-0}" != 1 ]; then
     # torch-sys asks `python` for torch's location: env.sh put the venv first on PATH.
     say "building (release; the first build compiles libtorch bindings, ~5 minutes)"

@@ -280,6 +280,25 @@ fn doctor_passes_here_and_forms_a_two_rank_group() {
         assert!(log.contains(line), "no '{line}' in:\n{log}");
     }
     assert!(!log.contains('✗'), "{log}");
+    // Rendering (pixel observations) is timed where EGL works, and otherwise a note that says
+    // what to install (state runs do not need it).
+    let rendering = log
+        .lines()
+        .find(|l| l.contains(" rendering: "))
+        .unwrap_or_else(|| panic!("no rendering line in:\n{log}"));
+    if rendering.starts_with('✓') {
+        assert!(
+            rendering.contains("cartpole-swingup 64×64: first frame")
+                && rendering.contains("frames/s"),
+            "{rendering}"
+        );
+    } else {
+        eprintln!("NOT CHECKED HERE: MuJoCo renders no frame on this machine ({rendering})");
+        assert!(
+            rendering.starts_with("! rendering") && rendering.contains("libEGL"),
+            "{rendering}"
+        );
+    }
 }
 
 #[test]

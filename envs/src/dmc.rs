@@ -3,6 +3,7 @@ use numpy::PyArray1;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use pyo3::types::PyBytes;
 
 use crate::wrappers::wrap;
 use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Result, Step};
@@ -109,6 +110,21 @@ impl DmcEnv {
                 bounds: ActionBox { low, high },
                 adapter: adapter.unbind(),
             })
+        })
+    }
+}
+
+impl DmcEnv {
+    /// The current frame from `camera`, `size`×`size` RGB, row-major, 3 bytes a pixel. Needs
+    /// a process started with `MUJOCO_GL` set to a renderer (`egl` headless).
+    pub fn render(&self, size: usize, camera: usize) -> Result<Vec<u8>> {
+        python::attach_exclusive(|py| {
+            let frame = self
+                .adapter
+                .bind(py)
+                .call_method1("render", (size, camera))?;
+            let bytes = frame.cast::<PyBytes>().map_err(PyErr::from)?;
+            Ok(bytes.as_bytes().to_vec())
         })
     }
 }

@@ -10,6 +10,7 @@ use tch::{Device, Tensor};
 use crate::config::{Config, Source};
 use crate::ddp::{Backend, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
+use envs::Env;
 
 /// The torch release the binary is built against (tch 0.24).
 const TORCH_RELEASE: &str = "2.11";
@@ -27,6 +28,9 @@ pub struct DoctorArgs {
     /// One rank of the --world-size check (started by the doctor itself).
     #[arg(long, hide = true)]
     pub rank_check: bool,
+    /// Render frames in this process (started by the doctor itself with MUJOCO_GL=egl).
+    #[arg(long, hide = true)]
+    pub render_check: bool,
     /// `key=value` settings of the run to check for (master_port, num_threads, run_dir, ...).
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
@@ -63,6 +67,9 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if args.rank_check {
         return rank_check();
     }
+    if args.render_check {
+        return render_check();
+    }
     let config = Config::load(&Source {
         overrides: args.overrides.clone(),
         ..Source::default()
@@ -76,6 +83,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     check_gpus(&mut report, torch_ok);
     if torch_ok {
         check_dm_control(&mut report);
+        check_rendering(&mut report);
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
@@ -364,6 +372,85 @@ fn check_dm_control(report: &mut Report) {
     }
 }
 
+/// The task, camera and frame size the rendering check uses (the official pixel observations).
+const RENDER_TASK: &str = "cartpole-swingup";
+const RENDER_SIZE: usize = 64;
+/// Frames timed after the first (which also starts the renderer).
+const RENDER_FRAMES: usize = 20;
+const RENDER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Pixel observations: MuJoCo renders frames headless, in a fresh process with the backend pixel
+/// runs use (`MUJOCO_GL`, default egl), timed. Only a note when it fails: state runs render
+/// nothing.
+fn check_rendering(report: &mut Report) {
+    // "disable" is what state runs (and this process, once dm_control was imported) use.
+    let backend = std::env::var("MUJOCO_GL")
+        .ok()
+        .filter(|gl| !["", "disable", "disabled", "off", "0", "false"].contains(&gl.as_str()))
+        .unwrap_or_else(|| "egl".into());
+    let rendered = std::env::current_exe().and_then(|exe| {
+        let child = Command::new(exe)
+            .args(["doctor", "--render-check"])
+            .env("MUJOCO_GL", &backend)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        wait_with_deadline(child, Instant::now() + RENDER_TIMEOUT, "no frame")
+    });
+    let out = match rendered {
+        Ok(out) if out.status.success() => out,
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stderr);
+            let last = text.lines().last().unwrap_or("no output").to_string();
+            return report.line(
+                Mark::Note,
+                "rendering",
+                format!(
+                    "MUJOCO_GL={backend} renders no frame ({last}); pixel observations need \
+                     libEGL and a Mesa or GPU driver (apt install libegl1 libgl1-mesa-dri, \
+                     or set MUJOCO_GL=osmesa with libosmesa6)"
+                ),
+            );
+        }
+        Err(e) => return report.line(Mark::Note, "rendering", format!("MUJOCO_GL={backend}: {e}")),
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    report.line(
+        Mark::Pass,
+        "rendering",
+        format!("MUJOCO_GL={backend}: {}", text.trim()),
+    );
+}
+
+/// The rendering check's process: one frame, then [`RENDER_FRAMES`] timed.
+fn render_check() -> Result<()> {
+    let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0)?;
+    env.reset(Some(0))?;
+    let start = Instant::now();
+    let frame = env.render(RENDER_SIZE, 0)?;
+    let first = start.elapsed();
+    if frame.len() != RENDER_SIZE * RENDER_SIZE * 3 || frame.iter().all(|&b| b == frame[0]) {
+        return Err(Error::Other(format!(
+            "a {RENDER_SIZE}×{RENDER_SIZE} frame of {RENDER_TASK} came back as {} bytes, all alike",
+            frame.len()
+        )));
+    }
+    let start = Instant::now();
+    for _ in 0..RENDER_FRAMES {
+        env.render(RENDER_SIZE, 0)?;
+    }
+    let each = start.elapsed().as_secs_f64() / RENDER_FRAMES as f64;
+    println!(
+        "{RENDER_TASK} {RENDER_SIZE}×{RENDER_SIZE}: first frame {:.0} ms, then {:.1} ms a frame \
+         ({:.0} frames/s)",
+        first.as_secs_f64() * 1e3,
+        each * 1e3,
+        1.0 / each
+    );
+    Ok(())
+}
+
 fn check_port(report: &mut Report, port: u16) {
     match std::net::TcpListener::bind(("0.0.0.0", port)) {
         Ok(_) => report.line(Mark::Pass, "master_port", format!("{port} is free")),
@@ -498,7 +585,7 @@ fn check_group(report: &mut Report, world_size: usize) {
     }
     let mut failed = Vec::new();
     for (rank, child) in children.into_iter().enumerate() {
-        match wait_with_deadline(child, start + GROUP_TIMEOUT) {
+        match wait_with_deadline(child, start + GROUP_TIMEOUT, "no sum") {
             Ok(out) if out.status.success() => {}
             Ok(out) => {
                 let text = String::from_utf8_lossy(&out.stderr);
@@ -534,6 +621,7 @@ fn check_group(report: &mut Report, world_size: usize) {
 fn wait_with_deadline(
     mut child: std::process::Child,
     deadline: Instant,
+    what: &str,
 ) -> std::io::Result<std::process::Output> {
     loop {
         if child.try_wait()?.is_some() {
@@ -544,7 +632,7 @@ fn wait_with_deadline(
             let _ = child.wait();
             return Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
-                format!("no sum within {}s", GROUP_TIMEOUT.as_secs()),
+                format!("{what} by the deadline"),
             ));
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -2,6 +2,7 @@
 import os
 
 # State observations need no OpenGL; without this, dm_control probes GLFW and warns headless.
+# Processes that render start with MUJOCO_GL=egl (headless; a GPU's EGL where there is one).
 os.environ.setdefault("MUJOCO_GL", "disable")
 
 import numpy as np  # noqa: E402
@@ -35,3 +36,7 @@ class DmcAdapter:
     def step(self, action):
         ts = self.env.step(action.astype(np.float64).reshape(self.action_shape))
         return self._flatten(ts.observation), float(ts.reward or 0.0)
+
+    def render(self, size, camera):
+        """The current frame, (size, size, 3) uint8, as bytes."""
+        return self.env.physics.render(size, size, camera_id=camera).tobytes()
