@@ -119,39 +119,35 @@ fn mish_grad_slice(x: &[f32], offset: &mut [f32], g: &mut [f32]) {
     mish_grad_slice_generic(x, offset, g)
 }
 
-/// Softmax over each run of `N` consecutive values: max, exponentials, one reciprocal of the
-/// sum. A fixed `N` lets the compiler keep a group in registers.
+/// Softmax of one group in place of `output`: max, exponentials, one reciprocal of the sum.
+#[inline(always)]
+fn softmax_group(input: &[f32], output: &mut [f32]) {
+    let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0;
+    for (out, &v) in output.iter_mut().zip(input) {
+        *out = exp_approx(v - max);
+        sum += *out;
+    }
+    let scale = 1.0 / sum;
+    for out in output.iter_mut() {
+        *out *= scale;
+    }
+}
+
+/// Groups of a fixed `N`: the compiler keeps a group in registers.
 #[inline(always)]
 fn softmax_groups_fixed<const N: usize>(x: &[f32], y: &mut [f32]) {
     for (input, output) in x.chunks_exact(N).zip(y.chunks_exact_mut(N)) {
         let input: &[f32; N] = input.try_into().expect("chunks of N");
         let output: &mut [f32; N] = output.try_into().expect("chunks of N");
-        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0.0;
-        for (out, &v) in output.iter_mut().zip(input) {
-            *out = exp_approx(v - max);
-            sum += *out;
-        }
-        let scale = 1.0 / sum;
-        for out in output.iter_mut() {
-            *out *= scale;
-        }
+        softmax_group(input, output);
     }
 }
 
 #[inline(always)]
 fn softmax_groups_any(x: &[f32], y: &mut [f32], group: usize) {
     for (input, output) in x.chunks_exact(group).zip(y.chunks_exact_mut(group)) {
-        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let mut sum = 0.0;
-        for (out, &v) in output.iter_mut().zip(input) {
-            *out = exp_approx(v - max);
-            sum += *out;
-        }
-        let scale = 1.0 / sum;
-        for out in output.iter_mut() {
-            *out *= scale;
-        }
+        softmax_group(input, output);
     }
 }
 
