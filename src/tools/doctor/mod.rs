@@ -1,23 +1,19 @@
 //! `tdmpc2 doctor`: is this machine ready to train? One line per check, ✓ or ✗ with what to do;
 //! `--world-size N` also forms a real N-rank process group here and all-reduces one tensor.
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
-use tch::{Device, Tensor};
 
 use crate::config::{Config, Source};
-use crate::ddp::{Backend, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
-use envs::Env;
+
+mod group;
+mod render;
 
 /// The torch release the binary is built against (tch 0.24).
 const TORCH_RELEASE: &str = "2.11";
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit.
 const LOW_DISK_BYTES: u64 = 2 << 30;
-/// How long the ranks of `--world-size` may take to form their group and all-reduce.
-const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {
@@ -65,10 +61,10 @@ impl Report {
 
 pub fn run(args: &DoctorArgs) -> Result<()> {
     if args.rank_check {
-        return rank_check();
+        return group::rank_check();
     }
     if args.render_check {
-        return render_check();
+        return render::render_check();
     }
     let config = Config::load(&Source {
         overrides: args.overrides.clone(),
@@ -78,18 +74,20 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if world_size == 0 {
         return Err(Error::Config("--world-size 0: give 1 or more ranks".into()));
     }
+    // Before dm_control, whose import here sets MUJOCO_GL=disable (state runs render nothing).
+    let chosen_renderer = std::env::var("MUJOCO_GL").ok();
     let mut report = Report { failures: vec![] };
     let torch_ok = check_python(&mut report);
     check_gpus(&mut report, torch_ok);
     if torch_ok {
         check_dm_control(&mut report);
-        check_rendering(&mut report);
+        render::check_rendering(&mut report, chosen_renderer.as_deref());
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
     check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
-        check_group(&mut report, world_size);
+        group::check_group(&mut report, world_size);
     }
     if report.failures.is_empty() {
         println!("ready to train");
@@ -372,85 +370,6 @@ fn check_dm_control(report: &mut Report) {
     }
 }
 
-/// The task, camera and frame size the rendering check uses (the official pixel observations).
-const RENDER_TASK: &str = "cartpole-swingup";
-const RENDER_SIZE: usize = 64;
-/// Frames timed after the first (which also starts the renderer).
-const RENDER_FRAMES: usize = 20;
-const RENDER_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Pixel observations: MuJoCo renders frames headless, in a fresh process with the backend pixel
-/// runs use (`MUJOCO_GL`, default egl), timed. Only a note when it fails: state runs render
-/// nothing.
-fn check_rendering(report: &mut Report) {
-    // "disable" is what state runs (and this process, once dm_control was imported) use.
-    let backend = std::env::var("MUJOCO_GL")
-        .ok()
-        .filter(|gl| !["", "disable", "disabled", "off", "0", "false"].contains(&gl.as_str()))
-        .unwrap_or_else(|| "egl".into());
-    let rendered = std::env::current_exe().and_then(|exe| {
-        let child = Command::new(exe)
-            .args(["doctor", "--render-check"])
-            .env("MUJOCO_GL", &backend)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        wait_with_deadline(child, Instant::now() + RENDER_TIMEOUT, "no frame")
-    });
-    let out = match rendered {
-        Ok(out) if out.status.success() => out,
-        Ok(out) => {
-            let text = String::from_utf8_lossy(&out.stderr);
-            let last = text.lines().last().unwrap_or("no output").to_string();
-            return report.line(
-                Mark::Note,
-                "rendering",
-                format!(
-                    "MUJOCO_GL={backend} renders no frame ({last}); pixel observations need \
-                     libEGL and a Mesa or GPU driver (apt install libegl1 libgl1-mesa-dri, \
-                     or set MUJOCO_GL=osmesa with libosmesa6)"
-                ),
-            );
-        }
-        Err(e) => return report.line(Mark::Note, "rendering", format!("MUJOCO_GL={backend}: {e}")),
-    };
-    let text = String::from_utf8_lossy(&out.stdout);
-    report.line(
-        Mark::Pass,
-        "rendering",
-        format!("MUJOCO_GL={backend}: {}", text.trim()),
-    );
-}
-
-/// The rendering check's process: one frame, then [`RENDER_FRAMES`] timed.
-fn render_check() -> Result<()> {
-    let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0)?;
-    env.reset(Some(0))?;
-    let start = Instant::now();
-    let frame = env.render(RENDER_SIZE, 0)?;
-    let first = start.elapsed();
-    if frame.len() != RENDER_SIZE * RENDER_SIZE * 3 || frame.iter().all(|&b| b == frame[0]) {
-        return Err(Error::Other(format!(
-            "a {RENDER_SIZE}×{RENDER_SIZE} frame of {RENDER_TASK} came back as {} bytes, all alike",
-            frame.len()
-        )));
-    }
-    let start = Instant::now();
-    for _ in 0..RENDER_FRAMES {
-        env.render(RENDER_SIZE, 0)?;
-    }
-    let each = start.elapsed().as_secs_f64() / RENDER_FRAMES as f64;
-    println!(
-        "{RENDER_TASK} {RENDER_SIZE}×{RENDER_SIZE}: first frame {:.0} ms, then {:.1} ms a frame \
-         ({:.0} frames/s)",
-        first.as_secs_f64() * 1e3,
-        each * 1e3,
-        1.0 / each
-    );
-    Ok(())
-}
-
 fn check_port(report: &mut Report, port: u16) {
     match std::net::TcpListener::bind(("0.0.0.0", port)) {
         Ok(_) => report.line(Mark::Pass, "master_port", format!("{port} is free")),
@@ -527,152 +446,4 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
-}
-
-/// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums.
-fn check_group(report: &mut Report, world_size: usize) {
-    let gpus = tch::Cuda::device_count() as usize;
-    let backend = if gpus >= world_size { "nccl" } else { "gloo" };
-    let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
-        Ok(addr) => addr.port(),
-        Err(e) => {
-            report.line(
-                Mark::Fail,
-                "process group",
-                format!("no free local port: {e}"),
-            );
-            return;
-        }
-    };
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            report.line(
-                Mark::Fail,
-                "process group",
-                format!("cannot locate tdmpc2: {e}"),
-            );
-            return;
-        }
-    };
-    let start = Instant::now();
-    let mut children = Vec::new();
-    for rank in 0..world_size {
-        let child = Command::new(&exe)
-            .args(["doctor", "--rank-check"])
-            .env("RANK", rank.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("WORLD_SIZE", world_size.to_string())
-            .env("LOCAL_WORLD_SIZE", world_size.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("TDMPC2_DOCTOR_BACKEND", backend)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        match child {
-            Ok(child) => children.push(child),
-            Err(e) => {
-                report.line(
-                    Mark::Fail,
-                    "process group",
-                    format!("cannot start rank {rank}: {e}"),
-                );
-                return;
-            }
-        }
-    }
-    let mut failed = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        match wait_with_deadline(child, start + GROUP_TIMEOUT, "no sum") {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out.stderr);
-                let last = text.lines().last().unwrap_or("no output").to_string();
-                failed.push(format!("rank {rank}: {last}"));
-            }
-            Err(e) => failed.push(format!("rank {rank}: {e}")),
-        }
-    }
-    let expected = world_size * (world_size + 1) / 2;
-    if failed.is_empty() {
-        report.line(
-            Mark::Pass,
-            "process group",
-            format!(
-                "{world_size} ranks over {backend} all-reduced 1+..+{world_size} = {expected} in {:.1}s",
-                start.elapsed().as_secs_f64()
-            ),
-        );
-    } else {
-        report.line(
-            Mark::Fail,
-            "process group",
-            format!(
-                "{world_size} ranks over {backend} failed: {}; check that 127.0.0.1 ports are \
-                 usable and raise the timeout with dist_timeout in real runs",
-                failed.join("; ")
-            ),
-        );
-    }
-}
-
-fn wait_with_deadline(
-    mut child: std::process::Child,
-    deadline: Instant,
-    what: &str,
-) -> std::io::Result<std::process::Output> {
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("{what} by the deadline"),
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// One rank of the group check: all-reduce rank + 1 and compare with 1 + 2 + .. + world_size.
-fn rank_check() -> Result<()> {
-    let var = |key: &str| {
-        std::env::var(key).map_err(|_| Error::Config(format!("doctor --rank-check needs {key}")))
-    };
-    let number = |key: &str| -> Result<usize> {
-        var(key)?
-            .parse()
-            .map_err(|_| Error::Config(format!("{key} is not a number")))
-    };
-    let info = RankInfo {
-        rank: number("RANK")?,
-        world_size: number("WORLD_SIZE")?,
-        local_rank: number("LOCAL_RANK")?,
-        local_world_size: number("LOCAL_WORLD_SIZE")?,
-        master_addr: var("MASTER_ADDR")?,
-        master_port: var("MASTER_PORT")?
-            .parse()
-            .map_err(|_| Error::Config("MASTER_PORT is not a port".into()))?,
-    };
-    let (backend, device) = match var("TDMPC2_DOCTOR_BACKEND")?.as_str() {
-        "nccl" => (Backend::Nccl, Device::Cuda(info.local_rank)),
-        _ => (Backend::Gloo, Device::Cpu),
-    };
-    let (rank, world_size) = (info.rank, info.world_size);
-    let group = ProcessGroup::init(info, backend, device, GROUP_TIMEOUT, false)?;
-    let mut tensor = Tensor::from_slice(&[(rank + 1) as f32]).to_device(device);
-    group.all_reduce_sum(&mut tensor)?;
-    let sum = tensor.to_device(Device::Cpu).double_value(&[0]);
-    let expected = (world_size * (world_size + 1) / 2) as f64;
-    if sum != expected {
-        return Err(Error::Other(format!(
-            "rank {rank}: the all-reduce gave {sum}, expected {expected}"
-        )));
-    }
-    Ok(())
 }

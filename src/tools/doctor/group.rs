@@ -1,0 +1,161 @@
+//! The doctor's `--world-size N` check: N ranks of this binary form a real process group here
+//! and all-reduce one tensor.
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tch::{Device, Tensor};
+
+use super::{Mark, Report};
+use crate::ddp::{Backend, ProcessGroup, RankInfo};
+use crate::error::{Error, Result};
+
+/// How long the ranks of `--world-size` may take to form their group and all-reduce.
+const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums.
+pub(super) fn check_group(report: &mut Report, world_size: usize) {
+    let gpus = tch::Cuda::device_count() as usize;
+    let backend = if gpus >= world_size { "nccl" } else { "gloo" };
+    let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
+        Ok(addr) => addr.port(),
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("no free local port: {e}"),
+            );
+            return;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            report.line(
+                Mark::Fail,
+                "process group",
+                format!("cannot locate tdmpc2: {e}"),
+            );
+            return;
+        }
+    };
+    let start = Instant::now();
+    let mut children = Vec::new();
+    for rank in 0..world_size {
+        let child = Command::new(&exe)
+            .args(["doctor", "--rank-check"])
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("WORLD_SIZE", world_size.to_string())
+            .env("LOCAL_WORLD_SIZE", world_size.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("TDMPC2_DOCTOR_BACKEND", backend)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match child {
+            Ok(child) => children.push(child),
+            Err(e) => {
+                report.line(
+                    Mark::Fail,
+                    "process group",
+                    format!("cannot start rank {rank}: {e}"),
+                );
+                return;
+            }
+        }
+    }
+    let mut failed = Vec::new();
+    for (rank, child) in children.into_iter().enumerate() {
+        match wait_with_deadline(child, start + GROUP_TIMEOUT, "no sum") {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stderr);
+                let last = text.lines().last().unwrap_or("no output").to_string();
+                failed.push(format!("rank {rank}: {last}"));
+            }
+            Err(e) => failed.push(format!("rank {rank}: {e}")),
+        }
+    }
+    let expected = world_size * (world_size + 1) / 2;
+    if failed.is_empty() {
+        report.line(
+            Mark::Pass,
+            "process group",
+            format!(
+                "{world_size} ranks over {backend} all-reduced 1+..+{world_size} = {expected} in {:.1}s",
+                start.elapsed().as_secs_f64()
+            ),
+        );
+    } else {
+        report.line(
+            Mark::Fail,
+            "process group",
+            format!(
+                "{world_size} ranks over {backend} failed: {}; check that 127.0.0.1 ports are \
+                 usable and raise the timeout with dist_timeout in real runs",
+                failed.join("; ")
+            ),
+        );
+    }
+}
+
+pub(super) fn wait_with_deadline(
+    mut child: std::process::Child,
+    deadline: Instant,
+    what: &str,
+) -> std::io::Result<std::process::Output> {
+    loop {
+        if child.try_wait()?.is_some() {
+            return child.wait_with_output();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("{what} by the deadline"),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One rank of the group check: all-reduce rank + 1 and compare with 1 + 2 + .. + world_size.
+pub(super) fn rank_check() -> Result<()> {
+    let var = |key: &str| {
+        std::env::var(key).map_err(|_| Error::Config(format!("doctor --rank-check needs {key}")))
+    };
+    let number = |key: &str| -> Result<usize> {
+        var(key)?
+            .parse()
+            .map_err(|_| Error::Config(format!("{key} is not a number")))
+    };
+    let info = RankInfo {
+        rank: number("RANK")?,
+        world_size: number("WORLD_SIZE")?,
+        local_rank: number("LOCAL_RANK")?,
+        local_world_size: number("LOCAL_WORLD_SIZE")?,
+        master_addr: var("MASTER_ADDR")?,
+        master_port: var("MASTER_PORT")?
+            .parse()
+            .map_err(|_| Error::Config("MASTER_PORT is not a port".into()))?,
+    };
+    let (backend, device) = match var("TDMPC2_DOCTOR_BACKEND")?.as_str() {
+        "nccl" => (Backend::Nccl, Device::Cuda(info.local_rank)),
+        _ => (Backend::Gloo, Device::Cpu),
+    };
+    let (rank, world_size) = (info.rank, info.world_size);
+    let group = ProcessGroup::init(info, backend, device, GROUP_TIMEOUT, false)?;
+    let mut tensor = Tensor::from_slice(&[(rank + 1) as f32]).to_device(device);
+    group.all_reduce_sum(&mut tensor)?;
+    let sum = tensor.to_device(Device::Cpu).double_value(&[0]);
+    let expected = (world_size * (world_size + 1) / 2) as f64;
+    if sum != expected {
+        return Err(Error::Other(format!(
+            "rank {rank}: the all-reduce gave {sum}, expected {expected}"
+        )));
+    }
+    Ok(())
+}
