@@ -112,9 +112,7 @@ impl DmcEnv {
             })
         })
     }
-}
 
-impl DmcEnv {
     /// The current frame from `camera`, `size`×`size` RGB, row-major, 3 bytes a pixel. Needs
     /// a process started with `MUJOCO_GL` set to a renderer (`egl` headless).
     pub fn render(&self, size: usize, camera: usize) -> Result<Vec<u8>> {

@@ -135,13 +135,13 @@ impl WorkerProcess {
         if let Some(what) = &self.dead {
             return Err(self.failure(what.clone()));
         }
-        if let Some(limit) = &self.reply_limit {
+        if let Some(limit) = self.reply_limit.clone() {
             // A frame already buffered is an answer; otherwise wait at most the limit for one
             // to start (a worker writes each frame at once).
             if self.stdout.buffer().is_empty() {
                 match wait_readable(self.stdout.get_ref().as_raw_fd(), limit.after) {
                     Ok(true) => {}
-                    Ok(false) => return Err(self.silent()),
+                    Ok(false) => return Err(self.silent(limit)),
                     Err(e) => return Err(self.died(&e)),
                 }
             }
@@ -199,13 +199,11 @@ impl WorkerProcess {
 
     /// The worker is alive but did not answer in time: it is killed (a hung renderer or
     /// driver may never return) and gone for good.
-    fn silent(&mut self) -> Error {
+    fn silent(&mut self, limit: ReplyLimit) -> Error {
         self.stdin = None;
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let limit = self.reply_limit.as_ref().map_or_else(String::new, |limit| {
-            format!("{} s ({})", limit.after.as_secs_f64(), limit.setting)
-        });
+        let limit = format!("{} s ({})", limit.after.as_secs_f64(), limit.setting);
         self.dead = Some(format!(
             "did not answer `{}` within {limit} and was killed",
             self.asked
