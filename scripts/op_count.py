@@ -7,7 +7,8 @@ called inside another operator (aten::addmm inside aten::linear, say); `host_syn
 operators that must wait for the device to hand a value to the host (a scalar read, or a
 nonzero whose size depends on the data): a CUDA graph cannot hold them.
 
-With TDMPC2_OP_DETAIL set, each count also prints its top-level operators by name to stderr."""
+With TDMPC2_OP_DETAIL set, each count also prints its operators by name, by caller and by
+profiled self time to stderr; TDMPC2_OP_SHAPES=<operator> adds that operator's input shapes."""
 
 import os
 
