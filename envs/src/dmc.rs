@@ -5,8 +5,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
-use crate::wrappers::wrap;
-use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Result, Step};
+use crate::wrappers::wrap_observed;
+use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Frame, ObsKind, Result, Step};
 use embedded_python as python;
 
 /// The 28 standard TD-MPC2 DMControl tasks.
@@ -46,13 +46,37 @@ pub const EPISODE_LENGTH: usize = 500;
 
 const SOURCE: &str = include_str!("py/dmc_adapter.py");
 
-fn module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+/// The adapter module. The first load imports dm_control, which fixes its renderer for the
+/// process: `renders` picks EGL (headless) unless the user chose one in `MUJOCO_GL`; a later
+/// call that needs rendering in a process loaded without it is an error.
+fn module(py: Python<'_>, renders: bool) -> Result<&Bound<'_, PyModule>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    MODULE
+    let module = MODULE
         .get_or_try_init(py, || {
+            if renders {
+                py.import("os")?
+                    .getattr("environ")?
+                    .call_method1("setdefault", ("MUJOCO_GL", "egl"))?;
+            }
             python::load_module(py, SOURCE, "tdmpc2_dmc_adapter").map(Bound::unbind)
-        })
-        .map(|m| m.bind(py))
+        })?
+        .bind(py);
+    if renders {
+        let renderer: String = py
+            .import("os")?
+            .getattr("environ")?
+            .call_method1("get", ("MUJOCO_GL", ""))?
+            .extract()?;
+        if renderer == "disable" {
+            return Err(Error::Unsupported {
+                task: "rendering".into(),
+                reason: "dm_control was loaded in this process without a renderer \
+                         (MUJOCO_GL=disable); set MUJOCO_GL=egl (or glfw, osmesa) to render"
+                    .into(),
+            });
+        }
+    }
+    Ok(module)
 }
 
 /// `"cup-catch"` -> `("ball_in_cup", "catch")`: dashes become underscores, the domain is
@@ -83,18 +107,23 @@ pub struct DmcEnv {
     adapter: Py<PyAny>,
     spec: EnvSpec,
     bounds: ActionBox,
+    /// The official camera: 2 for quadruped, else 0.
+    camera: usize,
 }
 
 impl DmcEnv {
-    pub fn new(name: &str, seed: u64) -> Result<Self> {
+    /// A task whose state is observed; `renders` loads dm_control with a renderer (pixel
+    /// observations, videos).
+    pub fn new(name: &str, seed: u64, renders: bool) -> Result<Self> {
         let unknown = || Error::UnknownTask {
             name: name.into(),
             suggestions: vec![],
         };
         let (domain, task) = domain_and_task(name).ok_or_else(unknown)?;
         let seed = check_seed(name, seed)?;
+        let camera = if domain == "quadruped" { 2 } else { 0 };
         python::attach_exclusive(|py| {
-            let adapter = module(py)?
+            let adapter = module(py, renders)?
                 .getattr("DmcAdapter")?
                 .call1((domain, task, seed))?;
             let obs_dim: usize = adapter.getattr("obs_dim")?.extract()?;
@@ -109,22 +138,11 @@ impl DmcEnv {
                 },
                 bounds: ActionBox { low, high },
                 adapter: adapter.unbind(),
+                camera,
             })
         })
     }
 
-    /// The current frame from `camera`, `size`×`size` RGB, row-major, 3 bytes a pixel. Needs
-    /// a process started with `MUJOCO_GL` set to a renderer (`egl` headless).
-    pub fn render(&self, size: usize, camera: usize) -> Result<Vec<u8>> {
-        python::attach_exclusive(|py| {
-            let frame = self
-                .adapter
-                .bind(py)
-                .call_method1("render", (size, camera))?;
-            let bytes = frame.cast::<PyBytes>().map_err(PyErr::from)?;
-            Ok(bytes.as_bytes().to_vec())
-        })
-    }
 }
 
 impl Env for DmcEnv {
@@ -162,6 +180,23 @@ impl Env for DmcEnv {
             })
         })
     }
+
+    /// The frame from the task's camera. Needs dm_control loaded with a renderer (see
+    /// [`DmcEnv::new`]'s `renders`).
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        python::attach_exclusive(|py| {
+            let frame = self
+                .adapter
+                .bind(py)
+                .call_method1(intern!(py, "render"), (size, self.camera))?;
+            let bytes = frame.cast::<PyBytes>().map_err(PyErr::from)?;
+            Ok(Frame {
+                height: size,
+                width: size,
+                rgb: bytes.as_bytes().to_vec(),
+            })
+        })
+    }
 }
 
 impl BoxEnv for DmcEnv {
@@ -170,9 +205,18 @@ impl BoxEnv for DmcEnv {
     }
 }
 
+impl Drop for DmcEnv {
+    fn drop(&mut self) {
+        // Errors at teardown are moot; the contexts are gone with the process anyway.
+        let _: Result<()> =
+            python::attach(|py| Ok(self.adapter.bind(py).call_method0("close").map(drop)?));
+    }
+}
+
 /// Fully wrapped task: actions in [-1, 1], action repeat 2, 500 agent steps per episode.
-pub fn make(name: &str, seed: u64) -> Result<Box<dyn Env>> {
-    wrap(DmcEnv::new(name, seed)?, ACTION_REPEAT, EPISODE_LENGTH)
+pub fn make(name: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
+    let env = DmcEnv::new(name, seed, obs == ObsKind::Rgb)?;
+    wrap_observed(env, ACTION_REPEAT, EPISODE_LENGTH, obs)
 }
 
 #[cfg(test)]

@@ -39,12 +39,104 @@ pub struct Step {
     pub success: Option<f64>,
 }
 
+/// What the agent observes: the task's state vector, or stacked camera frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum ObsKind {
+    #[default]
+    State = 0,
+    /// [`FRAME_STACK`] RGB frames of [`FRAME_SIZE`]² pixels, channel-major: (9, 64, 64).
+    Rgb = 1,
+}
+
+/// Frames stacked into one pixel observation (the newest last).
+pub const FRAME_STACK: usize = 3;
+/// Height and width of a pixel observation's frames.
+pub const FRAME_SIZE: usize = 64;
+
+impl ObsKind {
+    /// The config value (`obs=state|rgb`).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "state" => Some(Self::State),
+            "rgb" => Some(Self::Rgb),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::State => "state",
+            Self::Rgb => "rgb",
+        }
+    }
+
+    /// The observation shape of a pixel task.
+    pub fn rgb_shape() -> Vec<usize> {
+        vec![3 * FRAME_STACK, FRAME_SIZE, FRAME_SIZE]
+    }
+}
+
+/// One rendered image: `height`×`width` RGB, row-major, 3 bytes a pixel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub height: usize,
+    pub width: usize,
+    pub rgb: Vec<u8>,
+}
+
+impl Frame {
+    /// `self` resampled to `size`×`size` by averaging the source pixels each target pixel
+    /// covers (area resampling; a copy when the size already matches).
+    pub fn resized(&self, size: usize) -> Frame {
+        if (self.height, self.width) == (size, size) {
+            return self.clone();
+        }
+        let mut rgb = vec![0u8; size * size * 3];
+        let span = |i: usize, source: usize| (i * source / size, ((i + 1) * source).div_ceil(size));
+        for y in 0..size {
+            let (y0, y1) = span(y, self.height);
+            for x in 0..size {
+                let (x0, x1) = span(x, self.width);
+                let mut sum = [0u32; 3];
+                for sy in y0..y1.max(y0 + 1) {
+                    for sx in x0..x1.max(x0 + 1) {
+                        let p = (sy * self.width + sx) * 3;
+                        for c in 0..3 {
+                            sum[c] += u32::from(self.rgb[p + c]);
+                        }
+                    }
+                }
+                let count = ((y1.max(y0 + 1) - y0) * (x1.max(x0 + 1) - x0)) as u32;
+                for c in 0..3 {
+                    rgb[(y * size + x) * 3 + c] = ((sum[c] + count / 2) / count) as u8;
+                }
+            }
+        }
+        Frame {
+            height: size,
+            width: size,
+            rgb,
+        }
+    }
+}
+
 pub trait Env: Send {
     fn spec(&self) -> &EnvSpec;
     /// Some(seed) reseeds the env's random stream (gymnasium semantics); None continues it.
     fn reset(&mut self, seed: Option<u64>) -> Result<Vec<f32>>;
     /// action in [-1, 1]^action_dim (after the RescaleAction wrapper); wrong length -> Error, not panic.
     fn step(&mut self, action: &[f32]) -> Result<Step>;
+    /// The current image, `size`×`size` where the env can choose (otherwise its own size).
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        let _ = size;
+        Err(Error::Unsupported {
+            task: "rendering".into(),
+            reason: "this environment draws no images (pixel observations and videos need a \
+                     DMControl task or a gymnasium env with an rgb_array render mode)"
+                .into(),
+        })
+    }
 }
 
 impl<E: Env + ?Sized> Env for Box<E> {
@@ -56,6 +148,9 @@ impl<E: Env + ?Sized> Env for Box<E> {
     }
     fn step(&mut self, action: &[f32]) -> Result<Step> {
         (**self).step(action)
+    }
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        (**self).render(size)
     }
 }
 
@@ -69,4 +164,27 @@ pub struct ActionBox {
 /// An unwrapped environment that takes actions in its own [`ActionBox`].
 pub trait BoxEnv: Env {
     fn action_box(&self) -> &ActionBox;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resizing_averages_the_pixels_each_target_pixel_covers() {
+        // 4×4 → 2×2: each target pixel is the mean of a 2×2 block.
+        let rgb: Vec<u8> = (0..16u8).flat_map(|p| [p * 10, 255 - p * 10, 7]).collect();
+        let frame = Frame {
+            height: 4,
+            width: 4,
+            rgb,
+        };
+        let small = frame.resized(2);
+        assert_eq!((small.height, small.width), (2, 2));
+        // Top-left block: pixels 0, 1, 4, 5 → red (0+10+40+50)/4 = 25.
+        assert_eq!(&small.rgb[..3], &[25, 230, 7]);
+        assert_eq!(frame.resized(4), frame, "same size: unchanged");
+        // Upsampling repeats pixels.
+        assert_eq!(frame.resized(8).rgb[..3], frame.rgb[..3]);
+    }
 }

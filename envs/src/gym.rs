@@ -4,8 +4,10 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use crate::wrappers::wrap;
-use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Result, Step};
+use pyo3::types::PyBytes;
+
+use crate::wrappers::wrap_observed;
+use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Frame, ObsKind, Result, Step};
 use embedded_python as python;
 
 /// Prefix that forces the gymnasium implementation of a task that also exists natively.
@@ -37,10 +39,11 @@ pub struct GymEnv {
 }
 
 impl GymEnv {
-    pub fn new(id: &str, seed: u64) -> Result<Self> {
+    /// `renders`: made with `render_mode="rgb_array"` (pixel observations, videos).
+    pub fn new(id: &str, seed: u64, renders: bool) -> Result<Self> {
         python::attach_exclusive(|py| {
             let module = module(py)?;
-            let adapter = module.getattr("GymAdapter")?.call1((id,)).map_err(|err| {
+            let adapter = module.getattr("GymAdapter")?.call1((id, renders)).map_err(|err| {
                 if module
                     .getattr("Unsupported")
                     .is_ok_and(|t| err.is_instance(py, &t))
@@ -112,6 +115,19 @@ impl Env for GymEnv {
             })
         })
     }
+
+    /// The env's own `rgb_array` frame, whatever its size (`size` is not the env's to choose).
+    fn render(&mut self, _size: usize) -> Result<Frame> {
+        python::attach_exclusive(|py| {
+            let out = self.adapter.bind(py).call_method0(intern!(py, "render"))?;
+            let (bytes, height, width): (Bound<'_, PyBytes>, usize, usize) = out.extract()?;
+            Ok(Frame {
+                height,
+                width,
+                rgb: bytes.as_bytes().to_vec(),
+            })
+        })
+    }
 }
 
 impl BoxEnv for GymEnv {
@@ -129,8 +145,8 @@ impl Drop for GymEnv {
 }
 
 /// Fully wrapped gymnasium env (no action repeat; the env's own episode length).
-pub fn make(id: &str, seed: u64) -> Result<Box<dyn Env>> {
-    let env = GymEnv::new(id, seed)?;
+pub fn make(id: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
+    let env = GymEnv::new(id, seed, obs == ObsKind::Rgb)?;
     let episode_length = env.spec.episode_length;
-    wrap(env, 1, episode_length)
+    wrap_observed(env, 1, episode_length, obs)
 }

@@ -1,7 +1,7 @@
 //! Task name -> fully wrapped environment.
 use crate::native::{mountain_car, pendulum, MountainCarContinuous, Pendulum};
 use crate::wrappers::wrap;
-use crate::{dmc, gym, native, Env, Error, Result};
+use crate::{dmc, gym, native, Env, Error, ObsKind, Result};
 
 const MAX_SUGGESTIONS: usize = 5;
 const MIN_SIMILARITY: f64 = 0.5;
@@ -11,10 +11,15 @@ const MIN_SIMILARITY: f64 = 0.5;
 /// Native tasks and the 28 DMControl tasks are matched first; any other gymnasium id goes
 /// through gymnasium, and `gym:<id>` forces gymnasium even for a natively implemented id.
 pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
+    make_observed(task, seed, ObsKind::State)
+}
+
+/// [`make`] with the observation the agent gets. Native tasks draw no images.
+pub fn make_observed(task: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
     if let Some(id) = task.strip_prefix(gym::PREFIX) {
         let ids = gym::registered_ids()?;
         if ids.iter().any(|known| known == id) {
-            return gym::make(id, seed);
+            return gym::make(id, seed, obs);
         }
         let prefixed: Vec<String> = ids
             .iter()
@@ -22,7 +27,17 @@ pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
             .collect();
         return Err(unknown(task, prefixed.iter().map(String::as_str)));
     }
+    let native = || Error::Unsupported {
+        task: task.into(),
+        reason: format!(
+            "obs={} needs images, and the native `{task}` draws none; use `{}{task}` \
+             (gymnasium's own, which renders)",
+            obs.name(),
+            gym::PREFIX
+        ),
+    };
     match task {
+        pendulum::ID | mountain_car::ID if obs != ObsKind::State => return Err(native()),
         pendulum::ID => return wrap(Pendulum::new(seed), 1, pendulum::EPISODE_LENGTH),
         mountain_car::ID => {
             return wrap(
@@ -34,12 +49,12 @@ pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
         _ => {}
     }
     if dmc::TASKS.contains(&task) {
-        return dmc::make(task, seed);
+        return dmc::make(task, seed, obs);
     }
     if looks_like_gym_id(task) {
         let ids = gym::registered_ids()?;
         if ids.iter().any(|known| known == task) {
-            return gym::make(task, seed);
+            return gym::make(task, seed, obs);
         }
         let names = known_tasks()
             .into_iter()

@@ -1,5 +1,7 @@
 //! Generic wrappers that turn a raw environment into the agent's view of it.
-use crate::{BoxEnv, Env, EnvSpec, Error, Result, Step};
+use std::collections::VecDeque;
+
+use crate::{BoxEnv, Env, EnvSpec, Error, Frame, ObsKind, Result, Step, FRAME_SIZE, FRAME_STACK};
 
 /// Exposes actions in `[-1, 1]` and maps them affinely onto the wrapped env's action box.
 /// Components outside `[-1, 1]` are clipped; non-finite ones are an error.
@@ -72,6 +74,10 @@ impl<E: BoxEnv> Env for RescaleAction<E> {
         }
         self.env.step(&self.raw)
     }
+
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        self.env.render(size)
+    }
 }
 
 /// Repeats each action `repeat` times, summing rewards; stops early when the episode ends.
@@ -111,6 +117,10 @@ impl<E: Env> Env for ActionRepeat<E> {
             step.reward += reward;
         }
         Ok(step)
+    }
+
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        self.env.render(size)
     }
 }
 
@@ -165,16 +175,100 @@ impl<E: Env> Env for TimeLimit<E> {
         self.running = !(step.terminated || step.truncated);
         Ok(step)
     }
+
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        self.env.render(size)
+    }
 }
 
 /// The standard stack: `TimeLimit(ActionRepeat(RescaleAction(env)))`.
+/// Observes the last [`FRAME_STACK`] rendered frames instead of the state: (9, 64, 64), values
+/// 0–255, channel-major, the newest frame last; at reset the first frame fills the stack (the
+/// official `Pixels` wrapper). Frames of another size are resampled to 64×64.
+pub struct PixelStack<E> {
+    env: E,
+    spec: EnvSpec,
+    /// Channel-major frames, oldest first.
+    frames: VecDeque<Vec<f32>>,
+}
+
+impl<E: Env> PixelStack<E> {
+    pub fn new(env: E) -> Self {
+        let spec = EnvSpec {
+            obs_shape: ObsKind::rgb_shape(),
+            ..env.spec().clone()
+        };
+        Self {
+            env,
+            spec,
+            frames: VecDeque::with_capacity(FRAME_STACK),
+        }
+    }
+
+    /// Renders the current frame into the stack (`copies` times) and returns the stack.
+    fn observe(&mut self, copies: usize) -> Result<Vec<f32>> {
+        let frame = self.env.render(FRAME_SIZE)?.resized(FRAME_SIZE);
+        let pixels = FRAME_SIZE * FRAME_SIZE;
+        let mut planar = vec![0f32; 3 * pixels];
+        for (p, rgb) in frame.rgb.chunks_exact(3).enumerate() {
+            for (c, &value) in rgb.iter().enumerate() {
+                planar[c * pixels + p] = f32::from(value);
+            }
+        }
+        for _ in 0..copies {
+            if self.frames.len() == FRAME_STACK {
+                self.frames.pop_front();
+            }
+            self.frames.push_back(planar.clone());
+        }
+        Ok(self.frames.iter().flatten().copied().collect())
+    }
+}
+
+impl<E: Env> Env for PixelStack<E> {
+    fn spec(&self) -> &EnvSpec {
+        &self.spec
+    }
+
+    fn reset(&mut self, seed: Option<u64>) -> Result<Vec<f32>> {
+        self.env.reset(seed)?;
+        self.observe(FRAME_STACK)
+    }
+
+    fn step(&mut self, action: &[f32]) -> Result<Step> {
+        let step = self.env.step(action)?;
+        Ok(Step {
+            obs: self.observe(1)?,
+            ..step
+        })
+    }
+
+    fn render(&mut self, size: usize) -> Result<Frame> {
+        self.env.render(size)
+    }
+}
+
 pub fn wrap<E: BoxEnv + 'static>(
     env: E,
     repeat: usize,
     episode_length: usize,
 ) -> Result<Box<dyn Env>> {
+    wrap_observed(env, repeat, episode_length, ObsKind::State)
+}
+
+/// [`wrap`], with the observation the agent gets: frames are rendered after the repeated
+/// action, before the time limit (the official wrapper order).
+pub fn wrap_observed<E: BoxEnv + 'static>(
+    env: E,
+    repeat: usize,
+    episode_length: usize,
+    obs: ObsKind,
+) -> Result<Box<dyn Env>> {
     let env = ActionRepeat::new(RescaleAction::new(env)?, repeat);
-    Ok(Box::new(TimeLimit::new(env, episode_length)))
+    Ok(match obs {
+        ObsKind::State => Box::new(TimeLimit::new(env, episode_length)),
+        ObsKind::Rgb => Box::new(TimeLimit::new(PixelStack::new(env), episode_length)),
+    })
 }
 
 #[cfg(test)]

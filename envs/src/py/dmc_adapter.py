@@ -40,3 +40,11 @@ class DmcAdapter:
     def render(self, size, camera):
         """The current frame, (size, size, 3) uint8, as bytes."""
         return self.env.physics.render(size, size, camera_id=camera).tobytes()
+
+    def close(self):
+        """Frees the rendering contexts now, on this thread; left to Python's cycle collector,
+        they would be freed on whichever thread it runs, where EGL refuses them."""
+        physics = self.env.physics
+        with physics._contexts_lock:
+            if physics._contexts:
+                physics._free_rendering_contexts()

@@ -1,4 +1,6 @@
 """Per-step glue between Rust and a gymnasium env: one call per step, float32 observations."""
+import os
+
 import gymnasium
 import numpy as np
 from gymnasium import spaces
@@ -13,8 +15,11 @@ def registered_ids():
 
 
 class GymAdapter:
-    def __init__(self, env_id):
-        env = gymnasium.make(env_id)
+    def __init__(self, env_id, renders=False):
+        if renders:
+            # MuJoCo envs render headless through EGL unless the user chose a backend.
+            os.environ.setdefault("MUJOCO_GL", "egl")
+        env = gymnasium.make(env_id, render_mode="rgb_array" if renders else None)
         if env.spec is None or env.spec.max_episode_steps is None:
             env.close()
             raise Unsupported("the env has no max_episode_steps in its spec")
@@ -53,6 +58,14 @@ class GymAdapter:
             bool(truncated),
             None if success is None else float(success),
         )
+
+    def render(self):
+        """The current frame as (bytes of (height, width, 3) uint8, height, width)."""
+        frame = self.env.render()
+        if frame is None or getattr(frame, "ndim", 0) != 3 or frame.shape[2] != 3:
+            raise Unsupported("render() did not return an (height, width, 3) rgb_array")
+        frame = np.ascontiguousarray(frame, dtype=np.uint8)
+        return frame.tobytes(), int(frame.shape[0]), int(frame.shape[1])
 
     def close(self):
         self.env.close()

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use self::process::WorkerProcess;
 use self::protocol::{Encoder, Layout};
-use crate::{Env, EnvSpec, Error, Result, Step};
+use crate::{Env, EnvSpec, Error, ObsKind, Result, Step};
 
 pub use self::worker::serve_worker;
 
@@ -95,6 +95,17 @@ impl VectorEnv {
         placement: Placement,
         worker: &WorkerCommand,
     ) -> Result<Self> {
+        Self::observed(task, ObsKind::State, seeds, placement, worker)
+    }
+
+    /// [`Self::new`] with the observation the agent gets (as `envs::make_observed`).
+    pub fn observed(
+        task: &str,
+        obs: ObsKind,
+        seeds: &[u64],
+        placement: Placement,
+        worker: &WorkerCommand,
+    ) -> Result<Self> {
         if seeds.is_empty() {
             return Err(Error::VectorInput(
                 "no environments: give at least one seed".into(),
@@ -104,7 +115,7 @@ impl VectorEnv {
             Placement::InProcess => {
                 let envs = seeds
                     .iter()
-                    .map(|&seed| crate::make(task, seed))
+                    .map(|&seed| crate::make_observed(task, seed, obs))
                     .collect::<Result<Vec<_>>>()?;
                 (envs[0].spec().clone(), Backend::InProcess(envs))
             }
@@ -114,7 +125,7 @@ impl VectorEnv {
                 ))
             }
             Placement::Workers(k) => {
-                let (mut workers, owner) = start_workers(task, seeds, k, worker)?;
+                let (mut workers, owner) = start_workers(task, obs, seeds, k, worker)?;
                 let spec = map_regions(task, &mut workers)?;
                 let layout = Layout::new(&spec);
                 let backend = Backend::Workers {
@@ -298,6 +309,7 @@ impl Drop for VectorEnv {
 /// Returns them and, per env, its worker and its index there.
 fn start_workers(
     task: &str,
+    obs: ObsKind,
     seeds: &[u64],
     k: usize,
     worker: &WorkerCommand,
@@ -310,7 +322,10 @@ fn start_workers(
         let envs = w * n / k..(w + 1) * n / k;
         owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
         let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
-        let mut init = Encoder::default().str(task).u32(envs.len() as u32);
+        let mut init = Encoder::default()
+            .str(task)
+            .u8(obs as u8)
+            .u32(envs.len() as u32);
         for &seed in &seeds[envs] {
             init = init.u64(seed);
         }

@@ -7,7 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder, Encoder, Layout};
-use crate::{Env, Result};
+use crate::{Env, ObsKind, Result};
 
 /// Error texts longer than this are cut (a frame must stay small).
 const MAX_ERROR_BYTES: usize = 64 * 1024;
@@ -95,6 +95,11 @@ impl Worker {
 
     fn init(&mut self, d: &mut Decoder<'_>) -> std::result::Result<Vec<u8>, Failure> {
         let task = d.str().map_err(malformed)?;
+        let obs = match d.u8().map_err(malformed)? {
+            0 => ObsKind::State,
+            1 => ObsKind::Rgb,
+            other => return Err((None, format!("INIT names observation kind {other}"))),
+        };
         let count = d.u32().map_err(malformed)?;
         let seeds: Vec<u64> = (0..count)
             .map(|_| d.u64())
@@ -104,7 +109,8 @@ impl Worker {
             return Err((None, "INIT must come once, with at least one seed".into()));
         }
         for (i, &seed) in seeds.iter().enumerate() {
-            let env = crate::make(&task, seed).map_err(|e| (Some(i), e.to_string()))?;
+            let env =
+                crate::make_observed(&task, seed, obs).map_err(|e| (Some(i), e.to_string()))?;
             self.envs.push(env);
         }
         Ok(protocol::encode_spec(self.envs[0].spec()))

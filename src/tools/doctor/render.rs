@@ -60,10 +60,10 @@ pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>) {
 
 /// The rendering check's process: one frame, then [`RENDER_FRAMES`] timed.
 pub(super) fn render_check() -> Result<()> {
-    let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0)?;
+    let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0, true)?;
     env.reset(Some(0))?;
     let start = Instant::now();
-    let frame = env.render(RENDER_SIZE, 0)?;
+    let frame = env.render(RENDER_SIZE)?.rgb;
     let first = start.elapsed();
     if frame.len() != RENDER_SIZE * RENDER_SIZE * 3 || frame.iter().all(|&b| b == frame[0]) {
         return Err(Error::Other(format!(
@@ -73,7 +73,7 @@ pub(super) fn render_check() -> Result<()> {
     }
     let start = Instant::now();
     for _ in 0..RENDER_FRAMES {
-        env.render(RENDER_SIZE, 0)?;
+        env.render(RENDER_SIZE)?;
     }
     let each = start.elapsed().as_secs_f64() / RENDER_FRAMES as f64;
     println!(
