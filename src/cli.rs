@@ -138,7 +138,7 @@ impl RunArgs {
 /// Loads, validates and resolves the configuration against the task's environment.
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
-    let env = envs::make(&config.task, config.seed)?;
+    let env = envs::make_observed(&config.task, config.seed, config.obs_kind()?)?;
     config.resolve(env.spec())?;
     Ok(config)
 }

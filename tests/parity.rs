@@ -47,6 +47,8 @@ fn config() -> AgentConfig {
     let discount = ((frac - 1.0) / frac).clamp(f("discount_min"), f("discount_max"));
     AgentConfig {
         obs_dim,
+        obs: envs::ObsKind::State,
+        num_channels: 32,
         action_dim: u("action_dim"),
         latent_dim: u("latent_dim"),
         enc_dim: u("enc_dim"),
@@ -200,7 +202,7 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
     let obs = get(fixture, "batch.obs").get(0);
     let action = get(fixture, "batch.action").get(0);
     let reward = get(fixture, "batch.reward").get(0);
-    let z0 = model.encode(&obs);
+    let z0 = model.encode(&obs, &mut ReplayNoise::new()).unwrap();
     let logits = model.reward(&z0, &action);
     let policy = model.pi(&z0, get(fixture, "draw.pi_eps"));
     let outputs = [
@@ -461,6 +463,8 @@ fn grad_norm_equals_torchs_at_model_size_5_with_dog_run_dimensions() {
 
     let config = AgentConfig {
         obs_dim: 223,
+        obs: envs::ObsKind::State,
+        num_channels: 32,
         action_dim: 38,
         enc_dim: 256,
         mlp_dim: 512,

@@ -142,7 +142,6 @@ impl DmcEnv {
             })
         })
     }
-
 }
 
 impl Env for DmcEnv {

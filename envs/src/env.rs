@@ -40,7 +40,8 @@ pub struct Step {
 }
 
 /// What the agent observes: the task's state vector, or stacked camera frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[repr(u8)]
 pub enum ObsKind {
     #[default]

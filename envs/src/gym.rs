@@ -43,19 +43,22 @@ impl GymEnv {
     pub fn new(id: &str, seed: u64, renders: bool) -> Result<Self> {
         python::attach_exclusive(|py| {
             let module = module(py)?;
-            let adapter = module.getattr("GymAdapter")?.call1((id, renders)).map_err(|err| {
-                if module
-                    .getattr("Unsupported")
-                    .is_ok_and(|t| err.is_instance(py, &t))
-                {
-                    Error::Unsupported {
-                        task: id.into(),
-                        reason: err.value(py).to_string(),
+            let adapter = module
+                .getattr("GymAdapter")?
+                .call1((id, renders))
+                .map_err(|err| {
+                    if module
+                        .getattr("Unsupported")
+                        .is_ok_and(|t| err.is_instance(py, &t))
+                    {
+                        Error::Unsupported {
+                            task: id.into(),
+                            reason: err.value(py).to_string(),
+                        }
+                    } else {
+                        Error::from(err)
                     }
-                } else {
-                    Error::from(err)
-                }
-            })?;
+                })?;
             let obs_shape: Vec<usize> = adapter.getattr("obs_shape")?.extract()?;
             let low: Vec<f64> = adapter.getattr("action_low")?.extract()?;
             let high: Vec<f64> = adapter.getattr("action_high")?.extract()?;

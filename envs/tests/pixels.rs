@@ -20,8 +20,13 @@ fn dmc_pixels_stack_three_frames_repeating_the_first_at_reset() {
     assert_eq!(env.spec().episode_length, 500);
     let first = env.reset(Some(1)).unwrap();
     let stack = frames(&first);
-    assert!(stack[0] == stack[1] && stack[1] == stack[2], "reset repeats its frame");
-    assert!(first.iter().all(|&v| (0.0..=255.0).contains(&v) && v.fract() == 0.0));
+    assert!(
+        stack[0] == stack[1] && stack[1] == stack[2],
+        "reset repeats its frame"
+    );
+    assert!(first
+        .iter()
+        .all(|&v| (0.0..=255.0).contains(&v) && v.fract() == 0.0));
     assert!(first.iter().any(|&v| v != first[0]), "a frame, not a blank");
     let mut previous = first;
     let mut moved = false;
@@ -46,14 +51,20 @@ fn worker_processes_render_the_same_frames_as_in_process() {
         VectorEnv::observed(TASK, ObsKind::Rgb, &seeds, Placement::Workers(2), &worker).unwrap();
     assert_eq!(remote.spec().obs_shape, vec![9, 64, 64]);
     for i in 0..2 {
-        assert_eq!(local.reset(i, Some(9)).unwrap(), remote.reset(i, Some(9)).unwrap());
+        assert_eq!(
+            local.reset(i, Some(9)).unwrap(),
+            remote.reset(i, Some(9)).unwrap()
+        );
     }
     for action in common::actions(5, 3, 1) {
         let actions = [action.clone(), action].concat();
         let ours = local.step(&[0, 1], &actions).unwrap();
         let theirs = remote.step(&[0, 1], &actions).unwrap();
         for (a, b) in ours.iter().zip(&theirs) {
-            assert_eq!(a.obs, b.obs, "frames through shared memory are the frames rendered");
+            assert_eq!(
+                a.obs, b.obs,
+                "frames through shared memory are the frames rendered"
+            );
         }
     }
 }
@@ -64,5 +75,8 @@ fn native_tasks_refuse_pixels_naming_the_setting() {
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
-    assert!(err.contains("obs=rgb") && err.contains("gym:Pendulum-v1"), "{err}");
+    assert!(
+        err.contains("obs=rgb") && err.contains("gym:Pendulum-v1"),
+        "{err}"
+    );
 }

@@ -8,7 +8,12 @@ use super::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     // dimensions
+    /// Numbers in one observation (9·64·64 for pixels).
     pub obs_dim: usize,
+    /// State vectors (an MLP encoder) or stacked frames (the convolutional encoder).
+    pub obs: envs::ObsKind,
+    /// Channels of the convolutional encoder's layers (pixels only).
+    pub num_channels: usize,
     pub action_dim: usize,
     pub latent_dim: usize,
     pub enc_dim: usize,
@@ -66,6 +71,8 @@ impl AgentConfig {
     pub fn from_config(config: &crate::config::Config) -> crate::error::Result<Self> {
         Ok(AgentConfig {
             obs_dim: config.resolved_obs_dim()?,
+            obs: config.obs_kind()?,
+            num_channels: config.num_channels,
             action_dim: config.resolved_action_dim()?,
             latent_dim: config.latent_dim,
             enc_dim: config.enc_dim,

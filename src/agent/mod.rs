@@ -9,6 +9,7 @@
 pub mod adam;
 pub mod bench;
 pub mod config;
+pub mod encoder;
 pub mod import;
 pub mod kernels;
 pub mod layers;

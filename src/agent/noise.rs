@@ -1,7 +1,8 @@
 //! Sources of the agent's random draws, so that tests can replay recorded draws.
 //!
-//! Four kinds of draw exist: standard normal tensors, permutations (the Q heads picked), Exp(1)
-//! tensors (the Gumbel noise of the planner's elite choice) and dropout masks. Every draw ends
+//! Five kinds of draw exist: standard normal tensors, permutations (the Q heads picked), Exp(1)
+//! tensors (the Gumbel noise of the planner's elite choice), dropout masks and the integer
+//! image shifts of the pixel encoder's augmentation. Every draw ends
 //! on the device that uses it, permutations included: the heads are picked there with
 //! `index_select`, so that nothing the device computes waits for the host (a CUDA graph replays
 //! device draws; a host value would be frozen into it).
@@ -25,6 +26,8 @@ pub enum NoiseKind {
     Exponential,
     /// A dropout mask: 0 with probability p, else 1/(1−p).
     DropoutMask,
+    /// Integer image shifts, uniform in 0..=max, as floats (n, 1, 1, 2).
+    Shift,
 }
 
 /// A stream of random draws.
@@ -37,6 +40,9 @@ pub trait Noise {
     fn exponential(&mut self, shape: &[i64], device: Device) -> Result<Tensor>;
     /// A dropout mask of `shape` on `device`: 0 with probability `p`, else 1/(1−p).
     fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor>;
+    /// `n` image shifts (x, y), each uniform in `0..=max`, as float32 (n, 1, 1, 2) on `device`
+    /// (the official `torch.randint(0, 2·pad + 1, (n, 1, 1, 2))`).
+    fn shifts(&mut self, n: i64, max: i64, device: Device) -> Result<Tensor>;
 }
 
 /// A dropout mask from torch's generator on accelerators, from `rng` on the CPU (torch draws
@@ -96,6 +102,15 @@ impl Noise for TorchNoise {
 
     fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
         dropout_mask_on(&mut self.mask_rng, shape, p, device)
+    }
+
+    fn shifts(&mut self, n: i64, max: i64, device: Device) -> Result<Tensor> {
+        Ok(Tensor::f_randint_low(
+            0,
+            max + 1,
+            [n, 1, 1, 2],
+            (Kind::Float, device),
+        )?)
     }
 }
 
@@ -159,6 +174,13 @@ impl Noise for HostNoise {
         let mut rng = SmallRng::seed_from_u64(self.rng.random());
         let mask = kernels::dropout_mask(&mut rng, shape, p);
         Ok(mask.f_to_device(device)?)
+    }
+
+    fn shifts(&mut self, n: i64, max: i64, device: Device) -> Result<Tensor> {
+        let values = (0..2 * n.max(0))
+            .map(|_| self.rng.random_range(0..=max) as f32)
+            .collect();
+        Self::host_tensor(values, &[n, 1, 1, 2], device)
     }
 }
 
@@ -231,6 +253,13 @@ impl Noise for ReplayNoise {
             .f_to_kind(Kind::Float)?
             .f_to_device(device)?)
     }
+
+    fn shifts(&mut self, n: i64, _max: i64, device: Device) -> Result<Tensor> {
+        Ok(self
+            .next(NoiseKind::Shift, &[n, 1, 1, 2])?
+            .f_to_kind(Kind::Float)?
+            .f_to_device(device)?)
+    }
 }
 
 /// Serves the draws of another stream and keeps a copy of each, in order, e.g. to replay them
@@ -275,6 +304,11 @@ impl<N: Noise> Noise for RecordingNoise<N> {
     fn dropout_mask(&mut self, shape: &[i64], p: f64, device: Device) -> Result<Tensor> {
         let draw = self.inner.dropout_mask(shape, p, device)?;
         self.keep(NoiseKind::DropoutMask, draw)
+    }
+
+    fn shifts(&mut self, n: i64, max: i64, device: Device) -> Result<Tensor> {
+        let draw = self.inner.shifts(n, max, device)?;
+        self.keep(NoiseKind::Shift, draw)
     }
 }
 

@@ -138,7 +138,7 @@ impl ReferencePlanner {
             c.num_elites as i64,
         );
         let device = model.device();
-        let z = model.encode(obs);
+        let z = model.encode(obs, noise)?;
         if p > 0 {
             let mut zp = z.shallow_clone();
             for t in 0..h {

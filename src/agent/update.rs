@@ -245,7 +245,7 @@ impl Updater {
     ) -> Result<(Tensor, Tensor)> {
         let h = self.config.horizon as i64;
         tch::no_grad(|| {
-            let next_z = model.encode(&batch.obs.narrow(0, 1, h));
+            let next_z = model.encode(&batch.obs.narrow(0, 1, h), sample_noise)?;
             let mut shape = next_z.size();
             if let Some(last) = shape.last_mut() {
                 *last = model.action_dim;
@@ -283,7 +283,7 @@ impl Updater {
         let cfg = &self.config;
 
         // Latent rollout from the encoded first observation, with gradients.
-        let mut z = model.encode(&batch.obs.get(0));
+        let mut z = model.encode(&batch.obs.get(0), sample_noise)?;
         let mut latents = vec![z.shallow_clone()];
         for t in 0..h {
             z = model.next(&z, &batch.action.get(t));

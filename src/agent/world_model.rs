@@ -7,13 +7,13 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::encoder::Encoder;
 use super::layers::{Activation, Ensemble, Heads, Mlp};
 use super::math::{self, TwoHot};
 use super::noise::Noise;
 use super::params::FlatParams;
 use super::{Error, Result};
 
-pub const ENCODER: &str = "_encoder.state";
 pub const DYNAMICS: &str = "_dynamics";
 pub const REWARD: &str = "_reward";
 pub const TERMINATION: &str = "_termination";
@@ -64,7 +64,7 @@ pub struct PolicyOutput {
 /// Model components and their parameter buffers.
 #[derive(Debug)]
 pub struct WorldModel {
-    pub encoder: Mlp,
+    pub encoder: Encoder,
     pub dynamics: Mlp,
     pub reward: Mlp,
     pub termination: Option<Mlp>,
@@ -96,9 +96,8 @@ impl WorldModel {
         let m = config.mlp_dim as i64;
         let bins = config.num_bins as i64;
         let simnorm = Activation::SimNorm(config.simnorm_dim as i64);
-        let enc_hidden =
-            vec![config.enc_dim as i64; config.num_enc_layers.saturating_sub(1).max(1)];
-        let mut encoder = Mlp::new(config.obs_dim as i64, &enc_hidden, z, Some(simnorm), 0.0);
+        let mut encoder = Encoder::new(config);
+        let encoder_prefix = encoder.prefix();
         let mut dynamics = Mlp::new(z + a, &[m, m], z, Some(simnorm), 0.0);
         let mut reward = Mlp::new(z + a, &[m, m], bins, None, 0.0);
         let mut termination = config.episodic.then(|| Mlp::new(z, &[m, m], 1, None, 0.0));
@@ -112,7 +111,7 @@ impl WorldModel {
 
         let model_params = {
             let mut modules: Vec<(&str, &mut dyn super::params::ParamVisitor)> = vec![
-                (ENCODER, &mut encoder),
+                (encoder_prefix, &mut encoder),
                 (DYNAMICS, &mut dynamics),
                 (REWARD, &mut reward),
             ];
@@ -159,13 +158,14 @@ impl WorldModel {
     /// The encoder's range inside `model_params` (its own learning rate).
     pub fn encoder_range(&self) -> (i64, i64) {
         self.model_params
-            .range_of(ENCODER)
+            .range_of(self.encoder.prefix())
             .expect("the model has an encoder")
     }
 
-    /// Observations (…, obs_dim) → latents (…, latent_dim).
-    pub fn encode(&self, obs: &Tensor) -> Tensor {
-        self.encoder.forward(obs)
+    /// Observations (…, obs_dim) → latents (…, latent_dim); pixels draw their random shifts
+    /// from `noise` (in training and when acting, as the official does).
+    pub fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor> {
+        self.encoder.forward(obs, noise)
     }
 
     /// Next latent from a latent and an action.
@@ -402,6 +402,7 @@ fn copy_flat(mine: &FlatParams, theirs: &FlatParams) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::HostNoise;
 
     fn small_config() -> AgentConfig {
         AgentConfig {
@@ -418,7 +419,12 @@ mod tests {
     fn initial_reward_and_q_decode_to_zero() {
         tch::manual_seed(0);
         let model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
-        let z = model.encode(&Tensor::randn([4, 5], (Kind::Float, Device::Cpu)));
+        let z = model
+            .encode(
+                &Tensor::randn([4, 5], (Kind::Float, Device::Cpu)),
+                &mut HostNoise::seeded(0),
+            )
+            .unwrap();
         let a = Tensor::zeros([4, 2], (Kind::Float, Device::Cpu));
         let r = model.two_hot.decode(&model.reward(&z, &a));
         assert!(r.abs().max().double_value(&[]) < 1e-6);
@@ -458,7 +464,9 @@ mod tests {
             let _ = model.model_params.flat.detach().normal_(0.0, 0.3);
         });
         let cpu = (Kind::Float, Device::Cpu);
-        let z = model.encode(&Tensor::randn([3, 5], cpu));
+        let z = model
+            .encode(&Tensor::randn([3, 5], cpu), &mut HostNoise::seeded(0))
+            .unwrap();
         let repeated = z.repeat_interleave_self_int(4, 0, None);
         let eps = Tensor::randn([12, 2], cpu);
         let a = Tensor::rand([12, 2], cpu);

@@ -9,16 +9,32 @@ use super::validate::range;
 use super::Config;
 use crate::error::{Error, Result};
 
+/// Features the convolutional encoder produces per channel (its 4×4 output map).
+pub const PIXEL_FEATURES: usize = 16;
+
 impl Config {
     /// Applies the model-size preset and computes the fields the official parse step derives
     /// from the task: dimensions, episode length, discount, seed steps, planning iterations.
     pub fn resolve(&mut self, spec: &envs::EnvSpec) -> Result<()> {
+        let obs = self.obs_kind()?;
         if let Some(p) = self.model_size.and_then(preset) {
             self.enc_dim = p.enc_dim;
             self.mlp_dim = p.mlp_dim;
-            self.latent_dim = p.latent_dim;
+            // With pixels the latent is the convolutional encoder's flattened output, whatever
+            // the size.
+            if obs == envs::ObsKind::State {
+                self.latent_dim = p.latent_dim;
+            }
             self.num_enc_layers = p.num_enc_layers;
             self.num_q = p.num_q;
+        }
+        if obs == envs::ObsKind::Rgb && self.latent_dim != PIXEL_FEATURES * self.num_channels {
+            return Err(Error::Config(format!(
+                "obs=rgb needs latent_dim = {PIXEL_FEATURES} × num_channels (the convolutional \
+                 encoder's 4×4 output, flattened: 512 with num_channels=32); got latent_dim={} \
+                 with num_channels={}",
+                self.latent_dim, self.num_channels
+            )));
         }
         let length = spec.episode_length;
         // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
@@ -41,7 +57,10 @@ impl Config {
         if self.episode_length.is_none() && spec.action_dim >= 20 {
             self.iterations += 2;
         }
-        self.obs_shape = Some(spec.obs_shape.clone());
+        self.obs_shape = Some(match obs {
+            envs::ObsKind::State => spec.obs_shape.clone(),
+            envs::ObsKind::Rgb => envs::ObsKind::rgb_shape(),
+        });
         self.action_dim = Some(spec.action_dim);
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
@@ -115,6 +134,16 @@ impl Config {
     }
 
     /// The flattened observation size; needs a resolved config.
+    /// What the agent observes (`obs`).
+    pub fn obs_kind(&self) -> Result<envs::ObsKind> {
+        envs::ObsKind::parse(&self.obs).ok_or_else(|| {
+            Error::Config(format!(
+                "obs={} is not an observation kind; allowed: state, rgb",
+                self.obs
+            ))
+        })
+    }
+
     pub fn resolved_obs_dim(&self) -> Result<usize> {
         resolved(self.obs_shape.as_ref().map(|s| s.iter().product()))
     }

@@ -224,12 +224,7 @@ impl Config {
 
     /// The observation mode and the learning-rate scaling rule.
     fn validate_modes(&self) -> Result<()> {
-        if self.obs != "state" {
-            return Err(Error::Config(format!(
-                "obs={} is not supported yet; allowed: state",
-                self.obs
-            )));
-        }
+        self.obs_kind()?;
         if !LR_SCALES.contains(&self.lr_scale.as_str()) {
             return Err(Error::Config(format!(
                 "lr_scale={} is not a scaling rule; allowed: {}",
@@ -441,12 +436,6 @@ impl Config {
                 self.save_agent.to_string(),
                 defaults.save_agent.to_string(),
                 "checkpoints are always written (save_freq spaces them)",
-            ),
-            (
-                "num_channels",
-                self.num_channels.to_string(),
-                defaults.num_channels.to_string(),
-                "it sizes the image encoder, and only obs=state is supported",
             ),
             (
                 "task_dim",

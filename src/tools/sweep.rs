@@ -326,11 +326,12 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
     for job in jobs {
         let checked = (|| {
             let mut config = Config::load(&source(&job.overrides))?;
-            if !specs.contains_key(&config.task) {
-                let env = envs::make(&config.task, config.seed)?;
-                specs.insert(config.task.clone(), env.spec().clone());
+            let key = format!("{} obs={}", config.task, config.obs);
+            if !specs.contains_key(&key) {
+                let env = envs::make_observed(&config.task, config.seed, config.obs_kind()?)?;
+                specs.insert(key.clone(), env.spec().clone());
             }
-            config.resolve(&specs[&config.task])?;
+            config.resolve(&specs[&key])?;
             Ok::<_, Error>(config)
         })();
         match checked {

@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::agent::layers::Heads;
+use crate::agent::noise::Noise;
 use crate::agent::world_model::{QParams, QReduce, WorldModel};
 use crate::agent::Result;
 
@@ -15,8 +16,8 @@ pub trait LatentModel {
     fn latent_dim(&self) -> i64;
     fn action_dim(&self) -> i64;
     fn num_q(&self) -> i64;
-    /// Observations (E, obs_dim) → latents (E, Z).
-    fn encode(&self, obs: &Tensor) -> Tensor;
+    /// Observations (E, obs_dim) → latents (E, Z); pixel encoders draw shifts from `noise`.
+    fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor>;
     /// Next latents (N, Z).
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor;
     /// Decoded rewards (H·N, 1) of a rollout of N rows over H steps, step-major: step 0 from the
@@ -53,8 +54,8 @@ impl LatentModel for WorldModel {
     fn num_q(&self) -> i64 {
         self.q.size
     }
-    fn encode(&self, obs: &Tensor) -> Tensor {
-        WorldModel::encode(self, obs)
+    fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor> {
+        WorldModel::encode(self, obs, noise)
     }
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
         if is_shared(z, a) {

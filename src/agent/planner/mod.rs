@@ -155,7 +155,7 @@ impl Planner {
     ) -> Result<Tensor> {
         // One latent per environment (E, Z): the first step's layers see it once, not once per
         // candidate.
-        let z = model.encode(obs);
+        let z = model.encode(obs, noise)?;
         self.sample_policy_trajectories(model, &z, noise)?;
         let (mut mean, mut std) = self.warm_start(continuing, model.device());
         let (e, h, k, a) = (
@@ -416,7 +416,7 @@ impl Planner {
         let rows = obs.size().first().copied().unwrap_or(0);
         expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
         tch::no_grad(|| {
-            let z = model.encode(obs);
+            let z = model.encode(obs, noise)?;
             let eps = noise.randn(&[rows, self.action_dim], model.device())?;
             let out = model.pi(&z, &eps);
             Ok(if eval_mode { out.mean } else { out.action })

@@ -26,8 +26,11 @@ impl LatentModel for Quadratic {
     fn num_q(&self) -> i64 {
         2
     }
-    fn encode(&self, obs: &Tensor) -> Tensor {
-        Tensor::zeros([obs.size()[0], 4], (Kind::Float, Device::Cpu))
+    fn encode(&self, obs: &Tensor, _noise: &mut dyn Noise) -> Result<Tensor> {
+        Ok(Tensor::zeros(
+            [obs.size()[0], 4],
+            (Kind::Float, Device::Cpu),
+        ))
     }
     fn next(&self, _z: &Tensor, a: &Tensor) -> Tensor {
         Tensor::zeros([a.size()[0], 4], (Kind::Float, Device::Cpu))
