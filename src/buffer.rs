@@ -2,7 +2,10 @@
 //! slices of H+1 consecutive rows sampled per-episode uniformly into a time-major batch.
 //!
 //! An episode of L steps takes L+1 rows: row 0 holds o_0, row t holds (o_t, a_{t-1}, r_{t-1},
-//! terminated_t). Each observation is stored once. Sampling costs O(B·H), independent of fill.
+//! terminated_t). Each observation is stored once; of a pixel observation (a stack of frames)
+//! only its newest frame, as bytes: stacks are rebuilt from consecutive rows when sampled, the
+//! first frame repeated at the episode start as the environment did. Sampling costs O(B·H),
+//! independent of fill.
 use std::collections::VecDeque;
 
 use rand::Rng;
@@ -15,7 +18,7 @@ use crate::error::{Error, Result};
 /// A batch of H+1 consecutive steps for B sequences, time-major.
 #[derive(Debug)]
 pub struct Batch {
-    /// (H+1, B, obs_dim)
+    /// (H+1, B, obs_dim): float32 states, or uint8 pixels.
     pub obs: Tensor,
     /// (H, B, action_dim)
     pub action: Tensor,
@@ -40,7 +43,7 @@ impl Batch {
 /// One finished episode, as the actor hands it over.
 #[derive(Debug, Clone, Default)]
 pub struct Episode {
-    /// (L+1) × obs_dim, row-major.
+    /// (L+1) × obs_dim, row-major: whole observations (pixel stacks included).
     pub obs: Vec<f32>,
     /// L × action_dim.
     pub action: Vec<f32>,
@@ -76,6 +79,64 @@ pub struct BufferMeta {
 struct Span {
     start: usize,
     rows: usize,
+    /// Leading rows that only complete the frame stacks of later rows: an episode whose
+    /// oldest rows were overwritten has lost the frames its first rows' stacks need.
+    #[serde(default)]
+    context: usize,
+}
+
+/// How observations are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObsLayout {
+    /// The whole observation, float32.
+    Vector { dim: usize },
+    /// Stacks of `stack` frames of `frame` bytes each: only the newest frame of a row is kept.
+    Frames { frame: usize, stack: usize },
+}
+
+impl ObsLayout {
+    /// The layout of a run's observations (the config resolved against its task).
+    pub fn from_config(config: &crate::config::Config) -> Result<Self> {
+        let dim = config.resolved_obs_dim()?;
+        Ok(match config.obs_kind()? {
+            envs::ObsKind::State => Self::Vector { dim },
+            envs::ObsKind::Rgb => Self::Frames {
+                frame: dim / envs::FRAME_STACK,
+                stack: envs::FRAME_STACK,
+            },
+        })
+    }
+
+    /// Numbers in one whole observation.
+    pub fn obs_dim(self) -> usize {
+        match self {
+            Self::Vector { dim } => dim,
+            Self::Frames { frame, stack } => frame * stack,
+        }
+    }
+
+    /// What a row stores of its observation: all of it, or the newest frame.
+    fn stored(self) -> usize {
+        match self {
+            Self::Vector { dim } => dim,
+            Self::Frames { frame, .. } => frame,
+        }
+    }
+
+    /// Rows before a sampled row whose observations its own completes (the older frames).
+    fn lookback(self) -> usize {
+        match self {
+            Self::Vector { .. } => 0,
+            Self::Frames { stack, .. } => stack - 1,
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Self::Vector { .. } => Kind::Float,
+            Self::Frames { .. } => Kind::Uint8,
+        }
+    }
 }
 
 /// What a rank's replay buffer is built from, taken once from the resolved config.
@@ -83,7 +144,7 @@ struct Span {
 pub struct BufferSettings {
     /// Rows kept: min(buffer_size, steps / world_size), as many as the rank can ever fill.
     pub capacity: usize,
-    pub obs_dim: usize,
+    pub obs: ObsLayout,
     pub action_dim: usize,
     /// Sequences per sampled batch (`batch_size`).
     pub batch_size: usize,
@@ -94,7 +155,7 @@ impl BufferSettings {
         let local_steps = config.steps / config.world_size.max(1) as u64;
         Ok(Self {
             capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
-            obs_dim: config.resolved_obs_dim()?,
+            obs: ObsLayout::from_config(config)?,
             action_dim: config.resolved_action_dim()?,
             batch_size: config.batch_size,
         })
@@ -103,6 +164,7 @@ impl BufferSettings {
 
 pub struct ReplayBuffer {
     capacity: usize,
+    layout: ObsLayout,
     obs_dim: usize,
     action_dim: usize,
     obs: Tensor,
@@ -117,7 +179,12 @@ pub struct ReplayBuffer {
 }
 
 impl ReplayBuffer {
-    pub fn new(capacity: usize, obs_dim: usize, action_dim: usize, device: Device) -> Result<Self> {
+    pub fn new(
+        capacity: usize,
+        layout: ObsLayout,
+        action_dim: usize,
+        device: Device,
+    ) -> Result<Self> {
         if capacity == 0 {
             return Err(Error::Config("buffer_size must be >= 1".into()));
         }
@@ -125,9 +192,10 @@ impl ReplayBuffer {
         let opts = (Kind::Float, device);
         Ok(Self {
             capacity,
-            obs_dim,
+            layout,
+            obs_dim: layout.obs_dim(),
             action_dim,
-            obs: Tensor::zeros([rows, obs_dim as i64], opts),
+            obs: Tensor::zeros([rows, layout.stored() as i64], (layout.kind(), device)),
             action: Tensor::zeros([rows, action_dim as i64], opts),
             reward: Tensor::zeros([rows], opts),
             terminated: Tensor::zeros([rows], opts),
@@ -139,8 +207,12 @@ impl ReplayBuffer {
     }
 
     /// Bytes of storage per row (what the bench reports).
-    pub fn bytes_per_row(obs_dim: usize, action_dim: usize) -> usize {
-        4 * (obs_dim + action_dim + 2)
+    pub fn bytes_per_row(layout: ObsLayout, action_dim: usize) -> usize {
+        let obs = match layout {
+            ObsLayout::Vector { dim } => 4 * dim,
+            ObsLayout::Frames { frame, .. } => frame,
+        };
+        obs + 4 * (action_dim + 2)
     }
 
     pub fn capacity(&self) -> usize {
@@ -160,9 +232,9 @@ impl ReplayBuffer {
         self.episodes.len()
     }
 
-    /// Whether some episode has at least `rows` rows.
+    /// Whether some episode has at least `rows` rows to sample.
     pub fn can_sample(&self, rows: usize) -> bool {
-        self.episodes.iter().any(|s| s.rows >= rows)
+        self.episodes.iter().any(|s| s.rows - s.context >= rows)
     }
 
     /// Appends a finished episode as L+1 rows, overwriting the oldest rows when full.
@@ -200,11 +272,22 @@ impl ReplayBuffer {
 
         self.evict(rows);
         let start = self.cursor;
-        write_rows(&self.obs, start, &episode.obs, self.obs_dim, self.device);
+        let stored = self.layout.stored();
+        let obs: Vec<f32> = episode
+            .obs
+            .chunks_exact(self.obs_dim)
+            .flat_map(|row| &row[self.obs_dim - stored..])
+            .copied()
+            .collect();
+        write_rows(&self.obs, start, &obs, stored, self.device);
         write_rows(&self.action, start, &action, self.action_dim, self.device);
         write_rows(&self.reward, start, &reward, 1, self.device);
         write_rows(&self.terminated, start, &terminated, 1, self.device);
-        self.episodes.push_back(Span { start, rows });
+        self.episodes.push_back(Span {
+            start,
+            rows,
+            context: 0,
+        });
         self.cursor = (start + rows) % self.capacity;
         self.filled = (self.filled + rows).min(self.capacity);
         Ok(())
@@ -221,6 +304,7 @@ impl ReplayBuffer {
             let taken = overwrite.min(oldest.rows);
             oldest.start = (oldest.start + taken) % self.capacity;
             oldest.rows -= taken;
+            oldest.context = self.layout.lookback().min(oldest.rows);
             self.filled -= taken;
             overwrite -= taken;
             if oldest.rows == 0 {
@@ -271,7 +355,7 @@ impl ReplayBuffer {
                 .iter()
                 .find(|(n, _)| n == name)
                 .ok_or_else(|| Error::Other(format!("the saved replay buffer lacks '{name}'")))?;
-            if saved.1.size() != target.size() {
+            if saved.1.size() != target.size() || saved.1.kind() != target.kind() {
                 return Err(Error::Other(format!(
                     "the saved replay buffer's '{name}' has the wrong shape"
                 )));
@@ -292,26 +376,36 @@ impl ReplayBuffer {
             .episodes
             .iter()
             .copied()
-            .filter(|s| s.rows >= length)
+            .filter(|s| s.rows - s.context >= length)
             .collect();
         if eligible.is_empty() {
             return Err(Error::Other(format!(
                 "the replay buffer holds no episode of at least {length} rows"
             )));
         }
+        // Per sampled row, the rows of its observation's parts (oldest frame first).
+        let parts = self.layout.lookback() + 1;
         let mut index = vec![0i64; length * batch_size];
+        let mut obs_index = vec![0i64; length * batch_size * parts];
         for b in 0..batch_size {
             let span = eligible[rng.random_range(0..eligible.len())];
-            let offset = rng.random_range(0..=span.rows - length);
+            let offset = rng.random_range(span.context..=span.rows - length);
             for t in 0..length {
-                index[t * batch_size + b] = ((span.start + offset + t) % self.capacity) as i64;
+                let row = t * batch_size + b;
+                let ring = |position: usize| ((span.start + position) % self.capacity) as i64;
+                index[row] = ring(offset + t);
+                for k in 0..parts {
+                    let back = parts - 1 - k;
+                    obs_index[row * parts + k] = ring((offset + t).saturating_sub(back));
+                }
             }
         }
         let index = Tensor::from_slice(&index).to_device(self.device);
+        let obs_index = Tensor::from_slice(&obs_index).to_device(self.device);
         let (h, b) = (horizon as i64, batch_size as i64);
         let obs = self
             .obs
-            .index_select(0, &index)
+            .index_select(0, &obs_index)
             .view([h + 1, b, self.obs_dim as i64]);
         // Actions, rewards and flags come from rows 1..=H of each slice.
         let later = index.narrow(0, b, h * b);
@@ -378,7 +472,7 @@ mod tests {
 
     #[test]
     fn slices_are_consecutive_rows_of_one_episode() {
-        let mut buffer = ReplayBuffer::new(100, 2, 1, Device::Cpu).unwrap();
+        let mut buffer = ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 9)).unwrap();
         buffer.add(&episode(100.0, 9)).unwrap();
         assert_eq!(buffer.len(), 20);
@@ -406,7 +500,7 @@ mod tests {
 
     #[test]
     fn sampling_is_uniform_over_episodes() {
-        let mut buffer = ReplayBuffer::new(1000, 2, 1, Device::Cpu).unwrap();
+        let mut buffer = ReplayBuffer::new(1000, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 3)).unwrap(); // one possible slice
         buffer.add(&episode(1000.0, 300)).unwrap(); // many possible slices
         let mut rng = Pcg64::seed_from_u64(1);
@@ -424,7 +518,7 @@ mod tests {
 
     #[test]
     fn ring_overwrites_the_oldest_and_trims_it() {
-        let mut buffer = ReplayBuffer::new(25, 2, 1, Device::Cpu).unwrap();
+        let mut buffer = ReplayBuffer::new(25, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 9)).unwrap(); // rows 0..10
         buffer.add(&episode(100.0, 9)).unwrap(); // rows 10..20
         buffer.add(&episode(200.0, 9)).unwrap(); // rows 20..25 then 0..5: trims episode 0
@@ -451,9 +545,82 @@ mod tests {
         }
     }
 
+    const PIXELS: ObsLayout = ObsLayout::Frames { frame: 2, stack: 3 };
+
+    /// Frame t of an episode: `[base + t, 200 − base − t]` (bytes).
+    fn frame(base: usize, t: usize) -> [f32; 2] {
+        [(base + t) as f32, (200 - base - t) as f32]
+    }
+
+    /// The stack the environment shows at step t: frames t−2, t−1, t, the first repeated.
+    fn stack(base: usize, t: usize) -> Vec<f32> {
+        (0..3)
+            .flat_map(|k| frame(base, (t + k).saturating_sub(2)))
+            .collect()
+    }
+
+    fn pixel_episode(base: usize, steps: usize) -> Episode {
+        Episode {
+            obs: (0..=steps).flat_map(|t| stack(base, t)).collect(),
+            action: vec![0.0; steps],
+            reward: vec![0.0; steps],
+            terminated: vec![0.0; steps],
+        }
+    }
+
+    /// Every sampled stack is the one the environment showed, at episode starts too and after
+    /// the ring overwrote an episode's first rows. Returns (episode, step) of each slice start.
+    fn check_stacks(buffer: &ReplayBuffer, seed: u64) -> Vec<(usize, usize)> {
+        let batch = buffer.sample(300, 2, &mut Pcg64::seed_from_u64(seed)).unwrap();
+        assert_eq!(batch.obs.kind(), Kind::Uint8);
+        let obs = values(&batch.obs.to_kind(Kind::Float));
+        let mut starts = vec![];
+        for (i, row) in obs.chunks(6).enumerate() {
+            let newest = row[4] as usize;
+            let (base, t) = (newest / 50 * 50, newest % 50);
+            assert_eq!(row, stack(base, t).as_slice(), "sampled row {i}");
+            if i < 300 {
+                starts.push((base, t));
+            }
+        }
+        starts
+    }
+
+    #[test]
+    fn pixel_rows_keep_one_frame_and_sampled_stacks_are_rebuilt_exactly() {
+        let mut buffer = ReplayBuffer::new(100, PIXELS, 1, Device::Cpu).unwrap();
+        assert_eq!(buffer.obs.size(), [100, 2], "one frame a row");
+        buffer.add(&pixel_episode(0, 9)).unwrap();
+        buffer.add(&pixel_episode(50, 20)).unwrap();
+        let starts = check_stacks(&buffer, 4);
+        assert!(
+            starts.contains(&(0, 0)) && starts.contains(&(50, 1)),
+            "episode starts sampled"
+        );
+        assert_eq!(
+            ReplayBuffer::bytes_per_row(ObsLayout::Frames { frame: 12288, stack: 3 }, 6),
+            12288 + 32
+        );
+    }
+
+    #[test]
+    fn a_trimmed_pixel_episode_keeps_its_first_rows_as_frame_context_only() {
+        let mut buffer = ReplayBuffer::new(40, PIXELS, 1, Device::Cpu).unwrap();
+        buffer.add(&pixel_episode(0, 19)).unwrap(); // rows 0..20
+        buffer.add(&pixel_episode(50, 14)).unwrap(); // rows 20..35
+        buffer.add(&pixel_episode(100, 9)).unwrap(); // rows 35..40, 0..5: trims episode 0 by 5
+        let starts = check_stacks(&buffer, 5);
+        let first: Vec<usize> = starts.iter().filter(|s| s.0 == 0).map(|s| s.1).collect();
+        assert!(
+            first.iter().all(|&t| t >= 7),
+            "episode 0 now starts at step 5; steps 5 and 6 only complete later stacks"
+        );
+        assert!(first.contains(&7));
+    }
+
     #[test]
     fn too_short_episodes_are_not_sampled_and_bad_input_is_an_error() {
-        let mut buffer = ReplayBuffer::new(50, 2, 1, Device::Cpu).unwrap();
+        let mut buffer = ReplayBuffer::new(50, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 2)).unwrap(); // 3 rows < H+1
         let mut rng = Pcg64::seed_from_u64(3);
         assert!(buffer.sample(4, 3, &mut rng).is_err());

@@ -2,7 +2,7 @@
 //! `tdmpc2 env-worker` processes.
 use std::time::Duration;
 
-use envs::{Placement, ReplyLimit, VectorEnv, WorkerCommand};
+use envs::{ObsKind, Placement, ReplyLimit, VectorEnv, WorkerCommand};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -20,6 +20,8 @@ pub fn env_worker_command() -> Result<WorkerCommand> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActorSettings {
     pub task: String,
+    /// What the agent observes (`obs`).
+    pub obs: ObsKind,
     /// One seed per environment.
     pub seeds: Vec<u64>,
     pub placement: Placement,
@@ -35,7 +37,7 @@ impl ActorSettings {
     /// Rank `rank`'s environments: environment i seeded with seed + i·world_size + rank
     /// (environment 0 as a single environment always was). Python environments step in
     /// worker processes when there are several; native ones always in process.
-    pub fn from_config(config: &Config, rank: usize) -> Self {
+    pub fn from_config(config: &Config, rank: usize) -> Result<Self> {
         let n = config.num_envs;
         let seeds = (0..n)
             .map(|i| config.seed + (i * config.world_size + rank) as u64)
@@ -50,14 +52,15 @@ impl ActorSettings {
             0 => Placement::InProcess,
             k => Placement::Workers(k),
         };
-        Self {
+        Ok(Self {
             task: config.task.clone(),
+            obs: config.obs_kind()?,
             seeds,
             placement,
             episodic: config.episodic,
             env_timeout: Duration::from_secs(config.env_timeout),
             owner: format!("rank {rank}"),
-        }
+        })
     }
 
     /// The environments, started.
@@ -68,8 +71,9 @@ impl ActorSettings {
             setting: "env_timeout".into(),
         });
         worker.owner = self.owner.clone();
-        Ok(VectorEnv::new(
+        Ok(VectorEnv::observed(
             &self.task,
+            self.obs,
             &self.seeds,
             self.placement,
             &worker,
@@ -88,7 +92,7 @@ mod tests {
             ..Source::default()
         })
         .unwrap();
-        ActorSettings::from_config(&config, rank)
+        ActorSettings::from_config(&config, rank).unwrap()
     }
 
     #[test]

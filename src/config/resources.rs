@@ -1,6 +1,7 @@
 //! What the settings need of the machine: ranks against CPU cores, and a lower bound of a
 //! rank's memory against RAM (or, on a GPU, a cap no GPU exceeds).
 use super::Config;
+use crate::buffer::{ObsLayout, ReplayBuffer};
 use crate::error::{Error, Result};
 
 /// Ranks per CPU core a node may run before `world_size` is refused on the CPU.
@@ -130,7 +131,15 @@ impl Config {
         );
         let (h, n, b) = (f(self.horizon), f(self.num_samples), f(self.batch_size));
         let hidden = f(self.num_enc_layers.saturating_sub(1).max(1));
-        let encoder = obs * e + (hidden - 1.0) * e * e + e * z;
+        let encoder = match self.obs_kind() {
+            // Four convolutions (7×7, 5×5, 3×3, 3×3) of num_channels filters each.
+            Ok(envs::ObsKind::Rgb) => {
+                let c = f(self.num_channels);
+                let channels = obs / 4096.0;
+                c * (49.0 * channels + (25.0 + 9.0 + 9.0) * c + 4.0)
+            }
+            _ => obs * e + (hidden - 1.0) * e * e + e * z,
+        };
         let head = |inputs: f64, outputs: f64| inputs * m + m * m + m * outputs;
         let termination = if self.episodic { head(z, 1.0) } else { 0.0 };
         let q_heads = q * head(z + a, bins);
@@ -141,7 +150,11 @@ impl Config {
         let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
         let batch = 4.0 * b * (h + 1.0) * (obs + z + m + bins + q * (m + bins));
         let rows = (self.buffer_size as u64).min(self.steps / self.world_size.max(1) as u64);
-        let buffer = 4.0 * rows as f64 * (obs + a + 2.0);
+        let layout = ObsLayout::from_config(self).unwrap_or(ObsLayout::Vector {
+            dim: obs as usize,
+        });
+        let row = ReplayBuffer::bytes_per_row(layout, a as usize);
+        let buffer = rows as f64 * row as f64;
         let model_keys = format!(
             "{}mlp_dim={}, latent_dim={}, enc_dim={}, num_enc_layers={}, num_q={}, num_bins={}",
             self.model_size

@@ -99,7 +99,7 @@ impl<'g> Learner<'g> {
             batch_noise: Box::new(HostNoise::seeded(settings.seed)),
             buffer: ReplayBuffer::new(
                 settings.buffer.capacity,
-                settings.buffer.obs_dim,
+                settings.buffer.obs,
                 settings.buffer.action_dim,
                 device,
             )?,

@@ -83,7 +83,7 @@ impl<'g> Training<'g> {
             config.num_envs,
             Box::new(TorchNoise::global()),
         )?;
-        let actor_settings = ActorSettings::from_config(config, rank.rank);
+        let actor_settings = ActorSettings::from_config(config, rank.rank)?;
         let mut actor = Actor::new(actor_settings.make_envs()?, policy, actor_settings.episodic)?;
         let pipeline = Pipeline::new(config, rank)?;
         let checkpoints = CheckpointSettings::from_config(config);
