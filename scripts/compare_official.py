@@ -45,8 +45,9 @@ def load_average():
         return None
 
 
-def official_config(checkout, model_size):
-    """The official config as its parser resolves it for a single state-based task."""
+def official_config(checkout, model_size, overrides=None):
+    """The official config as its parser resolves it for a single state-based task, then
+    `overrides` (e.g. scripts/record_parity.py's pixel settings)."""
     import yaml
     from common import MODEL_SIZE
 
@@ -84,6 +85,7 @@ def official_config(checkout, model_size):
         work_dir="/nonexistent",
         task_title=TASK.replace("-", " ").title(),
     )
+    values.update(overrides or {})
 
     class Config(types.SimpleNamespace):
         def get(self, key, default=None):
@@ -106,12 +108,12 @@ class _CpuTorch(types.ModuleType):
         return self._torch.device("cpu")
 
 
-def build_agent(checkout, model_size):
+def build_agent(checkout, model_size, overrides=None):
     import torch
     import common.scale
     import tdmpc2 as official
 
-    cfg = official_config(checkout, model_size)
+    cfg = official_config(checkout, model_size, overrides)
     modules = [official, common.scale]
     for module in modules:
         module.torch = _CpuTorch(torch)

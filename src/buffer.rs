@@ -472,7 +472,8 @@ mod tests {
 
     #[test]
     fn slices_are_consecutive_rows_of_one_episode() {
-        let mut buffer = ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let mut buffer =
+            ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 9)).unwrap();
         buffer.add(&episode(100.0, 9)).unwrap();
         assert_eq!(buffer.len(), 20);
@@ -500,7 +501,8 @@ mod tests {
 
     #[test]
     fn sampling_is_uniform_over_episodes() {
-        let mut buffer = ReplayBuffer::new(1000, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let mut buffer =
+            ReplayBuffer::new(1000, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 3)).unwrap(); // one possible slice
         buffer.add(&episode(1000.0, 300)).unwrap(); // many possible slices
         let mut rng = Pcg64::seed_from_u64(1);
@@ -518,7 +520,8 @@ mod tests {
 
     #[test]
     fn ring_overwrites_the_oldest_and_trims_it() {
-        let mut buffer = ReplayBuffer::new(25, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let mut buffer =
+            ReplayBuffer::new(25, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 9)).unwrap(); // rows 0..10
         buffer.add(&episode(100.0, 9)).unwrap(); // rows 10..20
         buffer.add(&episode(200.0, 9)).unwrap(); // rows 20..25 then 0..5: trims episode 0
@@ -571,7 +574,9 @@ mod tests {
     /// Every sampled stack is the one the environment showed, at episode starts too and after
     /// the ring overwrote an episode's first rows. Returns (episode, step) of each slice start.
     fn check_stacks(buffer: &ReplayBuffer, seed: u64) -> Vec<(usize, usize)> {
-        let batch = buffer.sample(300, 2, &mut Pcg64::seed_from_u64(seed)).unwrap();
+        let batch = buffer
+            .sample(300, 2, &mut Pcg64::seed_from_u64(seed))
+            .unwrap();
         assert_eq!(batch.obs.kind(), Kind::Uint8);
         let obs = values(&batch.obs.to_kind(Kind::Float));
         let mut starts = vec![];
@@ -598,7 +603,13 @@ mod tests {
             "episode starts sampled"
         );
         assert_eq!(
-            ReplayBuffer::bytes_per_row(ObsLayout::Frames { frame: 12288, stack: 3 }, 6),
+            ReplayBuffer::bytes_per_row(
+                ObsLayout::Frames {
+                    frame: 12288,
+                    stack: 3
+                },
+                6
+            ),
             12288 + 32
         );
     }
@@ -620,7 +631,8 @@ mod tests {
 
     #[test]
     fn too_short_episodes_are_not_sampled_and_bad_input_is_an_error() {
-        let mut buffer = ReplayBuffer::new(50, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let mut buffer =
+            ReplayBuffer::new(50, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
         buffer.add(&episode(0.0, 2)).unwrap(); // 3 rows < H+1
         let mut rng = Pcg64::seed_from_u64(3);
         assert!(buffer.sample(4, 3, &mut rng).is_err());

@@ -16,29 +16,41 @@ use tdmpc2::buffer::Batch;
 const ABS_TOL: f64 = 1e-5;
 const REL_TOL: f64 = 1e-4;
 
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/parity")
+/// The state fixture (tests/data/parity) and the pixel one (tests/data/parity_pixels, recorded
+/// by scripts/record_parity.py).
+const STATE: &str = "parity";
+const PIXELS: &str = "parity_pixels";
+
+fn data_dir(fixture: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(fixture)
 }
 
-fn read(name: &str) -> HashMap<String, Tensor> {
-    let path = data_dir().join(name);
+fn read_from(fixture: &str, name: &str) -> HashMap<String, Tensor> {
+    let path = data_dir(fixture).join(name);
     Tensor::read_safetensors(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
         .into_iter()
         .collect()
 }
 
-fn manifest() -> serde_json::Value {
-    let text = std::fs::read_to_string(data_dir().join("manifest.json")).expect("manifest.json");
+fn manifest_of(fixture: &str) -> serde_json::Value {
+    let path = data_dir(fixture).join("manifest.json");
+    let text = std::fs::read_to_string(path).expect("manifest.json");
     serde_json::from_str(&text).expect("manifest is JSON")
 }
 
-/// The fixture's configuration (manifest.json) as an agent config. The observation size is
-/// the recorded input's last dimension (the manifest records the task, not its dimensions).
 fn config() -> AgentConfig {
-    let m = manifest();
+    config_of(STATE)
+}
+
+/// A fixture's configuration (manifest.json) as an agent config. The observation size is the
+/// recorded input's last dimension (the manifest records the task, not its dimensions).
+fn config_of(fixture: &str) -> AgentConfig {
+    let m = manifest_of(fixture);
     let c = &m["config"];
-    let obs = &read("fixture.safetensors")["batch.obs"];
+    let obs = &read_from(fixture, "fixture.safetensors")["batch.obs"];
     let obs_dim = *obs.size().last().expect("batch.obs has dimensions") as usize;
     let f = |k: &str| c[k].as_f64().unwrap_or_else(|| panic!("config.{k}"));
     let u = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("config.{k}")) as usize;
@@ -47,8 +59,8 @@ fn config() -> AgentConfig {
     let discount = ((frac - 1.0) / frac).clamp(f("discount_min"), f("discount_max"));
     AgentConfig {
         obs_dim,
-        obs: envs::ObsKind::State,
-        num_channels: 32,
+        obs: envs::ObsKind::parse(c["obs"].as_str().expect("config.obs")).expect("obs kind"),
+        num_channels: u("num_channels"),
         action_dim: u("action_dim"),
         latent_dim: u("latent_dim"),
         enc_dim: u("enc_dim"),
@@ -202,7 +214,11 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
     let obs = get(fixture, "batch.obs").get(0);
     let action = get(fixture, "batch.action").get(0);
     let reward = get(fixture, "batch.reward").get(0);
-    let z0 = model.encode(&obs, &mut ReplayNoise::new()).unwrap();
+    let mut shift = ReplayNoise::new();
+    if let Some(draw) = fixture.get("draw.z0_shift") {
+        shift.push(NoiseKind::Shift, draw.shallow_clone());
+    }
+    let z0 = model.encode(&obs, &mut shift).expect("encode");
     let logits = model.reward(&z0, &action);
     let policy = model.pi(&z0, get(fixture, "draw.pi_eps"));
     let outputs = [
@@ -241,12 +257,55 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
     }
 }
 
+/// The draws of one update: policy noise and shifts in the sample stream, permutations in the
+/// batch stream. The state fixture names its four; a recording with `update_draws` lists
+/// every draw in call order.
+fn replay_for_update(
+    update: &str,
+    manifest: &serde_json::Value,
+    fixture: &HashMap<String, Tensor>,
+) -> (ReplayNoise, ReplayNoise) {
+    let mut sample_noise = ReplayNoise::new();
+    let mut batch_noise = ReplayNoise::new();
+    let Some(draws) = manifest["update_draws"].as_array() else {
+        let draw = |name: &str| get(fixture, &format!("{update}.draw.{name}")).shallow_clone();
+        sample_noise.push(NoiseKind::Randn, draw("td_pi_eps"));
+        sample_noise.push(NoiseKind::Randn, draw("pi_eps"));
+        batch_noise.push(NoiseKind::Randperm, draw("td_q_perm"));
+        batch_noise.push(NoiseKind::Randperm, draw("pi_q_perm"));
+        return (sample_noise, batch_noise);
+    };
+    for draw in draws {
+        let name = draw[0].as_str().expect("draw name");
+        if !name.starts_with(&format!("{update}.")) {
+            continue;
+        }
+        let tensor = get(fixture, name).shallow_clone();
+        match draw_kind(draw) {
+            NoiseKind::Randperm => batch_noise.push(NoiseKind::Randperm, tensor),
+            kind => sample_noise.push(kind, tensor),
+        }
+    }
+    (sample_noise, batch_noise)
+}
+
+fn draw_kind(draw: &serde_json::Value) -> NoiseKind {
+    match draw[1].as_str().expect("draw kind") {
+        "randn" | "randn_like" => NoiseKind::Randn,
+        "randperm" => NoiseKind::Randperm,
+        "gumbel_exponential" => NoiseKind::Exponential,
+        "randint" => NoiseKind::Shift,
+        other => panic!("unknown draw kind {other}"),
+    }
+}
+
 fn run_updates(
     report: &mut Report,
     config: &AgentConfig,
     model: &mut WorldModel,
     fixture: &HashMap<String, Tensor>,
     weight_keys: &[String],
+    (manifest, updates): (&serde_json::Value, &[&str]),
 ) {
     let mut learner = Updater::new(config, model).expect("learner");
     let batch = Batch {
@@ -255,25 +314,8 @@ fn run_updates(
         reward: get(fixture, "batch.reward").shallow_clone(),
         terminated: get(fixture, "batch.terminated").shallow_clone(),
     };
-    for update in ["update1", "update2"] {
-        let mut sample_noise = ReplayNoise::new();
-        let mut batch_noise = ReplayNoise::new();
-        sample_noise.push(
-            NoiseKind::Randn,
-            get(fixture, &format!("{update}.draw.td_pi_eps")).shallow_clone(),
-        );
-        sample_noise.push(
-            NoiseKind::Randn,
-            get(fixture, &format!("{update}.draw.pi_eps")).shallow_clone(),
-        );
-        batch_noise.push(
-            NoiseKind::Randperm,
-            get(fixture, &format!("{update}.draw.td_q_perm")).shallow_clone(),
-        );
-        batch_noise.push(
-            NoiseKind::Randperm,
-            get(fixture, &format!("{update}.draw.pi_q_perm")).shallow_clone(),
-        );
+    for &update in updates {
+        let (mut sample_noise, mut batch_noise) = replay_for_update(update, manifest, fixture);
         let info = learner
             .update(model, &batch, &mut sample_noise, &mut batch_noise)
             .expect("update");
@@ -325,8 +367,11 @@ fn run_updates(
     }
 }
 
-fn replay_for_plan(plan: &str, fixture: &HashMap<String, Tensor>) -> ReplayNoise {
-    let manifest = manifest();
+fn replay_for_plan(
+    plan: &str,
+    manifest: &serde_json::Value,
+    fixture: &HashMap<String, Tensor>,
+) -> ReplayNoise {
     let draws = manifest["plan_draws"].as_array().expect("plan_draws");
     let mut replay = ReplayNoise::new();
     for draw in draws {
@@ -334,13 +379,7 @@ fn replay_for_plan(plan: &str, fixture: &HashMap<String, Tensor>) -> ReplayNoise
         if !name.starts_with(&format!("{plan}.")) {
             continue;
         }
-        let kind = match draw[1].as_str().expect("draw kind") {
-            "randn" | "randn_like" => NoiseKind::Randn,
-            "randperm" => NoiseKind::Randperm,
-            "gumbel_exponential" => NoiseKind::Exponential,
-            other => panic!("unknown draw kind {other}"),
-        };
-        replay.push(kind, get(fixture, name).shallow_clone());
+        replay.push(draw_kind(draw), get(fixture, name).shallow_clone());
     }
     replay
 }
@@ -350,10 +389,11 @@ fn run_plans(
     config: &AgentConfig,
     model: &WorldModel,
     fixture: &HashMap<String, Tensor>,
+    (manifest, plans): (&serde_json::Value, &[(&str, bool)]),
 ) {
     let mut planner = Planner::new(config, Device::Cpu, 1).expect("planner");
-    for (plan, t0) in [("plan1", true), ("plan2", false)] {
-        let mut noise = replay_for_plan(plan, fixture);
+    for &(plan, t0) in plans {
+        let mut noise = replay_for_plan(plan, manifest, fixture);
         let obs = get(fixture, &format!("{plan}.obs"));
         let action = planner
             .plan(model, obs, t0, false, &mut noise)
@@ -374,11 +414,26 @@ fn run_plans(
 
 #[test]
 fn matches_the_official_implementation() {
+    check_fixture(
+        STATE,
+        &["update1", "update2"],
+        &[("plan1", true), ("plan2", false)],
+    );
+}
+
+/// The pixel encoder (shift augmentation replayed) in the components, one update and one plan.
+#[test]
+fn matches_the_official_implementation_with_pixels() {
+    check_fixture(PIXELS, &["update1"], &[("plan1", true)]);
+}
+
+fn check_fixture(name: &str, updates: &[&str], plans: &[(&str, bool)]) {
     tch::set_num_threads(1);
-    let config = config();
-    let weights = read("weights.safetensors");
-    let fixture = read("fixture.safetensors");
-    let mut weight_keys: Vec<String> = manifest()["weights_keys"]
+    let config = config_of(name);
+    let manifest = manifest_of(name);
+    let weights = read_from(name, "weights.safetensors");
+    let fixture = read_from(name, "fixture.safetensors");
+    let mut weight_keys: Vec<String> = manifest["weights_keys"]
         .as_object()
         .expect("weights_keys")
         .keys()
@@ -390,8 +445,16 @@ fn matches_the_official_implementation() {
     let mut report = Report::default();
     let mut model = fixture_model(&config, &weights);
     compare_components(&mut report, &model, &fixture);
-    run_updates(&mut report, &config, &mut model, &fixture, &weight_keys);
-    run_plans(&mut report, &config, &model, &fixture);
+    let updates = (&manifest, updates);
+    run_updates(
+        &mut report,
+        &config,
+        &mut model,
+        &fixture,
+        &weight_keys,
+        updates,
+    );
+    run_plans(&mut report, &config, &model, &fixture, (&manifest, plans));
     report.finish();
 }
 
@@ -399,11 +462,21 @@ fn matches_the_official_implementation() {
 /// entries and the duplicated detached Q view) imports into the same model as the fixture weights.
 #[test]
 fn imports_an_official_checkpoint() {
+    imports_an_official_checkpoint_of(STATE);
+}
+
+/// The convolution weights of a pixel model come through `import` too.
+#[test]
+fn imports_an_official_pixel_checkpoint() {
+    imports_an_official_checkpoint_of(PIXELS);
+}
+
+fn imports_an_official_checkpoint_of(fixture: &str) {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict};
 
-    let config = config();
-    let weights = read("weights.safetensors");
+    let config = config_of(fixture);
+    let weights = read_from(fixture, "weights.safetensors");
     let dir = tempfile::tempdir().expect("tempdir");
     let pt = dir.path().join("final.pt");
     let out = dir.path().join("imported.safetensors");

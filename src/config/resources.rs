@@ -150,9 +150,8 @@ impl Config {
         let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
         let batch = 4.0 * b * (h + 1.0) * (obs + z + m + bins + q * (m + bins));
         let rows = (self.buffer_size as u64).min(self.steps / self.world_size.max(1) as u64);
-        let layout = ObsLayout::from_config(self).unwrap_or(ObsLayout::Vector {
-            dim: obs as usize,
-        });
+        let layout =
+            ObsLayout::from_config(self).unwrap_or(ObsLayout::Vector { dim: obs as usize });
         let row = ReplayBuffer::bytes_per_row(layout, a as usize);
         let buffer = rows as f64 * row as f64;
         let model_keys = format!(

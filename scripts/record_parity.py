@@ -1,0 +1,212 @@
+"""Records a parity fixture from the official TD-MPC2 code: pixel observations (obs=rgb).
+
+    PYTHONPATH=~/.cache/tdmpc2/official-deps python scripts/record_parity.py \
+        OFFICIAL_CHECKOUT tests/data/parity_pixels
+
+(`scripts/compare_official.sh` installs the official code's `tensordict` into that folder.)
+The agent is built as scripts/compare_official.py builds it (the official config and parser
+rules, compile=false, on the CPU), with small widths and the pixel encoder; its weights are
+perturbed so that zero-initialised heads give non-trivial outputs. Then, on one random batch of
+uint8 frames, it records the component outputs, one `_update` and one plan (`act` with t0),
+and every random draw in call order, shifts of the encoder's augmentation included. The files
+have the layout of tests/data/parity (see its README), plus `update_draws` in the manifest:
+the draws of each update in order, as `plan_draws` lists those of each plan. Observations are
+saved flattened, (…, 9·64·64), as our agent takes them.
+"""
+
+import json
+import os
+import sys
+
+import compare_official  # beside this file
+
+H, B, SEED = 3, 4, 0
+OVERRIDES = dict(
+    obs="rgb",
+    obs_shape={"rgb": (9, 64, 64)},
+    num_channels=32,
+    latent_dim=512,  # the encoder's 32·4·4 features
+    mlp_dim=64,
+    enc_dim=64,
+    num_q=5,
+    dropout=0.0,
+    batch_size=B,
+)
+
+
+def save_file(tensors, path):
+    """Writes `tensors` in the safetensors format (the venv has no `safetensors` package): an
+    8-byte little-endian header length, a JSON header, then each tensor's bytes."""
+    import struct
+
+    import torch
+
+    dtypes = {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8"}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().contiguous().cpu()
+        if t.dtype not in dtypes:
+            t = t.float()
+        raw = t.numpy().tobytes()
+        header[name] = {
+            "dtype": dtypes[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)
+
+
+class Recorder:
+    """Wraps torch's random functions; keeps every draw, in order, named by kind."""
+
+    def __init__(self, torch):
+        self.torch, self.draws, self.prefix = torch, [], None
+        originals = {
+            "randn": torch.randn,
+            "randn_like": torch.randn_like,
+            "randperm": torch.randperm,
+            "randint": torch.randint,
+        }
+        for kind, original in originals.items():
+            setattr(torch, kind, self._wrap(kind, original))
+        torch.Tensor.exponential_ = self._wrap("gumbel_exponential", torch.Tensor.exponential_)
+
+    def _wrap(self, kind, original):
+        def draw(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if self.prefix is not None:
+                name = f"{self.prefix}.draw.{len(self.draws):03d}.{kind}"
+                self.draws.append((name, kind, out.detach().clone()))
+            return out
+
+        return draw
+
+    def during(self, prefix, f):
+        self.prefix, self.draws = prefix, []
+        try:
+            return f(), self.draws
+        finally:
+            self.prefix = None
+
+
+def main(checkout, out_dir):
+    import torch
+
+    sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
+    torch.manual_seed(SEED)
+    agent, cfg = compare_official.build_agent(checkout, 1, OVERRIDES)
+    from common import math
+
+    model = agent.model
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            if not isinstance(value, torch.Tensor) or key.startswith("log_std"):
+                continue  # tensordict bookkeeping (`__batch_size`), constant buffers
+            if value.is_floating_point():
+                value.add_(torch.randn_like(value) * 0.05)
+        for target, online in zip(
+            model._target_Qs_params.values(True, True), model._Qs.params.values(True, True)
+        ):
+            target.copy_(online + torch.randn_like(online) * 0.01)
+    weights = {
+        k: v.detach().clone().contiguous()
+        for k, v in model.state_dict().items()
+        if isinstance(v, torch.Tensor)
+    }
+
+    recorder = Recorder(torch)
+    a = cfg.action_dim
+    obs = torch.randint(0, 256, (H + 1, B, 9, 64, 64), dtype=torch.uint8)
+    batch = {
+        "batch.obs": obs,
+        "batch.action": torch.rand(H, B, a) * 2 - 1,
+        "batch.reward": torch.randn(H, B, 1),
+        "batch.terminated": torch.zeros(H, B, 1),
+    }
+    fixture = {}
+
+    def components():
+        with torch.no_grad():
+            model.eval()
+            z0 = model.encode(obs[0], None)
+            action = batch["batch.action"][0]
+            logits = model.reward(z0, action, None)
+            mean_raw, log_std = model._pi(z0).chunk(2, dim=-1)
+            pi_action, info = model.pi(z0, None)
+            reward = batch["batch.reward"][0]
+            return {
+                "out.z0": z0,
+                "out.next_z": model.next(z0, action, None),
+                "out.reward_logits": logits,
+                "out.reward_value": math.two_hot_inv(logits, cfg),
+                "out.q_all_logits": model.Q(z0, action, None, return_type="all"),
+                "out.q_all_target_logits": model.Q(
+                    z0, action, None, return_type="all", target=True
+                ),
+                "out.pi_mean_raw": mean_raw,
+                "out.pi_log_std": info["log_std"],
+                "out.pi_action": pi_action,
+                "out.pi_entropy": info["entropy"],
+                "out.pi_scaled_entropy": info["scaled_entropy"],
+                "out.two_hot_of_reward": math.two_hot(reward, cfg),
+                "out.soft_ce_reward": math.soft_ce(logits, reward, cfg),
+            }
+
+    outputs, draws = recorder.during("components", components)
+    fixture.update(outputs)
+    kinds = [kind for _, kind, _ in draws]
+    assert kinds == ["randint", "randn_like"], kinds
+    fixture["draw.z0_shift"], fixture["draw.pi_eps"] = draws[0][2], draws[1][2]
+
+    update_draws = []
+    update_args = [batch[k] for k in ("batch.obs", "batch.action", "batch.reward", "batch.terminated")]
+    info, draws = recorder.during("update1", lambda: agent._update(*update_args))
+    for name, kind, value in draws:
+        fixture[name] = value
+        update_draws.append([name, kind, list(value.shape)])
+    for key, value in info.items():
+        fixture[f"update1.info.{key}"] = value.reshape(1).float()
+    for key in weights:
+        fixture[f"update1.param.{key}"] = model.state_dict()[key].detach().clone()
+    fixture["update1.scale"] = agent.scale.value.detach().clone().reshape(-1)[:1]
+
+    plan_draws = []
+    plan_obs = torch.randint(0, 256, (9, 64, 64), dtype=torch.uint8)
+    action, draws = recorder.during("plan1", lambda: agent.act(plan_obs, t0=True))
+    for name, kind, value in draws:
+        fixture[name] = value
+        plan_draws.append([name, kind, list(value.shape)])
+    fixture["plan1.obs"] = plan_obs.reshape(1, -1)
+    fixture["plan1.action"] = action
+    fixture["plan1.prev_mean_after"] = agent._prev_mean.detach().clone()
+
+    fixture["batch.obs"] = obs.reshape(H + 1, B, -1)
+    fixture.update({k: v for k, v in batch.items() if k != "batch.obs"})
+    os.makedirs(out_dir, exist_ok=True)
+    contiguous = lambda d: {k: v.detach().contiguous() for k, v in d.items()}
+    save_file(contiguous(weights), os.path.join(out_dir, "weights.safetensors"))
+    save_file(contiguous(fixture), os.path.join(out_dir, "fixture.safetensors"))
+    config = {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool))}
+    manifest = {
+        "config": config,
+        "weights_keys": {k: list(v.shape) for k, v in weights.items()},
+        "update_draws": update_draws,
+        "plan_draws": plan_draws,
+    }
+    with open(os.path.join(out_dir, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    print(f"recorded {len(fixture)} tensors into {out_dir}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
