@@ -95,16 +95,15 @@ pub enum ObsLayout {
 }
 
 impl ObsLayout {
-    /// The layout of a run's observations (the config resolved against its task).
-    pub fn from_config(config: &crate::config::Config) -> Result<Self> {
-        let dim = config.resolved_obs_dim()?;
-        Ok(match config.obs_kind()? {
+    /// The layout of observations of `kind` with `dim` numbers each.
+    pub fn new(kind: envs::ObsKind, dim: usize) -> Self {
+        match kind {
             envs::ObsKind::State => Self::Vector { dim },
             envs::ObsKind::Rgb => Self::Frames {
                 frame: dim / envs::FRAME_STACK,
                 stack: envs::FRAME_STACK,
             },
-        })
+        }
     }
 
     /// Numbers in one whole observation.
@@ -139,7 +138,7 @@ impl ObsLayout {
     }
 }
 
-/// What a rank's replay buffer is built from, taken once from the resolved config.
+/// What a rank's replay buffer is built from (`Config::buffer_settings`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufferSettings {
     /// Rows kept: min(buffer_size, steps / world_size), as many as the rank can ever fill.
@@ -148,18 +147,6 @@ pub struct BufferSettings {
     pub action_dim: usize,
     /// Sequences per sampled batch (`batch_size`).
     pub batch_size: usize,
-}
-
-impl BufferSettings {
-    pub fn from_config(config: &crate::config::Config) -> Result<Self> {
-        let local_steps = config.steps / config.world_size.max(1) as u64;
-        Ok(Self {
-            capacity: (config.buffer_size as u64).min(local_steps.max(1)) as usize,
-            obs: ObsLayout::from_config(config)?,
-            action_dim: config.resolved_action_dim()?,
-            batch_size: config.batch_size,
-        })
-    }
 }
 
 pub struct ReplayBuffer {

@@ -69,14 +69,17 @@ pub struct RunArgs {
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// What to measure: env (environment steps/s), agent (plan and update ms vs matmul
-    /// throughput), ddp (data-parallel scaling of agent steps/s), loop (the training loop's
+    /// What to measure: env (environment steps/s), buffer (replay-buffer bytes per row and
+    /// memory), agent (plan and update ms vs matmul throughput), ddp (data-parallel scaling of agent steps/s), loop (the training loop's
     /// agent steps/s over num_envs × pipeline).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
     #[arg(long, default_value_t = 2000)]
     pub env_steps: usize,
+    /// buffer: rows of each replay buffer measured.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
+    pub buffer_rows: u64,
     /// agent: model sizes to time (1 and/or 5).
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     pub model_sizes: Vec<u32>,
@@ -266,8 +269,9 @@ fn evaluate(config: Config) -> Result<()> {
         Box::new(crate::agent::TorchNoise::global()),
     )?;
     policy.load_file(&weights)?;
-    let env = envs::VectorEnv::new(
+    let env = envs::VectorEnv::observed(
         &config.task,
+        config.obs_kind()?,
         &[config.seed],
         envs::Placement::InProcess,
         &crate::actor::env_worker_command()?,
@@ -295,6 +299,9 @@ fn bench(args: &BenchArgs) -> Result<()> {
     for case in &args.cases {
         match case.as_str() {
             "env" => crate::bench::env::run(args.env_steps, &mut |line| println!("{line}"))?,
+            "buffer" => crate::bench::buffer::run(args.buffer_rows as usize, &mut |line| {
+                println!("{line}")
+            })?,
             "agent" => {
                 let options = crate::agent::bench::BenchOptions {
                     model_sizes: args.model_sizes.clone(),
@@ -343,7 +350,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, agent, ddp, loop"
+                    "unknown bench case '{other}'; allowed: env, buffer, agent, ddp, loop"
                 )))
             }
         }

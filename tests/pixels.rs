@@ -49,7 +49,6 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
         "save_freq=1000",
         "eval_freq=100000",
         "save_buffer=true",
-        // At most the shorter run's steps: both runs have the same buffer capacity.
         "buffer_size=1000",
         "num_threads=2",
     ];
@@ -61,15 +60,15 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
     };
     let whole = tempfile::tempdir().unwrap();
     tdmpc2("train", whole.path(), &with("steps=1500", &[]));
-    let split = tempfile::tempdir().unwrap();
-    tdmpc2("train", split.path(), &with("steps=1000", &[]));
-    let resume = format!("resume={}", checkpoint(split.path(), 1000).display());
-    let out = tdmpc2("train", split.path(), &with("steps=1500", &[&resume]));
+    // The same run, stopped after its step-1000 checkpoint and resumed from it.
+    let resumed = tempfile::tempdir().unwrap();
+    let resume = format!("resume={}", checkpoint(whole.path(), 1000).display());
+    let out = tdmpc2("train", resumed.path(), &with("steps=1500", &[&resume]));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Resumed from"));
 
     let (a, b) = (
         checkpoint(whole.path(), 1500),
-        checkpoint(split.path(), 1500),
+        checkpoint(resumed.path(), 1500),
     );
     for file in ["model.safetensors", "state.safetensors"] {
         let (a, b) = (tensors(&a.join(file)), tensors(&b.join(file)));
@@ -78,15 +77,26 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
             assert!(ta.equal(tb), "{file}: {name} differs after the resume");
         }
     }
-    // The checkpointed buffer keeps one frame a row, as bytes.
-    let state = tensors(&checkpoint(whole.path(), 1500).join("state.safetensors"));
-    let obs = state
+    // The checkpointed buffer keeps one frame a row, as bytes, and resumes exactly too.
+    let buffer = |run_dir: &Path| {
+        tensors(
+            &run_dir
+                .join("buffers/rank0")
+                .join(format!("step_{:012}", 1500))
+                .join("buffer.safetensors"),
+        )
+    };
+    let (saved, resumed) = (buffer(whole.path()), buffer(resumed.path()));
+    let obs = saved
         .iter()
-        .find(|(name, _)| name.ends_with("obs"))
+        .find(|(name, _)| name == "obs")
         .map(|(_, t)| t)
         .expect("the buffer's observations are saved");
     assert_eq!(obs.kind(), tch::Kind::Uint8);
     assert_eq!(obs.size(), [1000, 3 * 64 * 64]);
+    for ((name, a), (_, b)) in saved.iter().zip(&resumed) {
+        assert!(a.equal(b), "buffer {name} differs after the resume");
+    }
 }
 
 #[test]

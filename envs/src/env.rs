@@ -103,8 +103,8 @@ impl Frame {
                 for sy in y0..y1.max(y0 + 1) {
                     for sx in x0..x1.max(x0 + 1) {
                         let p = (sy * self.width + sx) * 3;
-                        for c in 0..3 {
-                            sum[c] += u32::from(self.rgb[p + c]);
+                        for (total, &value) in sum.iter_mut().zip(&self.rgb[p..p + 3]) {
+                            *total += u32::from(value);
                         }
                     }
                 }

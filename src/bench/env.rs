@@ -1,17 +1,23 @@
 //! `tdmpc2 bench --cases env`: agent steps/s of environments, one in this process (the
 //! baseline) and several at once over worker processes (`tdmpc2 env-worker`, one core each).
-use envs::{Placement, VectorEnv};
+//! Pixel observations render one frame an agent step, so their rate is frames/s; they run in
+//! worker processes only (a process loads dm_control with or without a renderer, once), the
+//! baseline being one environment in one worker.
+use envs::{ObsKind, Placement, VectorEnv};
 use serde_json::{json, Value};
 
 use crate::error::Result;
 
 /// Vectorised walker-run sizes measured against one in-process env.
 const WALKER_NUM_ENVS: [usize; 4] = [1, 2, 4, 8];
+/// Rendering cartpole-swingup environments (one a worker), against one.
+const PIXEL_NUM_ENVS: [usize; 3] = [1, 2, 4];
 
 /// One measurement: `num_envs` envs of `task`, in-process or over `workers` processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EnvCase {
     pub task: &'static str,
+    pub obs: ObsKind,
     pub num_envs: usize,
     pub placement: Placement,
 }
@@ -24,24 +30,34 @@ pub fn cases(cores: usize) -> Vec<EnvCase> {
     let mut cases = vec![
         EnvCase {
             task: "Pendulum-v1",
+            obs: ObsKind::State,
             num_envs: 1,
             placement: Placement::InProcess,
         },
         EnvCase {
             task: "Pendulum-v1",
+            obs: ObsKind::State,
             num_envs: 8,
             placement: workers(8),
         },
         EnvCase {
             task: "walker-run",
+            obs: ObsKind::State,
             num_envs: 1,
             placement: Placement::InProcess,
         },
     ];
     cases.extend(WALKER_NUM_ENVS.iter().map(|&num_envs| EnvCase {
         task: "walker-run",
+        obs: ObsKind::State,
         num_envs,
         placement: workers(num_envs),
+    }));
+    cases.extend(PIXEL_NUM_ENVS.iter().map(|&num_envs| EnvCase {
+        task: "cartpole-swingup",
+        obs: ObsKind::Rgb,
+        num_envs,
+        placement: Placement::Workers(num_envs),
     }));
     cases
 }
@@ -53,9 +69,13 @@ pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let mut baseline = None;
     for case in cases(cores) {
         let seeds: Vec<u64> = (0..case.num_envs as u64).collect();
-        let mut venv = VectorEnv::new(case.task, &seeds, case.placement, &worker)?;
+        let mut venv = VectorEnv::observed(case.task, case.obs, &seeds, case.placement, &worker)?;
         let rate = envs::bench::vector_steps_per_second(&mut venv, steps, 0)?;
-        if case.placement == Placement::InProcess && case.num_envs == 1 {
+        let first_of_its_kind = match case.obs {
+            ObsKind::State => case.placement == Placement::InProcess,
+            ObsKind::Rgb => true,
+        };
+        if first_of_its_kind && case.num_envs == 1 {
             baseline = Some((case.task, rate));
         }
         let (placement, workers) = match case.placement {
@@ -63,12 +83,17 @@ pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             Placement::Workers(k) => ("workers", k),
         };
         let mut line = json!({
-            "case": "env", "task": case.task, "steps": steps, "num_envs": case.num_envs,
+            "case": "env", "task": case.task, "obs": case.obs.name(), "steps": steps,
+            "num_envs": case.num_envs,
             "placement": placement, "workers": workers, "cores": cores,
             "agent_steps_per_second": rate,
         });
         if let Some((_, base)) = baseline.filter(|(task, _)| *task == case.task) {
-            line["speedup_vs_one_in_process"] = (rate / base).into();
+            let key = match case.obs {
+                ObsKind::State => "speedup_vs_one_in_process",
+                ObsKind::Rgb => "speedup_vs_one_worker",
+            };
+            line[key] = (rate / base).into();
         }
         print(&line);
     }
@@ -99,5 +124,19 @@ mod tests {
         assert!(cases(0)
             .iter()
             .all(|c| c.placement != Placement::Workers(0)));
+        let pixels: Vec<(usize, Placement)> = cases(2)
+            .into_iter()
+            .filter(|c| c.obs == ObsKind::Rgb)
+            .map(|c| (c.num_envs, c.placement))
+            .collect();
+        assert_eq!(
+            pixels,
+            vec![
+                (1, Placement::Workers(1)),
+                (2, Placement::Workers(2)),
+                (4, Placement::Workers(4)),
+            ],
+            "a worker renders for one environment"
+        );
     }
 }

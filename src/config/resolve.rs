@@ -7,6 +7,7 @@ use super::defaults::preset;
 use super::resources::Machine;
 use super::validate::range;
 use super::Config;
+use crate::buffer::{BufferSettings, ObsLayout};
 use crate::error::{Error, Result};
 
 /// Features the convolutional encoder produces per channel (its 4×4 output map).
@@ -141,6 +142,18 @@ impl Config {
                 "obs={} is not an observation kind; allowed: state, rgb",
                 self.obs
             ))
+        })
+    }
+
+    /// A rank's replay buffer: min(buffer_size, steps / world_size) rows, as many as the rank
+    /// can ever fill, laid out for the observations.
+    pub fn buffer_settings(&self) -> Result<BufferSettings> {
+        let local_steps = self.steps / self.world_size.max(1) as u64;
+        Ok(BufferSettings {
+            capacity: (self.buffer_size as u64).min(local_steps.max(1)) as usize,
+            obs: ObsLayout::new(self.obs_kind()?, self.resolved_obs_dim()?),
+            action_dim: self.resolved_action_dim()?,
+            batch_size: self.batch_size,
         })
     }
 

@@ -1,7 +1,7 @@
 //! What the settings need of the machine: ranks against CPU cores, and a lower bound of a
 //! rank's memory against RAM (or, on a GPU, a cap no GPU exceeds).
 use super::Config;
-use crate::buffer::{ObsLayout, ReplayBuffer};
+use crate::buffer::ReplayBuffer;
 use crate::error::{Error, Result};
 
 /// Ranks per CPU core a node may run before `world_size` is refused on the CPU.
@@ -149,11 +149,9 @@ impl Config {
         let model = 4.0 * (4.0 * trainable + q_heads);
         let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
         let batch = 4.0 * b * (h + 1.0) * (obs + z + m + bins + q * (m + bins));
-        let rows = (self.buffer_size as u64).min(self.steps / self.world_size.max(1) as u64);
-        let layout =
-            ObsLayout::from_config(self).unwrap_or(ObsLayout::Vector { dim: obs as usize });
-        let row = ReplayBuffer::bytes_per_row(layout, a as usize);
-        let buffer = rows as f64 * row as f64;
+        let buffer = self.buffer_settings().map_or(0.0, |b| {
+            b.capacity as f64 * ReplayBuffer::bytes_per_row(b.obs, b.action_dim) as f64
+        });
         let model_keys = format!(
             "{}mlp_dim={}, latent_dim={}, enc_dim={}, num_enc_layers={}, num_q={}, num_bins={}",
             self.model_size

@@ -201,3 +201,34 @@ fn resolve_derives_the_official_fields() {
     .unwrap();
     assert_eq!(c.discount, Some(0.995));
 }
+
+#[test]
+fn pixels_take_the_encoders_latent_and_refuse_any_other() {
+    let spec = envs::EnvSpec {
+        obs_shape: vec![5],
+        action_dim: 1,
+        episode_length: 500,
+    };
+    let mut c = load(&["obs=rgb", "model_size=1"]).unwrap();
+    c.resolve(&spec).unwrap();
+    assert_eq!(
+        (c.latent_dim, c.mlp_dim),
+        (512, 384),
+        "size 1 widths, the encoder's latent"
+    );
+    assert_eq!(c.obs_shape, Some(vec![9, 64, 64]));
+    assert_eq!(c.resolved_obs_dim().unwrap(), 9 * 64 * 64);
+    let mut c = load(&["obs=rgb", "latent_dim=256"]).unwrap();
+    let e = c.resolve(&spec).unwrap_err().to_string();
+    assert!(
+        e.contains("obs=rgb needs latent_dim") && e.contains("latent_dim=256 with num_channels=32"),
+        "{e}"
+    );
+    let mut c = load(&["obs=rgb", "num_channels=16", "latent_dim=256"]).unwrap();
+    c.resolve(&spec).unwrap();
+    let e = error(&["obs=pixels"]);
+    assert!(
+        e.contains("obs=pixels is not an observation kind; allowed: state, rgb"),
+        "{e}"
+    );
+}

@@ -37,7 +37,7 @@ impl LearnerSettings {
         Ok(Self {
             agent: AgentConfig::from_config(config)?,
             seed: config.seed,
-            buffer: BufferSettings::from_config(config)?,
+            buffer: config.buffer_settings()?,
             sync_freq: config.sync_freq,
             warmup_steps: config.lr_warmup_steps,
         })
