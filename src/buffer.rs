@@ -260,13 +260,20 @@ impl ReplayBuffer {
         self.evict(rows);
         let start = self.cursor;
         let stored = self.layout.stored();
-        let obs: Vec<f32> = episode
+        let newest = episode
             .obs
             .chunks_exact(self.obs_dim)
-            .flat_map(|row| &row[self.obs_dim - stored..])
-            .copied()
-            .collect();
-        write_rows(&self.obs, start, &obs, stored, self.device);
+            .flat_map(|row| &row[self.obs_dim - stored..]);
+        match self.layout {
+            ObsLayout::Vector { .. } => {
+                write_rows(&self.obs, start, &episode.obs, stored, self.device)
+            }
+            ObsLayout::Frames { .. } => {
+                // Pixel values are whole numbers 0–255: bytes, as stored.
+                let bytes: Vec<u8> = newest.map(|&v| v as u8).collect();
+                write_rows(&self.obs, start, &bytes, stored, self.device);
+            }
+        }
         write_rows(&self.action, start, &action, self.action_dim, self.device);
         write_rows(&self.reward, start, &reward, 1, self.device);
         write_rows(&self.terminated, start, &terminated, 1, self.device);
@@ -412,7 +419,13 @@ impl ReplayBuffer {
 }
 
 /// Copies `values` (rows × width) into `storage` from row `start`, wrapping at the end.
-fn write_rows(storage: &Tensor, start: usize, values: &[f32], width: usize, device: Device) {
+fn write_rows<T: tch::kind::Element>(
+    storage: &Tensor,
+    start: usize,
+    values: &[T],
+    width: usize,
+    device: Device,
+) {
     let capacity = storage.size()[0] as usize;
     let rows = values.len() / width;
     let first = rows.min(capacity - start);

@@ -47,27 +47,32 @@ pub const EPISODE_LENGTH: usize = 500;
 const SOURCE: &str = include_str!("py/dmc_adapter.py");
 
 /// The adapter module. The first load imports dm_control, which fixes its renderer for the
-/// process: `renders` picks EGL (headless) unless the user chose one in `MUJOCO_GL`; a later
-/// call that needs rendering in a process loaded without it is an error.
+/// process from `MUJOCO_GL`: when the user set none, EGL (headless) if `renders`, else none
+/// (state observations need no OpenGL; without one dm_control probes GLFW and warns
+/// headless). That default is taken back from the environment after the import, so that
+/// processes started later (environment workers) choose their own. A call that needs
+/// rendering in a process loaded without a renderer is an error.
 fn module(py: Python<'_>, renders: bool) -> Result<&Bound<'_, PyModule>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
     let module = MODULE
         .get_or_try_init(py, || {
-            if renders {
-                py.import("os")?
-                    .getattr("environ")?
-                    .call_method1("setdefault", ("MUJOCO_GL", "egl"))?;
+            let environ = py.import("os")?.getattr("environ")?;
+            let chosen = environ.call_method1("get", ("MUJOCO_GL",))?;
+            if chosen.is_none() {
+                let default = if renders { "egl" } else { "disable" };
+                environ.set_item("MUJOCO_GL", default)?;
             }
-            python::load_module(py, SOURCE, "tdmpc2_dmc_adapter").map(Bound::unbind)
+            let module = python::load_module(py, SOURCE, "tdmpc2_dmc_adapter");
+            if chosen.is_none() {
+                environ.del_item("MUJOCO_GL")?;
+            }
+            module.map(Bound::unbind)
         })?
         .bind(py);
     if renders {
-        let renderer: String = py
-            .import("os")?
-            .getattr("environ")?
-            .call_method1("get", ("MUJOCO_GL", ""))?
-            .extract()?;
-        if renderer == "disable" {
+        let backend = py.import("dm_control._render")?.getattr("BACKEND")?;
+        let backend: Option<String> = backend.extract()?;
+        if backend.as_deref() == Some("disable") {
             return Err(Error::Unsupported {
                 task: "rendering".into(),
                 reason: "dm_control was loaded in this process without a renderer \

@@ -54,8 +54,6 @@ fn memory_kib(field: &str) -> Result<f64> {
 /// Fills one buffer of `rows` rows per case with 500-step episodes and prints a JSON line each.
 pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for case in cases() {
-        let before = memory_kib("VmRSS")?;
-        let mut buffer = ReplayBuffer::new(rows, case.layout, case.action_dim, Device::Cpu)?;
         let dim = case.layout.obs_dim();
         let steps = EPISODE_STEPS.min(rows.saturating_sub(1)).max(1);
         let episode = Episode {
@@ -65,10 +63,12 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             reward: vec![1.0; steps],
             terminated: vec![0.0; steps],
         };
+        // After the episode: what the buffer adds, not the episode handed to it.
+        let before = memory_kib("VmRSS")?;
+        let mut buffer = ReplayBuffer::new(rows, case.layout, case.action_dim, Device::Cpu)?;
         while buffer.len() < rows {
             buffer.add(&episode)?;
         }
-        drop(episode);
         let added = (memory_kib("VmRSS")? - before) * 1024.0;
         let per_row = ReplayBuffer::bytes_per_row(case.layout, case.action_dim);
         print(&json!({

@@ -1,12 +1,7 @@
 """dm_control suite tasks the way TD-MPC2 loads them, one call per physics step."""
-import os
-
-# State observations need no OpenGL; without this, dm_control probes GLFW and warns headless.
-# Processes that render start with MUJOCO_GL=egl (headless; a GPU's EGL where there is one).
-os.environ.setdefault("MUJOCO_GL", "disable")
-
-import numpy as np  # noqa: E402
-from dm_control import suite  # noqa: E402
+# MUJOCO_GL (the renderer dm_control loads) is chosen before this module loads: see dmc.rs.
+import numpy as np
+from dm_control import suite
 
 
 class DmcAdapter:

@@ -74,7 +74,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if world_size == 0 {
         return Err(Error::Config("--world-size 0: give 1 or more ranks".into()));
     }
-    // Before dm_control, whose import here sets MUJOCO_GL=disable (state runs render nothing).
+    // The user's own choice of renderer, if any (this process loads dm_control for state).
     let chosen_renderer = std::env::var("MUJOCO_GL").ok();
     let mut report = Report { failures: vec![] };
     let torch_ok = check_python(&mut report);
