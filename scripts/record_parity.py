@@ -1,8 +1,10 @@
 """Records a parity fixture from the official TD-MPC2 code: pixel observations (obs=rgb).
 
     PYTHONPATH=~/.cache/tdmpc2/official-deps python scripts/record_parity.py \
-        OFFICIAL_CHECKOUT tests/data/parity_pixels
+        OFFICIAL_CHECKOUT tests/data/parity_pixels [key=value ...]
 
+(`key=value`: official config settings over the defaults below, e.g. `num_channels=16
+latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small).
 (`scripts/compare_official.sh` installs the official code's `tensordict` into that folder.)
 The agent is built as scripts/compare_official.py builds it (the official config and parser
 rules, compile=false, on the CPU), with small widths and the pixel encoder; its weights are
@@ -20,7 +22,7 @@ import sys
 
 import compare_official  # beside this file
 
-H, B, SEED = 3, 4, 0
+SEED = 0
 OVERRIDES = dict(
     obs="rgb",
     obs_shape={"rgb": (9, 64, 64)},
@@ -30,7 +32,7 @@ OVERRIDES = dict(
     enc_dim=64,
     num_q=5,
     dropout=0.0,
-    batch_size=B,
+    batch_size=4,
 )
 
 
@@ -97,12 +99,13 @@ class Recorder:
             self.prefix = None
 
 
-def main(checkout, out_dir):
+def main(checkout, out_dir, settings):
     import torch
 
     sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
     torch.manual_seed(SEED)
-    agent, cfg = compare_official.build_agent(checkout, 1, OVERRIDES)
+    agent, cfg = compare_official.build_agent(checkout, 1, {**OVERRIDES, **settings})
+    H, B = cfg.horizon, cfg.batch_size
     from common import math
 
     model = agent.model
@@ -206,7 +209,17 @@ def main(checkout, out_dir):
     print(f"recorded {len(fixture)} tensors into {out_dir}")
 
 
+def parse_settings(args):
+    settings = {}
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            sys.exit(f"expected key=value, got {arg!r}")
+        settings[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+    return settings
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], parse_settings(sys.argv[3:]))

@@ -16,10 +16,12 @@ use tdmpc2::buffer::Batch;
 const ABS_TOL: f64 = 1e-5;
 const REL_TOL: f64 = 1e-4;
 
-/// The state fixture (tests/data/parity) and the pixel one (tests/data/parity_pixels, recorded
-/// by scripts/record_parity.py).
+/// The state fixture (tests/data/parity) and the pixel ones (tests/data/parity_pixels*,
+/// recorded by scripts/record_parity.py).
 const STATE: &str = "parity";
 const PIXELS: &str = "parity_pixels";
+/// Another pixel configuration: 16 channels (latent 256), one action, two Qs, batch 3.
+const PIXELS_SMALL: &str = "parity_pixels_small";
 
 fn data_dir(fixture: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -425,6 +427,7 @@ fn matches_the_official_implementation() {
 #[test]
 fn matches_the_official_implementation_with_pixels() {
     check_fixture(PIXELS, &["update1"], &[("plan1", true)]);
+    check_fixture(PIXELS_SMALL, &["update1"], &[("plan1", true)]);
 }
 
 fn check_fixture(name: &str, updates: &[&str], plans: &[(&str, bool)]) {

@@ -87,7 +87,11 @@ fn gymnasium_frames_are_resampled_to_64_pixels() {
     assert_eq!(env.spec().obs_shape, vec![9, 64, 64]);
     let obs = env.reset(Some(0)).unwrap();
     let native = env.render(64).unwrap();
-    assert!(native.height > 64, "gymnasium renders its own size: {}", native.height);
+    assert!(
+        native.height > 64,
+        "gymnasium renders its own size: {}",
+        native.height
+    );
     let stack = frames(&obs);
     assert!(stack[0] == stack[2], "reset repeats its frame");
     assert!(obs.iter().any(|&v| v != obs[0]), "a frame, not a blank");
