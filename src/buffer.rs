@@ -43,7 +43,9 @@ impl Batch {
 /// One finished episode, as the actor hands it over.
 #[derive(Debug, Clone, Default)]
 pub struct Episode {
-    /// (L+1) × obs_dim, row-major: whole observations (pixel stacks included).
+    /// (L+1) × [`ObsLayout::stored`], row-major: what the buffer keeps of each observation
+    /// (all of a state; the newest frame of a pixel stack, whose older frames are the rows
+    /// before).
     pub obs: Vec<f32>,
     /// L × action_dim.
     pub action: Vec<f32>,
@@ -114,8 +116,9 @@ impl ObsLayout {
         }
     }
 
-    /// What a row stores of its observation: all of it, or the newest frame.
-    fn stored(self) -> usize {
+    /// What a row stores of its observation: all of it, or the newest frame (the numbers at
+    /// the end of the observation).
+    pub fn stored(self) -> usize {
         match self {
             Self::Vector { dim } => dim,
             Self::Frames { frame, .. } => frame,
@@ -228,7 +231,8 @@ impl ReplayBuffer {
     pub fn add(&mut self, episode: &Episode) -> Result<()> {
         let steps = episode.len();
         let rows = steps + 1;
-        let shapes_ok = episode.obs.len() == rows * self.obs_dim
+        let stored = self.layout.stored();
+        let shapes_ok = episode.obs.len() == rows * stored
             && episode.action.len() == steps * self.action_dim
             && episode.terminated.len() == steps;
         if !shapes_ok {
@@ -238,7 +242,7 @@ impl ReplayBuffer {
                 episode.obs.len(),
                 episode.action.len(),
                 episode.terminated.len(),
-                rows * self.obs_dim,
+                rows * stored,
                 steps * self.action_dim,
                 steps
             )));
@@ -259,18 +263,13 @@ impl ReplayBuffer {
 
         self.evict(rows);
         let start = self.cursor;
-        let stored = self.layout.stored();
-        let newest = episode
-            .obs
-            .chunks_exact(self.obs_dim)
-            .flat_map(|row| &row[self.obs_dim - stored..]);
         match self.layout {
             ObsLayout::Vector { .. } => {
                 write_rows(&self.obs, start, &episode.obs, stored, self.device)
             }
             ObsLayout::Frames { .. } => {
                 // Pixel values are whole numbers 0–255: bytes, as stored.
-                let bytes: Vec<u8> = newest.map(|&v| v as u8).collect();
+                let bytes: Vec<u8> = episode.obs.iter().map(|&v| v as u8).collect();
                 write_rows(&self.obs, start, &bytes, stored, self.device);
             }
         }
@@ -564,7 +563,7 @@ mod tests {
 
     fn pixel_episode(base: usize, steps: usize) -> Episode {
         Episode {
-            obs: (0..=steps).flat_map(|t| stack(base, t)).collect(),
+            obs: (0..=steps).flat_map(|t| frame(base, t)).collect(),
             action: vec![0.0; steps],
             reward: vec![0.0; steps],
             terminated: vec![0.0; steps],

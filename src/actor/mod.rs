@@ -11,7 +11,7 @@ pub mod policy;
 use rand::Rng;
 use rand_pcg::Pcg64;
 
-use crate::buffer::Episode;
+use crate::buffer::{Episode, ObsLayout};
 use crate::error::{Error, Result};
 pub use environments::{env_worker_command, ActorSettings, ENV_WORKER};
 pub use policy::Policy;
@@ -39,6 +39,8 @@ pub struct Actor {
     envs: envs::VectorEnv,
     policy: Policy,
     episodic: bool,
+    /// Numbers at the end of each observation that episodes keep (what the buffer stores).
+    kept: usize,
     slots: Vec<Slot>,
 }
 
@@ -65,10 +67,12 @@ impl Actor {
                 ..Slot::default()
             })
             .collect();
+        let kept = ObsLayout::new(envs.obs_kind(), envs.spec().obs_dim()).stored();
         Ok(Self {
             envs,
             policy,
             episodic,
+            kept,
             slots,
         })
     }
@@ -112,7 +116,7 @@ impl Actor {
         let obs = self.envs.reset(i, Some(seed))?;
         let slot = &mut self.slots[i];
         slot.episode = Episode {
-            obs: obs.clone(),
+            obs: obs[obs.len() - self.kept..].to_vec(),
             ..Episode::default()
         };
         slot.obs = obs;
@@ -160,7 +164,9 @@ impl Actor {
                 ));
             }
             let slot = &mut self.slots[i];
-            slot.episode.obs.extend_from_slice(&step.obs);
+            slot.episode
+                .obs
+                .extend_from_slice(&step.obs[step.obs.len() - self.kept..]);
             slot.episode.action.extend_from_slice(action);
             slot.episode.reward.push(step.reward as f32);
             slot.episode

@@ -1,7 +1,9 @@
 //! The agent's settings, fully resolved (no optional or derived fields left).
 use serde::{Deserialize, Serialize};
 
+use super::encoder::IMAGE_SIZE;
 use super::{Error, Result};
+use crate::config::PIXEL_FEATURES;
 
 /// Everything the agent needs, with the official TD-MPC2 names. Built directly by tests, or
 /// from the run configuration by the trainer.
@@ -148,6 +150,18 @@ impl AgentConfig {
             return fail(format!(
                 "vmax ({}) must exceed vmin ({})",
                 self.vmax, self.vmin
+            ));
+        }
+        let image = (IMAGE_SIZE * IMAGE_SIZE) as usize;
+        if self.obs == envs::ObsKind::Rgb
+            && (!self.obs_dim.is_multiple_of(image)
+                || self.num_channels == 0
+                || self.latent_dim != PIXEL_FEATURES * self.num_channels)
+        {
+            return fail(format!(
+                "pixels need obs_dim = channels × 64 × 64 and latent_dim = {PIXEL_FEATURES} × \
+                 num_channels, got obs_dim {}, latent_dim {}, num_channels {}",
+                self.obs_dim, self.latent_dim, self.num_channels
             ));
         }
         if !self.latent_dim.is_multiple_of(self.simnorm_dim) {

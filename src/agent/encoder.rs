@@ -242,5 +242,18 @@ mod tests {
         assert_eq!(z.size(), [2, 3, 64]);
         let group_sums = z.view([2, 3, 8, 8]).sum_dim_intlist(-1, false, Kind::Float);
         assert!((group_sums - 1.0).abs().max().double_value(&[]) < 1e-5);
+        for bad in [
+            AgentConfig {
+                latent_dim: 128,
+                ..config.clone()
+            },
+            AgentConfig {
+                obs_dim: 9 * 64 * 63,
+                ..config.clone()
+            },
+        ] {
+            let e = crate::agent::WorldModel::new(&bad, Device::Cpu).unwrap_err();
+            assert!(e.to_string().contains("pixels need obs_dim"), "{e}");
+        }
     }
 }

@@ -54,7 +54,7 @@ fn memory_kib(field: &str) -> Result<f64> {
 /// Fills one buffer of `rows` rows per case with 500-step episodes and prints a JSON line each.
 pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for case in cases() {
-        let dim = case.layout.obs_dim();
+        let dim = case.layout.stored();
         let steps = EPISODE_STEPS.min(rows.saturating_sub(1)).max(1);
         let episode = Episode {
             // Byte values, as pixels are; every row distinct enough to touch every page.

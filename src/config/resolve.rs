@@ -10,7 +10,7 @@ use super::Config;
 use crate::buffer::{BufferSettings, ObsLayout};
 use crate::error::{Error, Result};
 
-/// Features the convolutional encoder produces per channel (its 4×4 output map).
+/// Features the pixel encoder produces per channel: its 4×4 output map (of 64×64 frames).
 pub const PIXEL_FEATURES: usize = 16;
 
 impl Config {

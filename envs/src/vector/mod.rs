@@ -64,6 +64,7 @@ impl WorkerCommand {
 
 pub struct VectorEnv {
     task: String,
+    obs: ObsKind,
     spec: EnvSpec,
     num_envs: usize,
     backend: Backend,
@@ -138,6 +139,7 @@ impl VectorEnv {
         };
         Ok(Self {
             task: task.into(),
+            obs,
             spec,
             num_envs: seeds.len(),
             backend,
@@ -161,6 +163,7 @@ impl VectorEnv {
         }
         Ok(Self {
             task: task.into(),
+            obs: ObsKind::State,
             spec,
             num_envs: envs.len(),
             backend: Backend::InProcess(envs),
@@ -177,6 +180,11 @@ impl VectorEnv {
 
     pub fn task(&self) -> &str {
         &self.task
+    }
+
+    /// What the environments' observations are.
+    pub fn obs_kind(&self) -> ObsKind {
+        self.obs
     }
 
     /// The process ids of the worker processes, in env order (empty in-process).
