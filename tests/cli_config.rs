@@ -211,7 +211,10 @@ fn hostile_values_are_refused_naming_the_key() {
         (&["device=cuda:x"], "device=cuda:x is not a device"),
         (&["save_video=true"], "save_video=true is not supported"),
         (&["save_agent=false"], "save_agent=false is not supported"),
-        (&["num_channels=3"], "num_channels=3 is not supported"),
+        (
+            &["obs=rgb", "num_channels=3"],
+            "obs=rgb needs latent_dim = 16 × num_channels",
+        ),
         (&["task_dim=64"], "task_dim=64 is not supported"),
         (
             &["num_enc_layers=0"],

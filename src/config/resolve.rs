@@ -29,14 +29,6 @@ impl Config {
             self.num_enc_layers = p.num_enc_layers;
             self.num_q = p.num_q;
         }
-        if obs == envs::ObsKind::Rgb && self.latent_dim != PIXEL_FEATURES * self.num_channels {
-            return Err(Error::Config(format!(
-                "obs=rgb needs latent_dim = {PIXEL_FEATURES} × num_channels (the convolutional \
-                 encoder's 4×4 output, flattened: 512 with num_channels=32); got latent_dim={} \
-                 with num_channels={}",
-                self.latent_dim, self.num_channels
-            )));
-        }
         let length = spec.episode_length;
         // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
         let denom = length as f64 / self.discount_denom;

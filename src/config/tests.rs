@@ -218,8 +218,7 @@ fn pixels_take_the_encoders_latent_and_refuse_any_other() {
     );
     assert_eq!(c.obs_shape, Some(vec![9, 64, 64]));
     assert_eq!(c.resolved_obs_dim().unwrap(), 9 * 64 * 64);
-    let mut c = load(&["obs=rgb", "latent_dim=256"]).unwrap();
-    let e = c.resolve(&spec).unwrap_err().to_string();
+    let e = error(&["obs=rgb", "latent_dim=256"]);
     assert!(
         e.contains("obs=rgb needs latent_dim") && e.contains("latent_dim=256 with num_channels=32"),
         "{e}"

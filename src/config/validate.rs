@@ -224,7 +224,20 @@ impl Config {
 
     /// The observation mode and the learning-rate scaling rule.
     fn validate_modes(&self) -> Result<()> {
-        self.obs_kind()?;
+        // The model-size presets leave latent_dim alone with pixels (see `resolve`), so the
+        // rule holds as loaded.
+        if self.obs_kind()? == envs::ObsKind::Rgb
+            && self.latent_dim != super::PIXEL_FEATURES * self.num_channels
+        {
+            return Err(Error::Config(format!(
+                "obs=rgb needs latent_dim = {} × num_channels (the convolutional encoder's 4×4 \
+                 output, flattened: 512 with num_channels=32); got latent_dim={} with \
+                 num_channels={}",
+                super::PIXEL_FEATURES,
+                self.latent_dim,
+                self.num_channels
+            )));
+        }
         if !LR_SCALES.contains(&self.lr_scale.as_str()) {
             return Err(Error::Config(format!(
                 "lr_scale={} is not a scaling rule; allowed: {}",

@@ -19,7 +19,8 @@ class GymAdapter:
         if renders:
             # MuJoCo envs render headless through EGL unless the user chose a backend.
             os.environ.setdefault("MUJOCO_GL", "egl")
-        env = gymnasium.make(env_id, render_mode="rgb_array" if renders else None)
+        # Only when rendering: envs whose constructor takes no render_mode refuse even None.
+        env = gymnasium.make(env_id, **({"render_mode": "rgb_array"} if renders else {}))
         if env.spec is None or env.spec.max_episode_steps is None:
             env.close()
             raise Unsupported("the env has no max_episode_steps in its spec")
