@@ -6,7 +6,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
 use crate::wrappers::wrap_observed;
-use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Frame, ObsKind, Result, Step};
+use crate::{ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Error, Frame, Result, Step};
 use embedded_python as python;
 
 /// The 28 standard TD-MPC2 DMControl tasks.
@@ -218,9 +218,9 @@ impl Drop for DmcEnv {
 }
 
 /// Fully wrapped task: actions in [-1, 1], action repeat 2, 500 agent steps per episode.
-pub fn make(name: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
-    let env = DmcEnv::new(name, seed, obs == ObsKind::Rgb)?;
-    wrap_observed(env, ACTION_REPEAT, EPISODE_LENGTH, obs)
+pub fn make(name: &str, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> {
+    let env = DmcEnv::new(name, seed, options.renders())?;
+    wrap_observed(env, ACTION_REPEAT, EPISODE_LENGTH, options.obs)
 }
 
 #[cfg(test)]

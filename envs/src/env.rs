@@ -54,6 +54,29 @@ pub enum ObsKind {
 pub const FRAME_STACK: usize = 3;
 /// Height and width of a pixel observation's frames.
 pub const FRAME_SIZE: usize = 64;
+/// Height and width of a video frame where the env can choose (the official render size).
+pub const VIDEO_SIZE: usize = 384;
+
+/// How an environment is made: what the agent observes, and whether it must also render
+/// frames for videos (with state observations an environment otherwise loads no renderer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EnvOptions {
+    pub obs: ObsKind,
+    pub videos: bool,
+}
+
+impl EnvOptions {
+    /// Whether the environment draws images (for the agent or for videos).
+    pub fn renders(self) -> bool {
+        self.obs == ObsKind::Rgb || self.videos
+    }
+}
+
+impl From<ObsKind> for EnvOptions {
+    fn from(obs: ObsKind) -> Self {
+        Self { obs, videos: false }
+    }
+}
 
 impl ObsKind {
     /// The config value (`obs=state|rgb`).

@@ -7,7 +7,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::PyBytes;
 
 use crate::wrappers::wrap_observed;
-use crate::{ActionBox, BoxEnv, Env, EnvSpec, Error, Frame, ObsKind, Result, Step};
+use crate::{ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Error, Frame, Result, Step};
 use embedded_python as python;
 
 /// Prefix that forces the gymnasium implementation of a task that also exists natively.
@@ -148,8 +148,8 @@ impl Drop for GymEnv {
 }
 
 /// Fully wrapped gymnasium env (no action repeat; the env's own episode length).
-pub fn make(id: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
-    let env = GymEnv::new(id, seed, obs == ObsKind::Rgb)?;
+pub fn make(id: &str, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> {
+    let env = GymEnv::new(id, seed, options.renders())?;
     let episode_length = env.spec.episode_length;
-    wrap_observed(env, 1, episode_length, obs)
+    wrap_observed(env, 1, episode_length, options.obs)
 }

@@ -12,7 +12,10 @@ mod registry;
 pub mod vector;
 pub mod wrappers;
 
-pub use env::{ActionBox, BoxEnv, Env, EnvSpec, Frame, ObsKind, Step, FRAME_SIZE, FRAME_STACK};
+pub use env::{
+    ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Frame, ObsKind, Step, FRAME_SIZE, FRAME_STACK,
+    VIDEO_SIZE,
+};
 pub use error::{Error, Result};
 pub use registry::{known_tasks, make, make_observed};
 pub use vector::{serve_worker, Placement, ReplyLimit, VectorEnv, WorkerCommand};

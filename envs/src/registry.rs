@@ -1,7 +1,7 @@
 //! Task name -> fully wrapped environment.
 use crate::native::{mountain_car, pendulum, MountainCarContinuous, Pendulum};
 use crate::wrappers::wrap;
-use crate::{dmc, gym, native, Env, Error, ObsKind, Result};
+use crate::{dmc, gym, native, Env, EnvOptions, Error, ObsKind, Result};
 
 const MAX_SUGGESTIONS: usize = 5;
 const MIN_SIMILARITY: f64 = 0.5;
@@ -14,12 +14,18 @@ pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
     make_observed(task, seed, ObsKind::State)
 }
 
-/// [`make`] with the observation the agent gets. Native tasks draw no images.
-pub fn make_observed(task: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>> {
+/// [`make`] with the observation the agent gets (an [`ObsKind`]), and whether the env also
+/// renders videos ([`EnvOptions`]). Native tasks draw no images.
+pub fn make_observed(
+    task: &str,
+    seed: u64,
+    options: impl Into<EnvOptions>,
+) -> Result<Box<dyn Env>> {
+    let options = options.into();
     if let Some(id) = task.strip_prefix(gym::PREFIX) {
         let ids = gym::registered_ids()?;
         if ids.iter().any(|known| known == id) {
-            return gym::make(id, seed, obs);
+            return gym::make(id, seed, options);
         }
         let prefixed: Vec<String> = ids
             .iter()
@@ -27,17 +33,10 @@ pub fn make_observed(task: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>
             .collect();
         return Err(unknown(task, prefixed.iter().map(String::as_str)));
     }
-    let native = || Error::Unsupported {
-        task: task.into(),
-        reason: format!(
-            "obs={} needs images, and the native `{task}` draws none; use `{}{task}` \
-             (gymnasium's own, which renders)",
-            obs.name(),
-            gym::PREFIX
-        ),
-    };
     match task {
-        pendulum::ID | mountain_car::ID if obs != ObsKind::State => return Err(native()),
+        pendulum::ID | mountain_car::ID if options.renders() => {
+            return Err(draws_nothing(task, options))
+        }
         pendulum::ID => return wrap(Pendulum::new(seed), 1, pendulum::EPISODE_LENGTH),
         mountain_car::ID => {
             return wrap(
@@ -49,12 +48,12 @@ pub fn make_observed(task: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>
         _ => {}
     }
     if dmc::TASKS.contains(&task) {
-        return dmc::make(task, seed, obs);
+        return dmc::make(task, seed, options);
     }
     if looks_like_gym_id(task) {
         let ids = gym::registered_ids()?;
         if ids.iter().any(|known| known == task) {
-            return gym::make(task, seed, obs);
+            return gym::make(task, seed, options);
         }
         let names = known_tasks()
             .into_iter()
@@ -62,6 +61,23 @@ pub fn make_observed(task: &str, seed: u64, obs: ObsKind) -> Result<Box<dyn Env>
         return Err(unknown(task, names));
     }
     Err(unknown(task, known_tasks()))
+}
+
+/// Why a native task cannot serve `options`, which ask for images.
+fn draws_nothing(task: &str, options: EnvOptions) -> Error {
+    let asked = if options.obs == ObsKind::Rgb {
+        format!("obs={} needs images", options.obs.name())
+    } else {
+        "save_video=true renders the environment".to_string()
+    };
+    Error::Unsupported {
+        task: task.into(),
+        reason: format!(
+            "{asked}, and the native `{task}` draws none; use `{}{task}` (gymnasium's own, \
+             which renders)",
+            gym::PREFIX
+        ),
+    }
 }
 
 /// Names of all built-in tasks (native + the 28 DMC tasks), for listing/suggestions.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use self::process::WorkerProcess;
 use self::protocol::{Encoder, Layout};
-use crate::{Env, EnvSpec, Error, ObsKind, Result, Step};
+use crate::{Env, EnvOptions, EnvSpec, Error, Frame, ObsKind, Result, Step};
 
 pub use self::worker::serve_worker;
 
@@ -99,14 +99,16 @@ impl VectorEnv {
         Self::observed(task, ObsKind::State, seeds, placement, worker)
     }
 
-    /// [`Self::new`] with the observation the agent gets (as `envs::make_observed`).
+    /// [`Self::new`] with the observation the agent gets, and whether the envs also render
+    /// videos (as `envs::make_observed`).
     pub fn observed(
         task: &str,
-        obs: ObsKind,
+        options: impl Into<EnvOptions>,
         seeds: &[u64],
         placement: Placement,
         worker: &WorkerCommand,
     ) -> Result<Self> {
+        let options = options.into();
         if seeds.is_empty() {
             return Err(Error::VectorInput(
                 "no environments: give at least one seed".into(),
@@ -116,7 +118,7 @@ impl VectorEnv {
             Placement::InProcess => {
                 let envs = seeds
                     .iter()
-                    .map(|&seed| crate::make_observed(task, seed, obs))
+                    .map(|&seed| crate::make_observed(task, seed, options))
                     .collect::<Result<Vec<_>>>()?;
                 (envs[0].spec().clone(), Backend::InProcess(envs))
             }
@@ -126,7 +128,7 @@ impl VectorEnv {
                 ))
             }
             Placement::Workers(k) => {
-                let (mut workers, owner) = start_workers(task, obs, seeds, k, worker)?;
+                let (mut workers, owner) = start_workers(task, options, seeds, k, worker)?;
                 let spec = map_regions(task, &mut workers)?;
                 let layout = Layout::new(&spec);
                 let backend = Backend::Workers {
@@ -139,7 +141,7 @@ impl VectorEnv {
         };
         Ok(Self {
             task: task.into(),
-            obs,
+            obs: options.obs,
             spec,
             num_envs: seeds.len(),
             backend,
@@ -292,6 +294,26 @@ impl VectorEnv {
         }
     }
 
+    /// Env i's current image, `size`×`size` where the env can choose (see [`Env::render`]).
+    /// Envs render only when made to ([`EnvOptions::renders`]).
+    pub fn render(&mut self, i: usize, size: usize) -> Result<Frame> {
+        self.check_index(i)?;
+        match &mut self.backend {
+            Backend::InProcess(envs) => envs[i].render(size),
+            Backend::Workers { workers, owner, .. } => {
+                let Slot { worker: w, local } = owner[i];
+                let command = Encoder::default().u32(local as u32).u32(size as u32);
+                let reply = workers[w].call(protocol::RENDER, &command.0)?;
+                protocol::decode_frame(&reply).map_err(|e| Error::Worker {
+                    task: self.task.clone(),
+                    envs: format!("env {i}"),
+                    pid: workers[w].pid(),
+                    what: format!("sent a malformed frame: {e}"),
+                })
+            }
+        }
+    }
+
     fn check_index(&self, i: usize) -> Result<()> {
         if i < self.num_envs {
             Ok(())
@@ -317,7 +339,7 @@ impl Drop for VectorEnv {
 /// Returns them and, per env, its worker and its index there.
 fn start_workers(
     task: &str,
-    obs: ObsKind,
+    options: EnvOptions,
     seeds: &[u64],
     k: usize,
     worker: &WorkerCommand,
@@ -332,7 +354,8 @@ fn start_workers(
         let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
         let mut init = Encoder::default()
             .str(task)
-            .u8(obs as u8)
+            .u8(options.obs as u8)
+            .u8(u8::from(options.videos))
             .u32(envs.len() as u32);
         for &seed in &seeds[envs] {
             init = init.u64(seed);

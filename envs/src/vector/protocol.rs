@@ -6,7 +6,7 @@
 //! while the other waits for a frame.
 use std::io::{self, Read, Write};
 
-use crate::{EnvSpec, Step};
+use crate::{EnvSpec, Frame, Step};
 
 /// Parent -> worker: task and one construction seed per env; the reply carries the spec.
 pub const INIT: u8 = 1;
@@ -16,6 +16,9 @@ pub const MAP: u8 = 2;
 pub const RESET: u8 = 3;
 /// Parent -> worker: step the listed envs with the actions in their slots, in turn.
 pub const STEP: u8 = 4;
+/// Parent -> worker: render one env at a size; the reply carries the frame (videos only:
+/// pixel observations travel in the shared region like any observation).
+pub const RENDER: u8 = 5;
 /// Worker -> parent: done (after INIT: the spec).
 pub const OK: u8 = 0x80;
 /// Worker -> parent: an env failed: its local index (or [`NO_ENV`]) and the error text.
@@ -30,6 +33,7 @@ pub fn command_name(tag: u8) -> &'static str {
         MAP => "map the shared memory",
         RESET => "reset",
         STEP => "step",
+        RENDER => "render",
         _ => "an unknown command",
     }
 }
@@ -158,6 +162,27 @@ pub fn decode_spec(payload: &[u8]) -> io::Result<EnvSpec> {
         action_dim: d.u64()? as usize,
         episode_length: d.u64()? as usize,
     })
+}
+
+pub fn encode_frame(frame: &Frame) -> Vec<u8> {
+    let mut e = Encoder::default()
+        .u32(frame.height as u32)
+        .u32(frame.width as u32);
+    e.0.extend_from_slice(&frame.rgb);
+    e.0
+}
+
+pub fn decode_frame(payload: &[u8]) -> io::Result<Frame> {
+    let mut d = Decoder(payload);
+    let (height, width) = (d.u32()? as usize, d.u32()? as usize);
+    let rgb = d.rest().to_vec();
+    if rgb.len() != height * width * 3 {
+        return Err(invalid(format!(
+            "{} bytes for a {height}x{width} RGB frame",
+            rgb.len()
+        )));
+    }
+    Ok(Frame { height, width, rgb })
 }
 
 /// Where each env's data lives in a worker's shared region: one slot per env, holding the
@@ -308,6 +333,16 @@ mod tests {
             episode_length: 500,
         };
         assert_eq!(decode_spec(&encode_spec(&spec)).unwrap(), spec);
+        let frame = Frame {
+            height: 2,
+            width: 1,
+            rgb: vec![1, 2, 3, 4, 5, 6],
+        };
+        assert_eq!(decode_frame(&encode_frame(&frame)).unwrap(), frame);
+        assert!(
+            decode_frame(&encode_frame(&frame)[..9]).is_err(),
+            "short frame"
+        );
         let layout = Layout::new(&spec);
         let mut region = vec![0u8; layout.size(2)];
         let step = Step {

@@ -7,7 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder, Encoder, Layout};
-use crate::{Env, ObsKind, Result};
+use crate::{Env, EnvOptions, ObsKind, Result};
 
 /// Error texts longer than this are cut (a frame must stay small).
 const MAX_ERROR_BYTES: usize = 64 * 1024;
@@ -73,6 +73,7 @@ impl Worker {
             protocol::MAP => self.map().map(|()| Vec::new()),
             protocol::RESET => self.reset(&mut d).map(|()| Vec::new()),
             protocol::STEP => self.step(&mut d).map(|()| Vec::new()),
+            protocol::RENDER => self.render(&mut d),
             other => Err((None, format!("unknown command {other}"))),
         };
         match outcome {
@@ -100,6 +101,7 @@ impl Worker {
             1 => ObsKind::Rgb,
             other => return Err((None, format!("INIT names observation kind {other}"))),
         };
+        let videos = d.u8().map_err(malformed)? != 0;
         let count = d.u32().map_err(malformed)?;
         let seeds: Vec<u64> = (0..count)
             .map(|_| d.u64())
@@ -109,8 +111,8 @@ impl Worker {
             return Err((None, "INIT must come once, with at least one seed".into()));
         }
         for (i, &seed) in seeds.iter().enumerate() {
-            let env =
-                crate::make_observed(&task, seed, obs).map_err(|e| (Some(i), e.to_string()))?;
+            let env = crate::make_observed(&task, seed, EnvOptions { obs, videos })
+                .map_err(|e| (Some(i), e.to_string()))?;
             self.envs.push(env);
         }
         Ok(protocol::encode_spec(self.envs[0].spec()))
@@ -152,6 +154,19 @@ impl Worker {
         }
         layout.write_obs(map, env, &obs);
         Ok(())
+    }
+
+    fn render(&mut self, d: &mut Decoder<'_>) -> std::result::Result<Vec<u8>, Failure> {
+        let env = d.u32().map_err(malformed)? as usize;
+        let size = d.u32().map_err(malformed)? as usize;
+        let target = self
+            .envs
+            .get_mut(env)
+            .ok_or((None, format!("no env {env}")))?;
+        let frame = target
+            .render(size)
+            .map_err(|e| (Some(env), e.to_string()))?;
+        Ok(protocol::encode_frame(&frame))
     }
 
     fn step(&mut self, d: &mut Decoder<'_>) -> std::result::Result<(), Failure> {
