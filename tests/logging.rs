@@ -4,9 +4,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use embedded_python as python;
+use envs::Frame;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
-use tdmpc2::logging::{Logger, LoggerOptions, MlflowOptions, Phase, Record, WandbOptions};
+use tdmpc2::logging::{
+    video_path, Logger, LoggerOptions, MlflowOptions, Phase, Record, WandbOptions, VIDEO_TAG,
+};
 
 /// Readers that return JSON, so the assertions stay on the Rust side.
 const READERS: &str = r#"
@@ -60,6 +63,42 @@ def wandb_offline_run(run_dir):
             elif kind == "exit":
                 out["exit_code"] = rec.exit.exit_code
     return json.dumps(out)
+
+def gif_frames(path, raw_path):
+    # The GIF's frames against the raw RGB frames it was made from (n x h x w x 3 bytes).
+    import numpy as np
+    from PIL import Image, ImageSequence
+    image = Image.open(path)
+    frames = np.stack([np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(image)])
+    raw = np.fromfile(raw_path, dtype=np.uint8).reshape(-1, *frames.shape[1:])
+    diff = np.abs(frames.astype(np.int16) - raw.astype(np.int16)) if raw.shape == frames.shape else None
+    return json.dumps({
+        "frames": int(frames.shape[0]), "height": int(frames.shape[1]),
+        "width": int(frames.shape[2]), "raw_frames": int(raw.shape[0]),
+        "duration_ms": image.info.get("duration"), "loop": image.info.get("loop"),
+        "mean_error": None if diff is None else float(diff.mean()),
+        "max_error": None if diff is None else int(diff.max()),
+    })
+
+def tensorboard_images(logdir, tag, path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(logdir, size_guidance={"images": 0})
+    acc.Reload()
+    with open(path, "rb") as f:
+        file = f.read()
+    return json.dumps([[e.step, e.width, e.height, e.encoded_image_string == file]
+                       for e in acc.Images(tag)])
+
+def wandb_media(run_dir):
+    files = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "files", "media", "videos", "**", "*.gif"), recursive=True)
+    return json.dumps(sorted(os.path.getsize(f) for f in files))
+
+def mlflow_artifacts(uri, experiment, folder):
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    run = client.search_runs([exp.experiment_id])[0]
+    return json.dumps([[a.path, a.file_size] for a in client.list_artifacts(run.info.run_id, folder)])
 
 def mlflow_runs(uri, experiment, metric):
     from mlflow.tracking import MlflowClient
@@ -281,4 +320,125 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     assert_eq!(done["params"]["obs_shape"], "[24]");
     assert_eq!(done["params"]["seed"], "7");
     assert_eq!(run("crashed")["status"], "FAILED");
+}
+
+/// A square crossing a colour gradient: many colours, and motion between frames.
+fn moving_square(frames: usize, width: usize, height: usize) -> Vec<Frame> {
+    (0..frames)
+        .map(|t| {
+            let rgb = (0..height)
+                .flat_map(|y| (0..width).map(move |x| (x, y)))
+                .flat_map(|(x, y)| {
+                    let inside = (x + width - 2 * t % width) % width < 12 && (y + t) % height < 12;
+                    if inside {
+                        [250, 240, 30]
+                    } else {
+                        [(x * 255 / width) as u8, (y * 255 / height) as u8, 90]
+                    }
+                })
+                .collect();
+            Frame { height, width, rgb }
+        })
+        .collect()
+}
+
+#[test]
+fn videos_reach_the_run_directory_tensorboard_wandb_and_mlflow() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let mut logger = Logger::open(&LoggerOptions {
+        tensorboard: true,
+        wandb: Some(wandb_options("offline")),
+        mlflow: Some(MlflowOptions {
+            experiment: "video-test".into(),
+            run_name: "video".into(),
+            tracking_uri: None,
+        }),
+        config: config(),
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    let (first, second) = (moving_square(30, 80, 48), moving_square(12, 80, 48));
+    logger
+        .log(&Record::new(Phase::Eval, 500).with("episode_reward", 1.0))
+        .unwrap();
+    logger.video(500, first.clone()).unwrap();
+    // A later record waits for the video of step 500, so trackers see steps in order.
+    logger
+        .log(&Record::new(Phase::Train, 750).with("episode_reward", 2.0))
+        .unwrap();
+    logger
+        .log(&Record::new(Phase::Eval, 1000).with("episode_reward", 3.0))
+        .unwrap();
+    logger.video(1000, second).unwrap();
+    logger.close().unwrap();
+
+    let file = video_path(dir.path(), 500);
+    let raw = dir.path().join("raw.rgb");
+    std::fs::write(
+        &raw,
+        first
+            .iter()
+            .flat_map(|f| f.rgb.clone())
+            .collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    let gif = read("gif_frames", &[path_arg(&file), path_arg(&raw)]);
+    assert_eq!(
+        (&gif["frames"], &gif["width"], &gif["height"]),
+        (&json!(30), &json!(80), &json!(48)),
+        "{gif}"
+    );
+    assert_eq!((&gif["duration_ms"], &gif["loop"]), (&json!(70), &json!(0)));
+    // 256 colours for a gradient and a square: close, not exact.
+    let (mean, max) = (
+        gif["mean_error"].as_f64().unwrap(),
+        gif["max_error"].as_i64().unwrap(),
+    );
+    assert!(mean < 5.0 && max <= 24, "{gif}");
+    assert!(video_path(dir.path(), 1000).is_file());
+
+    let images = read(
+        "tensorboard_images",
+        &[
+            path_arg(&dir.path().join("tb")),
+            VIDEO_TAG.into(),
+            path_arg(&file),
+        ],
+    );
+    assert_eq!(images[0], json!([500, 80, 48, true]), "{images}");
+    assert_eq!(images.as_array().map(Vec::len), Some(2), "{images}");
+
+    let run = read("wandb_offline_run", &[path_arg(dir.path())]);
+    let videos: Vec<u64> = run["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|row| row[format!("{VIDEO_TAG}/_type")] == "video-file")
+        .filter_map(|row| row["_step"].as_u64())
+        .collect();
+    assert_eq!(videos, [500, 1000], "{run}");
+    let media = read("wandb_media", &[path_arg(dir.path())]);
+    assert_eq!(media.as_array().map(Vec::len), Some(2), "{media}");
+
+    let uri = format!("file://{}", dir.path().join("mlruns").display());
+    let artifacts = read(
+        "mlflow_artifacts",
+        &[uri, "video-test".into(), "eval_video".into()],
+    );
+    assert_eq!(
+        artifacts,
+        json!([
+            [
+                "eval_video/step_0000000500.gif",
+                std::fs::metadata(&file).unwrap().len()
+            ],
+            [
+                "eval_video/step_0000001000.gif",
+                std::fs::metadata(video_path(dir.path(), 1000))
+                    .unwrap()
+                    .len()
+            ]
+        ])
+    );
 }

@@ -1,5 +1,5 @@
 //! The console line, in the official trainer's style.
-use super::{Record, Sink};
+use super::{Record, Sink, Video};
 use crate::error::Result;
 
 pub struct Console;
@@ -11,6 +11,17 @@ impl Sink for Console {
 
     fn write(&mut self, record: &Record) -> Result<()> {
         println!("{}", console_line(record));
+        Ok(())
+    }
+
+    fn video(&mut self, video: &Video) -> Result<()> {
+        println!(
+            "{:<6}  I: {:<10}  video: {} ({} frames)",
+            "eval",
+            video.step,
+            video.path.display(),
+            video.frames
+        );
         Ok(())
     }
 }

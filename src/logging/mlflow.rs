@@ -7,7 +7,7 @@ use embedded_python as python;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::{Record, Sink};
+use super::{Record, Sink, Video};
 use crate::error::{Error, Result};
 
 /// MLflow's cap on one `log_batch` call's params.
@@ -153,6 +153,18 @@ impl Sink for Mlflow {
             Ok(())
         })
         .map_err(|e| Error::Other(format!("mlflow log at step {}: {e}", record.step)))
+    }
+
+    /// The GIF file as an artifact under `eval_video/`.
+    fn video(&mut self, video: &Video) -> Result<()> {
+        python::attach_exclusive(|py| -> python::Result<_> {
+            self.client.bind(py).call_method1(
+                "log_artifact",
+                (&self.run_id, video.path.to_string_lossy(), super::VIDEO_DIR),
+            )?;
+            Ok(())
+        })
+        .map_err(|e| Error::Other(format!("mlflow video at step {}: {e}", video.step)))
     }
 
     fn close(&mut self) -> Result<()> {

@@ -1,17 +1,22 @@
 //! Rank 0's metrics, fanned out to sinks: the console, `metrics.jsonl`, `train.csv`/`eval.csv`,
-//! TensorBoard event files, Weights & Biases and MLflow.
+//! TensorBoard event files, Weights & Biases and MLflow; and its evaluation videos, written to
+//! the run directory and handed to the sinks that show them.
 mod console;
 mod csv;
+mod gif;
 mod jsonl;
 pub mod mlflow;
 mod sink;
 pub mod tensorboard;
+mod video;
 pub mod wandb;
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
+
+use envs::Frame;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -21,6 +26,8 @@ pub use jsonl::Jsonl;
 pub use mlflow::{Mlflow, MlflowOptions};
 pub use sink::Sink;
 pub use tensorboard::EventWriter;
+use video::VideoWriter;
+pub use video::{video_path, write_video, Video, VIDEO_DIR, VIDEO_FPS, VIDEO_TAG};
 pub use wandb::{Wandb, WandbOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +135,7 @@ impl LoggerOptions {
 pub struct Logger {
     dir: PathBuf,
     sinks: Vec<Box<dyn Sink>>,
+    videos: VideoWriter,
 }
 
 impl Logger {
@@ -157,6 +165,7 @@ impl Logger {
         Ok(Self {
             dir: dir.clone(),
             sinks,
+            videos: VideoWriter::new(dir),
         })
     }
 
@@ -170,13 +179,38 @@ impl Logger {
     }
 
     /// Writes `record` to every sink, also after one fails; the first failure is returned.
+    /// Videos of earlier steps reach the sinks first (trackers keep steps in order).
     pub fn log(&mut self, record: &Record) -> Result<()> {
-        first_error(self.sinks.iter_mut().map(|s| s.write(record)))
+        let videos = self.deliver_videos(Some(record.step));
+        let written = first_error(self.sinks.iter_mut().map(|s| s.write(record)));
+        videos.and(written)
     }
 
-    /// Closes every sink (W&B `finish`, MLflow `end_run`), also after one fails.
+    /// Hands over the frames of the evaluation video of `step`: they are encoded and written
+    /// to `eval_video/` in the background, and reach the sinks before any later record.
+    pub fn video(&mut self, step: u64, frames: Vec<Frame>) -> Result<()> {
+        self.videos.submit(step, frames)?;
+        self.deliver_videos(Some(step)).map(drop)
+    }
+
+    /// Closes every sink (W&B `finish`, MLflow `end_run`), also after one fails, once the
+    /// videos handed over are written and delivered.
     pub fn close(mut self) -> Result<()> {
-        first_error(self.sinks.iter_mut().map(|s| s.close()))
+        let videos = self.deliver_videos(None);
+        let closed = first_error(self.sinks.iter_mut().map(|s| s.close()));
+        videos.and(closed)
+    }
+
+    /// Passes the finished videos to every sink, waiting for those of steps before `before`.
+    fn deliver_videos(&mut self, before: Option<u64>) -> Result<()> {
+        let mut results = Vec::new();
+        for video in self.videos.collect(before) {
+            match video {
+                Ok(video) => results.extend(self.sinks.iter_mut().map(|s| s.video(&video))),
+                Err(e) => results.push(Err(e)),
+            }
+        }
+        first_error(results.into_iter())
     }
 }
 

@@ -1,5 +1,5 @@
 //! The one interface every metrics destination implements.
-use super::Record;
+use super::{Record, Video};
 use crate::error::Result;
 
 /// A destination for records: a file, the console, an experiment tracker.
@@ -8,6 +8,13 @@ pub trait Sink: Send {
     fn name(&self) -> &'static str;
 
     fn write(&mut self, record: &Record) -> Result<()>;
+
+    /// An evaluation video, already written to the run directory; destinations that show
+    /// media keep it too.
+    fn video(&mut self, video: &Video) -> Result<()> {
+        let _ = video;
+        Ok(())
+    }
 
     /// Flushes and finishes the destination. Called once; a sink dropped without it treats
     /// the run as failed where the destination knows the difference.

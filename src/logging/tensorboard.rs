@@ -1,12 +1,20 @@
 //! TensorBoard event files, written natively: a TFRecord stream of `Event` protobufs, each a
-//! scalar summary. Only the handful of protobuf fields a scalar needs are encoded.
+//! scalar summary, or an image one for a video (an animated GIF, which TensorBoard's image
+//! dashboard plays). Only the handful of protobuf fields these need are encoded.
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{Record, Sink};
+use super::{Record, Sink, Video};
 use crate::error::{Error, Result};
+
+/// An image file's bytes and its size.
+pub struct EncodedImage<'a> {
+    pub bytes: &'a [u8],
+    pub width: usize,
+    pub height: usize,
+}
 
 pub struct EventWriter {
     path: PathBuf,
@@ -44,8 +52,26 @@ impl EventWriter {
         let mut summary_value = Vec::new();
         put_bytes(&mut summary_value, 1, tag.as_bytes());
         put_float(&mut summary_value, 2, value);
+        self.summary(&summary_value, step)
+    }
+
+    /// Appends one encoded image (PNG, JPEG or GIF: `tag` at `step`).
+    pub fn image(&mut self, tag: &str, image: &EncodedImage<'_>, step: i64) -> Result<()> {
+        const RGB: u64 = 3;
+        let mut fields = Vec::new();
+        put_varint_field(&mut fields, 1, image.height as u64);
+        put_varint_field(&mut fields, 2, image.width as u64);
+        put_varint_field(&mut fields, 3, RGB);
+        put_bytes(&mut fields, 4, image.bytes);
+        let mut summary_value = Vec::new();
+        put_bytes(&mut summary_value, 1, tag.as_bytes());
+        put_bytes(&mut summary_value, 4, &fields);
+        self.summary(&summary_value, step)
+    }
+
+    fn summary(&mut self, summary_value: &[u8], step: i64) -> Result<()> {
         let mut summary = Vec::new();
-        put_bytes(&mut summary, 1, &summary_value);
+        put_bytes(&mut summary, 1, summary_value);
         let mut event = Vec::new();
         put_double(&mut event, 1, wall_time());
         put_varint_field(&mut event, 2, step as u64);
@@ -86,6 +112,16 @@ impl Sink for EventWriter {
                 record.step as i64,
             )?;
         }
+        self.flush()
+    }
+
+    fn video(&mut self, video: &Video) -> Result<()> {
+        let image = EncodedImage {
+            bytes: &video.gif,
+            width: video.width,
+            height: video.height,
+        };
+        self.image(super::VIDEO_TAG, &image, video.step as i64)?;
         self.flush()
     }
 

@@ -7,7 +7,7 @@ use embedded_python as python;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::{Record, Sink};
+use super::{Record, Sink, Video};
 use crate::error::{Error, Result};
 
 /// What `wandb.init` gets besides the run directory and the config.
@@ -137,6 +137,24 @@ impl Sink for Wandb {
             Ok(())
         })
         .map_err(|e| Error::Other(format!("wandb log at step {}: {e}", record.step)))
+    }
+
+    /// The GIF file as a `wandb.Video` at the video's step (W&B copies it into the run).
+    fn video(&mut self, video: &Video) -> Result<()> {
+        let run = self.run()?;
+        python::attach_exclusive(|py| -> python::Result<_> {
+            let media = py
+                .import("wandb")?
+                .getattr("Video")?
+                .call1((video.path.to_string_lossy(),))?;
+            let data = PyDict::new(py);
+            data.set_item(super::VIDEO_TAG, media)?;
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("step", video.step)?;
+            run.bind(py).call_method("log", (data,), Some(&kwargs))?;
+            Ok(())
+        })
+        .map_err(|e| Error::Other(format!("wandb video at step {}: {e}", video.step)))
     }
 
     fn close(&mut self) -> Result<()> {
