@@ -70,8 +70,9 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// What to measure: env (environment steps/s), buffer (replay-buffer bytes per row and
-    /// memory), agent (plan and update ms vs matmul throughput), ddp (data-parallel scaling of agent steps/s), loop (the training loop's
-    /// agent steps/s over num_envs × pipeline).
+    /// memory), video (evaluation videos: rendering and encoding), agent (plan and update ms
+    /// vs matmul throughput), ddp (data-parallel scaling of agent steps/s), loop (the training
+    /// loop's agent steps/s over num_envs × pipeline).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
@@ -80,6 +81,12 @@ pub struct BenchArgs {
     /// buffer: rows of each replay buffer measured.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
     pub buffer_rows: u64,
+    /// video: the task filmed.
+    #[arg(long, default_value = "cartpole-swingup")]
+    pub video_task: String,
+    /// video: frames rendered at each size, and encoded.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    pub video_frames: u64,
     /// agent: model sizes to time (1 and/or 5).
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     pub model_sizes: Vec<u32>,
@@ -141,7 +148,10 @@ impl RunArgs {
 /// Loads, validates and resolves the configuration against the task's environment.
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
-    let env = envs::make_observed(&config.task, config.seed, config.obs_kind()?)?;
+    // The first environment made loads dm_control's renderer for the whole process: rank 0
+    // films with save_video.
+    let (rank, _) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
+    let env = envs::make_observed(&config.task, config.seed, config.env_options(rank.rank)?)?;
     config.resolve(env.spec())?;
     Ok(config)
 }
@@ -271,18 +281,33 @@ fn evaluate(config: Config) -> Result<()> {
     policy.load_file(&weights)?;
     let env = envs::VectorEnv::observed(
         &config.task,
-        config.obs_kind()?,
+        config.env_options(0)?,
         &[config.seed],
         envs::Placement::InProcess,
         &crate::actor::env_worker_command()?,
     )?;
     let mut actor = crate::actor::Actor::new(env, policy, config.episodic)?;
     let group = crate::ddp::ProcessGroup::alone(rank);
-    let outcome =
-        trainer::evaluate::evaluate(&mut actor, config.eval_episodes, config.seed, &group)?;
+    let mut video = Vec::new();
+    let outcome = trainer::evaluate::evaluate(
+        &mut actor,
+        config.eval_episodes,
+        config.seed,
+        &group,
+        config.save_video.then_some(&mut video),
+    )?;
     let trainer::evaluate::Outcome::Done(summary) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));
     };
+    if !video.is_empty() {
+        let path = std::path::PathBuf::from(crate::logging::VIDEO_DIR).join(format!(
+            "{}-{}.gif",
+            config.task.replace(':', "_"),
+            config.seed
+        ));
+        crate::logging::write_video(&path, &video)?;
+        println!("video of the first episode: {}", path.display());
+    }
     println!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
         config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max
@@ -302,6 +327,11 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "buffer" => crate::bench::buffer::run(args.buffer_rows as usize, &mut |line| {
                 println!("{line}")
             })?,
+            "video" => crate::bench::video::run(
+                &args.video_task,
+                args.video_frames as usize,
+                &mut |line| println!("{line}"),
+            )?,
             "agent" => {
                 let options = crate::agent::bench::BenchOptions {
                     model_sizes: args.model_sizes.clone(),
@@ -350,7 +380,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, buffer, agent, ddp, loop"
+                    "unknown bench case '{other}'; allowed: env, buffer, video, agent, ddp, loop"
                 )))
             }
         }

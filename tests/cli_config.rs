@@ -209,7 +209,10 @@ fn hostile_values_are_refused_naming_the_key() {
             "world_size=3 cannot be split over nnodes=2",
         ),
         (&["device=cuda:x"], "device=cuda:x is not a device"),
-        (&["save_video=true"], "save_video=true is not supported"),
+        (
+            &["save_video=true", "task=Pendulum-v1"],
+            "save_video=true films evaluations, and the native task Pendulum-v1 draws no images",
+        ),
         (&["save_agent=false"], "save_agent=false is not supported"),
         (
             &["obs=rgb", "num_channels=3"],

@@ -1,6 +1,7 @@
 //! Pixel observations end to end (`obs=rgb` on cartpole-swingup, rendered headless through
 //! EGL): exact resume with the frame-once buffer in the checkpoint, two ranks with two
-//! environments each, and `eval` of a pixel checkpoint.
+//! environments each (filming evaluations through the environment workers), and `eval` of a
+//! pixel checkpoint.
 mod common;
 
 use std::path::Path;
@@ -118,8 +119,16 @@ fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
         "steps=2200",
         "eval_freq=100000",
         "num_threads=1",
+        "save_video=true",
     ];
     tdmpc2("train", dir.path(), &settings);
+    // Rank 0's environment 0 lives in a worker process, which renders the video's frames.
+    let video = tdmpc2::logging::video_path(dir.path(), 0);
+    assert_eq!(
+        common::gif_frames(&video),
+        (501, 384, 384),
+        "500 steps and the reset"
+    );
     let meta = checkpoint(dir.path(), 2200).join("meta.json");
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(meta).unwrap()).unwrap();

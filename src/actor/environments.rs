@@ -2,7 +2,7 @@
 //! `tdmpc2 env-worker` processes.
 use std::time::Duration;
 
-use envs::{ObsKind, Placement, ReplyLimit, VectorEnv, WorkerCommand};
+use envs::{EnvOptions, Placement, ReplyLimit, VectorEnv, WorkerCommand};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -20,8 +20,9 @@ pub fn env_worker_command() -> Result<WorkerCommand> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ActorSettings {
     pub task: String,
-    /// What the agent observes (`obs`).
-    pub obs: ObsKind,
+    /// What the agent observes (`obs`), and whether the environments render evaluation
+    /// videos too (`save_video`, on rank 0).
+    pub env: EnvOptions,
     /// One seed per environment.
     pub seeds: Vec<u64>,
     pub placement: Placement,
@@ -54,7 +55,7 @@ impl ActorSettings {
         };
         Ok(Self {
             task: config.task.clone(),
-            obs: config.obs_kind()?,
+            env: config.env_options(rank)?,
             seeds,
             placement,
             episodic: config.episodic,
@@ -73,7 +74,7 @@ impl ActorSettings {
         worker.owner = self.owner.clone();
         Ok(VectorEnv::observed(
             &self.task,
-            self.obs,
+            self.env,
             &self.seeds,
             self.placement,
             &worker,
@@ -113,6 +114,9 @@ mod tests {
         );
         assert_eq!(s.env_timeout, Duration::from_secs(300));
         assert_eq!(s.owner, "rank 0");
+        assert!(!s.env.videos);
+        let videos = |rank| settings(&["save_video=true"], rank).env.videos;
+        assert_eq!((videos(0), videos(1)), (true, false), "rank 0 films");
         let s = settings(&["env_timeout=5"], 1);
         assert_eq!(
             (s.env_timeout, s.owner.as_str()),

@@ -11,6 +11,8 @@ pub mod policy;
 use rand::Rng;
 use rand_pcg::Pcg64;
 
+use envs::{Frame, VIDEO_SIZE};
+
 use crate::buffer::{Episode, ObsLayout};
 use crate::error::{Error, Result};
 pub use environments::{env_worker_command, ActorSettings, ENV_WORKER};
@@ -196,9 +198,14 @@ pub struct EvalEpisode {
 
 impl Actor {
     /// Plays one evaluation episode (no exploration noise) in each of the first `seeds.len()`
-    /// environments at once, environment i reset with `seeds[i]`. The training episodes are
-    /// not touched: call it with every environment at an episode boundary.
-    pub fn evaluate(&mut self, seeds: &[u64]) -> Result<Vec<EvalEpisode>> {
+    /// environments at once, environment i reset with `seeds[i]`. With `video`, environment
+    /// 0's episode is filmed into it: the first frame, then one after each step. The training
+    /// episodes are not touched: call it with every environment at an episode boundary.
+    pub fn evaluate(
+        &mut self,
+        seeds: &[u64],
+        mut video: Option<&mut Vec<Frame>>,
+    ) -> Result<Vec<EvalEpisode>> {
         let (n, a) = (self.slots.len(), self.envs.spec().action_dim);
         if seeds.len() > n {
             return Err(Error::Other(format!(
@@ -211,6 +218,12 @@ impl Actor {
         for (i, seed) in seeds.iter().enumerate() {
             let first = self.envs.reset(i, Some(*seed))?;
             obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
+        }
+        if seeds.is_empty() {
+            video = None;
+        }
+        if let Some(frames) = video.as_deref_mut() {
+            frames.push(self.envs.render(0, VIDEO_SIZE)?);
         }
         let mut results = vec![
             EvalEpisode {
@@ -243,6 +256,9 @@ impl Actor {
                 if !(step.terminated || step.truncated) {
                     still.push(i);
                 }
+            }
+            if let (Some(frames), Some(&0)) = (video.as_deref_mut(), running.first()) {
+                frames.push(self.envs.render(0, VIDEO_SIZE)?);
             }
             running = still;
         }
@@ -284,6 +300,14 @@ mod tests {
                 terminated: self.t == self.ends_after,
                 truncated: self.t == self.spec.episode_length,
                 success: None,
+            })
+        }
+        /// One pixel: the step index and the reset count.
+        fn render(&mut self, _size: usize) -> envs::Result<Frame> {
+            Ok(Frame {
+                height: 1,
+                width: 1,
+                rgb: vec![self.t as u8, self.resets as u8, 0],
             })
         }
     }
@@ -403,7 +427,7 @@ mod tests {
     #[test]
     fn evaluation_plays_several_episodes_at_once_without_touching_training() {
         let mut actor = actor(&[4, 7, 20], true);
-        let results = actor.evaluate(&[5, 6]).unwrap();
+        let results = actor.evaluate(&[5, 6], None).unwrap();
         assert_eq!(
             results
                 .iter()
@@ -412,7 +436,25 @@ mod tests {
             vec![(4, 4.0), (7, 7.0)]
         );
         assert!(results.iter().all(|r| r.success.is_nan()));
-        assert!(actor.evaluate(&[1, 2, 3, 4]).is_err(), "more than num_envs");
+        assert!(
+            actor.evaluate(&[1, 2, 3, 4], None).is_err(),
+            "more than num_envs"
+        );
         assert_eq!(actor.done(), vec![0, 1, 2], "training slots untouched");
+    }
+
+    #[test]
+    fn the_video_films_the_first_environment_from_reset_to_its_last_step() {
+        // Env 0 ends after 4 steps while env 1 plays on to 7: 5 frames, env 0's only.
+        let mut actor = actor(&[4, 7], true);
+        let mut frames = Vec::new();
+        let results = actor.evaluate(&[5, 6], Some(&mut frames)).unwrap();
+        assert_eq!((results[0].length, results[1].length), (4, 7));
+        let steps: Vec<u8> = frames.iter().map(|f| f.rgb[0]).collect();
+        assert_eq!(steps, [0, 1, 2, 3, 4]);
+        assert!(frames.iter().all(|f| f.rgb[1] == 1), "env 0, first reset");
+        let mut none = Vec::new();
+        actor.evaluate(&[], Some(&mut none)).unwrap();
+        assert!(none.is_empty(), "no episode, no video");
     }
 }

@@ -3,3 +3,4 @@ pub mod buffer;
 pub mod ddp;
 pub mod env;
 pub mod train_loop;
+pub mod video;

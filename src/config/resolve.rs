@@ -126,7 +126,6 @@ impl Config {
         }
     }
 
-    /// The flattened observation size; needs a resolved config.
     /// What the agent observes (`obs`).
     pub fn obs_kind(&self) -> Result<envs::ObsKind> {
         envs::ObsKind::parse(&self.obs).ok_or_else(|| {
@@ -134,6 +133,15 @@ impl Config {
                 "obs={} is not an observation kind; allowed: state, rgb",
                 self.obs
             ))
+        })
+    }
+
+    /// How rank `rank` makes its environments: what the agent observes, and whether they
+    /// render evaluation videos (`save_video`: rank 0 films).
+    pub fn env_options(&self, rank: usize) -> Result<envs::EnvOptions> {
+        Ok(envs::EnvOptions {
+            obs: self.obs_kind()?,
+            videos: self.save_video && rank == 0,
         })
     }
 

@@ -238,6 +238,13 @@ impl Config {
                 self.num_channels
             )));
         }
+        if self.save_video && envs::native::TASKS.contains(&self.task.as_str()) {
+            return Err(Error::Config(format!(
+                "save_video=true films evaluations, and the native task {} draws no images; \
+                 use task=gym:{} (gymnasium's own, which renders) or save_video=false",
+                self.task, self.task
+            )));
+        }
         if !LR_SCALES.contains(&self.lr_scale.as_str()) {
             return Err(Error::Config(format!(
                 "lr_scale={} is not a scaling rule; allowed: {}",
@@ -438,12 +445,6 @@ impl Config {
     fn validate_unsupported(&self) -> Result<()> {
         let defaults = Config::defaults()?;
         let unsupported = [
-            (
-                "save_video",
-                self.save_video.to_string(),
-                defaults.save_video.to_string(),
-                "videos are not recorded",
-            ),
             (
                 "save_agent",
                 self.save_agent.to_string(),

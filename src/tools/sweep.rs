@@ -328,7 +328,7 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
             let mut config = Config::load(&source(&job.overrides))?;
             let key = format!("{} obs={}", config.task, config.obs);
             if !specs.contains_key(&key) {
-                let env = envs::make_observed(&config.task, config.seed, config.obs_kind()?)?;
+                let env = envs::make_observed(&config.task, config.seed, config.env_options(0)?)?;
                 specs.insert(key.clone(), env.spec().clone());
             }
             config.resolve(&specs[&key])?;

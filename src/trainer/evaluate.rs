@@ -2,6 +2,7 @@
 //! gathered so that rank 0 reports over all episodes. A stop request is checked before each
 //! round-robin slot, on every rank (also one with no episode left in that slot), so the
 //! collective check lines up across ranks.
+use envs::Frame;
 use tch::{Kind, Tensor};
 
 use super::stop::StopRequest;
@@ -36,12 +37,14 @@ pub enum Outcome {
 
 /// Plays this rank's share, as many episodes at once as the actor has environments, and
 /// gathers every rank's results, unless a stop is requested (checked before each round of
-/// episodes, the same number of times on every rank).
+/// episodes, the same number of times on every rank). With `video`, this rank's first
+/// episode is filmed into it.
 pub fn evaluate(
     actor: &mut Actor,
     total: usize,
     seed: u64,
     group: &ProcessGroup,
+    mut video: Option<&mut Vec<Frame>>,
 ) -> Result<Outcome> {
     let (rank, world) = (group.rank(), group.world_size());
     let slots = total.div_ceil(world);
@@ -60,7 +63,7 @@ pub fn evaluate(
             .iter()
             .map(|&slot| (seed + slot as u64) & 0xffff_ffff)
             .collect();
-        for (slot, episode) in round.iter().zip(actor.evaluate(&seeds)?) {
+        for (slot, episode) in round.iter().zip(actor.evaluate(&seeds, video.take())?) {
             rows[slot * 4..slot * 4 + 4].copy_from_slice(&[
                 episode.reward,
                 episode.length as f64,

@@ -4,6 +4,7 @@ use std::io::IsTerminal;
 use std::path::Path;
 use std::time::Instant;
 
+use envs::Frame;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::evaluate::EvalSummary;
@@ -53,6 +54,11 @@ impl Report {
             record = record.with("episode_success", s);
         }
         self.log(&record)
+    }
+
+    /// The frames of an evaluation's first episode, written as a video in the background.
+    pub(super) fn video(&mut self, global_step: u64, frames: Vec<Frame>) -> Result<()> {
+        self.logger.video(global_step, frames)
     }
 
     /// A finished training episode, with the statistics of the last update when there was one.

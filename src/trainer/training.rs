@@ -27,6 +27,8 @@ struct LoopSettings {
     /// Updates of the seed-data pretraining: seed_steps / steps_per_update, at least one.
     pretrain_updates: u64,
     eval_episodes: usize,
+    /// Whether rank 0 films each evaluation's first episode (`save_video`).
+    save_video: bool,
 }
 
 impl LoopSettings {
@@ -40,6 +42,7 @@ impl LoopSettings {
             updates_per_step: config.num_envs as u64 / steps_per_update,
             pretrain_updates: (seed_steps / steps_per_update).max(1),
             eval_episodes: config.eval_episodes,
+            save_video: config.save_video,
         })
     }
 }
@@ -155,11 +158,14 @@ impl<'g> Training<'g> {
         let global = self.global_step();
         if self.settings.eval_episodes > 0 {
             let seed = self.streams.evaluation_seed(global);
+            let mut video = Vec::new();
+            let films = self.settings.save_video && self.report.is_some();
             let outcome = evaluate::evaluate(
                 &mut self.actor,
                 self.settings.eval_episodes,
                 seed,
                 self.group,
+                films.then_some(&mut video),
             )?;
             let summary = match outcome {
                 Outcome::Done(summary) => summary,
@@ -173,6 +179,9 @@ impl<'g> Training<'g> {
             };
             if let Some(report) = &mut self.report {
                 report.evaluation(global, &summary, self.state.episodes, &self.clock)?;
+                if !video.is_empty() {
+                    report.video(global, video)?;
+                }
             }
         }
         self.schedule.evaluated();

@@ -62,3 +62,25 @@ pub fn children_of(parent: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A GIF's frame count, width and height, as Pillow reads them.
+pub fn gif_frames(path: &std::path::Path) -> (usize, usize, usize) {
+    use pyo3::prelude::*;
+    embedded_python::attach_exclusive(|py| -> embedded_python::Result<(usize, usize, usize)> {
+        let image = py
+            .import("PIL.Image")?
+            .call_method1("open", (path.to_string_lossy(),))?;
+        let (width, height): (usize, usize) = image.getattr("size")?.extract()?;
+        Ok((image.getattr("n_frames")?.extract()?, width, height))
+    })
+    .unwrap_or_else(|e| panic!("{} is a GIF: {e}", path.display()))
+}
+
+/// The records of a run's `metrics.jsonl`.
+pub fn metrics(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON record"))
+        .collect()
+}
