@@ -1,16 +1,20 @@
-"""Records a parity fixture from the official TD-MPC2 code: pixel observations (obs=rgb).
+"""Records a parity fixture from the official TD-MPC2 code: pixel observations (obs=rgb, the
+default) or state vectors (obs=state), episodic or not.
 
     PYTHONPATH=~/.cache/tdmpc2/official-deps python scripts/record_parity.py \
         OFFICIAL_CHECKOUT tests/data/parity_pixels [key=value ...]
 
 (`key=value`: official config settings over the defaults below, e.g. `num_channels=16
-latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small).
+latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small, and
+`obs=state episodic=true` for tests/data/parity_episodic; `obs_dim=N` sizes state vectors.)
 (`scripts/compare_official.sh` installs the official code's `tensordict` into that folder.)
 The agent is built as scripts/compare_official.py builds it (the official config and parser
 rules, compile=false, on the CPU), with small widths and the pixel encoder; its weights are
 perturbed so that zero-initialised heads give non-trivial outputs. Then, on one random batch of
-uint8 frames, it records the component outputs, one `_update` and one plan (`act` with t0),
-and every random draw in call order, shifts of the encoder's augmentation included. The files
+uint8 frames (or Gaussian state vectors), it records the component outputs, one `_update` and
+one plan (`act` with t0), and every random draw in call order, shifts of the encoder's
+augmentation included. Episodic fixtures get random termination flags and record the
+termination head's logits. The files
 have the layout of tests/data/parity (see its README), plus `update_draws` in the manifest:
 the draws of each update in order, as `plan_draws` lists those of each plan. Observations are
 saved flattened, (…, 9·64·64), as our agent takes them.
@@ -23,7 +27,7 @@ import sys
 import compare_official  # beside this file
 
 SEED = 0
-OVERRIDES = dict(
+PIXELS = dict(
     obs="rgb",
     obs_shape={"rgb": (9, 64, 64)},
     num_channels=32,
@@ -34,6 +38,16 @@ OVERRIDES = dict(
     dropout=0.0,
     batch_size=4,
 )
+STATE = dict(
+    obs="state",
+    latent_dim=32,
+    mlp_dim=64,
+    enc_dim=64,
+    num_q=5,
+    dropout=0.0,
+    batch_size=4,
+)
+STATE_DIM = 24
 
 
 def save_file(tensors, path):
@@ -104,8 +118,21 @@ def main(checkout, out_dir, settings):
 
     sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
     torch.manual_seed(SEED)
-    agent, cfg = compare_official.build_agent(checkout, 1, {**OVERRIDES, **settings})
+    pixels = settings.get("obs", "rgb") == "rgb"
+    if pixels:
+        defaults = PIXELS
+        frame = (9, 64, 64)
+    else:
+        frame = (settings.pop("obs_dim", STATE_DIM),)
+        defaults = {**STATE, "obs_shape": {"state": frame}}
+    agent, cfg = compare_official.build_agent(checkout, 1, {**defaults, **settings})
     H, B = cfg.horizon, cfg.batch_size
+
+    def observations(*leading):
+        if pixels:
+            return torch.randint(0, 256, (*leading, *frame), dtype=torch.uint8)
+        return torch.randn(*leading, *frame)
+
     from common import math
 
     model = agent.model
@@ -127,12 +154,15 @@ def main(checkout, out_dir, settings):
 
     recorder = Recorder(torch)
     a = cfg.action_dim
-    obs = torch.randint(0, 256, (H + 1, B, 9, 64, 64), dtype=torch.uint8)
+    obs = observations(H + 1, B)
+    terminated = torch.zeros(H, B, 1)
+    if cfg.episodic:
+        terminated = (torch.rand(H, B, 1) < 0.3).float()
     batch = {
         "batch.obs": obs,
         "batch.action": torch.rand(H, B, a) * 2 - 1,
         "batch.reward": torch.randn(H, B, 1),
-        "batch.terminated": torch.zeros(H, B, 1),
+        "batch.terminated": terminated,
     }
     fixture = {}
 
@@ -145,7 +175,11 @@ def main(checkout, out_dir, settings):
             mean_raw, log_std = model._pi(z0).chunk(2, dim=-1)
             pi_action, info = model.pi(z0, None)
             reward = batch["batch.reward"][0]
+            episodic = {}
+            if cfg.episodic:
+                episodic["out.termination_logits"] = model.termination(z0, None, unnormalized=True)
             return {
+                **episodic,
                 "out.z0": z0,
                 "out.next_z": model.next(z0, action, None),
                 "out.reward_logits": logits,
@@ -166,8 +200,10 @@ def main(checkout, out_dir, settings):
     outputs, draws = recorder.during("components", components)
     fixture.update(outputs)
     kinds = [kind for _, kind, _ in draws]
-    assert kinds == ["randint", "randn_like"], kinds
-    fixture["draw.z0_shift"], fixture["draw.pi_eps"] = draws[0][2], draws[1][2]
+    assert kinds == ["randint", "randn_like"][1 - pixels :], kinds
+    if pixels:
+        fixture["draw.z0_shift"] = draws[0][2]
+    fixture["draw.pi_eps"] = draws[-1][2]
 
     update_draws = []
     update_args = [batch[k] for k in ("batch.obs", "batch.action", "batch.reward", "batch.terminated")]
@@ -182,7 +218,7 @@ def main(checkout, out_dir, settings):
     fixture["update1.scale"] = agent.scale.value.detach().clone().reshape(-1)[:1]
 
     plan_draws = []
-    plan_obs = torch.randint(0, 256, (9, 64, 64), dtype=torch.uint8)
+    plan_obs = observations()
     action, draws = recorder.during("plan1", lambda: agent.act(plan_obs, t0=True))
     for name, kind, value in draws:
         fixture[name] = value
@@ -215,7 +251,15 @@ def parse_settings(args):
         key, sep, value = arg.partition("=")
         if not sep:
             sys.exit(f"expected key=value, got {arg!r}")
-        settings[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        if value.lstrip("-").isdigit():
+            settings[key] = int(value)
+        elif value in ("true", "false"):
+            settings[key] = value == "true"
+        else:
+            try:
+                settings[key] = float(value)
+            except ValueError:
+                settings[key] = value
     return settings
 
 

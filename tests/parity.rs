@@ -20,6 +20,8 @@ const REL_TOL: f64 = 1e-4;
 /// recorded by scripts/record_parity.py).
 const STATE: &str = "parity";
 const PIXELS: &str = "parity_pixels";
+/// State observations with `episodic=true`, recorded by scripts/record_parity.py.
+const EPISODIC: &str = "parity_episodic";
 /// Another pixel configuration: 16 channels (latent 256), one action, two Qs, batch 3.
 const PIXELS_SMALL: &str = "parity_pixels_small";
 
@@ -257,6 +259,13 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
     for (key, got) in outputs {
         report.compare("components", key, &got, get(fixture, key), None);
     }
+    if let Some(expected) = fixture.get("out.termination_logits") {
+        let got = model
+            .termination_logits(&z0)
+            .expect("an episodic model has a termination head");
+        let key = "out.termination_logits";
+        report.compare("components", key, &got, expected, None);
+    }
 }
 
 /// The draws of one update: policy noise and shifts in the sample stream, permutations in the
@@ -327,6 +336,17 @@ fn run_updates(
             "{update}: draws left unused"
         );
         let stats: UpdateStats = info.fetch().expect("fetch info");
+        let ours: Vec<String> = stats
+            .named()
+            .iter()
+            .map(|(field, _)| format!("{update}.info.{field}"))
+            .collect();
+        let prefix = format!("{update}.info.");
+        let unmatched: Vec<&String> = fixture
+            .keys()
+            .filter(|k| k.starts_with(&prefix) && !ours.contains(k))
+            .collect();
+        assert!(unmatched.is_empty(), "statistics we do not report: {unmatched:?}");
         for (field, value) in stats.named() {
             let key = format!("{update}.info.{field}");
             report.compare(
@@ -421,6 +441,13 @@ fn matches_the_official_implementation() {
         &["update1", "update2"],
         &[("plan1", true), ("plan2", false)],
     );
+}
+
+/// An episodic model (termination head, its loss and statistics, terminations in the TD
+/// targets and the planner's returns) in the components, one update and one plan.
+#[test]
+fn matches_the_official_implementation_when_episodic() {
+    check_fixture(EPISODIC, &["update1"], &[("plan1", true)]);
 }
 
 /// The pixel encoder (shift augmentation replayed) in the components, one update and one plan.
