@@ -107,6 +107,11 @@ class _CpuTorch(types.ModuleType):
     def device(self, *args, **kwargs):
         return self._torch.device("cpu")
 
+    def tensor(self, *args, **kwargs):
+        # The multitask discounts are made on 'cuda:0' by name.
+        kwargs.pop("device", None)
+        return self._torch.tensor(*args, **kwargs)
+
 
 def build_agent(checkout, model_size, overrides=None):
     import torch

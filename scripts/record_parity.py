@@ -5,8 +5,14 @@ default) or state vectors (obs=state), episodic or not.
         OFFICIAL_CHECKOUT tests/data/parity_pixels [key=value ...]
 
 (`key=value`: official config settings over the defaults below, e.g. `num_channels=16
-latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small, and
-`obs=state episodic=true` for tests/data/parity_episodic; `obs_dim=N` sizes state vectors.)
+latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small,
+`obs=state episodic=true` for tests/data/parity_episodic, and `multitask=true` for
+tests/data/parity_multitask; `obs_dim=N` sizes state vectors.)
+
+A multitask fixture has the three tasks of MULTITASK (their own observation and action sizes
+and episode lengths, so per-task discounts, padding and action masks all show), a batch whose
+samples belong to different tasks, one task-embedding row beyond the unit norm (`max_norm=1`
+rescales it at its first lookup), and one plan per task.
 (`scripts/compare_official.sh` installs the official code's `tensordict` into that folder.)
 The agent is built as scripts/compare_official.py builds it (the official config and parser
 rules, compile=false, on the CPU), with small widths and the pixel encoder; its weights are
@@ -48,6 +54,8 @@ STATE = dict(
     batch_size=4,
 )
 STATE_DIM = 24
+# name: (observation size, action size, episode length)
+MULTITASK = {"walker-run": (24, 6, 500), "cartpole-swingup": (5, 1, 500), "mw-reach": (39, 4, 100)}
 
 
 def save_file(tensors, path):
@@ -118,8 +126,22 @@ def main(checkout, out_dir, settings):
 
     sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
     torch.manual_seed(SEED)
-    pixels = settings.get("obs", "rgb") == "rgb"
-    if pixels:
+    multitask = settings.pop("multitask", False)
+    pixels = settings.get("obs", "rgb") == "rgb" and not multitask
+    if multitask:
+        frame = (max(o for o, _, _ in MULTITASK.values()),)
+        defaults = {
+            **STATE,
+            "obs_shape": {"state": frame},
+            "multitask": True,
+            "tasks": list(MULTITASK),
+            "task_dim": 8,
+            "action_dim": max(a for _, a, _ in MULTITASK.values()),
+            "action_dims": [a for _, a, _ in MULTITASK.values()],
+            "obs_shapes": [(o,) for o, _, _ in MULTITASK.values()],
+            "episode_lengths": [e for _, _, e in MULTITASK.values()],
+        }
+    elif pixels:
         defaults = PIXELS
         frame = (9, 64, 64)
     else:
@@ -128,17 +150,26 @@ def main(checkout, out_dir, settings):
     agent, cfg = compare_official.build_agent(checkout, 1, {**defaults, **settings})
     H, B = cfg.horizon, cfg.batch_size
 
-    def observations(*leading):
+    # Each sample's task; the padding of observations and actions is zero, as the official
+    # multitask wrapper and datasets have it.
+    tasks = torch.tensor([0, 1, 2, 1][:B] + [0] * max(0, B - 4)) if multitask else None
+
+    def observations(*leading, task=None):
         if pixels:
             return torch.randint(0, 256, (*leading, *frame), dtype=torch.uint8)
-        return torch.randn(*leading, *frame)
+        x = torch.randn(*leading, *frame)
+        if multitask:
+            ids = tasks if task is None else torch.tensor([task])
+            dims = torch.tensor([list(MULTITASK.values())[i][0] for i in ids.tolist()])
+            x = (x * (torch.arange(frame[0]) < dims.unsqueeze(-1)).float()).reshape(x.shape)
+        return x
 
     from common import math
 
     model = agent.model
     with torch.no_grad():
         for key, value in model.state_dict().items():
-            if not isinstance(value, torch.Tensor) or key.startswith("log_std"):
+            if not isinstance(value, torch.Tensor) or key.startswith(("log_std", "_action_masks")):
                 continue  # tensordict bookkeeping (`__batch_size`), constant buffers
             if value.is_floating_point():
                 value.add_(torch.randn_like(value) * 0.05)
@@ -146,6 +177,9 @@ def main(checkout, out_dir, settings):
             model._target_Qs_params.values(True, True), model._Qs.params.values(True, True)
         ):
             target.copy_(online + torch.randn_like(online) * 0.01)
+        if multitask:
+            row = model._task_emb.weight[2]
+            row.mul_(1.5 / row.norm())
     weights = {
         k: v.detach().clone().contiguous()
         for k, v in model.state_dict().items()
@@ -158,9 +192,12 @@ def main(checkout, out_dir, settings):
     terminated = torch.zeros(H, B, 1)
     if cfg.episodic:
         terminated = (torch.rand(H, B, 1) < 0.3).float()
+    actions = torch.rand(H, B, a) * 2 - 1
+    if multitask:
+        actions = actions * model._action_masks[tasks]
     batch = {
         "batch.obs": obs,
-        "batch.action": torch.rand(H, B, a) * 2 - 1,
+        "batch.action": actions,
         "batch.reward": torch.randn(H, B, 1),
         "batch.terminated": terminated,
     }
@@ -169,24 +206,27 @@ def main(checkout, out_dir, settings):
     def components():
         with torch.no_grad():
             model.eval()
-            z0 = model.encode(obs[0], None)
+            z0 = model.encode(obs[0], tasks)
             action = batch["batch.action"][0]
-            logits = model.reward(z0, action, None)
-            mean_raw, log_std = model._pi(z0).chunk(2, dim=-1)
-            pi_action, info = model.pi(z0, None)
+            logits = model.reward(z0, action, tasks)
+            z_in = model.task_emb(z0, tasks) if multitask else z0
+            mean_raw, log_std = model._pi(z_in).chunk(2, dim=-1)
+            if multitask:
+                mean_raw = mean_raw * model._action_masks[tasks]  # as `pi` masks it
+            pi_action, info = model.pi(z0, tasks)
             reward = batch["batch.reward"][0]
             episodic = {}
             if cfg.episodic:
-                episodic["out.termination_logits"] = model.termination(z0, None, unnormalized=True)
+                episodic["out.termination_logits"] = model.termination(z0, tasks, unnormalized=True)
             return {
                 **episodic,
                 "out.z0": z0,
-                "out.next_z": model.next(z0, action, None),
+                "out.next_z": model.next(z0, action, tasks),
                 "out.reward_logits": logits,
                 "out.reward_value": math.two_hot_inv(logits, cfg),
-                "out.q_all_logits": model.Q(z0, action, None, return_type="all"),
+                "out.q_all_logits": model.Q(z0, action, tasks, return_type="all"),
                 "out.q_all_target_logits": model.Q(
-                    z0, action, None, return_type="all", target=True
+                    z0, action, tasks, return_type="all", target=True
                 ),
                 "out.pi_mean_raw": mean_raw,
                 "out.pi_log_std": info["log_std"],
@@ -207,7 +247,7 @@ def main(checkout, out_dir, settings):
 
     update_draws = []
     update_args = [batch[k] for k in ("batch.obs", "batch.action", "batch.reward", "batch.terminated")]
-    info, draws = recorder.during("update1", lambda: agent._update(*update_args))
+    info, draws = recorder.during("update1", lambda: agent._update(*update_args, task=tasks))
     for name, kind, value in draws:
         fixture[name] = value
         update_draws.append([name, kind, list(value.shape)])
@@ -218,22 +258,34 @@ def main(checkout, out_dir, settings):
     fixture["update1.scale"] = agent.scale.value.detach().clone().reshape(-1)[:1]
 
     plan_draws = []
-    plan_obs = observations()
-    action, draws = recorder.during("plan1", lambda: agent.act(plan_obs, t0=True))
-    for name, kind, value in draws:
-        fixture[name] = value
-        plan_draws.append([name, kind, list(value.shape)])
-    fixture["plan1.obs"] = plan_obs.reshape(1, -1)
-    fixture["plan1.action"] = action
-    fixture["plan1.prev_mean_after"] = agent._prev_mean.detach().clone()
+    for i, task in enumerate(range(len(MULTITASK)) if multitask else [None]):
+        plan = f"plan{i + 1}"
+        plan_obs = observations(task=task)
+        act = lambda: agent.act(plan_obs, t0=True, task=task)
+        action, draws = recorder.during(plan, act)
+        for name, kind, value in draws:
+            fixture[name] = value
+            plan_draws.append([name, kind, list(value.shape)])
+        fixture[f"{plan}.obs"] = plan_obs.reshape(1, -1)
+        fixture[f"{plan}.action"] = action
+        fixture[f"{plan}.prev_mean_after"] = agent._prev_mean.detach().clone()
+        if multitask:
+            fixture[f"{plan}.task"] = torch.tensor([task])
 
     fixture["batch.obs"] = obs.reshape(H + 1, B, -1)
     fixture.update({k: v for k, v in batch.items() if k != "batch.obs"})
+    if multitask:
+        fixture["batch.task"] = tasks
     os.makedirs(out_dir, exist_ok=True)
     contiguous = lambda d: {k: v.detach().contiguous() for k, v in d.items()}
     save_file(contiguous(weights), os.path.join(out_dir, "weights.safetensors"))
     save_file(contiguous(fixture), os.path.join(out_dir, "fixture.safetensors"))
-    config = {k: v for k, v in vars(cfg).items() if isinstance(v, (int, float, str, bool))}
+    config = {
+        k: v
+        for k, v in vars(cfg).items()
+        if isinstance(v, (int, float, str, bool))
+        or k in ("tasks", "action_dims", "episode_lengths")
+    }
     manifest = {
         "config": config,
         "weights_keys": {k: list(v.shape) for k, v in weights.items()},

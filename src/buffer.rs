@@ -26,6 +26,8 @@ pub struct Batch {
     pub reward: Tensor,
     /// (H, B, 1); zeros for non-episodic tasks.
     pub terminated: Tensor,
+    /// (B,) int64: each sample's task, for a multitask model (one task over the horizon).
+    pub task: Option<Tensor>,
 }
 
 impl Batch {
@@ -36,6 +38,7 @@ impl Batch {
             action: self.action.to_device(device),
             reward: self.reward.to_device(device),
             terminated: self.terminated.to_device(device),
+            task: self.task.as_ref().map(|t| t.to_device(device)),
         }
     }
 }
@@ -413,6 +416,7 @@ impl ReplayBuffer {
             action,
             reward,
             terminated,
+            task: None,
         })
     }
 }

@@ -67,6 +67,7 @@ fn union_batch(parts: i64) -> Batch {
         action: Tensor::rand([H, n, ACT], (Kind::Float, Device::Cpu)) * 2.0 - 1.0,
         reward: Tensor::randn([H, n, 1], (Kind::Float, Device::Cpu)),
         terminated: Tensor::zeros([H, n, 1], (Kind::Float, Device::Cpu)),
+        task: None,
     }
 }
 
@@ -77,6 +78,7 @@ fn part(batch: &Batch, index: i64) -> Batch {
         action: slice(&batch.action),
         reward: slice(&batch.reward),
         terminated: slice(&batch.terminated),
+        task: None,
     }
 }
 

@@ -286,6 +286,7 @@ fn bench_case(
         action: Tensor::rand([h, b, config.action_dim as i64], options_f) * 2.0 - 1.0,
         reward: Tensor::randn([h, b, 1], options_f),
         terminated: Tensor::zeros([h, b, 1], options_f),
+        task: None,
     };
     let obs = Tensor::randn([1, config.obs_dim as i64], options_f);
 

@@ -2,6 +2,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::encoder::IMAGE_SIZE;
+use super::task::Tasks;
 use super::{Error, Result};
 use crate::config::PIXEL_FEATURES;
 
@@ -53,6 +54,9 @@ pub struct AgentConfig {
     pub min_std: f64,
     pub max_std: f64,
     pub temperature: f64,
+    /// A multitask model's tasks (the official `multitask`); `None` for one task.
+    #[serde(default)]
+    pub tasks: Option<Tasks>,
 }
 
 impl AgentConfig {
@@ -109,6 +113,7 @@ impl AgentConfig {
             min_std: config.min_std,
             max_std: config.max_std,
             temperature: config.temperature,
+            tasks: None,
         })
     }
 
@@ -163,6 +168,15 @@ impl AgentConfig {
                  num_channels, got obs_dim {}, latent_dim {}, num_channels {}",
                 self.obs_dim, self.latent_dim, self.num_channels
             ));
+        }
+        if let Some(tasks) = &self.tasks {
+            tasks.validate(self.action_dim)?;
+            if self.obs != envs::ObsKind::State || self.episodic {
+                return fail(
+                    "a multitask model observes states and is not episodic (as the official)"
+                        .into(),
+                );
+            }
         }
         if !self.latent_dim.is_multiple_of(self.simnorm_dim) {
             return fail(format!(

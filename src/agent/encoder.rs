@@ -26,7 +26,10 @@ impl Encoder {
                 let hidden =
                     vec![config.enc_dim as i64; config.num_enc_layers.saturating_sub(1).max(1)];
                 let act = Some(Activation::SimNorm(simnorm_dim));
-                Self::State(Mlp::new(config.obs_dim as i64, &hidden, z, act, 0.0))
+                // A multitask model's observations come with their task's embedding.
+                let task_dim = config.tasks.as_ref().map_or(0, |t| t.task_dim);
+                let input = (config.obs_dim + task_dim) as i64;
+                Self::State(Mlp::new(input, &hidden, z, act, 0.0))
             }
             envs::ObsKind::Rgb => {
                 let channels = (config.obs_dim as i64) / (IMAGE_SIZE * IMAGE_SIZE);

@@ -97,14 +97,10 @@ pub fn squash_correction(squashed_action: &Tensor, log_prob: &Tensor) -> Tensor 
 }
 
 /// The official "scaled entropy": −ℓp · (A·g)/(ℓp + 1e-8), where g is the Gaussian
-/// log-probability before squashing and ℓp the squashed one. Kept in this exact form (rather
-/// than its near-equal −A·g) for bit-level agreement with the reference, gradients included.
-pub fn scaled_entropy(
-    gaussian_log_prob: &Tensor,
-    squashed_log_prob: &Tensor,
-    action_dim: i64,
-) -> Tensor {
-    let scaled_log_prob = gaussian_log_prob * action_dim as f64;
+/// log-probability before squashing, A the action size (a multitask row's own) and ℓp the
+/// squashed log-probability; `scaled_log_prob` is A·g. Kept in this exact form (rather than
+/// its near-equal −A·g) for bit-level agreement with the reference, gradients included.
+pub fn scaled_entropy(scaled_log_prob: &Tensor, squashed_log_prob: &Tensor) -> Tensor {
     let entropy_scale = scaled_log_prob / (squashed_log_prob + 1e-8);
     -squashed_log_prob * entropy_scale
 }
@@ -245,7 +241,7 @@ mod tests {
             assert!((lp.double_value(&[row, 0]) - corrected).abs() < 1e-4);
         }
         // The scaled entropy is −A·g up to the 1e-8 guard.
-        let scaled = scaled_entropy(&g, &lp, 2);
+        let scaled = scaled_entropy(&(&g * 2.0), &lp);
         assert!(close(&scaled, &(&g * -2.0), 1e-4));
     }
 

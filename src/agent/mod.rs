@@ -21,6 +21,7 @@ pub mod planner;
 #[cfg(test)]
 mod planner_reference;
 pub mod scale;
+pub mod task;
 pub mod update;
 pub mod world_model;
 

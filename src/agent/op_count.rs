@@ -140,6 +140,7 @@ mod tests {
                     action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
                     reward: Tensor::randn([3, 16, 1], o),
                     terminated: Tensor::zeros([3, 16, 1], o),
+                    task: None,
                 },
             }
         }

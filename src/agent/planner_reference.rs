@@ -32,7 +32,7 @@ fn next(model: &WorldModel, z: &Tensor, a: &Tensor) -> Tensor {
     if is_shared(z, a) {
         shared_prefix(&model.dynamics, z, a)
     } else {
-        model.next(z, a)
+        model.next(z, a, None)
     }
 }
 
@@ -40,7 +40,7 @@ fn reward(model: &WorldModel, z: &Tensor, a: &Tensor) -> Tensor {
     let logits = if is_shared(z, a) {
         shared_prefix(&model.reward, z, a)
     } else {
-        model.reward(z, a)
+        model.reward(z, a, None)
     };
     model.two_hot.decode(&logits)
 }
@@ -138,7 +138,7 @@ impl ReferencePlanner {
             c.num_elites as i64,
         );
         let device = model.device();
-        let z = model.encode(obs, noise)?;
+        let z = model.encode(obs, None, noise)?;
         if p > 0 {
             let mut zp = z.shallow_clone();
             for t in 0..h {
@@ -253,7 +253,7 @@ impl ReferencePlanner {
         let eps = noise.randn(&[n, self.config.action_dim as i64], z.device())?;
         let action = policy_action(model, z, &eps);
         let pair = Heads::random_pair(noise, self.config.num_q as i64, z.device())?;
-        let q = model.q_value(z, &action, QParams::Online, &pair, QReduce::Avg, None)?;
+        let q = model.q_value(z, &action, None, QParams::Online, &pair, QReduce::Avg, None)?;
         let bootstrap = match &rollout.terminated {
             Some(done) => (1.0f64 - done) * discount * q,
             None => q * discount,

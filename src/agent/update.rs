@@ -18,6 +18,7 @@ use super::config::AgentConfig;
 use super::layers::Heads;
 use super::noise::Noise;
 use super::scale::RunningScale;
+use super::task::TaskRows;
 use super::world_model::{QParams, QReduce, WorldModel};
 use super::{expect_shape, Result};
 use crate::buffer::Batch;
@@ -52,6 +53,8 @@ pub struct WorldModelPass {
     pub total_loss: Tensor,
     /// The rollout ẑ_0..ẑ_H, detached: (H+1, B, latent_dim).
     pub latents: Tensor,
+    /// A multitask batch's task ids (B,), for the policy pass on these latents.
+    pub task: Option<Tensor>,
 }
 
 /// Results of one policy backward pass (device scalars).
@@ -240,28 +243,33 @@ impl Updater {
         &self,
         model: &WorldModel,
         batch: &Batch,
+        task: Option<&TaskRows>,
         sample_noise: &mut dyn Noise,
         batch_noise: &mut dyn Noise,
     ) -> Result<(Tensor, Tensor)> {
         let h = self.config.horizon as i64;
         tch::no_grad(|| {
-            let next_z = model.encode(&batch.obs.narrow(0, 1, h), sample_noise)?;
+            let next_z = model.encode(&batch.obs.narrow(0, 1, h), task, sample_noise)?;
             let mut shape = next_z.size();
             if let Some(last) = shape.last_mut() {
                 *last = model.action_dim;
             }
             let eps = sample_noise.randn(&shape, model.device())?;
-            let action = model.pi_action(&next_z, &eps);
+            let action = model.pi_action(&next_z, &eps, task);
             let heads = Heads::random_pair(batch_noise, self.config.num_q as i64, model.device())?;
             let q = model.q_value(
                 &next_z,
                 &action,
+                task,
                 QParams::Target,
                 &heads,
                 QReduce::Min,
                 None,
             )?;
-            let continuing = (1.0f64 - &batch.terminated) * self.config.discount;
+            let continuing = match task {
+                Some(task) => (1.0f64 - &batch.terminated) * &task.discount,
+                None => (1.0f64 - &batch.terminated) * self.config.discount,
+            };
             Ok((next_z, &batch.reward + continuing * q))
         })
     }
@@ -279,14 +287,17 @@ impl Updater {
         let h = self.config.horizon as i64;
         batch_size_of(batch, model, h)?;
         let batch = &batch.to_device(model.device());
-        let (next_z, td_targets) = self.td_targets(model, batch, sample_noise, batch_noise)?;
+        let rows = model.task_rows(batch.task.as_ref())?;
+        let task = rows.as_ref();
+        let (next_z, td_targets) =
+            self.td_targets(model, batch, task, sample_noise, batch_noise)?;
         let cfg = &self.config;
 
         // Latent rollout from the encoded first observation, with gradients.
-        let mut z = model.encode(&batch.obs.get(0), sample_noise)?;
+        let mut z = model.encode(&batch.obs.get(0), task, sample_noise)?;
         let mut latents = vec![z.shallow_clone()];
         for t in 0..h {
-            z = model.next(&z, &batch.action.get(t));
+            z = model.next(&z, &batch.action.get(t), task);
             latents.push(z.shallow_clone());
         }
         let zs = Tensor::stack(&latents, 0);
@@ -298,13 +309,14 @@ impl Updater {
             (per_step_mean(&(&predicted - &next_z).square()) * &rho).sum(Kind::Float) / h as f64;
 
         let rollout = zs.narrow(0, 0, h);
-        let reward_logits = model.reward(&rollout, &batch.action);
+        let reward_logits = model.reward(&rollout, &batch.action, task);
         let reward_ce = model.two_hot.soft_ce(&reward_logits, &batch.reward);
         let reward_loss = (per_step_mean(&reward_ce) * &rho).sum(Kind::Float) / h as f64;
 
         let q_logits = model.q_logits(
             &rollout,
             &batch.action,
+            task,
             QParams::Online,
             &Heads::All,
             Some(sample_noise),
@@ -355,6 +367,7 @@ impl Updater {
             termination_f1,
             total_loss: total_loss.detach(),
             latents: zs.detach(),
+            task: batch.task.as_ref().map(Tensor::shallow_clone),
         })
     }
 
@@ -381,6 +394,7 @@ impl Updater {
         &mut self,
         model: &WorldModel,
         latents: &Tensor,
+        task: Option<&Tensor>,
         sample_noise: &mut dyn Noise,
         batch_noise: &mut dyn Noise,
         gather: &mut dyn FnMut(&Tensor) -> Result<Tensor>,
@@ -394,12 +408,16 @@ impl Updater {
             &[steps, batch_size, model.latent_dim],
         )?;
         let latents = &latents.to_device(model.device());
+        // Looked up after the world model's step, as the official (its rows renormalised again).
+        let rows = model.task_rows(task.map(|t| t.to_device(model.device())).as_ref())?;
+        let task = rows.as_ref();
         let eps = sample_noise.randn(&[steps, batch_size, model.action_dim], model.device())?;
-        let policy = model.pi(latents, &eps);
+        let policy = model.pi(latents, &eps, task);
         let heads = Heads::random_pair(batch_noise, cfg.num_q as i64, model.device())?;
         let q = model.q_value(
             latents,
             &policy.action,
+            task,
             QParams::Detached,
             &heads,
             QReduce::Avg,
@@ -452,9 +470,14 @@ impl Updater {
     ) -> Result<UpdateInfo> {
         let wm = self.world_model_backward(model, batch, sample_noise, batch_noise)?;
         let grad_norm = self.step_world_model(model);
-        let pi = self.policy_backward(model, &wm.latents, sample_noise, batch_noise, &mut |q| {
-            Ok(q.shallow_clone())
-        })?;
+        let pi = self.policy_backward(
+            model,
+            &wm.latents,
+            wm.task.as_ref(),
+            sample_noise,
+            batch_noise,
+            &mut |q| Ok(q.shallow_clone()),
+        )?;
         let pi_grad_norm = self.step_policy(model);
         model.soft_update_target(self.config.tau);
         Ok(self.info(&wm, grad_norm, &pi, pi_grad_norm))
@@ -514,6 +537,7 @@ mod tests {
             action: Tensor::rand([3, b, 2], o) * 2.0 - 1.0,
             reward: Tensor::randn([3, b, 1], o),
             terminated: Tensor::zeros([3, b, 1], o),
+            task: None,
         }
     }
 
@@ -523,6 +547,7 @@ mod tests {
             action: batch.action.narrow(1, start, len),
             reward: batch.reward.narrow(1, start, len),
             terminated: batch.terminated.narrow(1, start, len),
+            task: None,
         }
     }
 

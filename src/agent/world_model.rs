@@ -1,6 +1,10 @@
 //! The TD-MPC2 world model: encoder, latent dynamics, reward, optional termination, policy
-//! prior and the Q ensemble with its target copy. Parameter names are the official
-//! state-dict keys.
+//! prior and the Q ensemble with its target copy, and a multitask model's task embedding.
+//! Parameter names are the official state-dict keys.
+//!
+//! With tasks, every head takes the batch's [`TaskRows`] (`task`): its input gets each row's
+//! task embedding after the latent (`[z, emb, a]`), and the policy masks the action components
+//! a row's task does not have. Single-task models take `None`.
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -12,6 +16,7 @@ use super::layers::{Activation, Ensemble, Heads, Mlp};
 use super::math::{self, TwoHot};
 use super::noise::Noise;
 use super::params::FlatParams;
+use super::task::{self, TaskEmbedding, TaskRows, ACTION_MASKS, TASK_EMB};
 use super::{Error, Result};
 
 pub const DYNAMICS: &str = "_dynamics";
@@ -71,7 +76,10 @@ pub struct WorldModel {
     pub policy: Mlp,
     pub q: Ensemble,
     pub target_q: Ensemble,
-    /// Encoder, dynamics, reward, termination and online Q parameters (the world-model optimiser).
+    /// A multitask model's task embedding (the last of the world-model parameters).
+    pub task: Option<TaskEmbedding>,
+    /// Encoder, dynamics, reward, termination, online Q and task-embedding parameters (the
+    /// world-model optimiser).
     pub model_params: FlatParams,
     /// Policy-prior parameters (the policy optimiser).
     pub policy_params: FlatParams,
@@ -95,14 +103,20 @@ impl WorldModel {
         let a = config.action_dim as i64;
         let m = config.mlp_dim as i64;
         let bins = config.num_bins as i64;
+        let e = config.tasks.as_ref().map_or(0, |t| t.task_dim as i64);
         let simnorm = Activation::SimNorm(config.simnorm_dim as i64);
         let mut encoder = Encoder::new(config);
         let encoder_prefix = encoder.prefix();
-        let mut dynamics = Mlp::new(z + a, &[m, m], z, Some(simnorm), 0.0);
-        let mut reward = Mlp::new(z + a, &[m, m], bins, None, 0.0);
+        let mut dynamics = Mlp::new(z + e + a, &[m, m], z, Some(simnorm), 0.0);
+        let mut reward = Mlp::new(z + e + a, &[m, m], bins, None, 0.0);
         let mut termination = config.episodic.then(|| Mlp::new(z, &[m, m], 1, None, 0.0));
-        let mut policy = Mlp::new(z, &[m, m], 2 * a, None, 0.0);
-        let mut q = Ensemble::new(config.num_q as i64, z + a, &[m, m], bins, config.dropout);
+        let mut policy = Mlp::new(z + e, &[m, m], 2 * a, None, 0.0);
+        let q_input = z + e + a;
+        let mut q = Ensemble::new(config.num_q as i64, q_input, &[m, m], bins, config.dropout);
+        let mut task = config
+            .tasks
+            .as_ref()
+            .map(|tasks| TaskEmbedding::new(tasks, a, device));
         let _ = reward.last_mut().weight.zero_();
         if let Some(last) = q.layers.last_mut() {
             let _ = last.weight.zero_();
@@ -119,6 +133,9 @@ impl WorldModel {
                 modules.push((TERMINATION, t));
             }
             modules.push((Q_ONLINE, &mut q));
+            if let Some(t) = task.as_mut() {
+                modules.push((TASK_EMB, t));
+            }
             FlatParams::pack(&mut modules, device, true)
         };
         let policy_params = FlatParams::pack(&mut [(POLICY, &mut policy)], device, true);
@@ -131,6 +148,7 @@ impl WorldModel {
             policy,
             q,
             target_q,
+            task,
             model_params,
             policy_params,
             target_params,
@@ -162,20 +180,40 @@ impl WorldModel {
             .expect("the model has an encoder")
     }
 
+    /// The rows of `task` (B,) task ids, for the heads; `None` for a single-task model.
+    pub fn task_rows(&self, task: Option<&Tensor>) -> Result<Option<TaskRows>> {
+        match (&self.task, task) {
+            (Some(table), Some(ids)) => Ok(Some(table.rows(ids)?)),
+            (None, None) => Ok(None),
+            (Some(_), None) => Err(Error::Config(
+                "a multitask model needs the task of every row".into(),
+            )),
+            (None, Some(_)) => Err(Error::Config(
+                "a single-task model takes no task ids".into(),
+            )),
+        }
+    }
+
     /// Observations (…, obs_dim) → latents (…, latent_dim); pixels draw their random shifts
     /// from `noise` (in training and when acting, as the official does).
-    pub fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor> {
-        self.encoder.forward(obs, noise)
+    pub fn encode(
+        &self,
+        obs: &Tensor,
+        task: Option<&TaskRows>,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        self.encoder.forward(&task::with_task(obs, task), noise)
     }
 
     /// Next latent from a latent and an action.
-    pub fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        self.dynamics.forward(&Tensor::cat(&[z, a], -1))
+    pub fn next(&self, z: &Tensor, a: &Tensor, task: Option<&TaskRows>) -> Tensor {
+        self.dynamics
+            .forward(&task::with_task_and_action(z, a, task))
     }
 
     /// Reward logits (…, num_bins).
-    pub fn reward(&self, z: &Tensor, a: &Tensor) -> Tensor {
-        self.reward.forward(&Tensor::cat(&[z, a], -1))
+    pub fn reward(&self, z: &Tensor, a: &Tensor, task: Option<&TaskRows>) -> Tensor {
+        self.reward.forward(&task::with_task_and_action(z, a, task))
     }
 
     /// [`Self::next`] for latents `z` (G, Z), each shared by N/G consecutive actions of `a`
@@ -189,17 +227,29 @@ impl WorldModel {
         self.termination.as_ref().map(|t| t.forward(z))
     }
 
-    /// The policy prior with given standard-normal noise `eps` (shape of the action).
-    pub fn pi(&self, z: &Tensor, eps: &Tensor) -> PolicyOutput {
-        let out = self.policy.forward(z);
+    /// The policy prior with given standard-normal noise `eps` (shape of the action). With
+    /// tasks, the mean, log σ and noise of the components a row's task lacks are zero, and the
+    /// entropy is scaled by the task's own action size.
+    pub fn pi(&self, z: &Tensor, eps: &Tensor, task: Option<&TaskRows>) -> PolicyOutput {
+        let out = self.policy.forward(&task::with_task(z, task));
         let parts = out.chunk(2, -1);
-        let mean_raw = parts[0].shallow_clone();
         let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
-        let gaussian = math::gaussian_log_prob(eps, &log_std);
-        let unsquashed = &mean_raw + eps * log_std.exp();
+        let (mean_raw, log_std, eps) = match task {
+            Some(task) => {
+                let mask = task::expanded(&task.mask, &parts[0]);
+                (&parts[0] * &mask, log_std * &mask, eps * &mask)
+            }
+            None => (parts[0].shallow_clone(), log_std, eps.shallow_clone()),
+        };
+        let gaussian = math::gaussian_log_prob(&eps, &log_std);
+        let unsquashed = &mean_raw + &eps * log_std.exp();
         let action = unsquashed.tanh();
         let log_prob = math::squash_correction(&action, &gaussian);
-        let scaled_entropy = math::scaled_entropy(&gaussian, &log_prob, self.action_dim);
+        let scaled_log_prob = match task {
+            Some(task) => &gaussian * task::expanded(&task.action_dims, &gaussian),
+            None => &gaussian * self.action_dim as f64,
+        };
+        let scaled_entropy = math::scaled_entropy(&scaled_log_prob, &log_prob);
         PolicyOutput {
             mean: mean_raw.tanh(),
             mean_raw,
@@ -211,11 +261,16 @@ impl WorldModel {
     }
 
     /// Only the sampled action of the policy prior (skips the entropy terms).
-    pub fn pi_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
-        let out = self.policy.forward(z);
+    pub fn pi_action(&self, z: &Tensor, eps: &Tensor, task: Option<&TaskRows>) -> Tensor {
+        let out = self.policy.forward(&task::with_task(z, task));
         let parts = out.chunk(2, -1);
         let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
-        (&parts[0] + eps * log_std.exp()).tanh()
+        let action = (&parts[0] + eps * log_std.exp()).tanh();
+        match task {
+            // tanh(0·m + 0·ε·σ) = 0: masking after is masking before.
+            Some(task) => action * task::expanded(&task.mask, &parts[0]),
+            None => action,
+        }
     }
 
     /// [`Self::pi_action`] for latents `z` (G, Z), each shared by N/G consecutive rows of the
@@ -223,7 +278,7 @@ impl WorldModel {
     pub fn pi_action_shared(&self, z: &Tensor, eps: &Tensor) -> Tensor {
         let groups = z.size()[0];
         if groups == 1 {
-            return self.pi_action(z, eps);
+            return self.pi_action(z, eps, None);
         }
         let out = self.policy.forward(z);
         let parts = out.chunk(2, -1);
@@ -241,11 +296,12 @@ impl WorldModel {
         &self,
         z: &Tensor,
         a: &Tensor,
+        task: Option<&TaskRows>,
         params: QParams,
         heads: &Heads,
         dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
-        let x = Tensor::cat(&[z, a], -1);
+        let x = task::with_task_and_action(z, a, task);
         match params {
             QParams::Online => self.q.forward(&x, heads, false, dropout),
             QParams::Detached => self.q.forward(&x, heads, true, dropout),
@@ -255,16 +311,18 @@ impl WorldModel {
 
     /// The official `Q(..., return_type='min'|'avg')`: the two heads of `pair` (see
     /// [`Heads::random_pair`]), decoded and combined; (…, 1).
+    #[allow(clippy::too_many_arguments)]
     pub fn q_value(
         &self,
         z: &Tensor,
         a: &Tensor,
+        task: Option<&TaskRows>,
         params: QParams,
         pair: &Heads,
         reduce: QReduce,
         dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
-        let logits = self.q_logits(z, a, params, pair, dropout)?;
+        let logits = self.q_logits(z, a, task, params, pair, dropout)?;
         let values = self.two_hot.decode(&logits);
         Ok(match reduce {
             QReduce::Min => values.amin(0, false),
@@ -294,6 +352,9 @@ impl WorldModel {
         }
         out.push((LOG_STD_MIN.into(), Tensor::from(self.log_std_min as f32)));
         out.push((LOG_STD_DIF.into(), Tensor::from(self.log_std_dif as f32)));
+        if let Some(task) = &self.task {
+            out.push((ACTION_MASKS.into(), task.masks.to_device(Device::Cpu)));
+        }
         out
     }
 
@@ -310,6 +371,21 @@ impl WorldModel {
         }
         for buffer in [&self.model_params, &self.policy_params, &self.target_params] {
             buffer.load(&mut |name| by_name.remove(name))?;
+        }
+        if let Some(task) = &self.task {
+            // The masks follow from the tasks; a checkpoint's must agree (the official code
+            // computes them when a checkpoint has none).
+            if let Some(masks) = by_name.remove(ACTION_MASKS) {
+                let ours = task.masks.to_device(Device::Cpu);
+                if masks.size() != ours.size() || !masks.to_kind(Kind::Float).equal(&ours) {
+                    return Err(Error::Config(format!(
+                        "{ACTION_MASKS} of the state dict ({:?}) are not those of this model's \
+                         tasks ({:?}): the task lists differ",
+                        masks.size(),
+                        ours.size()
+                    )));
+                }
+            }
         }
         let mut scalar = |key: &str| -> Result<Option<f64>> {
             match by_name.remove(key) {
@@ -422,16 +498,18 @@ mod tests {
         let z = model
             .encode(
                 &Tensor::randn([4, 5], (Kind::Float, Device::Cpu)),
+                None,
                 &mut HostNoise::seeded(0),
             )
             .unwrap();
         let a = Tensor::zeros([4, 2], (Kind::Float, Device::Cpu));
-        let r = model.two_hot.decode(&model.reward(&z, &a));
+        let r = model.two_hot.decode(&model.reward(&z, &a, None));
         assert!(r.abs().max().double_value(&[]) < 1e-6);
         let q = model
             .q_value(
                 &z,
                 &a,
+                None,
                 QParams::Online,
                 &Heads::pair(0, 2, Device::Cpu),
                 QReduce::Min,
@@ -465,7 +543,7 @@ mod tests {
         });
         let cpu = (Kind::Float, Device::Cpu);
         let z = model
-            .encode(&Tensor::randn([3, 5], cpu), &mut HostNoise::seeded(0))
+            .encode(&Tensor::randn([3, 5], cpu), None, &mut HostNoise::seeded(0))
             .unwrap();
         let repeated = z.repeat_interleave_self_int(4, 0, None);
         let eps = Tensor::randn([12, 2], cpu);
@@ -474,9 +552,9 @@ mod tests {
         let pairs = [
             (
                 model.pi_action_shared(&z, &eps),
-                model.pi_action(&repeated, &eps),
+                model.pi_action(&repeated, &eps, None),
             ),
-            (model.next_shared(&z, &a), model.next(&repeated, &a)),
+            (model.next_shared(&z, &a), model.next(&repeated, &a, None)),
         ];
         for (i, (shared, full)) in pairs.into_iter().enumerate() {
             assert_eq!(shared.size(), full.size());
@@ -500,22 +578,29 @@ mod tests {
         let a = Tensor::randn([8, 2], (Kind::Float, Device::Cpu));
         let mut noise = crate::agent::noise::TorchNoise::seeded(1);
         let eval1 = model
-            .q_logits(&z, &a, QParams::Online, &Heads::All, None)
+            .q_logits(&z, &a, None, QParams::Online, &Heads::All, None)
             .unwrap();
         let eval2 = model
-            .q_logits(&z, &a, QParams::Online, &Heads::All, None)
+            .q_logits(&z, &a, None, QParams::Online, &Heads::All, None)
             .unwrap();
         assert!(eval1.allclose(&eval2, 0.0, 0.0, false));
         let target_train = model
-            .q_logits(&z, &a, QParams::Target, &Heads::All, Some(&mut noise))
+            .q_logits(&z, &a, None, QParams::Target, &Heads::All, Some(&mut noise))
             .unwrap();
         assert!((target_train - &eval1).abs().max().double_value(&[]) < 1e-5);
         let train = model
-            .q_logits(&z, &a, QParams::Online, &Heads::All, Some(&mut noise))
+            .q_logits(&z, &a, None, QParams::Online, &Heads::All, Some(&mut noise))
             .unwrap();
         assert!((train - &eval1).abs().max().double_value(&[]) > 1e-3);
         let detached = model
-            .q_logits(&z, &a, QParams::Detached, &Heads::All, Some(&mut noise))
+            .q_logits(
+                &z,
+                &a,
+                None,
+                QParams::Detached,
+                &Heads::All,
+                Some(&mut noise),
+            )
             .unwrap();
         assert!((detached - &eval1).abs().max().double_value(&[]) > 1e-3);
         model.soft_update_target(0.5);

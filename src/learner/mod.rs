@@ -230,6 +230,7 @@ impl<'g> Learner<'g> {
             policy_passes.push(learner.policy_backward(
                 model,
                 &pass.latents,
+                pass.task.as_ref(),
                 sample_noise.as_mut(),
                 batch_noise.as_mut(),
                 &mut gather,
@@ -274,6 +275,7 @@ fn mean_passes(passes: &[crate::agent::WorldModelPass]) -> crate::agent::WorldMo
         termination_f1: mean_of(passes.iter().map(|p| &p.termination_f1).collect()),
         total_loss: mean_of(passes.iter().map(|p| &p.total_loss).collect()),
         latents: passes[0].latents.shallow_clone(),
+        task: passes[0].task.as_ref().map(Tensor::shallow_clone),
     }
 }
 

@@ -55,13 +55,13 @@ impl LatentModel for WorldModel {
         self.q.size
     }
     fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor> {
-        WorldModel::encode(self, obs, noise)
+        WorldModel::encode(self, obs, None, noise)
     }
     fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
         if is_shared(z, a) {
             self.next_shared(z, a)
         } else {
-            WorldModel::next(self, z, a)
+            WorldModel::next(self, z, a, None)
         }
     }
     fn rollout_rewards(&self, z0: &Tensor, later: &[Tensor], actions: &Tensor) -> Tensor {
@@ -78,11 +78,11 @@ impl LatentModel for WorldModel {
         if is_shared(z, eps) {
             self.pi_action_shared(z, eps)
         } else {
-            self.pi_action(z, eps)
+            self.pi_action(z, eps, None)
         }
     }
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor> {
-        self.q_value(z, a, QParams::Online, pair, QReduce::Avg, None)
+        self.q_value(z, a, None, QParams::Online, pair, QReduce::Avg, None)
     }
 }
 

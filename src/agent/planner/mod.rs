@@ -63,6 +63,13 @@ impl Planner {
                 "num_envs must be at least 1 (environments planned for at once)".into(),
             ));
         }
+        if config.tasks.is_some() {
+            return Err(Error::Config(
+                "acting with a multitask model is not supported yet (its planner and policy \
+                 do not take task ids)"
+                    .into(),
+            ));
+        }
         let e = num_envs as i64;
         let h = config.horizon as i64;
         let a = config.action_dim as i64;
@@ -416,9 +423,9 @@ impl Planner {
         let rows = obs.size().first().copied().unwrap_or(0);
         expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
         tch::no_grad(|| {
-            let z = model.encode(obs, noise)?;
+            let z = model.encode(obs, None, noise)?;
             let eps = noise.randn(&[rows, self.action_dim], model.device())?;
-            let out = model.pi(&z, &eps);
+            let out = model.pi(&z, &eps, None);
             Ok(if eval_mode { out.mean } else { out.action })
         })
     }

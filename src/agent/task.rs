@@ -1,0 +1,213 @@
+//! Multitask models (the official `multitask`): a learned embedding of each task, given with
+//! the latent to every head, and each task's action mask and discount.
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind, Tensor};
+
+use super::params::ParamVisitor;
+use super::{Error, Result};
+
+/// The embedding table's state-dict prefix (`_task_emb.weight`).
+pub const TASK_EMB: &str = "_task_emb";
+/// The state-dict key of the per-task action masks.
+pub const ACTION_MASKS: &str = "_action_masks";
+/// Rows longer than this are scaled back to it at each lookup (`nn.Embedding(max_norm=1)`).
+const MAX_NORM: f64 = 1.0;
+/// The official initialisation of the embedding: uniform in ±0.02.
+const INIT_RANGE: f64 = 0.02;
+
+/// The tasks of a multitask model, in task-id order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tasks {
+    /// Width of a task's embedding (`task_dim`).
+    pub task_dim: usize,
+    /// Each task's own action size; the model's `action_dim` is the largest.
+    pub action_dims: Vec<usize>,
+    /// Each task's discount, from its episode length by the single-task rule.
+    pub discounts: Vec<f64>,
+}
+
+impl Tasks {
+    pub fn len(&self) -> usize {
+        self.action_dims.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.action_dims.is_empty()
+    }
+
+    /// Rejects tasks a model of `action_dim` cannot serve.
+    pub fn validate(&self, action_dim: usize) -> Result<()> {
+        let fail = |msg: String| Err(Error::Config(msg));
+        if self.is_empty() || self.discounts.len() != self.len() {
+            return fail(format!(
+                "a multitask model needs one action size and one discount per task, got {} and {}",
+                self.len(),
+                self.discounts.len()
+            ));
+        }
+        if self.task_dim == 0 {
+            return fail("task_dim must be at least 1 with several tasks".into());
+        }
+        if let Some(&a) = self.action_dims.iter().find(|&&a| a == 0 || a > action_dim) {
+            return fail(format!(
+                "a task's action size must be in 1..={action_dim} (action_dim), got {a}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The embedding table (a parameter of the world model) and the per-task constants.
+#[derive(Debug)]
+pub struct TaskEmbedding {
+    /// (num_tasks, task_dim).
+    pub weight: Tensor,
+    /// (num_tasks, action_dim): 1 for each task's own action components, 0 for the padding.
+    pub masks: Tensor,
+    /// (num_tasks,) each task's action size, as floats.
+    action_dims: Tensor,
+    /// (num_tasks,).
+    discounts: Tensor,
+}
+
+/// The task of each row of a batch, looked up.
+#[derive(Debug)]
+pub struct TaskRows {
+    /// (B, task_dim).
+    pub emb: Tensor,
+    /// (B, action_dim).
+    pub mask: Tensor,
+    /// (B, 1) each row's own action size.
+    pub action_dims: Tensor,
+    /// (B, 1).
+    pub discount: Tensor,
+}
+
+impl TaskEmbedding {
+    /// Initialised as the official (uniform in ±0.02), from torch's global CPU generator.
+    pub fn new(tasks: &Tasks, action_dim: i64, device: Device) -> Self {
+        let n = tasks.len() as i64;
+        let weight = Tensor::empty([n, tasks.task_dim as i64], (Kind::Float, Device::Cpu))
+            .uniform_(-INIT_RANGE, INIT_RANGE);
+        let columns = Tensor::arange(action_dim, (Kind::Int64, Device::Cpu));
+        let dims: Vec<i64> = tasks.action_dims.iter().map(|&a| a as i64).collect();
+        let dims = Tensor::from_slice(&dims);
+        let masks = columns
+            .unsqueeze(0)
+            .lt_tensor(&dims.unsqueeze(1))
+            .to_kind(Kind::Float);
+        let discounts: Vec<f32> = tasks.discounts.iter().map(|&d| d as f32).collect();
+        Self {
+            weight,
+            masks: masks.to_device(device),
+            action_dims: dims.to_kind(Kind::Float).to_device(device),
+            discounts: Tensor::from_slice(&discounts).to_device(device),
+        }
+    }
+
+    /// The rows of `task` (B,) task ids. As `nn.Embedding(max_norm=1)`, the rows looked up
+    /// are first scaled back to unit norm in place where longer.
+    pub fn rows(&self, task: &Tensor) -> Result<TaskRows> {
+        let task = task.f_to_kind(Kind::Int64)?;
+        tch::no_grad(|| -> Result<()> {
+            let mut weight = self.weight.detach();
+            let _ = weight.f_embedding_renorm_(&task, MAX_NORM, 2.0)?;
+            Ok(())
+        })?;
+        let emb = Tensor::f_embedding(&self.weight, &task, -1, false, false)?;
+        Ok(TaskRows {
+            emb,
+            mask: self.masks.f_index_select(0, &task)?,
+            action_dims: self.action_dims.f_index_select(0, &task)?.unsqueeze(-1),
+            discount: self.discounts.f_index_select(0, &task)?.unsqueeze(-1),
+        })
+    }
+}
+
+impl ParamVisitor for TaskEmbedding {
+    fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
+        f(format!("{prefix}.weight"), &mut self.weight);
+    }
+}
+
+/// `x` (…, B, D) with each row's task embedding appended: (…, B, D + task_dim), the rows'
+/// embeddings repeated over the leading dimensions. Without tasks, `x` itself.
+pub fn with_task(x: &Tensor, task: Option<&TaskRows>) -> Tensor {
+    match task {
+        None => x.shallow_clone(),
+        Some(task) => Tensor::cat(&[x, &expanded(&task.emb, x)], -1),
+    }
+}
+
+/// `cat([z, emb, a], -1)`: the input of the dynamics, reward and Q heads.
+pub fn with_task_and_action(z: &Tensor, a: &Tensor, task: Option<&TaskRows>) -> Tensor {
+    match task {
+        None => Tensor::cat(&[z, a], -1),
+        Some(task) => Tensor::cat(&[z, &expanded(&task.emb, z), a], -1),
+    }
+}
+
+/// `rows` (B, W) broadcast to `like`'s leading dimensions (…, B, ·).
+pub fn expanded(rows: &Tensor, like: &Tensor) -> Tensor {
+    let mut shape = like.size();
+    if let Some(last) = shape.last_mut() {
+        *last = rows.size()[1];
+    }
+    rows.expand(&shape, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tasks() -> Tasks {
+        Tasks {
+            task_dim: 3,
+            action_dims: vec![2, 1, 3],
+            discounts: vec![0.99, 0.95, 0.9],
+        }
+    }
+
+    #[test]
+    fn rows_carry_masks_sizes_and_discounts_and_long_rows_are_renormalised() {
+        let table = TaskEmbedding::new(&tasks(), 3, Device::Cpu);
+        tch::no_grad(|| {
+            let _ = table.weight.get(2).fill_(2.0);
+        });
+        let rows = table.rows(&Tensor::from_slice(&[2i64, 1, 2])).unwrap();
+        let mask = Vec::<f32>::try_from(rows.mask.view([-1])).unwrap();
+        assert_eq!(mask, [1., 1., 1., 1., 0., 0., 1., 1., 1.]);
+        let dims = Vec::<f32>::try_from(rows.action_dims.view([-1])).unwrap();
+        assert_eq!(dims, [3.0, 1.0, 3.0]);
+        let discount = Vec::<f32>::try_from(rows.discount.view([-1])).unwrap();
+        assert_eq!(discount, [0.9, 0.95, 0.9]);
+        let norm = table.weight.get(2).norm().double_value(&[]);
+        assert!((norm - 1.0).abs() < 1e-6, "renormalised in place: {norm}");
+        assert!(
+            table.weight.get(1).norm().double_value(&[]) < 0.1,
+            "short rows stay"
+        );
+    }
+
+    #[test]
+    fn embeddings_are_appended_over_leading_dimensions() {
+        let table = TaskEmbedding::new(&tasks(), 3, Device::Cpu);
+        let rows = table.rows(&Tensor::from_slice(&[0i64, 2])).unwrap();
+        let x = Tensor::ones([4, 2, 5], (Kind::Float, Device::Cpu));
+        let joined = with_task(&x, Some(&rows));
+        assert_eq!(joined.size(), [4, 2, 8]);
+        assert!(joined.get(3).narrow(1, 5, 3).equal(&rows.emb));
+        let a = Tensor::zeros([4, 2, 3], (Kind::Float, Device::Cpu));
+        assert_eq!(with_task_and_action(&x, &a, Some(&rows)).size(), [4, 2, 11]);
+        assert_eq!(with_task_and_action(&x, &a, None).size(), [4, 2, 8]);
+    }
+
+    #[test]
+    fn tasks_are_checked_against_the_action_size() {
+        assert!(tasks().validate(3).is_ok());
+        assert!(tasks().validate(2).is_err(), "a task with 3 actions");
+        let mut no_dim = tasks();
+        no_dim.task_dim = 0;
+        assert!(no_dim.validate(3).is_err());
+    }
+}
