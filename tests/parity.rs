@@ -10,7 +10,8 @@ use tdmpc2::agent::layers::Heads;
 use tdmpc2::agent::task::Tasks;
 use tdmpc2::agent::world_model::QParams;
 use tdmpc2::agent::{
-    import_official, AgentConfig, NoiseKind, Planner, ReplayNoise, UpdateStats, Updater, WorldModel,
+    import_official, AgentConfig, NoiseKind, Planner, ReplayNoise, TaskModel, UpdateStats, Updater,
+    WorldModel,
 };
 use tdmpc2::buffer::Batch;
 
@@ -449,9 +450,14 @@ fn run_plans(
     for &(plan, t0) in plans {
         let mut noise = replay_for_plan(plan, manifest, fixture);
         let obs = get(fixture, &format!("{plan}.obs"));
-        let action = planner
-            .plan(model, obs, t0, false, &mut noise)
-            .expect("plan");
+        let action = match fixture.get(&format!("{plan}.task")) {
+            Some(task) => {
+                let model = TaskModel::new(model, task).expect("task model");
+                planner.plan(&model, obs, t0, false, &mut noise)
+            }
+            None => planner.plan(model, obs, t0, false, &mut noise),
+        }
+        .expect("plan");
         assert_eq!(noise.remaining(), 0, "{plan}: draws left unused");
         let key = format!("{plan}.action");
         report.compare(&key, &key, &action, get(fixture, &key), None);
@@ -477,10 +483,11 @@ fn matches_the_official_implementation() {
 
 /// A multitask model (task embedding with a row past the unit norm, zero-padded observations,
 /// action masks, per-task discounts and entropy scales, samples of three tasks in one batch) in
-/// the components and one update. Its plans (one per task, recorded) wait for the planner.
+/// the components, one update and one plan for each task.
 #[test]
 fn matches_the_official_implementation_with_several_tasks() {
-    check_fixture(MULTITASK, &["update1"], &[]);
+    let plans = [("plan1", true), ("plan2", true), ("plan3", true)];
+    check_fixture(MULTITASK, &["update1"], &plans);
 }
 
 /// An episodic model (termination head, its loss and statistics, terminations in the TD

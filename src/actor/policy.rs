@@ -26,6 +26,13 @@ impl Policy {
         num_envs: usize,
         noise: Box<dyn Noise + Send>,
     ) -> Result<Self> {
+        if config.tasks.is_some() {
+            return Err(Error::Config(
+                "acting with a multitask model needs each environment's task, which the actor \
+                 does not give yet"
+                    .into(),
+            ));
+        }
         Ok(Self {
             model: WorldModel::new(config, device)?,
             planner: Planner::new(config, device, num_envs)?,

@@ -83,6 +83,24 @@ pub struct TaskRows {
     pub discount: Tensor,
 }
 
+impl TaskRows {
+    /// The rows for `n` rows laid out environment-major: each of these B rows repeated n/B
+    /// times (itself when n = B).
+    pub fn for_rows(&self, n: i64) -> TaskRows {
+        let b = self.emb.size()[0];
+        let repeat = |t: &Tensor| match n / b.max(1) {
+            1 => t.shallow_clone(),
+            k => t.repeat_interleave_self_int(k, 0, None),
+        };
+        TaskRows {
+            emb: repeat(&self.emb),
+            mask: repeat(&self.mask),
+            action_dims: repeat(&self.action_dims),
+            discount: repeat(&self.discount),
+        }
+    }
+}
+
 impl TaskEmbedding {
     /// Initialised as the official (uniform in ±0.02), from torch's global CPU generator.
     pub fn new(tasks: &Tasks, action_dim: i64, device: Device) -> Self {
@@ -200,6 +218,13 @@ mod tests {
         let a = Tensor::zeros([4, 2, 3], (Kind::Float, Device::Cpu));
         assert_eq!(with_task_and_action(&x, &a, Some(&rows)).size(), [4, 2, 11]);
         assert_eq!(with_task_and_action(&x, &a, None).size(), [4, 2, 8]);
+        let six = rows.for_rows(6);
+        let discount = Vec::<f32>::try_from(six.discount.view([-1])).unwrap();
+        assert_eq!(
+            discount,
+            [0.99, 0.99, 0.99, 0.9, 0.9, 0.9],
+            "environment-major"
+        );
     }
 
     #[test]

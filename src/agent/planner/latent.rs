@@ -4,8 +4,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::agent::layers::Heads;
 use crate::agent::noise::Noise;
+use crate::agent::task::{self, TaskRows};
 use crate::agent::world_model::{QParams, QReduce, WorldModel};
-use crate::agent::Result;
+use crate::agent::{Error, Result};
 
 /// What planning needs from a model. Latent arguments are (N, Z), or (G, Z) with G < N for G
 /// latents each shared by N/G consecutive rows of the other argument (the first planning step
@@ -31,6 +32,18 @@ pub trait LatentModel {
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor;
     /// Mean of the two Q heads of `pair` (N, 1), without dropout.
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor>;
+    /// Each environment's action mask (E, A) where its task has fewer actions than the model.
+    fn action_mask(&self) -> Option<&Tensor> {
+        None
+    }
+    /// Each environment's discount (E, 1) where they differ by task; `None`: the planner's.
+    fn discount(&self) -> Option<&Tensor> {
+        None
+    }
+    /// Why this model cannot plan as it is (a multitask model without its tasks).
+    fn unusable(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Whether each latent of `z` is shared by several consecutive rows of `other`.
@@ -83,6 +96,98 @@ impl LatentModel for WorldModel {
     }
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor> {
         self.q_value(z, a, None, QParams::Online, pair, QReduce::Avg, None)
+    }
+    fn unusable(&self) -> Option<&'static str> {
+        self.task
+            .is_some()
+            .then_some("a multitask model plans with its environments' tasks (TaskModel)")
+    }
+}
+
+/// A multitask world model planning for E environments, each with its task: every head gets
+/// its rows' task embeddings, and the planner the tasks' action masks and discounts.
+pub struct TaskModel<'m> {
+    model: &'m WorldModel,
+    /// One row per environment.
+    rows: TaskRows,
+}
+
+impl<'m> TaskModel<'m> {
+    /// `task` (E,): each environment's task id.
+    pub fn new(model: &'m WorldModel, task: &Tensor) -> Result<Self> {
+        let rows = model
+            .task_rows(Some(&task.to_device(model.device())))?
+            .ok_or_else(|| Error::Config("task ids given to a single-task model".into()))?;
+        Ok(Self { model, rows })
+    }
+
+    /// `z` (rows, Z) with the task embedding of each row appended.
+    fn with_task(&self, z: &Tensor) -> Tensor {
+        task::with_task(z, Some(&self.rows.for_rows(z.size()[0])))
+    }
+}
+
+impl LatentModel for TaskModel<'_> {
+    fn device(&self) -> Device {
+        self.model.device()
+    }
+    fn obs_dim(&self) -> i64 {
+        self.model.obs_dim
+    }
+    fn latent_dim(&self) -> i64 {
+        self.model.latent_dim
+    }
+    fn action_dim(&self) -> i64 {
+        self.model.action_dim
+    }
+    fn num_q(&self) -> i64 {
+        self.model.q.size
+    }
+    fn encode(&self, obs: &Tensor, noise: &mut dyn Noise) -> Result<Tensor> {
+        self.model.encode(obs, Some(&self.rows), noise)
+    }
+    fn next(&self, z: &Tensor, a: &Tensor) -> Tensor {
+        // The input is [z, emb, a]: a shared latent's [z, emb] is shared as well.
+        if is_shared(z, a) {
+            self.model
+                .dynamics
+                .forward_rollout(&self.with_task(z), &[], a)
+        } else {
+            let rows = self.rows.for_rows(z.size()[0]);
+            self.model.next(z, a, Some(&rows))
+        }
+    }
+    fn rollout_rewards(&self, z0: &Tensor, later: &[Tensor], actions: &Tensor) -> Tensor {
+        let later: Vec<Tensor> = later.iter().map(|z| self.with_task(z)).collect();
+        let logits = self
+            .model
+            .reward
+            .forward_rollout(&self.with_task(z0), &later, actions);
+        self.model.two_hot.decode(&logits)
+    }
+    fn terminal(&self, _steps: &[Tensor]) -> Option<Tensor> {
+        // Multitask models are not episodic (as the official).
+        None
+    }
+    fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor {
+        let rows = self.rows.for_rows(eps.size()[0]);
+        let z = match eps.size()[0] / z.size()[0].max(1) {
+            1 => z.shallow_clone(),
+            k => z.repeat_interleave_self_int(k, 0, None),
+        };
+        self.model.pi_action(&z, eps, Some(&rows))
+    }
+    fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor> {
+        let rows = self.rows.for_rows(z.size()[0]);
+        let (params, reduce) = (QParams::Online, QReduce::Avg);
+        self.model
+            .q_value(z, a, Some(&rows), params, pair, reduce, None)
+    }
+    fn action_mask(&self) -> Option<&Tensor> {
+        Some(&self.rows.mask)
+    }
+    fn discount(&self) -> Option<&Tensor> {
+        Some(&self.rows.discount)
     }
 }
 

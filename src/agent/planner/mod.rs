@@ -19,8 +19,8 @@ use super::layers::Heads;
 use super::noise::Noise;
 use super::world_model::WorldModel;
 use super::{expect_shape, Error, Result};
-pub use latent::LatentModel;
 use latent::Rollout;
+pub use latent::{LatentModel, TaskModel};
 
 /// The planner's settings and the warm-start state of each environment.
 #[derive(Debug)]
@@ -63,13 +63,7 @@ impl Planner {
                 "num_envs must be at least 1 (environments planned for at once)".into(),
             ));
         }
-        if config.tasks.is_some() {
-            return Err(Error::Config(
-                "acting with a multitask model is not supported yet (its planner and policy \
-                 do not take task ids)"
-                    .into(),
-            ));
-        }
+
         let e = num_envs as i64;
         let h = config.horizon as i64;
         let a = config.action_dim as i64;
@@ -129,6 +123,9 @@ impl Planner {
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
         let e = self.num_envs;
+        if let Some(why) = model.unusable() {
+            return Err(Error::Config(format!("cannot plan: {why}")));
+        }
         expect_shape("planner observations", obs, &[e, model.obs_dim()])?;
         if t0.len() as i64 != e {
             return Err(Error::Shape {
@@ -174,8 +171,10 @@ impl Planner {
         let mut policy_rollout = None;
         let mut score = Tensor::zeros([e, k, 1], (Kind::Float, model.device()));
         let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, model.device()));
+        // A task's missing action components stay zero (the official masks them).
+        let mask = model.action_mask().map(|m| m.view([e, 1, a]));
         for _ in 0..self.iterations {
-            self.sample_candidates(&mean, &std, model.device(), noise)?;
+            self.sample_candidates(&mean, &std, mask.as_ref(), model.device(), noise)?;
             let value = self
                 .estimate_value(model, &z, &mut policy_rollout, noise)?
                 .nan_to_num(0.0, None, None)
@@ -188,6 +187,10 @@ impl Planner {
                 false,
             );
             (score, mean, std) = self.refit(&elite_value, &elite_actions);
+            if let Some(mask) = &mask {
+                mean *= mask;
+                std *= mask;
+            }
         }
         let action = self.choose_action(&score, &elite_actions, &std, eval_mode, noise)?;
         self.prev_mean.copy_(&mean);
@@ -241,11 +244,13 @@ impl Planner {
         (mean, std)
     }
 
-    /// Gaussian candidates P..N of every environment around `mean` with `std`, clamped.
+    /// Gaussian candidates P..N of every environment around `mean` with `std`, clamped, and
+    /// masked (`mask` (E, 1, A)) where tasks have fewer actions.
     fn sample_candidates(
         &mut self,
         mean: &Tensor,
         std: &Tensor,
+        mask: Option<&Tensor>,
         device: Device,
         noise: &mut dyn Noise,
     ) -> Result<()> {
@@ -259,7 +264,10 @@ impl Planner {
         let r = noise
             .randn(&[e * h, n - p, a], device)?
             .view([e, h, n - p, a]);
-        let samples = (mean.unsqueeze(2) + std.unsqueeze(2) * r).clamp(-1.0, 1.0);
+        let mut samples = (mean.unsqueeze(2) + std.unsqueeze(2) * r).clamp(-1.0, 1.0);
+        if let Some(mask) = mask {
+            samples *= mask.unsqueeze(2);
+        }
         self.candidates.narrow(2, p, n - p).copy_(&samples);
         Ok(())
     }
@@ -333,7 +341,17 @@ impl Planner {
                 &actions.reshape([h * e * rows, a]),
             )
             .view([h, e * rows, 1]);
-        let mut weights = self.discounts.shallow_clone();
+        let mut weights = match model.discount() {
+            // γ_e^t for each row's environment: (H, E·rows, 1).
+            Some(discount) => {
+                let steps = Tensor::arange(h, (Kind::Float, discount.device())).view([h, 1, 1]);
+                discount
+                    .repeat_interleave_self_int(rows, 0, None)
+                    .unsqueeze(0)
+                    .pow(&steps)
+            }
+            None => self.discounts.shallow_clone(),
+        };
         // done_t: terminated at or before z_t (t = 1..H); the reward at step t counts while
         // z_t is not terminal.
         let terminated = model.terminal(&latents).map(|now| {
@@ -382,16 +400,24 @@ impl Planner {
                 all
             }
         };
-        let discount = (0..self.horizon).fold(1.0, |d, _| d * self.discount);
         let rows = |t: &Tensor| t.reshape([e * n, -1]);
+        // γ^H, the environment's own with tasks.
+        let discounted = |x: Tensor| match model.discount() {
+            Some(discount) => {
+                x * discount
+                    .pow_tensor_scalar(self.horizon)
+                    .repeat_interleave_self_int(n, 0, None)
+            }
+            None => x * (0..self.horizon).fold(1.0, |d, _| d * self.discount),
+        };
         let z = rows(&rollout.latents);
         let eps = noise.randn(&[e * n, self.action_dim], z.device())?;
         let action = model.policy_action(&z, &eps);
         let pair = Heads::random_pair(noise, model.num_q(), z.device())?;
         let q = model.q_avg(&z, &action, &pair)?;
         let bootstrap = match &rollout.terminated {
-            Some(done) => (1.0f64 - rows(done)) * discount * q,
-            None => q * discount,
+            Some(done) => discounted(1.0f64 - rows(done)) * q,
+            None => discounted(q),
         };
         Ok(rows(&rollout.returns) + bootstrap)
     }

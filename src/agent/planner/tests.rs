@@ -313,6 +313,55 @@ fn batched_plan_equals_separate_plans_given_the_same_draws() {
     }
 }
 
+/// Environments of different tasks in one batched plan (task embeddings, action masks and
+/// discounts per environment) equal separate plans of each, given the same draws; a task's
+/// missing action components stay zero; a multitask model refuses to plan without tasks.
+#[test]
+fn environments_of_different_tasks_plan_as_they_would_alone() {
+    let config = AgentConfig {
+        tasks: Some(crate::agent::task::Tasks {
+            task_dim: 4,
+            action_dims: vec![3, 1, 2],
+            discounts: vec![0.99, 0.95, 0.9],
+        }),
+        ..small_config(false)
+    };
+    let model = random_model(&config, 5);
+    let tasks = Tensor::from_slice(&[2i64, 0, 1]);
+    let envs = 3;
+    let mut batched = Planner::new(&config, Device::Cpu, envs).unwrap();
+    let mut noise = RecordingNoise::new(HostNoise::seeded(13));
+    let obs = HostNoise::seeded(14)
+        .randn(&[envs as i64, config.obs_dim as i64], Device::Cpu)
+        .unwrap();
+    let t0 = [true; 3];
+    let plain = batched.plan_batch(&model, &obs, &t0, false, &mut HostNoise::seeded(1));
+    assert!(matches!(plain, Err(Error::Config(_))), "no tasks given");
+    let with_tasks = TaskModel::new(&model, &tasks).unwrap();
+    let actions = batched
+        .plan_batch(&with_tasks, &obs, &t0, false, &mut noise)
+        .unwrap();
+    let zeros = |row: i64, from: i64| {
+        let rest = actions.get(row).narrow(0, from, 3 - from);
+        rest.abs().max().double_value(&[])
+    };
+    assert_eq!((zeros(0, 2), zeros(2, 1)), (0.0, 0.0), "masked components");
+    for (env, mut replay) in split_draws(&noise.draws, envs as i64)
+        .into_iter()
+        .enumerate()
+    {
+        let e = env as i64;
+        let alone = TaskModel::new(&model, &tasks.narrow(0, e, 1)).unwrap();
+        let mut planner = Planner::new(&config, Device::Cpu, 1).unwrap();
+        let action = planner
+            .plan(&alone, &obs.narrow(0, e, 1), true, false, &mut replay)
+            .unwrap();
+        assert_eq!(replay.remaining(), 0, "env {env}: draws left");
+        let diff = (action - actions.get(e)).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6, "env {env}: actions differ by {diff}");
+    }
+}
+
 #[test]
 fn bad_environment_counts_are_errors() {
     let config = small_config(false);
