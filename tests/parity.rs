@@ -542,6 +542,12 @@ fn imports_an_official_checkpoint() {
     imports_an_official_checkpoint_of(STATE);
 }
 
+/// A multitask checkpoint: the task embedding and the action masks come through `import`.
+#[test]
+fn imports_an_official_multitask_checkpoint() {
+    imports_an_official_checkpoint_of(MULTITASK);
+}
+
 /// The convolution weights of a pixel model come through `import` too.
 #[test]
 fn imports_an_official_pixel_checkpoint() {

@@ -607,6 +607,40 @@ mod tests {
     }
 
     #[test]
+    fn multitask_models_keep_their_task_embedding_and_refuse_other_task_lists() {
+        let tasks = |action_dims: Vec<usize>| crate::agent::task::Tasks {
+            task_dim: 4,
+            discounts: vec![0.99; action_dims.len()],
+            action_dims,
+        };
+        let config = AgentConfig {
+            tasks: Some(tasks(vec![2, 1])),
+            ..small_config()
+        };
+        let model = WorldModel::new(&config, Device::Cpu).unwrap();
+        let names: Vec<String> = model.named_tensors().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"_task_emb.weight".to_string()), "{names:?}");
+        assert!(names.contains(&"_action_masks".to_string()));
+        let mut same = WorldModel::new(&config, Device::Cpu).unwrap();
+        same.load_named(model.named_tensors()).unwrap();
+        assert!(same.model_params.flat.equal(&model.model_params.flat));
+        let other = AgentConfig {
+            tasks: Some(tasks(vec![1, 2])),
+            ..small_config()
+        };
+        let err = WorldModel::new(&other, Device::Cpu)
+            .unwrap()
+            .load_named(model.named_tensors())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("_action_masks") && err.contains("task lists"), "{err}");
+        assert!(
+            model.task_rows(None).is_err(),
+            "a multitask model needs task ids"
+        );
+    }
+
+    #[test]
     fn save_and_load_round_trip() {
         tch::manual_seed(2);
         let config = small_config();
