@@ -27,6 +27,28 @@ const BETAS: (f64, f64) = (0.9, 0.999);
 const MODEL_EPS: f64 = 1e-8;
 const POLICY_EPS: f64 = 1e-5;
 
+/// An episodic model's termination loss on the predicted latents ẑ_1..ẑ_H and the official
+/// statistics of the last step (rate, F1); zeros for a model that never terminates.
+fn termination_terms(
+    model: &WorldModel,
+    predicted: &Tensor,
+    terminated: &Tensor,
+) -> (Tensor, Tensor, Tensor) {
+    let Some(head) = model.termination.as_ref() else {
+        let zero = || Tensor::zeros([], (Kind::Float, model.device()));
+        return (zero(), zero(), zero());
+    };
+    let logits = head.forward(predicted);
+    let loss =
+        logits.binary_cross_entropy_with_logits::<Tensor>(terminated, None, None, Reduction::Mean);
+    let last = predicted.size()[0] - 1;
+    let (rate, f1) = super::math::termination_statistics(
+        &logits.get(last).detach().sigmoid(),
+        &terminated.get(last),
+    );
+    (loss, rate, f1)
+}
+
 /// Checks a batch's shapes against the model and horizon; returns the batch size.
 fn batch_size_of(batch: &Batch, model: &WorldModel, horizon: i64) -> Result<i64> {
     let b = *batch.obs.size().get(1).unwrap_or(&0);
@@ -328,25 +350,8 @@ impl Updater {
             .sum_dim_intlist(0, false, Kind::Float);
         let value_loss = (value_per_step * &rho).sum(Kind::Float) / (h * cfg.num_q as i64) as f64;
 
-        let zero = || Tensor::zeros([], (Kind::Float, model.device()));
-        let (termination_loss, termination_rate, termination_f1) = match model.termination.as_ref()
-        {
-            Some(head) => {
-                let logits = head.forward(&predicted);
-                let loss = logits.binary_cross_entropy_with_logits::<Tensor>(
-                    &batch.terminated,
-                    None,
-                    None,
-                    Reduction::Mean,
-                );
-                let (rate, f1) = super::math::termination_statistics(
-                    &logits.get(h - 1).detach().sigmoid(),
-                    &batch.terminated.get(h - 1),
-                );
-                (loss, rate, f1)
-            }
-            None => (zero(), zero(), zero()),
-        };
+        let (termination_loss, termination_rate, termination_f1) =
+            termination_terms(model, &predicted, &batch.terminated);
         let total_loss = &consistency * cfg.consistency_coef
             + &reward_loss * cfg.reward_coef
             + &termination_loss * cfg.termination_coef

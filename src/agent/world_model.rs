@@ -633,7 +633,10 @@ mod tests {
             .load_named(model.named_tensors())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("_action_masks") && err.contains("task lists"), "{err}");
+        assert!(
+            err.contains("_action_masks") && err.contains("task lists"),
+            "{err}"
+        );
         assert!(
             model.task_rows(None).is_err(),
             "a multitask model needs task ids"
