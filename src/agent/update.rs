@@ -60,8 +60,12 @@ fn batch_size_of(batch: &Batch, model: &WorldModel, horizon: i64) -> Result<i64>
     )?;
     expect_shape("batch.reward", &batch.reward, &[horizon, b, 1])?;
     expect_shape("batch.terminated", &batch.terminated, &[horizon, b, 1])?;
+    if let Some(task) = &batch.task {
+        expect_shape("batch.task", task, &[b])?;
+    }
     Ok(b)
 }
+
 /// Losses of one world-model backward pass (device scalars) and the latents for the policy.
 #[derive(Debug)]
 pub struct WorldModelPass {
