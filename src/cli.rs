@@ -151,9 +151,43 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     // The first environment made loads dm_control's renderer for the whole process: rank 0
     // films with save_video.
     let (rank, _) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
-    let env = envs::make_observed(&config.task, config.seed, config.env_options(rank.rank)?)?;
+    let options = config.env_options(rank.rank)?;
+    if config.multitask() {
+        let specs = multitask_specs(&config, options)?;
+        config.resolve_tasks(&specs)?;
+        return Ok(config);
+    }
+    let env = envs::make_observed(&config.task, config.seed, options)?;
     config.resolve(env.spec())?;
     Ok(config)
+}
+
+/// Each task's environment spec, in task-id order; a task that cannot be made is named with
+/// its place in the list.
+fn multitask_specs(config: &Config, options: envs::EnvOptions) -> Result<Vec<envs::EnvSpec>> {
+    let tasks = config.tasks()?;
+    tasks
+        .iter()
+        .enumerate()
+        .map(|(i, task)| {
+            envs::make_observed(task, config.seed, options)
+                .map(|env| env.spec().clone())
+                .map_err(|e| {
+                    let why = if crate::config::MT30[19..].contains(&task.as_str()) {
+                        "it is one of the official custom DMControl tasks, which this build \
+                         does not have yet"
+                            .to_string()
+                    } else {
+                        e.to_string()
+                    };
+                    Error::Config(format!(
+                        "task={}: task {i} of {} ({task}) cannot be made: {why}",
+                        config.task,
+                        tasks.len()
+                    ))
+                })
+        })
+        .collect()
 }
 
 pub fn run(cli: Cli) -> Result<()> {

@@ -301,3 +301,32 @@ fn bench_agent_repeats_must_be_positive() {
     let stderr = rejected(&["bench", "--cases", "agent", "--agent-repeats", "0"]);
     assert!(stderr.contains("--agent-repeats"), "{stderr}");
 }
+
+/// Several tasks resolve against each task's environment (padded observations, each task's
+/// action size); a task of the official lists this build lacks is named with its place.
+#[test]
+fn task_lists_resolve_per_task_and_name_a_missing_task() {
+    let config = job(&["task=[walker-run,cartpole-swingup]"]);
+    assert_eq!(
+        config["task"].as_str(),
+        Some("[walker-run,cartpole-swingup]")
+    );
+    assert_eq!(config["obs_shape"][0].as_u64(), Some(24));
+    let dims: Vec<u64> = config["action_dims"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(serde_yaml_ng::Value::as_u64)
+        .collect();
+    assert_eq!(dims, [6, 1]);
+    assert_eq!(config["task_dim"].as_u64(), Some(64));
+
+    let out = tdmpc2(&["train", "--cfg", "job", "task=mt30"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("task 19 of 30 (walker-walk-backwards) cannot be made")
+            && stderr.contains("official custom DMControl tasks"),
+        "{stderr}"
+    );
+}

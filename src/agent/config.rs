@@ -113,8 +113,27 @@ impl AgentConfig {
             min_std: config.min_std,
             max_std: config.max_std,
             temperature: config.temperature,
-            tasks: None,
+            tasks: Self::tasks_of(config)?,
         })
+    }
+
+    /// A multitask run's tasks: each one's action size and discount (from its episode length).
+    fn tasks_of(config: &crate::config::Config) -> crate::error::Result<Option<Tasks>> {
+        if !config.multitask() {
+            return Ok(None);
+        }
+        let unresolved = || {
+            crate::error::Error::Config(
+                "a multitask config must be resolved against its tasks first".into(),
+            )
+        };
+        let action_dims = config.action_dims.clone().ok_or_else(unresolved)?;
+        let lengths = config.episode_lengths.as_ref().ok_or_else(unresolved)?;
+        Ok(Some(Tasks {
+            task_dim: config.task_dim,
+            action_dims,
+            discounts: lengths.iter().map(|&l| config.discount_for(l)).collect(),
+        }))
     }
 
     /// Width of one bin of the two-hot support (in symlog space).

@@ -3,12 +3,14 @@
 //!
 //! In parts by job: `defaults` (the one source of every default, preset and allowed value),
 //! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks),
-//! `resolve` (fields derived from the task) and `resources` (what the settings need of the
-//! machine). The config reads no other module of the crate.
+//! `resolve` (fields derived from the task), `tasks` (one task or a multitask list) and
+//! `resources` (what the settings need of the machine). The config reads no other module of
+//! the crate.
 mod defaults;
 mod overrides;
 mod resolve;
 mod resources;
+mod tasks;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -22,6 +24,7 @@ use crate::error::{Error, Result};
 pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
+pub use tasks::{is_multitask, task_list, METAWORLD, MT30};
 
 /// Every setting of a run. Field names follow the official TD-MPC2 config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,6 +140,9 @@ pub struct Config {
     pub action_dim: Option<usize>,
     pub episode_length: Option<usize>,
     pub bin_size: Option<f64>,
+    /// Several tasks: each task's action size and episode length, in task-id order.
+    pub action_dims: Option<Vec<usize>>,
+    pub episode_lengths: Option<Vec<usize>>,
 }
 
 /// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`

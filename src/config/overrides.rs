@@ -174,6 +174,10 @@ pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<C
         let inner = error.into_inner().to_string();
         let expected = inner.rsplit(", expected ").next().unwrap_or_default();
         let converted = match tree.get(key.as_str()) {
+            // task=[a, b]: one multitask model, kept as the string `[a,b]`.
+            Some(Value::Sequence(items)) if key == "task" => {
+                super::tasks::list_value(items).map(Value::String)
+            }
             Some(value) => convert(value, expected, raw.get(key.as_str()).copied()),
             None => None,
         };

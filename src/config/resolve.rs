@@ -31,16 +31,8 @@ impl Config {
         }
         let length = spec.episode_length;
         // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
-        let denom = length as f64 / self.discount_denom;
-        // An infinite denominator (a tiny discount_denom) is the limit 1, before clipping.
-        let discount = if denom.is_finite() {
-            (denom - 1.0) / denom
-        } else {
-            1.0
-        };
-        // clip(x, min, max) as max then min: never a panic, even on an unvalidated config.
-        self.discount
-            .get_or_insert(discount.max(self.discount_min).min(self.discount_max));
+        let discount = self.discount_for(length);
+        self.discount.get_or_insert(discount);
         // Every environment finishes an episode before learning starts.
         let all_envs = (self.num_envs * length) as u64;
         self.seed_steps
@@ -71,6 +63,51 @@ impl Config {
         }
         self.check_resources(&Machine::this())?;
         self.check_episode_fits(length)
+    }
+
+    /// Resolves a multitask run against each task's environment (`specs` in task-id order), as
+    /// the official parser: observations padded to the largest, the largest action size, the
+    /// first task's episode length for the rest, and the official `task_dim`.
+    pub fn resolve_tasks(&mut self, specs: &[envs::EnvSpec]) -> Result<()> {
+        let first = specs
+            .first()
+            .ok_or_else(|| Error::Config("a multitask run needs its tasks' environments".into()))?;
+        let widest = specs.iter().map(envs::EnvSpec::obs_dim).max().unwrap_or(0);
+        let largest = specs.iter().map(|s| s.action_dim).max().unwrap_or(0);
+        let padded = envs::EnvSpec {
+            obs_shape: vec![widest],
+            action_dim: largest,
+            episode_length: first.episode_length,
+        };
+        self.resolve(&padded)?;
+        self.task_dim = super::tasks::task_dim(&self.task, self.model_size);
+        self.action_dims = Some(specs.iter().map(|s| s.action_dim).collect());
+        self.episode_lengths = Some(specs.iter().map(|s| s.episode_length).collect());
+        Ok(())
+    }
+
+    /// The official discount of episodes of `length` steps: (L/d − 1)/(L/d) with d =
+    /// `discount_denom`, clipped to [discount_min, discount_max].
+    pub fn discount_for(&self, length: usize) -> f64 {
+        let denom = length as f64 / self.discount_denom;
+        // An infinite denominator (a tiny discount_denom) is the limit 1, before clipping.
+        let discount = if denom.is_finite() {
+            (denom - 1.0) / denom
+        } else {
+            1.0
+        };
+        // clip(x, min, max) as max then min: never a panic, even on an unvalidated config.
+        discount.max(self.discount_min).min(self.discount_max)
+    }
+
+    /// The tasks of the run, in task-id order (one for a single-task run).
+    pub fn tasks(&self) -> Result<Vec<String>> {
+        super::tasks::task_list(&self.task)
+    }
+
+    /// Whether the run trains one multitask model on several tasks.
+    pub fn multitask(&self) -> bool {
+        super::tasks::is_multitask(&self.task)
     }
 
     /// Each rank keeps min(buffer_size, steps / world_size) rows, and an episode of L steps

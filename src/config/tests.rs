@@ -231,3 +231,57 @@ fn pixels_take_the_encoders_latent_and_refuse_any_other() {
         "{e}"
     );
 }
+
+#[test]
+fn several_tasks_resolve_to_one_padded_model_with_each_tasks_sizes() {
+    let mut c = load(&[
+        "task=[walker-run, cartpole-swingup, mw-reach]",
+        "model_size=5",
+    ])
+    .unwrap();
+    assert_eq!(c.task, "[walker-run,cartpole-swingup,mw-reach]");
+    assert!(c.multitask());
+    let spec = |obs, action_dim, episode_length| envs::EnvSpec {
+        obs_shape: vec![obs],
+        action_dim,
+        episode_length,
+    };
+    c.resolve_tasks(&[spec(24, 6, 500), spec(5, 1, 500), spec(39, 4, 100)])
+        .unwrap();
+    assert_eq!(
+        (
+            c.obs_shape.clone(),
+            c.action_dim,
+            c.episode_length,
+            c.task_dim
+        ),
+        (Some(vec![39]), Some(6), Some(500), 64)
+    );
+    assert_eq!(c.action_dims, Some(vec![6, 1, 4]));
+    let agent = crate::agent::AgentConfig::from_config(&c).unwrap();
+    let tasks = agent.tasks.expect("a multitask agent");
+    assert_eq!(tasks.discounts, [0.99, 0.99, 0.95]);
+    assert_eq!(
+        (agent.obs_dim, agent.action_dim, tasks.task_dim),
+        (39, 6, 64)
+    );
+    let mut small = load(&["task=mt30", "model_size=1"]).unwrap();
+    small.resolve_tasks(&[spec(24, 6, 500)]).unwrap();
+    assert_eq!(small.task_dim, 96, "the official rule: 96 at size 1");
+    assert!(load(&[]).unwrap().tasks().unwrap().len() == 1);
+}
+
+#[test]
+fn several_tasks_need_states_and_no_terminations() {
+    let e = error(&["task=[walker-run,cup-catch]", "obs=rgb"]);
+    assert!(
+        e.contains("observes states") && e.contains("2 tasks"),
+        "{e}"
+    );
+    let e = error(&["task=mt30", "episodic=true"]);
+    assert!(e.contains("not episodic"), "{e}");
+    let e = error(&["task=[walker-run]"]);
+    assert!(e.contains("two or more"), "{e}");
+    let e = error(&["task_dim=32"]);
+    assert!(e.contains("task embedding of a multitask model"), "{e}");
+}

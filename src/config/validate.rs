@@ -224,6 +224,17 @@ impl Config {
 
     /// The observation mode and the learning-rate scaling rule.
     fn validate_modes(&self) -> Result<()> {
+        if self.multitask() {
+            let tasks = self.tasks()?;
+            if self.obs_kind()? != envs::ObsKind::State || self.episodic {
+                return Err(Error::Config(format!(
+                    "task={} trains one model on {} tasks, which observes states and is not \
+                     episodic (as the official); use obs=state episodic=false",
+                    self.task,
+                    tasks.len()
+                )));
+            }
+        }
         // The model-size presets leave latent_dim alone with pixels (see `resolve`), so the
         // rule holds as loaded.
         if self.obs_kind()? == envs::ObsKind::Rgb
@@ -444,20 +455,22 @@ impl Config {
     /// defaults are fine, anything else is refused rather than silently ignored.
     fn validate_unsupported(&self) -> Result<()> {
         let defaults = Config::defaults()?;
-        let unsupported = [
-            (
-                "save_agent",
-                self.save_agent.to_string(),
-                defaults.save_agent.to_string(),
-                "checkpoints are always written (save_freq spaces them)",
-            ),
-            (
+        let mut unsupported = vec![(
+            "save_agent",
+            self.save_agent.to_string(),
+            defaults.save_agent.to_string(),
+            "checkpoints are always written (save_freq spaces them)",
+        )];
+        // Several tasks: the official rule sets task_dim when the run is resolved.
+        if !self.multitask() {
+            unsupported.push((
                 "task_dim",
                 self.task_dim.to_string(),
                 defaults.task_dim.to_string(),
-                "it sizes the multitask embedding, and multitask training is not supported",
-            ),
-        ];
+                "it sizes the task embedding of a multitask model (task=mt30, mt80 or \
+                 [task,task,...]), and a single task has none",
+            ));
+        }
         for (key, value, default, why) in unsupported {
             if value != default {
                 return Err(Error::Config(format!(
