@@ -56,6 +56,8 @@ pub struct Episode {
     pub reward: Vec<f32>,
     /// L flags (1.0 where the step terminated the episode).
     pub terminated: Vec<f32>,
+    /// The task it was played in, for a multitask model.
+    pub task: Option<u32>,
 }
 
 impl Episode {
@@ -88,6 +90,9 @@ struct Span {
     /// oldest rows were overwritten has lost the frames its first rows' stacks need.
     #[serde(default)]
     context: usize,
+    /// The episode's task (multitask runs).
+    #[serde(default)]
+    task: Option<u32>,
 }
 
 /// How observations are stored.
@@ -256,6 +261,17 @@ impl ReplayBuffer {
                 self.capacity
             )));
         }
+        if let Some(other) = self
+            .episodes
+            .front()
+            .filter(|s| s.task.is_some() != episode.task.is_some())
+        {
+            return Err(Error::Other(format!(
+                "an episode with task {:?} in a buffer of episodes with task {:?}: a buffer \
+                 holds one task's episodes or every episode's task",
+                episode.task, other.task
+            )));
+        }
         // Row 0 has no action/reward/flag; NaN as in the official buffer (never sampled).
         let mut action = vec![f32::NAN; self.action_dim];
         action.extend_from_slice(&episode.action);
@@ -283,6 +299,7 @@ impl ReplayBuffer {
             start,
             rows,
             context: 0,
+            task: episode.task,
         });
         self.cursor = (start + rows) % self.capacity;
         self.filled = (self.filled + rows).min(self.capacity);
@@ -383,8 +400,10 @@ impl ReplayBuffer {
         let parts = self.layout.lookback() + 1;
         let mut index = vec![0i64; length * batch_size];
         let mut obs_index = vec![0i64; length * batch_size * parts];
+        let mut tasks = Vec::with_capacity(batch_size);
         for b in 0..batch_size {
             let span = eligible[rng.random_range(0..eligible.len())];
+            tasks.extend(span.task.map(i64::from));
             let offset = rng.random_range(span.context..=span.rows - length);
             for t in 0..length {
                 let row = t * batch_size + b;
@@ -411,12 +430,15 @@ impl ReplayBuffer {
             .view([h, b, self.action_dim as i64]);
         let reward = self.reward.index_select(0, &later).view([h, b, 1]);
         let terminated = self.terminated.index_select(0, &later).view([h, b, 1]);
+        // Every episode has its task, or none has (`add` keeps it so).
+        let task =
+            (tasks.len() == batch_size).then(|| Tensor::from_slice(&tasks).to_device(self.device));
         Ok(Batch {
             obs,
             action,
             reward,
             terminated,
-            task: None,
+            task,
         })
     }
 }
@@ -466,6 +488,7 @@ mod tests {
             action: (0..steps).map(|t| base + t as f32).collect(),
             reward: (0..steps).map(|t| base + t as f32 + 0.5).collect(),
             terminated: vec![0.0; steps],
+            task: None,
         }
     }
 
@@ -500,6 +523,47 @@ mod tests {
             }
             assert!(o0 % 100.0 <= 6.0, "slice stays inside its episode");
         }
+    }
+
+    /// Each sampled slice carries its episode's task; a buffer does not mix episodes with and
+    /// without tasks.
+    #[test]
+    fn multitask_slices_carry_their_episodes_task() {
+        let mut buffer =
+            ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        for (base, task) in [(0.0, 2), (100.0, 0), (200.0, 1)] {
+            let played = Episode {
+                task: Some(task),
+                ..episode(base, 9)
+            };
+            buffer.add(&played).unwrap();
+        }
+        // Tasks survive a checkpoint (export, then restore into a fresh buffer).
+        let (tensors, meta) = buffer.export();
+        let meta: BufferMeta =
+            serde_json::from_str(&serde_json::to_string(&meta).unwrap()).unwrap();
+        buffer = ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        buffer.restore(&tensors, meta).unwrap();
+        let batch = buffer.sample(48, 3, &mut Pcg64::seed_from_u64(1)).unwrap();
+        let tasks = Vec::<i64>::try_from(batch.task.expect("a multitask batch")).unwrap();
+        let first_obs = values(&batch.obs.get(0).select(1, 0));
+        for (o0, task) in first_obs.iter().zip(&tasks) {
+            let expected = match (o0 / 100.0) as i64 {
+                0 => 2,
+                1 => 0,
+                _ => 1,
+            };
+            assert_eq!(*task, expected, "slice from {o0}");
+        }
+        assert!(
+            buffer.add(&episode(300.0, 9)).is_err(),
+            "an episode without its task"
+        );
+        let mut single =
+            ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        single.add(&episode(0.0, 9)).unwrap();
+        let batch = single.sample(4, 3, &mut Pcg64::seed_from_u64(1)).unwrap();
+        assert!(batch.task.is_none());
     }
 
     #[test]
@@ -571,6 +635,7 @@ mod tests {
             action: vec![0.0; steps],
             reward: vec![0.0; steps],
             terminated: vec![0.0; steps],
+            task: None,
         }
     }
 

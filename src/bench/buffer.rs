@@ -62,6 +62,7 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             action: vec![0.5; steps * case.action_dim],
             reward: vec![1.0; steps],
             terminated: vec![0.0; steps],
+            task: None,
         };
         // After the episode: what the buffer adds, not the episode handed to it.
         let before = memory_kib("VmRSS")?;

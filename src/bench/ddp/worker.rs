@@ -71,6 +71,7 @@ fn random_episode(rng: &mut Pcg64) -> Episode {
         action: uniform(EPISODE_LENGTH * ACTION_DIM, -1.0),
         reward: uniform(EPISODE_LENGTH, 0.0),
         terminated: vec![0.0; EPISODE_LENGTH],
+        task: None,
     }
 }
 
