@@ -39,6 +39,14 @@ impl ActorSettings {
     /// (environment 0 as a single environment always was). Python environments step in
     /// worker processes when there are several; native ones always in process.
     pub fn from_config(config: &Config, rank: usize) -> Result<Self> {
+        if config.multitask() {
+            return Err(Error::Config(format!(
+                "task={}: training one model on several tasks needs environments of several \
+                 tasks on each rank, which the actor does not have yet (the model, its updates \
+                 and plans, and the replay buffer do)",
+                config.task
+            )));
+        }
         let n = config.num_envs;
         let seeds = (0..n)
             .map(|i| config.seed + (i * config.world_size + rank) as u64)

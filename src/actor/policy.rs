@@ -8,13 +8,15 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::agent::{AgentConfig, Error, Noise, Planner, Result, WorldModel};
+use crate::agent::{AgentConfig, Error, Noise, Planner, Result, TaskModel, WorldModel};
 
 pub struct Policy {
     model: WorldModel,
     planner: Planner,
     noise: Box<dyn Noise + Send>,
     mpc: bool,
+    /// A multitask model's task of each environment (E,), once set.
+    tasks: Option<Tensor>,
 }
 
 impl Policy {
@@ -26,19 +28,32 @@ impl Policy {
         num_envs: usize,
         noise: Box<dyn Noise + Send>,
     ) -> Result<Self> {
-        if config.tasks.is_some() {
-            return Err(Error::Config(
-                "acting with a multitask model needs each environment's task, which the actor \
-                 does not give yet"
-                    .into(),
-            ));
-        }
         Ok(Self {
             model: WorldModel::new(config, device)?,
             planner: Planner::new(config, device, num_envs)?,
             noise,
             mpc: config.mpc,
+            tasks: None,
         })
+    }
+
+    /// Each environment's task (task ids of a multitask model), for every later action.
+    pub fn set_tasks(&mut self, tasks: &[u32]) -> Result<()> {
+        let count = self.model.task.as_ref().map_or(0, |t| t.masks.size()[0]);
+        if count == 0 {
+            return Err(Error::Config(
+                "a single-task policy takes no task ids".into(),
+            ));
+        }
+        if tasks.len() != self.num_envs() || tasks.iter().any(|&t| i64::from(t) >= count) {
+            return Err(Error::Config(format!(
+                "one task id below {count} per environment ({}) is needed, got {tasks:?}",
+                self.num_envs()
+            )));
+        }
+        let ids: Vec<i64> = tasks.iter().map(|&t| i64::from(t)).collect();
+        self.tasks = Some(Tensor::from_slice(&ids).to_device(self.model.device()));
+        Ok(())
     }
 
     pub fn num_envs(&self) -> usize {
@@ -75,12 +90,26 @@ impl Policy {
         let obs = Tensor::from_slice(obs)
             .view([e, obs_dim])
             .to_device(self.model.device());
-        let actions = if self.mpc {
-            self.planner
-                .plan_batch(&self.model, &obs, t0, eval_mode, self.noise.as_mut())?
-        } else {
-            self.planner
-                .act_with_policy_batch(&self.model, &obs, eval_mode, self.noise.as_mut())?
+        let noise = self.noise.as_mut();
+        let actions = match (&self.tasks, self.mpc) {
+            (None, true) => self
+                .planner
+                .plan_batch(&self.model, &obs, t0, eval_mode, noise)?,
+            (Some(tasks), true) => {
+                let model = TaskModel::new(&self.model, tasks)?;
+                self.planner
+                    .plan_batch(&model, &obs, t0, eval_mode, noise)?
+            }
+            (tasks, false) => {
+                let rows = self.model.task_rows(tasks.as_ref())?;
+                self.planner.act_with_policy_batch(
+                    &self.model,
+                    rows.as_ref(),
+                    &obs,
+                    eval_mode,
+                    noise,
+                )?
+            }
         };
         let actions = actions.to_device(Device::Cpu).to_kind(Kind::Float);
         Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
@@ -139,6 +168,43 @@ mod tests {
             Box::new(TorchNoise::global())
         )
         .is_err());
+    }
+
+    /// Each environment acts in its task: the components its task lacks are zero, planning or
+    /// not; a multitask policy needs the tasks first, and they are checked.
+    #[test]
+    fn a_multitask_policy_acts_in_each_environments_task() {
+        for mpc in [true, false] {
+            let config = AgentConfig {
+                tasks: Some(crate::agent::task::Tasks {
+                    task_dim: 4,
+                    action_dims: vec![3, 1],
+                    discounts: vec![0.99, 0.95],
+                }),
+                ..config(mpc)
+            };
+            let mut policy =
+                Policy::new(&config, Device::Cpu, 2, Box::new(TorchNoise::seeded(2))).unwrap();
+            let obs = [0.1f32, -0.2, 0.3, 0.0, 1.0, 0.5, 0.5, -0.5, 0.0, 0.2];
+            assert!(
+                policy.act(&obs, &[true, true], false).is_err(),
+                "no tasks yet"
+            );
+            assert!(policy.set_tasks(&[0, 2]).is_err(), "task 2 of 2");
+            assert!(policy.set_tasks(&[0]).is_err(), "one per environment");
+            policy.set_tasks(&[1, 0]).unwrap();
+            let actions = policy.act(&obs, &[true, true], false).unwrap();
+            assert_eq!(&actions[1..3], &[0.0, 0.0], "environment 0 has one action");
+            assert!(actions[3..].iter().all(|a| a.abs() > 0.0), "{actions:?}");
+        }
+        let mut single = Policy::new(
+            &config(true),
+            Device::Cpu,
+            2,
+            Box::new(TorchNoise::seeded(3)),
+        )
+        .unwrap();
+        assert!(single.set_tasks(&[0, 0]).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tch::{Device, Kind, Tensor};
 use super::config::AgentConfig;
 use super::layers::Heads;
 use super::noise::Noise;
+use super::task::TaskRows;
 use super::world_model::WorldModel;
 use super::{expect_shape, Error, Result};
 use latent::Rollout;
@@ -433,7 +434,7 @@ impl Planner {
     ) -> Result<Tensor> {
         expect_shape("policy observation", obs, &[1, model.obs_dim])?;
         Ok(self
-            .act_with_policy_batch(model, obs, eval_mode, noise)?
+            .act_with_policy_batch(model, None, obs, eval_mode, noise)?
             .get(0))
     }
 
@@ -442,6 +443,7 @@ impl Planner {
     pub fn act_with_policy_batch(
         &mut self,
         model: &WorldModel,
+        task: Option<&TaskRows>,
         obs: &Tensor,
         eval_mode: bool,
         noise: &mut dyn Noise,
@@ -449,9 +451,9 @@ impl Planner {
         let rows = obs.size().first().copied().unwrap_or(0);
         expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
         tch::no_grad(|| {
-            let z = model.encode(obs, None, noise)?;
+            let z = model.encode(obs, task, noise)?;
             let eps = noise.randn(&[rows, self.action_dim], model.device())?;
-            let out = model.pi(&z, &eps, None);
+            let out = model.pi(&z, &eps, task);
             Ok(if eval_mode { out.mean } else { out.action })
         })
     }

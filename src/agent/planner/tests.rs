@@ -388,7 +388,7 @@ fn bad_environment_counts_are_errors() {
         .unwrap();
     assert_eq!(actions.size(), vec![2, 3]);
     let policy = planner
-        .act_with_policy_batch(&model, &obs, true, &mut noise)
+        .act_with_policy_batch(&model, None, &obs, true, &mut noise)
         .unwrap();
     assert_eq!(policy.size(), vec![2, 3]);
 }
