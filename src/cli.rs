@@ -149,9 +149,11 @@ impl RunArgs {
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
     // The first environment made loads dm_control's renderer for the whole process: rank 0
-    // films with save_video.
-    let (rank, _) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
-    let options = config.env_options(rank.rank)?;
+    // films with save_video. A launcher's variables that do not parse are reported when the
+    // rank starts; commands that run no rank need none.
+    let rank = RankInfo::from_env(&config, &|key| std::env::var(key).ok())
+        .map_or(0, |(rank, _)| rank.rank);
+    let options = config.env_options(rank)?;
     if config.multitask() {
         let specs = multitask_specs(&config, options)?;
         config.resolve_tasks(&specs)?;

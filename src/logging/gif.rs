@@ -225,6 +225,11 @@ fn lzw(indices: &[u8]) -> Vec<u8> {
         current = u16::from(index);
     }
     out.put(current, width);
+    // The decoder adds an entry on reading that last code too, and widens if it fills the
+    // width: the end code must be read at the width it then has.
+    if u32::from(next) == 1 << width && width < 12 {
+        width += 1;
+    }
     out.put(END, width);
     out.finish()
 }
@@ -325,6 +330,12 @@ mod tests {
         assert_eq!(unlzw(&lzw(&indices)), indices);
         assert_eq!(unlzw(&lzw(&[])), Vec::<u8>::new());
         assert_eq!(unlzw(&lzw(&[9])), vec![9]);
+        // Every length up to past the first widenings: streams that end exactly where the
+        // decoder widens (its table at 512 or 1024 entries) included.
+        let noise: Vec<u8> = (0..1500).map(|_| noise()).collect();
+        for n in 0..noise.len() {
+            assert_eq!(unlzw(&lzw(&noise[..n])), &noise[..n], "{n} indices");
+        }
     }
 
     #[test]

@@ -132,7 +132,7 @@ impl Worker {
 }
 
 impl Drop for Worker {
-    /// Lets the video being written finish, so that no file is left half written.
+    /// Lets the videos handed over finish, so that no file is left half written.
     fn drop(&mut self) {
         self.jobs = None;
         if let Some(thread) = self.thread.take() {

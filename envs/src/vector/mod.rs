@@ -118,7 +118,8 @@ impl VectorEnv {
             Placement::InProcess => {
                 let envs = seeds
                     .iter()
-                    .map(|&seed| crate::make_observed(task, seed, options))
+                    .enumerate()
+                    .map(|(i, &seed)| crate::make_observed(task, seed, filming(options, i)))
                     .collect::<Result<Vec<_>>>()?;
                 (envs[0].spec().clone(), Backend::InProcess(envs))
             }
@@ -295,7 +296,7 @@ impl VectorEnv {
     }
 
     /// Env i's current image, `size`×`size` where the env can choose (see [`Env::render`]).
-    /// Envs render only when made to ([`EnvOptions::renders`]).
+    /// Envs render only when made to ([`EnvOptions::renders`]); with `videos`, env 0 does.
     pub fn render(&mut self, i: usize, size: usize) -> Result<Frame> {
         self.check_index(i)?;
         match &mut self.backend {
@@ -335,6 +336,14 @@ impl Drop for VectorEnv {
     }
 }
 
+/// Env `i`'s options: videos are filmed in env 0 only, so only it renders for them.
+fn filming(options: EnvOptions, i: usize) -> EnvOptions {
+    EnvOptions {
+        videos: options.videos && i == 0,
+        ..options
+    }
+}
+
 /// Starts `k` workers (at most one per env) and has each build its envs, all at once.
 /// Returns them and, per env, its worker and its index there.
 fn start_workers(
@@ -352,10 +361,11 @@ fn start_workers(
         let envs = w * n / k..(w + 1) * n / k;
         owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
         let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
+        // Worker 0 holds env 0, the one that films.
         let mut init = Encoder::default()
             .str(task)
             .u8(options.obs as u8)
-            .u8(u8::from(options.videos))
+            .u8(u8::from(filming(options, envs.start).videos))
             .u32(envs.len() as u32);
         for &seed in &seeds[envs] {
             init = init.u64(seed);

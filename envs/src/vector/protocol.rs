@@ -176,7 +176,8 @@ pub fn decode_frame(payload: &[u8]) -> io::Result<Frame> {
     let mut d = Decoder(payload);
     let (height, width) = (d.u32()? as usize, d.u32()? as usize);
     let rgb = d.rest().to_vec();
-    if rgb.len() != height * width * 3 {
+    let expected = height.checked_mul(width).and_then(|p| p.checked_mul(3));
+    if expected != Some(rgb.len()) {
         return Err(invalid(format!(
             "{} bytes for a {height}x{width} RGB frame",
             rgb.len()

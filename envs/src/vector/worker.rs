@@ -111,8 +111,13 @@ impl Worker {
             return Err((None, "INIT must come once, with at least one seed".into()));
         }
         for (i, &seed) in seeds.iter().enumerate() {
-            let env = crate::make_observed(&task, seed, EnvOptions { obs, videos })
-                .map_err(|e| (Some(i), e.to_string()))?;
+            // Videos film the parent's env 0, this worker's first when it has it.
+            let options = EnvOptions {
+                obs,
+                videos: videos && i == 0,
+            };
+            let env =
+                crate::make_observed(&task, seed, options).map_err(|e| (Some(i), e.to_string()))?;
             self.envs.push(env);
         }
         Ok(protocol::encode_spec(self.envs[0].spec()))
