@@ -127,6 +127,9 @@ def main(checkout, out_dir, settings):
     sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
     torch.manual_seed(SEED)
     multitask = settings.pop("multitask", False)
+    # Two updates for multitask: the policy loss's gradient of the task embedding is left for
+    # the next world-model step, which only a second update shows.
+    updates = settings.pop("updates", 2 if multitask else 1)
     pixels = settings.get("obs", "rgb") == "rgb" and not multitask
     if multitask:
         frame = (max(o for o, _, _ in MULTITASK.values()),)
@@ -247,15 +250,17 @@ def main(checkout, out_dir, settings):
 
     update_draws = []
     update_args = [batch[k] for k in ("batch.obs", "batch.action", "batch.reward", "batch.terminated")]
-    info, draws = recorder.during("update1", lambda: agent._update(*update_args, task=tasks))
-    for name, kind, value in draws:
-        fixture[name] = value
-        update_draws.append([name, kind, list(value.shape)])
-    for key, value in info.items():
-        fixture[f"update1.info.{key}"] = value.reshape(1).float()
-    for key in weights:
-        fixture[f"update1.param.{key}"] = model.state_dict()[key].detach().clone()
-    fixture["update1.scale"] = agent.scale.value.detach().clone().reshape(-1)[:1]
+    for n in range(1, updates + 1):
+        update = f"update{n}"
+        info, draws = recorder.during(update, lambda: agent._update(*update_args, task=tasks))
+        for name, kind, value in draws:
+            fixture[name] = value
+            update_draws.append([name, kind, list(value.shape)])
+        for key, value in info.items():
+            fixture[f"{update}.info.{key}"] = value.reshape(1).float()
+        for key in weights:
+            fixture[f"{update}.param.{key}"] = model.state_dict()[key].detach().clone()
+        fixture[f"{update}.scale"] = agent.scale.value.detach().clone().reshape(-1)[:1]
 
     plan_draws = []
     for i, task in enumerate(range(len(MULTITASK)) if multitask else [None]):

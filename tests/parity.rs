@@ -483,11 +483,12 @@ fn matches_the_official_implementation() {
 
 /// A multitask model (task embedding with a row past the unit norm, zero-padded observations,
 /// action masks, per-task discounts and entropy scales, samples of three tasks in one batch) in
-/// the components, one update and one plan for each task.
+/// the components, two updates (the second with the policy loss's embedding gradient carried
+/// over) and one plan for each task.
 #[test]
 fn matches_the_official_implementation_with_several_tasks() {
     let plans = [("plan1", true), ("plan2", true), ("plan3", true)];
-    check_fixture(MULTITASK, &["update1"], &plans);
+    check_fixture(MULTITASK, &["update1", "update2"], &plans);
 }
 
 /// An episodic model (termination head, its loss and statistics, terminations in the TD

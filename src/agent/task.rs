@@ -85,9 +85,11 @@ pub struct TaskRows {
 
 impl TaskRows {
     /// The rows for `n` rows laid out environment-major: each of these B rows repeated n/B
-    /// times (itself when n = B).
+    /// times (itself when n = B). `n` is a multiple of B (the planner's rows are groups of
+    /// the environments' rows).
     pub fn for_rows(&self, n: i64) -> TaskRows {
         let b = self.emb.size()[0];
+        debug_assert!(n >= b && n % b.max(1) == 0, "{n} rows for {b} environments");
         let repeat = |t: &Tensor| match n / b.max(1) {
             1 => t.shallow_clone(),
             k => t.repeat_interleave_self_int(k, 0, None),

@@ -441,7 +441,14 @@ impl Updater {
             Kind::Float,
         );
         let pi_loss = (-objective * &self.rho_powers).mean(Kind::Float);
-        let grads = Tensor::f_run_backward(&[&pi_loss], model.policy_params.views(), false, false)?;
+        let mut inputs: Vec<&Tensor> = model.policy_params.views().iter().collect();
+        let task_emb = model.task.as_ref().map(|t| &t.weight);
+        inputs.extend(task_emb);
+        let mut grads = Tensor::f_run_backward(&[&pi_loss], &inputs, false, false)?;
+        if task_emb.is_some() {
+            let emb_grad = grads.pop().expect("the task embedding's gradient");
+            self.carry_task_grad(model, &emb_grad)?;
+        }
         model.policy_params.gather_grads(
             &grads,
             &mut self.policy_grads,
@@ -490,6 +497,25 @@ impl Updater {
         let pi_grad_norm = self.step_policy(model);
         model.soft_update_target(self.config.tau);
         Ok(self.info(&wm, grad_norm, &pi, pi_grad_norm))
+    }
+
+    /// The policy loss's gradient of the task embedding, left for the next world-model step
+    /// as the official code leaves it: its policy optimiser neither steps nor clears the
+    /// embedding, whose gradient then adds to the next update's.
+    fn carry_task_grad(&mut self, model: &WorldModel, grad: &Tensor) -> Result<()> {
+        let (start, end) = model
+            .model_params
+            .range_of(super::task::TASK_EMB)
+            .ok_or_else(|| super::Error::Config("the model has no task embedding".into()))?;
+        tch::no_grad(|| {
+            if !self.model_grads_pending {
+                let _ = self.model_grads.zero_();
+                self.model_grads_pending = true;
+            }
+            let mut slot = self.model_grads.narrow(0, start, end - start);
+            slot += grad.reshape([-1]);
+        });
+        Ok(())
     }
 
     /// Assembles the logged statistics.

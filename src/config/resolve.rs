@@ -66,20 +66,32 @@ impl Config {
     }
 
     /// Resolves a multitask run against each task's environment (`specs` in task-id order), as
-    /// the official parser: observations padded to the largest, the largest action size, the
-    /// first task's episode length for the rest, and the official `task_dim`.
+    /// the official parser: observations padded to the largest, the largest action size, and
+    /// the official `task_dim` (and latent_dim 512 for mt30 at model size 19). The longest
+    /// episode sizes what must hold an episode (seed steps, the buffer); each task keeps its own
+    /// length, and so its discount.
     pub fn resolve_tasks(&mut self, specs: &[envs::EnvSpec]) -> Result<()> {
-        let first = specs
-            .first()
-            .ok_or_else(|| Error::Config("a multitask run needs its tasks' environments".into()))?;
+        let tasks = self.tasks()?;
+        if specs.len() != tasks.len() {
+            return Err(Error::Config(format!(
+                "task={} has {} tasks, but {} environments were given",
+                self.task,
+                tasks.len(),
+                specs.len()
+            )));
+        }
         let widest = specs.iter().map(envs::EnvSpec::obs_dim).max().unwrap_or(0);
         let largest = specs.iter().map(|s| s.action_dim).max().unwrap_or(0);
+        let longest = specs.iter().map(|s| s.episode_length).max().unwrap_or(0);
         let padded = envs::EnvSpec {
             obs_shape: vec![widest],
             action_dim: largest,
-            episode_length: first.episode_length,
+            episode_length: longest,
         };
         self.resolve(&padded)?;
+        if self.task == "mt30" && self.model_size == Some(19) {
+            self.latent_dim = 512;
+        }
         self.task_dim = super::tasks::task_dim(&self.task, self.model_size);
         self.action_dims = Some(specs.iter().map(|s| s.action_dim).collect());
         self.episode_lengths = Some(specs.iter().map(|s| s.episode_length).collect());

@@ -265,9 +265,20 @@ fn several_tasks_resolve_to_one_padded_model_with_each_tasks_sizes() {
         (agent.obs_dim, agent.action_dim, tasks.task_dim),
         (39, 6, 64)
     );
+    let mt30 = vec![spec(24, 6, 500); 30];
     let mut small = load(&["task=mt30", "model_size=1"]).unwrap();
-    small.resolve_tasks(&[spec(24, 6, 500)]).unwrap();
+    small.resolve_tasks(&mt30).unwrap();
     assert_eq!(small.task_dim, 96, "the official rule: 96 at size 1");
+    let mut large = load(&["task=mt30", "model_size=19"]).unwrap();
+    large.resolve_tasks(&mt30).unwrap();
+    assert_eq!((large.task_dim, large.latent_dim), (64, 512));
+    let e = small.resolve_tasks(&mt30[..2]).unwrap_err().to_string();
+    assert!(e.contains("30 tasks, but 2 environments"), "{e}");
+    let mut mixed = load(&["task=[mw-reach,walker-run]"]).unwrap();
+    mixed
+        .resolve_tasks(&[spec(39, 4, 100), spec(24, 6, 500)])
+        .unwrap();
+    assert_eq!(mixed.seed_steps, Some(2500), "the longest episode's");
     assert!(load(&[]).unwrap().tasks().unwrap().len() == 1);
 }
 

@@ -450,6 +450,12 @@ impl Planner {
     ) -> Result<Tensor> {
         let rows = obs.size().first().copied().unwrap_or(0);
         expect_shape("policy observations", obs, &[rows, model.obs_dim])?;
+        if model.task.is_some() != task.is_some() {
+            return Err(Error::Config(
+                "a multitask model acts with its environments' tasks, a single-task one without"
+                    .into(),
+            ));
+        }
         tch::no_grad(|| {
             let z = model.encode(obs, task, noise)?;
             let eps = noise.randn(&[rows, self.action_dim], model.device())?;
