@@ -28,16 +28,11 @@ const SETTINGS: &[&str] = &[
 #[test]
 fn a_state_run_films_each_evaluation_and_eval_films_its_first_episode() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(common::tdmpc2_bin())
-        .arg("train")
-        .args(SETTINGS)
-        .arg(format!("run_dir={}", dir.path().display()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    common::succeeds(
+        Command::new(common::tdmpc2_bin())
+            .arg("train")
+            .args(SETTINGS)
+            .arg(format!("run_dir={}", dir.path().display())),
     );
     let evaluations: Vec<(u64, f64)> = common::metrics(dir.path())
         .iter()
@@ -83,19 +78,14 @@ fn a_state_run_films_each_evaluation_and_eval_films_its_first_episode() {
     let tagged = events.windows(tag.len()).filter(|w| *w == tag).count();
     assert_eq!(tagged, evaluations.len(), "one TensorBoard image a video");
 
-    let eval = Command::new(common::tdmpc2_bin())
-        .current_dir(dir.path())
-        .arg("eval")
-        .args(SETTINGS)
-        .arg(format!("checkpoint={}", dir.path().display()))
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&eval.stdout);
-    assert!(
-        eval.status.success(),
-        "{}",
-        String::from_utf8_lossy(&eval.stderr)
+    let eval = common::succeeds(
+        Command::new(common::tdmpc2_bin())
+            .current_dir(dir.path())
+            .arg("eval")
+            .args(SETTINGS)
+            .arg(format!("checkpoint={}", dir.path().display())),
     );
+    let stdout = String::from_utf8_lossy(&eval.stdout);
     let path = dir.path().join("eval_video/InvertedPendulum-v5-1.gif");
     assert!(
         stdout.contains("eval_video/InvertedPendulum-v5-1.gif"),

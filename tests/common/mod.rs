@@ -84,3 +84,14 @@ pub fn metrics(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
         .map(|line| serde_json::from_str(line).expect("a JSON record"))
         .collect()
 }
+
+/// Runs `command` to its end and returns its output; a failure shows its stderr.
+pub fn succeeds(command: &mut std::process::Command) -> std::process::Output {
+    let out = command.output().expect("the command starts");
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
