@@ -1,11 +1,12 @@
 //! The vector env over `tdmpc2 env-worker` processes: dm_control in a worker steps bit for
-//! bit like in this process, and a killed worker is a clear error within seconds.
+//! bit like in this process, so do the padded environments of a multitask run, and a killed
+//! worker is a clear error within seconds.
 mod common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use envs::{Placement, VectorEnv, WorkerCommand};
+use envs::{Padding, Placement, TaskMix, VectorEnv, WorkerCommand};
 
 fn worker() -> WorkerCommand {
     WorkerCommand::new(common::tdmpc2_bin(), &["env-worker"])
@@ -53,6 +54,67 @@ fn walker_run_in_worker_processes_equals_in_process() {
             .iter()
             .all(|s| s.reward.is_finite() && s.obs.len() == 24));
     }
+}
+
+/// A multitask run's slots: one cycling two tasks, one with a task of its own, padded to
+/// the largest observation (cartpole's 5) and action (reacher's 2).
+#[test]
+fn multitask_slots_in_worker_processes_equal_in_process() {
+    let padding = Some(Padding {
+        obs_dim: 6,
+        action_dim: 2,
+    });
+    let mix = |tasks: &[&str]| TaskMix {
+        tasks: tasks.iter().map(|t| t.to_string()).collect(),
+        padding,
+    };
+    let mixes = [
+        mix(&["cartpole-swingup", "reacher-easy"]),
+        mix(&["Pendulum-v1"]),
+    ];
+    let seeds = [4, 5];
+    let mut local = VectorEnv::mixed(
+        &mixes,
+        envs::ObsKind::State,
+        &seeds,
+        Placement::InProcess,
+        &worker(),
+    )
+    .unwrap();
+    let mut remote = VectorEnv::mixed(
+        &mixes,
+        envs::ObsKind::State,
+        &seeds,
+        Placement::Workers(2),
+        &worker(),
+    )
+    .unwrap();
+    assert_eq!(remote.spec(), local.spec());
+    assert_eq!((local.spec().obs_dim(), local.spec().action_dim), (6, 2));
+    for episode in 0..2 {
+        local.switch_task(0, episode).unwrap();
+        remote.switch_task(0, episode).unwrap();
+        for i in 0..2 {
+            let obs = remote.reset(i, Some(episode as u64)).unwrap();
+            assert_eq!(obs, local.reset(i, Some(episode as u64)).unwrap());
+        }
+        for t in 0..5 {
+            let actions: Vec<f32> = (0..2).flat_map(|i| action(t, i, 2)).collect();
+            let ours = remote.step(&[0, 1], &actions).unwrap();
+            assert_eq!(ours, local.step(&[0, 1], &actions).unwrap());
+            // Cartpole's 5 numbers and one zero; Pendulum's 3 and three zeros.
+            let zeros = |s: &envs::Step, from: usize| s.obs[from..].iter().all(|&x| x == 0.0);
+            assert!(zeros(&ours[1], 3), "{:?}", ours[1].obs);
+            if episode == 0 {
+                assert!(zeros(&ours[0], 5), "{:?}", ours[0].obs);
+            }
+        }
+    }
+    let e = remote.switch_task(1, 1).unwrap_err().to_string();
+    assert!(
+        e.contains("task 1 of an environment that runs 1 tasks"),
+        "{e}"
+    );
 }
 
 #[test]

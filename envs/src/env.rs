@@ -161,6 +161,16 @@ pub trait Env: Send {
                 .into(),
         })
     }
+    /// Which of its tasks the next reset starts (see [`crate::multitask`]); an environment
+    /// of one task has task 0 only.
+    fn switch_task(&mut self, task: usize) -> Result<()> {
+        if task == 0 {
+            return Ok(());
+        }
+        Err(Error::VectorInput(format!(
+            "task {task} of an environment that runs one task"
+        )))
+    }
 }
 
 impl<E: Env + ?Sized> Env for Box<E> {
@@ -175,6 +185,9 @@ impl<E: Env + ?Sized> Env for Box<E> {
     }
     fn render(&mut self, size: usize) -> Result<Frame> {
         (**self).render(size)
+    }
+    fn switch_task(&mut self, task: usize) -> Result<()> {
+        (**self).switch_task(task)
     }
 }
 

@@ -6,6 +6,7 @@ pub mod dmc;
 mod env;
 mod error;
 pub mod gym;
+pub mod multitask;
 pub mod native;
 pub mod np_random;
 mod registry;
@@ -17,5 +18,6 @@ pub use env::{
     VIDEO_SIZE,
 };
 pub use error::{Error, Result};
+pub use multitask::{Padding, TaskMix};
 pub use registry::{known_tasks, make, make_observed};
 pub use vector::{serve_worker, Placement, ReplyLimit, VectorEnv, WorkerCommand};

@@ -1,6 +1,6 @@
-//! Many environments of one task, stepped together: in this process, or spread over worker
-//! processes so that Python environments use several cores instead of queueing on one
-//! interpreter lock.
+//! Many environments of one task (or of a multitask run's tasks, see [`TaskMix`]), stepped
+//! together: in this process, or spread over worker processes so that Python environments
+//! use several cores instead of queueing on one interpreter lock.
 //!
 //! A worker is a process of the program in [`WorkerCommand`] that calls [`serve_worker`]. It
 //! builds its envs with [`crate::make`] (so an env behaves bit for bit as it would in-process)
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use self::process::WorkerProcess;
 use self::protocol::{Encoder, Layout};
-use crate::{Env, EnvOptions, EnvSpec, Error, Frame, ObsKind, Result, Step};
+use crate::{Env, EnvOptions, EnvSpec, Error, Frame, ObsKind, Result, Step, TaskMix};
 
 pub use self::worker::serve_worker;
 
@@ -108,20 +108,44 @@ impl VectorEnv {
         placement: Placement,
         worker: &WorkerCommand,
     ) -> Result<Self> {
+        let mixes = vec![TaskMix::single(task); seeds.len()];
+        Self::mixed(&mixes, options, seeds, placement, worker)
+    }
+
+    /// Env i runs the tasks of `mixes[i]` (a multitask run's slots), made with `seeds[i]`.
+    /// They share one observation and action shape; the spec's episode length is the longest.
+    pub fn mixed(
+        mixes: &[TaskMix],
+        options: impl Into<EnvOptions>,
+        seeds: &[u64],
+        placement: Placement,
+        worker: &WorkerCommand,
+    ) -> Result<Self> {
         let options = options.into();
         if seeds.is_empty() {
             return Err(Error::VectorInput(
                 "no environments: give at least one seed".into(),
             ));
         }
+        if mixes.len() != seeds.len() {
+            return Err(Error::VectorInput(format!(
+                "{} task mixes for {} seeds: give one per environment",
+                mixes.len(),
+                seeds.len()
+            )));
+        }
+        let task = run_name(mixes);
         let (spec, backend) = match placement {
             Placement::InProcess => {
-                let envs = seeds
+                let envs = mixes
                     .iter()
+                    .zip(seeds)
                     .enumerate()
-                    .map(|(i, &seed)| crate::make_observed(task, seed, filming(options, i)))
+                    .map(|(i, (mix, &seed))| mix.make(seed, filming(options, i)))
                     .collect::<Result<Vec<_>>>()?;
-                (envs[0].spec().clone(), Backend::InProcess(envs))
+                let spec = common_spec(envs.iter().map(|e| e.spec()))
+                    .map_err(|(a, b)| different_shapes(&a, &b))?;
+                (spec, Backend::InProcess(envs))
             }
             Placement::Workers(0) => {
                 return Err(Error::VectorInput(
@@ -129,8 +153,8 @@ impl VectorEnv {
                 ))
             }
             Placement::Workers(k) => {
-                let (mut workers, owner) = start_workers(task, options, seeds, k, worker)?;
-                let spec = map_regions(task, &mut workers)?;
+                let (mut workers, owner) = start_workers(&task, mixes, options, seeds, k, worker)?;
+                let spec = map_regions(&task, &mut workers)?;
                 let layout = Layout::new(&spec);
                 let backend = Backend::Workers {
                     workers,
@@ -141,7 +165,7 @@ impl VectorEnv {
             }
         };
         Ok(Self {
-            task: task.into(),
+            task,
             obs: options.obs,
             spec,
             num_envs: seeds.len(),
@@ -151,19 +175,13 @@ impl VectorEnv {
 
     /// Environments already made, stepped in this process (they must share one spec).
     pub fn from_envs(task: &str, envs: Vec<Box<dyn Env>>) -> Result<Self> {
-        let Some(first) = envs.first() else {
+        if envs.is_empty() {
             return Err(Error::VectorInput(
                 "no environments: give at least one".into(),
             ));
-        };
-        let spec = first.spec().clone();
-        if let Some(other) = envs.iter().find(|e| *e.spec() != spec) {
-            return Err(Error::VectorInput(format!(
-                "environments of different shapes: {:?} and {:?}",
-                spec,
-                other.spec()
-            )));
         }
+        let spec = common_spec(envs.iter().map(|e| e.spec()))
+            .map_err(|(a, b)| different_shapes(&a, &b))?;
         Ok(Self {
             task: task.into(),
             obs: ObsKind::State,
@@ -216,6 +234,19 @@ impl VectorEnv {
                 };
                 workers[w].call(protocol::RESET, &command.0)?;
                 Ok(layout.read_obs(workers[w].region(), local))
+            }
+        }
+    }
+
+    /// Makes env i's next reset start its task `task` (an index into its [`TaskMix`]).
+    pub fn switch_task(&mut self, i: usize, task: usize) -> Result<()> {
+        self.check_index(i)?;
+        match &mut self.backend {
+            Backend::InProcess(envs) => envs[i].switch_task(task),
+            Backend::Workers { workers, owner, .. } => {
+                let Slot { worker: w, local } = owner[i];
+                let command = Encoder::default().u32(local as u32).u32(task as u32);
+                workers[w].call(protocol::SWITCH, &command.0).map(|_| ())
             }
         }
     }
@@ -348,6 +379,7 @@ fn filming(options: EnvOptions, i: usize) -> EnvOptions {
 /// Returns them and, per env, its worker and its index there.
 fn start_workers(
     task: &str,
+    mixes: &[TaskMix],
     options: EnvOptions,
     seeds: &[u64],
     k: usize,
@@ -363,17 +395,57 @@ fn start_workers(
         let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
         // Worker 0 holds env 0, the one that films.
         let mut init = Encoder::default()
-            .str(task)
             .u8(options.obs as u8)
             .u8(u8::from(filming(options, envs.start).videos))
             .u32(envs.len() as u32);
-        for &seed in &seeds[envs] {
-            init = init.u64(seed);
+        for (mix, &seed) in mixes[envs.clone()].iter().zip(&seeds[envs]) {
+            init = protocol::encode_mix(init.u64(seed), mix);
         }
         process.send(protocol::INIT, &init.0)?;
         workers.push(process);
     }
     Ok((workers, owner))
+}
+
+/// The run's tasks in the order they first appear, named as a run names them.
+fn run_name(mixes: &[TaskMix]) -> String {
+    let mut tasks: Vec<String> = Vec::new();
+    for task in mixes.iter().flat_map(|m| &m.tasks) {
+        if !tasks.contains(task) {
+            tasks.push(task.clone());
+        }
+    }
+    TaskMix {
+        tasks,
+        padding: None,
+    }
+    .name()
+}
+
+/// The spec the envs share: the same observation and action shapes, the longest episode.
+/// Err: two specs whose shapes differ.
+pub(crate) fn common_spec<'a>(
+    mut specs: impl Iterator<Item = &'a EnvSpec>,
+) -> std::result::Result<EnvSpec, (EnvSpec, EnvSpec)> {
+    let Some(first) = specs.next() else {
+        return Ok(EnvSpec {
+            obs_shape: Vec::new(),
+            action_dim: 0,
+            episode_length: 0,
+        });
+    };
+    let mut common = first.clone();
+    for spec in specs {
+        if (&spec.obs_shape, spec.action_dim) != (&common.obs_shape, common.action_dim) {
+            return Err((common, spec.clone()));
+        }
+        common.episode_length = common.episode_length.max(spec.episode_length);
+    }
+    Ok(common)
+}
+
+fn different_shapes(a: &EnvSpec, b: &EnvSpec) -> Error {
+    Error::VectorInput(format!("environments of different shapes: {a:?} and {b:?}"))
 }
 
 /// Collects the workers' specs (they built their envs concurrently), then sizes and maps
@@ -385,9 +457,9 @@ fn map_regions(task: &str, workers: &mut [WorkerProcess]) -> Result<EnvSpec> {
         let theirs = protocol::decode_spec(&reply);
         let mismatch = match (&theirs, &spec) {
             (Err(e), _) => Some(format!("sent a malformed spec: {e}")),
-            (Ok(theirs), Some(ours)) if theirs != ours => {
-                Some(format!("reports spec {theirs:?}, unlike {ours:?}"))
-            }
+            (Ok(theirs), Some(ours)) => common_spec([ours, theirs].into_iter())
+                .err()
+                .map(|_| format!("reports spec {theirs:?}, unlike {ours:?}")),
             _ => None,
         };
         if let Some(what) = mismatch {
@@ -398,7 +470,10 @@ fn map_regions(task: &str, workers: &mut [WorkerProcess]) -> Result<EnvSpec> {
                 what,
             });
         }
-        spec = theirs.ok();
+        spec = match (spec, theirs.ok()) {
+            (Some(ours), Some(theirs)) => common_spec([&ours, &theirs].into_iter()).ok(),
+            (ours, theirs) => ours.or(theirs),
+        };
     }
     let spec = spec.ok_or_else(|| Error::VectorInput("no worker processes".into()))?;
     let layout = Layout::new(&spec);

@@ -6,9 +6,10 @@
 //! while the other waits for a frame.
 use std::io::{self, Read, Write};
 
-use crate::{EnvSpec, Frame, Step};
+use crate::{EnvSpec, Frame, Padding, Step, TaskMix};
 
-/// Parent -> worker: task and one construction seed per env; the reply carries the spec.
+/// Parent -> worker: observation kind, videos, then one construction seed and [`TaskMix`] per
+/// env; the reply carries the spec.
 pub const INIT: u8 = 1;
 /// Parent -> worker: map the shared region (inherited as [`SHM_FD`]), now sized for the spec.
 pub const MAP: u8 = 2;
@@ -19,6 +20,8 @@ pub const STEP: u8 = 4;
 /// Parent -> worker: render one env at a size; the reply carries the frame (videos only:
 /// pixel observations travel in the shared region like any observation).
 pub const RENDER: u8 = 5;
+/// Parent -> worker: which task of its mix one env's next reset starts.
+pub const SWITCH: u8 = 6;
 /// Worker -> parent: done (after INIT: the spec).
 pub const OK: u8 = 0x80;
 /// Worker -> parent: an env failed: its local index (or [`NO_ENV`]) and the error text.
@@ -34,6 +37,7 @@ pub fn command_name(tag: u8) -> &'static str {
         RESET => "reset",
         STEP => "step",
         RENDER => "render",
+        SWITCH => "switch task",
         _ => "an unknown command",
     }
 }
@@ -139,6 +143,31 @@ impl Decoder<'_> {
     pub fn rest(&mut self) -> &[u8] {
         std::mem::take(&mut self.0)
     }
+}
+
+/// A mix as INIT carries it: its task count and names, then 0, or 1 and the padding.
+pub fn encode_mix(encoder: Encoder, mix: &TaskMix) -> Encoder {
+    let mut encoder = encoder.u32(mix.tasks.len() as u32);
+    for task in &mix.tasks {
+        encoder = encoder.str(task);
+    }
+    match mix.padding {
+        None => encoder.u8(0),
+        Some(p) => encoder.u8(1).u32(p.obs_dim as u32).u32(p.action_dim as u32),
+    }
+}
+
+pub fn decode_mix(d: &mut Decoder<'_>) -> io::Result<TaskMix> {
+    let count = d.u32()?;
+    let tasks = (0..count).map(|_| d.str()).collect::<io::Result<_>>()?;
+    let padding = match d.u8()? {
+        0 => None,
+        _ => Some(Padding {
+            obs_dim: d.u32()? as usize,
+            action_dim: d.u32()? as usize,
+        }),
+    };
+    Ok(TaskMix { tasks, padding })
 }
 
 pub fn encode_spec(spec: &EnvSpec) -> Vec<u8> {

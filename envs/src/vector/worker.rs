@@ -7,7 +7,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder, Encoder, Layout};
-use crate::{Env, EnvOptions, ObsKind, Result};
+use crate::{Env, EnvOptions, ObsKind, Result, TaskMix};
 
 /// Error texts longer than this are cut (a frame must stay small).
 const MAX_ERROR_BYTES: usize = 64 * 1024;
@@ -74,6 +74,7 @@ impl Worker {
             protocol::RESET => self.reset(&mut d).map(|()| Vec::new()),
             protocol::STEP => self.step(&mut d).map(|()| Vec::new()),
             protocol::RENDER => self.render(&mut d),
+            protocol::SWITCH => self.switch_task(&mut d).map(|()| Vec::new()),
             other => Err((None, format!("unknown command {other}"))),
         };
         match outcome {
@@ -95,7 +96,6 @@ impl Worker {
     }
 
     fn init(&mut self, d: &mut Decoder<'_>) -> std::result::Result<Vec<u8>, Failure> {
-        let task = d.str().map_err(malformed)?;
         let obs = match d.u8().map_err(malformed)? {
             0 => ObsKind::State,
             1 => ObsKind::Rgb,
@@ -103,24 +103,41 @@ impl Worker {
         };
         let videos = d.u8().map_err(malformed)? != 0;
         let count = d.u32().map_err(malformed)?;
-        let seeds: Vec<u64> = (0..count)
-            .map(|_| d.u64())
+        let envs: Vec<(u64, TaskMix)> = (0..count)
+            .map(|_| Ok((d.u64()?, protocol::decode_mix(d)?)))
             .collect::<io::Result<_>>()
             .map_err(malformed)?;
-        if !self.envs.is_empty() || seeds.is_empty() {
-            return Err((None, "INIT must come once, with at least one seed".into()));
+        if !self.envs.is_empty() || envs.is_empty() {
+            return Err((None, "INIT must come once, with at least one env".into()));
         }
-        for (i, &seed) in seeds.iter().enumerate() {
+        for (i, (seed, mix)) in envs.iter().enumerate() {
             // Videos film the parent's env 0, this worker's first when it has it.
             let options = EnvOptions {
                 obs,
                 videos: videos && i == 0,
             };
-            let env =
-                crate::make_observed(&task, seed, options).map_err(|e| (Some(i), e.to_string()))?;
+            let env = mix
+                .make(*seed, options)
+                .map_err(|e| (Some(i), e.to_string()))?;
             self.envs.push(env);
         }
-        Ok(protocol::encode_spec(self.envs[0].spec()))
+        let spec = super::common_spec(self.envs.iter().map(|e| e.spec())).map_err(|(a, b)| {
+            (
+                None,
+                format!("environments of different shapes: {a:?} and {b:?}"),
+            )
+        })?;
+        Ok(protocol::encode_spec(&spec))
+    }
+
+    fn switch_task(&mut self, d: &mut Decoder<'_>) -> std::result::Result<(), Failure> {
+        let env = d.u32().map_err(malformed)? as usize;
+        let task = d.u32().map_err(malformed)? as usize;
+        self.envs
+            .get_mut(env)
+            .ok_or((None, format!("no env {env}")))?
+            .switch_task(task)
+            .map_err(|e| (Some(env), e.to_string()))
     }
 
     fn map(&mut self) -> std::result::Result<(), Failure> {
