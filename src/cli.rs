@@ -315,26 +315,34 @@ fn evaluate(config: Config) -> Result<()> {
         Box::new(crate::agent::TorchNoise::global()),
     )?;
     policy.load_file(&weights)?;
-    let env = envs::VectorEnv::observed(
-        &config.task,
-        config.env_options(0)?,
-        &[config.seed],
-        envs::Placement::InProcess,
-        &crate::actor::env_worker_command()?,
-    )?;
-    let mut actor = crate::actor::Actor::new(env, policy, config.episodic)?;
+    // One environment in this process (of every task, in a multitask run).
+    let alone = Config {
+        world_size: 1,
+        num_envs: 1,
+        ..config.clone()
+    };
+    let mut actor = crate::actor::ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
     let group = crate::ddp::ProcessGroup::alone(rank);
     let mut video = Vec::new();
+    let tasks = config.tasks()?;
     let outcome = trainer::evaluate::evaluate(
         &mut actor,
         config.eval_episodes,
+        config.multitask().then_some(tasks.len()),
         config.seed,
         &group,
         config.save_video.then_some(&mut video),
     )?;
-    let trainer::evaluate::Outcome::Done(summary) = outcome else {
+    let trainer::evaluate::Outcome::Done(evaluation) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));
     };
+    let summary = evaluation.overall;
+    for (task, s) in tasks.iter().zip(&evaluation.by_task) {
+        println!(
+            "  {task}: {} episodes, return {:.2} ± {:.2}",
+            s.episodes, s.mean, s.std
+        );
+    }
     if !video.is_empty() {
         let path = std::path::PathBuf::from(crate::logging::VIDEO_DIR).join(format!(
             "{}-{}.gif",
@@ -348,10 +356,18 @@ fn evaluate(config: Config) -> Result<()> {
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
         config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max
     );
-    let line = serde_json::json!({
+    let by_task: serde_json::Map<String, serde_json::Value> = tasks
+        .iter()
+        .zip(&evaluation.by_task)
+        .map(|(task, s)| (task.clone(), serde_json::json!(s.mean)))
+        .collect();
+    let mut line = serde_json::json!({
         "task": config.task, "checkpoint": path, "episodes": summary.episodes,
         "mean": summary.mean, "std": summary.std, "min": summary.min, "max": summary.max,
     });
+    if !by_task.is_empty() {
+        line["by_task"] = by_task.into();
+    }
     println!("{line}");
     Ok(())
 }

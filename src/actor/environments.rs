@@ -2,7 +2,9 @@
 //! `tdmpc2 env-worker` processes.
 use std::time::Duration;
 
-use envs::{EnvOptions, Placement, ReplyLimit, VectorEnv, WorkerCommand};
+use envs::{EnvOptions, Padding, Placement, ReplyLimit, TaskMix, VectorEnv, WorkerCommand};
+
+use super::TaskAssignment;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -32,6 +34,32 @@ pub struct ActorSettings {
     pub env_timeout: Duration,
     /// Whose environments these are, for errors (`rank 1`).
     pub owner: String,
+    /// A multitask run's tasks.
+    pub tasks: Option<ActorTasks>,
+}
+
+/// The tasks of a multitask run's environments on one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActorTasks {
+    /// The run's tasks, by task id.
+    pub names: Vec<String>,
+    pub padding: Padding,
+    pub assignment: TaskAssignment,
+}
+
+impl ActorTasks {
+    /// Environment i's tasks, in the order it plays them.
+    fn mix(&self, env: usize) -> TaskMix {
+        TaskMix {
+            tasks: self
+                .assignment
+                .cycle(env)
+                .iter()
+                .map(|&t| self.names[t as usize].clone())
+                .collect(),
+            padding: Some(self.padding),
+        }
+    }
 }
 
 impl ActorSettings {
@@ -39,19 +67,14 @@ impl ActorSettings {
     /// (environment 0 as a single environment always was). Python environments step in
     /// worker processes when there are several; native ones always in process.
     pub fn from_config(config: &Config, rank: usize) -> Result<Self> {
-        if config.multitask() {
-            return Err(Error::Config(format!(
-                "task={}: training one model on several tasks needs environments of several \
-                 tasks on each rank, which the actor does not have yet (the model, its updates \
-                 and plans, and the replay buffer do)",
-                config.task
-            )));
-        }
         let n = config.num_envs;
         let seeds = (0..n)
             .map(|i| config.seed + (i * config.world_size + rank) as u64)
             .collect();
-        let native = envs::native::TASKS.contains(&config.task.as_str());
+        let names = config.tasks()?;
+        let native = names
+            .iter()
+            .all(|task| envs::native::TASKS.contains(&task.as_str()));
         let workers = match config.env_workers {
             _ if n == 1 || native => 0,
             Some(k) => k,
@@ -69,7 +92,40 @@ impl ActorSettings {
             episodic: config.episodic,
             env_timeout: Duration::from_secs(config.env_timeout),
             owner: format!("rank {rank}"),
+            tasks: Self::tasks(config, names, rank)?,
         })
+    }
+
+    fn tasks(config: &Config, names: Vec<String>, rank: usize) -> Result<Option<ActorTasks>> {
+        if !config.multitask() {
+            return Ok(None);
+        }
+        let unresolved = || Error::Config("the multitask config is not resolved".into());
+        let obs_dim = config
+            .obs_shape
+            .as_ref()
+            .ok_or_else(unresolved)?
+            .iter()
+            .product();
+        let action_dim = config.action_dim.ok_or_else(unresolved)?;
+        let assignment = TaskAssignment::new(names.len(), config.world_size, rank, config.num_envs);
+        Ok(Some(ActorTasks {
+            names,
+            padding: Padding {
+                obs_dim,
+                action_dim,
+            },
+            assignment,
+        }))
+    }
+
+    /// The actor: its environments started, acting with `policy`.
+    pub fn make_actor(&self, policy: super::Policy) -> Result<super::Actor> {
+        let actor = super::Actor::new(self.make_envs()?, policy, self.episodic)?;
+        match &self.tasks {
+            Some(tasks) => actor.with_tasks(tasks.assignment.clone()),
+            None => Ok(actor),
+        }
     }
 
     /// The environments, started.
@@ -80,8 +136,14 @@ impl ActorSettings {
             setting: "env_timeout".into(),
         });
         worker.owner = self.owner.clone();
-        Ok(VectorEnv::observed(
-            &self.task,
+        let mixes: Vec<TaskMix> = (0..self.seeds.len())
+            .map(|i| match &self.tasks {
+                Some(tasks) => tasks.mix(i),
+                None => TaskMix::single(&self.task),
+            })
+            .collect();
+        Ok(VectorEnv::mixed(
+            &mixes,
             self.env,
             &self.seeds,
             self.placement,

@@ -5,6 +5,7 @@
 //! has ended stays paused until the trainer takes the episode and resets it; the trainer
 //! pauses them all before an evaluation or a checkpoint, so those always see every
 //! environment at an episode boundary.
+pub mod assignment;
 pub mod environments;
 pub mod policy;
 
@@ -15,7 +16,8 @@ use envs::{Frame, VIDEO_SIZE};
 
 use crate::buffer::{Episode, ObsLayout};
 use crate::error::{Error, Result};
-pub use environments::{env_worker_command, ActorSettings, ENV_WORKER};
+pub use assignment::TaskAssignment;
+pub use environments::{env_worker_command, ActorSettings, ActorTasks, ENV_WORKER};
 pub use policy::Policy;
 
 /// What one finished episode looked like.
@@ -25,6 +27,8 @@ pub struct EpisodeStats {
     pub length: usize,
     pub success: Option<f64>,
     pub terminated: bool,
+    /// The task of a multitask run's episode.
+    pub task: Option<u32>,
 }
 
 /// One environment's episode in progress.
@@ -35,6 +39,8 @@ struct Slot {
     stats: EpisodeStats,
     /// Before the first episode, and after each episode's last step until the next reset.
     done: bool,
+    /// Episodes started (a multitask run's task cycle follows it).
+    episodes: u64,
 }
 
 pub struct Actor {
@@ -44,6 +50,10 @@ pub struct Actor {
     /// Numbers at the end of each observation that episodes keep (what the buffer stores).
     kept: usize,
     slots: Vec<Slot>,
+    /// A multitask run's tasks, environment by environment.
+    tasks: Option<TaskAssignment>,
+    /// The task each environment plays now (multitask).
+    task_of: Vec<u32>,
 }
 
 /// How a step chooses its actions.
@@ -76,7 +86,70 @@ impl Actor {
             episodic,
             kept,
             slots,
+            tasks: None,
+            task_of: Vec::new(),
         })
+    }
+
+    /// A multitask run's actor: each environment plays the tasks `assignment` gives it (its
+    /// environment holds exactly those, in that order).
+    pub fn with_tasks(mut self, assignment: TaskAssignment) -> Result<Self> {
+        self.task_of = (0..self.slots.len())
+            .map(|i| assignment.cycle(i)[0])
+            .collect();
+        self.policy.set_tasks(&self.task_of)?;
+        self.tasks = Some(assignment);
+        Ok(self)
+    }
+
+    /// Whether environment `env` can play `task` (always, in a single-task run).
+    pub fn plays(&self, env: usize, task: Option<u32>) -> bool {
+        match (&self.tasks, task) {
+            (Some(a), Some(task)) => a.cycle(env).contains(&task),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    /// Episodes started in each environment (what a resumed run continues from).
+    pub fn env_episodes(&self) -> Vec<u64> {
+        self.slots.iter().map(|s| s.episodes).collect()
+    }
+
+    /// Continues from `counts` episodes started in each environment (from a checkpoint).
+    pub fn set_env_episodes(&mut self, counts: &[u64]) -> Result<()> {
+        if counts.len() != self.slots.len() {
+            return Err(Error::Checkpoint(format!(
+                "episode counts of {} environments for {}",
+                counts.len(),
+                self.slots.len()
+            )));
+        }
+        for (slot, &count) in self.slots.iter_mut().zip(counts) {
+            slot.episodes = count;
+        }
+        Ok(())
+    }
+
+    /// Makes environment `env` play `task` from its next reset, for the policy too.
+    fn select_task(&mut self, env: usize, task: u32) -> Result<()> {
+        let assignment = self
+            .tasks
+            .as_ref()
+            .ok_or_else(|| Error::Other(format!("task {task} asked of a single-task actor")))?;
+        let position = assignment
+            .cycle(env)
+            .iter()
+            .position(|&t| t == task)
+            .ok_or_else(|| {
+                Error::Other(format!(
+                    "environment {env} does not hold task {task} (it plays {:?})",
+                    assignment.cycle(env)
+                ))
+            })?;
+        self.envs.switch_task(env, position)?;
+        self.task_of[env] = task;
+        Ok(self.policy.set_tasks(&self.task_of)?)
     }
 
     pub fn num_envs(&self) -> usize {
@@ -115,15 +188,27 @@ impl Actor {
     /// Starts an episode in environment `i`; each episode gets its own seed so that a resumed
     /// run replays it.
     pub fn reset(&mut self, i: usize, seed: u64) -> Result<()> {
+        let task = match &self.tasks {
+            Some(assignment) => Some(assignment.episode(i, self.slots[i].episodes).1),
+            None => None,
+        };
+        if let Some(task) = task {
+            self.select_task(i, task)?;
+        }
         let obs = self.envs.reset(i, Some(seed))?;
         let slot = &mut self.slots[i];
         slot.episode = Episode {
             obs: obs[obs.len() - self.kept..].to_vec(),
+            task,
             ..Episode::default()
         };
         slot.obs = obs;
-        slot.stats = EpisodeStats::default();
+        slot.stats = EpisodeStats {
+            task,
+            ..EpisodeStats::default()
+        };
         slot.done = false;
+        slot.episodes += 1;
         Ok(())
     }
 
@@ -187,6 +272,13 @@ impl Actor {
     }
 }
 
+/// Where an evaluation episode starts: its seed, and a multitask run's task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EvalStart {
+    pub seed: u64,
+    pub task: Option<u32>,
+}
+
 /// The outcome of one evaluation episode.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EvalEpisode {
@@ -197,46 +289,60 @@ pub struct EvalEpisode {
 }
 
 impl Actor {
-    /// Plays one evaluation episode (no exploration noise) in each of the first `seeds.len()`
-    /// environments at once, environment i reset with `seeds[i]`. With `video`, environment
-    /// 0's episode is filmed into it: the first frame, then one after each step. The training
-    /// episodes are not touched: call it with every environment at an episode boundary.
+    /// Plays one evaluation episode (no exploration noise) in each environment i with a
+    /// `starts[i]` (its task one that the environment [`plays`](Self::plays)), all at once.
+    /// With `video`, environment 0's episode is filmed into it: the first frame, then one after
+    /// each step. The training episodes are not touched: call it with every environment at an
+    /// episode boundary.
     pub fn evaluate(
         &mut self,
-        seeds: &[u64],
+        starts: &[Option<EvalStart>],
         mut video: Option<&mut Vec<Frame>>,
-    ) -> Result<Vec<EvalEpisode>> {
+    ) -> Result<Vec<Option<EvalEpisode>>> {
         let (n, a) = (self.slots.len(), self.envs.spec().action_dim);
-        if seeds.len() > n {
+        if starts.len() > n {
             return Err(Error::Other(format!(
                 "{} evaluation episodes at once with {n} environments",
-                seeds.len()
+                starts.len()
             )));
         }
         let obs_dim = self.envs.spec().obs_dim();
         let mut obs = vec![0.0f32; n * obs_dim];
-        for (i, seed) in seeds.iter().enumerate() {
-            let first = self.envs.reset(i, Some(*seed))?;
+        let mut running = Vec::new();
+        for (i, start) in starts.iter().enumerate() {
+            let Some(start) = start else { continue };
+            if let Some(task) = start.task {
+                self.select_task(i, task)?;
+            }
+            let first = self.envs.reset(i, Some(start.seed))?;
             obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
+            running.push(i);
         }
-        if seeds.is_empty() {
+        if running.first() != Some(&0) {
             video = None;
         }
         if let Some(frames) = video.as_deref_mut() {
             frames.push(self.envs.render(0, VIDEO_SIZE)?);
         }
-        let mut results = vec![
-            EvalEpisode {
-                reward: 0.0,
-                length: 0,
-                success: f64::NAN,
-            };
-            seeds.len()
-        ];
-        let mut running: Vec<usize> = (0..seeds.len()).collect();
+        let mut results: Vec<Option<EvalEpisode>> = starts
+            .iter()
+            .map(|s| {
+                s.map(|_| EvalEpisode {
+                    reward: 0.0,
+                    length: 0,
+                    success: f64::NAN,
+                })
+            })
+            .collect();
         while !running.is_empty() {
             let t0: Vec<bool> = (0..n)
-                .map(|i| results.get(i).is_some_and(|r| r.length == 0))
+                .map(|i| {
+                    results
+                        .get(i)
+                        .copied()
+                        .flatten()
+                        .is_some_and(|r| r.length == 0)
+                })
                 .collect();
             let all = self.policy.act(&obs, &t0, true)?;
             let actions: Vec<f32> = running
@@ -246,7 +352,9 @@ impl Actor {
             let steps = self.envs.step(&running, &actions)?;
             let mut still = Vec::with_capacity(running.len());
             for (&i, step) in running.iter().zip(steps) {
-                let result = &mut results[i];
+                let Some(result) = results[i].as_mut() else {
+                    continue;
+                };
                 result.reward += step.reward;
                 result.length += 1;
                 if let Some(s) = step.success {
@@ -272,6 +380,13 @@ mod tests {
     use crate::agent::{AgentConfig, TorchNoise};
     use envs::{Env, EnvSpec, Step};
     use rand::SeedableRng;
+
+    fn starts(seeds: &[u64]) -> Vec<Option<EvalStart>> {
+        seeds
+            .iter()
+            .map(|&seed| Some(EvalStart { seed, task: None }))
+            .collect()
+    }
 
     /// Counts its steps: the observation is the step index; it terminates after `ends_after`
     /// steps (truncation after 10).
@@ -427,7 +542,12 @@ mod tests {
     #[test]
     fn evaluation_plays_several_episodes_at_once_without_touching_training() {
         let mut actor = actor(&[4, 7, 20], true);
-        let results = actor.evaluate(&[5, 6], None).unwrap();
+        let results: Vec<EvalEpisode> = actor
+            .evaluate(&starts(&[5, 6]), None)
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .collect();
         assert_eq!(
             results
                 .iter()
@@ -437,10 +557,24 @@ mod tests {
         );
         assert!(results.iter().all(|r| r.success.is_nan()));
         assert!(
-            actor.evaluate(&[1, 2, 3, 4], None).is_err(),
+            actor.evaluate(&starts(&[1, 2, 3, 4]), None).is_err(),
             "more than num_envs"
         );
         assert_eq!(actor.done(), vec![0, 1, 2], "training slots untouched");
+        let results = actor
+            .evaluate(
+                &[
+                    None,
+                    Some(EvalStart {
+                        seed: 1,
+                        task: None,
+                    }),
+                ],
+                None,
+            )
+            .unwrap();
+        assert_eq!(results[0], None);
+        assert_eq!(results[1].map(|r| r.length), Some(7), "environment 1 alone");
     }
 
     #[test]
@@ -448,13 +582,14 @@ mod tests {
         // Env 0 ends after 4 steps while env 1 plays on to 7: 5 frames, env 0's only.
         let mut actor = actor(&[4, 7], true);
         let mut frames = Vec::new();
-        let results = actor.evaluate(&[5, 6], Some(&mut frames)).unwrap();
-        assert_eq!((results[0].length, results[1].length), (4, 7));
+        let results = actor.evaluate(&starts(&[5, 6]), Some(&mut frames)).unwrap();
+        let length = |i: usize| results[i].map(|r| r.length);
+        assert_eq!((length(0), length(1)), (Some(4), Some(7)));
         let steps: Vec<u8> = frames.iter().map(|f| f.rgb[0]).collect();
         assert_eq!(steps, [0, 1, 2, 3, 4]);
         assert!(frames.iter().all(|f| f.rgb[1] == 1), "env 0, first reset");
         let mut none = Vec::new();
-        actor.evaluate(&[], Some(&mut none)).unwrap();
+        actor.evaluate(&starts(&[]), Some(&mut none)).unwrap();
         assert!(none.is_empty(), "no episode, no video");
     }
 }

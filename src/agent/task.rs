@@ -68,6 +68,9 @@ pub struct TaskEmbedding {
     action_dims: Tensor,
     /// (num_tasks,).
     discounts: Tensor,
+    /// The rows lookups renormalise instead of their own, while set (see
+    /// [`Self::renormalise_as`]).
+    renormalised: Option<Tensor>,
 }
 
 /// The task of each row of a batch, looked up.
@@ -122,7 +125,15 @@ impl TaskEmbedding {
             masks: masks.to_device(device),
             action_dims: dims.to_kind(Kind::Float).to_device(device),
             discounts: Tensor::from_slice(&discounts).to_device(device),
+            renormalised: None,
         }
+    }
+
+    /// Until called again with `None`, every lookup renormalises the rows `ids` instead of
+    /// those it looks up: with several ranks, the union of the rows all ranks look up at that
+    /// point, as one batch of all their samples would, so that the ranks' tables stay equal.
+    pub fn renormalise_as(&mut self, ids: Option<Tensor>) {
+        self.renormalised = ids;
     }
 
     /// The rows of `task` (B,) task ids. As `nn.Embedding(max_norm=1)`, the rows looked up
@@ -131,7 +142,8 @@ impl TaskEmbedding {
         let task = task.f_to_kind(Kind::Int64)?;
         tch::no_grad(|| -> Result<()> {
             let mut weight = self.weight.detach();
-            let _ = weight.f_embedding_renorm_(&task, MAX_NORM, 2.0)?;
+            let rows = self.renormalised.as_ref().unwrap_or(&task);
+            let _ = weight.f_embedding_renorm_(rows, MAX_NORM, 2.0)?;
             Ok(())
         })?;
         let emb = Tensor::f_embedding(&self.weight, &task, -1, false, false)?;

@@ -518,6 +518,41 @@ impl Updater {
         Ok(())
     }
 
+    /// The task embedding's gradient carried to the next world-model step (see
+    /// [`Self::carry_task_grad`]) of a multitask model: a view into the gradient buffer while
+    /// one is carried (an in-place collective lands in it), zeros otherwise.
+    pub fn carried_task_grad(&self, model: &WorldModel) -> Option<Tensor> {
+        let (start, end) = model.model_params.range_of(super::task::TASK_EMB)?;
+        let view = self.model_grads.narrow(0, start, end - start);
+        Some(match self.model_grads_pending {
+            true => view,
+            false => view.zeros_like(),
+        })
+    }
+
+    /// Carries `grad` to the next world-model step, as a checkpoint saved it.
+    pub fn restore_carried_task_grad(&mut self, model: &WorldModel, grad: &Tensor) -> Result<()> {
+        let (start, end) = model
+            .model_params
+            .range_of(super::task::TASK_EMB)
+            .ok_or_else(|| super::Error::Config("the model has no task embedding".into()))?;
+        if grad.numel() as i64 != end - start {
+            return Err(super::Error::Config(format!(
+                "a carried task-embedding gradient of {} numbers for a table of {}",
+                grad.numel(),
+                end - start
+            )));
+        }
+        tch::no_grad(|| {
+            let _ = self.model_grads.zero_();
+            self.model_grads
+                .narrow(0, start, end - start)
+                .copy_(&grad.reshape([-1]).to_device(self.model_grads.device()));
+        });
+        self.model_grads_pending = true;
+        Ok(())
+    }
+
     /// Assembles the logged statistics.
     pub fn info(
         &self,

@@ -35,6 +35,9 @@ pub fn learner_parts(learner: &Learner) -> Parts {
         .into_iter()
         .map(|(name, t)| (name, tensor_crc(t)))
         .collect();
+    if let Some(carried) = updater.carried_task_grad(model) {
+        parts.push(("carried_task_grad", tensor_crc(&carried)));
+    }
     let mut steps = m.step.to_le_bytes().to_vec();
     steps.extend(p.step.to_le_bytes());
     parts.push(("optim_steps", crc32c::crc32c(&steps)));

@@ -36,6 +36,8 @@ pub struct CheckpointSettings {
     pub save_buffer: bool,
     /// `resume`: none, `auto` (the run directory's latest) or a path.
     pub resume: Option<String>,
+    /// Environments per rank (`num_envs`): how many episode counts each rank continues from.
+    pub num_envs: usize,
 }
 
 impl CheckpointSettings {
@@ -45,6 +47,7 @@ impl CheckpointSettings {
             task: config.task.clone(),
             save_buffer: config.save_buffer,
             resume: config.resume.clone(),
+            num_envs: config.num_envs,
         }
     }
 }
@@ -59,6 +62,8 @@ pub struct TrainState {
     pub elapsed: f64,
     /// Updates of the seed-data pretraining already made, when a stop interrupted it.
     pub pretrain_updates: u64,
+    /// Episodes started in each of this rank's environments (empty when not known).
+    pub env_episodes: Vec<u64>,
 }
 
 /// `meta.json`'s format: 2 since checksums are crc32c of bytes and files carry hashes (format
@@ -87,10 +92,16 @@ struct Meta {
     policy_optim_step: u64,
     #[serde(default)]
     pretrain_updates: u64,
+    /// Episodes started in each environment, rank by rank: where each rank's episode seeds
+    /// and a multitask run's task cycles continue.
+    #[serde(default)]
+    env_episodes: Vec<Vec<u64>>,
 }
 
 const MODEL: &str = "model.safetensors";
 const STATE: &str = "state.safetensors";
+/// In `STATE`, a multitask model's task-embedding gradient carried to the next update.
+const CARRIED_TASK_GRAD: &str = "model_optim.carried_task_grad";
 const META: &str = "meta.json";
 
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {

@@ -6,7 +6,7 @@ use tch::Tensor;
 
 use super::{
     buffers_dir, checkpoints_dir, fail, integrity, read_meta, store, verify_files,
-    CheckpointSettings, Meta, TrainState, FORMAT, META, MODEL, STATE,
+    CheckpointSettings, Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
 };
 use crate::agent::AdamState;
 use crate::buffer::BufferMeta;
@@ -69,7 +69,7 @@ pub fn resume(
     let mut header = Tensor::from_slice(&counters.header(status));
     group.broadcast_from_root(&mut header)?;
     let header = Vec::<f64>::try_from(header)?;
-    let meta = match (loaded, header[0] as u8) {
+    let (meta, env_episodes) = match (loaded, header[0] as u8) {
         (Err(e), _) => return Err(e),
         (_, 2) => {
             return Err(Error::Checkpoint(
@@ -77,9 +77,10 @@ pub fn resume(
             ))
         }
         (_, 0) => return Ok(None),
-        (Ok(Some(meta)), _) => Counters::of(&meta),
-        (Ok(None), _) => Counters::from_header(&header),
+        (Ok(Some(meta)), _) => (Counters::of(&meta), meta.env_episodes),
+        (Ok(None), _) => (Counters::from_header(&header), Vec::new()),
     };
+    let env_episodes = share_env_episodes(&env_episodes, settings.num_envs, group)?;
     share_learner_state(
         learner,
         group,
@@ -114,10 +115,39 @@ pub fn resume(
     }
     Ok(Some(TrainState {
         step: meta.global_step / world,
-        episodes: meta.episodes,
+        // A checkpoint that does not say how many each environment started (an older one, or
+        // another world size) continues from rank 0's count.
+        episodes: match env_episodes.is_empty() {
+            true => meta.episodes,
+            false => env_episodes.iter().sum(),
+        },
         elapsed: meta.elapsed,
         pretrain_updates: meta.pretrain_updates,
+        env_episodes,
     }))
+}
+
+/// This rank's row of the checkpoint's episodes per environment, sent by rank 0 (which alone
+/// read it); empty when the checkpoint has no row of `num_envs` for every rank.
+fn share_env_episodes(
+    saved: &[Vec<u64>],
+    num_envs: usize,
+    group: &ProcessGroup,
+) -> Result<Vec<u64>> {
+    let world = group.world_size();
+    let fits = saved.len() == world && saved.iter().all(|row| row.len() == num_envs);
+    let flat: Vec<i64> = match fits {
+        true => saved.iter().flatten().map(|&n| n as i64).collect(),
+        false => vec![-1; world * num_envs],
+    };
+    let mut shared = Tensor::from_slice(&flat);
+    group.broadcast_from_root(&mut shared)?;
+    let flat = Vec::<i64>::try_from(&shared)?;
+    let row = &flat[group.rank() * num_envs..(group.rank() + 1) * num_envs];
+    Ok(match row.iter().any(|&n| n < 0) {
+        true => Vec::new(),
+        false => row.iter().map(|&n| n as u64).collect(),
+    })
 }
 
 /// The counters a resumed run continues from, as rank 0 sends them to the others.
@@ -216,6 +246,9 @@ fn load_on_root(settings: &CheckpointSettings, learner: &mut Learner) -> Result<
         exp_avg_sq: get("policy_optim.exp_avg_sq")?,
     };
     let scale = get("scale")?;
+    if let Ok(carried) = get(CARRIED_TASK_GRAD) {
+        learner.restore_carried_task_grad(&carried)?;
+    }
     let updater = learner.updater_mut();
     updater.model_optim.load_state(&model_state)?;
     updater.policy_optim.load_state(&policy_state)?;
@@ -264,6 +297,11 @@ fn share_learner_state(
     ] {
         // A shallow clone shares the storage: the broadcast lands in the learner's own tensor.
         group.broadcast_from_root(&mut tensor.shallow_clone())?;
+    }
+    if let Some(carried) = learner.updater().carried_task_grad(learner.model()) {
+        let mut carried = carried.copy();
+        group.broadcast_from_root(&mut carried)?;
+        learner.restore_carried_task_grad(&carried)?;
     }
     let updater = learner.updater_mut();
     updater.model_optim.load_state(&AdamState {

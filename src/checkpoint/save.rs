@@ -6,7 +6,7 @@ use tch::Tensor;
 
 use super::{
     buffers_dir, checkpoints_dir, integrity, store, write_json, CheckpointSettings, Meta,
-    TrainState, FORMAT, META, MODEL, STATE,
+    TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
 };
 use crate::agent::AdamState;
 use crate::ddp::ProcessGroup;
@@ -24,6 +24,7 @@ pub fn save(
     // Never a checkpoint of a diverged state: the last one written stays the last good one.
     crate::learner::finite::check_parameters(learner, global_step)?;
     let (parts, checksums) = rank_checksums(learner, group)?;
+    let env_episodes = gather_env_episodes(&state.env_episodes, group)?;
     if settings.save_buffer {
         let (tensors, meta) = learner.buffer().export();
         store::save(
@@ -59,9 +60,13 @@ pub fn save(
         model_optim_step: model_state.step,
         policy_optim_step: policy_state.step,
         pretrain_updates: state.pretrain_updates,
+        env_episodes,
     };
     let mut tensors = optim("model_optim", model_state);
     tensors.extend(optim("policy_optim", policy_state));
+    if let Some(carried) = learner.updater().carried_task_grad(learner.model()) {
+        tensors.push((CARRIED_TASK_GRAD.into(), carried.copy()));
+    }
     tensors.push((
         "scale".into(),
         learner.updater().scale.value().to_device(tch::Device::Cpu),
@@ -80,6 +85,19 @@ pub fn save(
         write_json(&dir.join(META), &meta)
     })?;
     Ok(())
+}
+
+/// Every rank's episodes started in each environment (all ranks have as many).
+fn gather_env_episodes(local: &[u64], group: &ProcessGroup) -> Result<Vec<Vec<u64>>> {
+    if local.is_empty() {
+        return Ok(Vec::new());
+    }
+    let local: Vec<i64> = local.iter().map(|&n| n as i64).collect();
+    let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
+    Ok(all
+        .chunks(local.len().max(1))
+        .map(|row| row.iter().map(|&n| n as u64).collect())
+        .collect())
 }
 
 /// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ

@@ -131,6 +131,24 @@ pub fn is_multitask(task: &str) -> bool {
     matches!(task, "mt30" | "mt80") || task.starts_with('[')
 }
 
+/// Which benchmark a task is from, for the averages a multitask evaluation reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskFamily {
+    DmControl,
+    MetaWorld,
+    Other,
+}
+
+pub fn family(task: &str) -> TaskFamily {
+    if MT30.contains(&task) || envs::dmc::TASKS.contains(&task) {
+        TaskFamily::DmControl
+    } else if METAWORLD.contains(&task) {
+        TaskFamily::MetaWorld
+    } else {
+        TaskFamily::Other
+    }
+}
+
 /// The official task-embedding width: 96 for mt80 or model sizes 1 and 317, else 64.
 pub fn task_dim(task: &str, model_size: Option<u32>) -> usize {
     if task == "mt80" || matches!(model_size, Some(1) | Some(317)) {

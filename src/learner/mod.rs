@@ -12,13 +12,13 @@ pub mod finite;
 use std::time::Instant;
 
 use rand_pcg::Pcg64;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use crate::agent::{AgentConfig, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
 use crate::buffer::{Batch, BufferSettings, Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a learner is built from, taken once from the resolved config.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,6 +129,11 @@ impl<'g> Learner<'g> {
         &self.updater
     }
 
+    /// Carries a checkpoint's task-embedding gradient into the next update (multitask).
+    pub fn restore_carried_task_grad(&mut self, grad: &Tensor) -> Result<()> {
+        Ok(self.updater.restore_carried_task_grad(&self.model, grad)?)
+    }
+
     pub fn updater_mut(&mut self) -> &mut Updater {
         &mut self.updater
     }
@@ -202,8 +207,10 @@ impl<'g> Learner<'g> {
             )?);
         }
         let micro = batches.len() as f64;
+        let unions = task_unions(group, model, batches)?;
         let mut passes = Vec::with_capacity(batches.len());
-        for batch in batches {
+        for (batch, union) in batches.iter().zip(&unions) {
+            renormalise_as(model, union);
             passes.push(learner.world_model_backward(
                 model,
                 batch,
@@ -226,7 +233,8 @@ impl<'g> Learner<'g> {
             gathered
         };
         let mut policy_passes = Vec::with_capacity(passes.len());
-        for pass in &passes {
+        for (pass, union) in passes.iter().zip(&unions) {
+            renormalise_as(model, union);
             policy_passes.push(learner.policy_backward(
                 model,
                 &pass.latents,
@@ -235,6 +243,12 @@ impl<'g> Learner<'g> {
                 batch_noise.as_mut(),
                 &mut gather,
             )?);
+        }
+        renormalise_as(model, &None);
+        // The embedding gradient each rank's policy loss leaves for the next step, averaged
+        // now: every rank carries the same (and a checkpoint holds it).
+        if let Some(mut carried) = learner.carried_task_grad(model) {
+            group.all_reduce_mean(&mut carried)?;
         }
         self.comm.other += gather_seconds;
         let started = Instant::now();
@@ -250,6 +264,38 @@ impl<'g> Learner<'g> {
         group.all_reduce_mean(&mut info.values)?;
         self.comm.other += started.elapsed().as_secs_f64();
         Ok(info)
+    }
+}
+
+/// A multitask model on several ranks: for each micro-batch, the tasks any rank's holds (one
+/// collective for all). Otherwise nothing: each lookup renormalises its own rows.
+fn task_unions(
+    group: &ProcessGroup,
+    model: &WorldModel,
+    batches: &[Batch],
+) -> Result<Vec<Option<Tensor>>> {
+    let (Some(table), true) = (&model.task, group.world_size() > 1) else {
+        return Ok(batches.iter().map(|_| None).collect());
+    };
+    let (tasks, device) = (table.weight.size()[0], model.device());
+    let mut seen = Tensor::zeros([batches.len() as i64, tasks], (Kind::Float, device));
+    for (i, batch) in batches.iter().enumerate() {
+        let ids = batch.task.as_ref().ok_or_else(|| {
+            Error::Config("a multitask model needs the task of every sample".into())
+        })?;
+        let _ = seen
+            .get(i as i64)
+            .index_fill_(0, &ids.to_device(device).to_kind(Kind::Int64), 1.0);
+    }
+    group.all_reduce_mean(&mut seen)?;
+    Ok((0..batches.len() as i64)
+        .map(|i| Some(seen.get(i).gt(0.0).nonzero().view([-1])))
+        .collect())
+}
+
+fn renormalise_as(model: &mut WorldModel, union: &Option<Tensor>) {
+    if let Some(table) = model.task.as_mut() {
+        table.renormalise_as(union.as_ref().map(Tensor::shallow_clone));
     }
 }
 

@@ -47,6 +47,18 @@ pub fn console_line(record: &Record) -> String {
     if let Some(sps) = v("steps_per_second") {
         line += &format!("  SPS: {sps:.1}");
     }
+    // A multitask evaluation: one line per task (and average), as the official prints them.
+    for (key, value) in &record.values {
+        let Some((what, task)) = key.split_once('+') else {
+            continue;
+        };
+        match what {
+            "episode_reward" => line += &format!("\n  {task:<28}  R: {value:.1}"),
+            "episode_success" => line += &format!("\n  {task:<28}  S: {value:.2}"),
+            "episode_score" => line += &format!("\n  {:<28}  {value:.1}", "normalized score"),
+            _ => {}
+        }
+    }
     line
 }
 
@@ -64,6 +76,20 @@ mod tests {
         assert!(line.starts_with("eval"), "{line}");
         assert!(
             line.contains("I: 6000") && line.contains("R: 512.3") && line.contains("T: 1:02:05"),
+            "{line}"
+        );
+        let line = console_line(
+            &r.with("episode_reward+walker-run", 20.5)
+                .with("episode_score+normalized", 2.05),
+        );
+        let lines: Vec<&str> = line.lines().collect();
+        assert_eq!(lines.len(), 3, "{line}");
+        assert!(
+            lines[1].contains("normalized score") && lines[1].ends_with("2.0"),
+            "{line}"
+        );
+        assert!(
+            lines[2].contains("walker-run") && lines[2].ends_with("R: 20.5"),
             "{line}"
         );
     }

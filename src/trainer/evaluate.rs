@@ -1,12 +1,12 @@
-//! Evaluation: each rank plays its share of `eval_episodes` in eval mode; the returns are
-//! gathered so that rank 0 reports over all episodes. A stop request is checked before each
+//! Evaluation: each rank plays its share of `eval_episodes` (of each task, in a multitask run)
+//! in eval mode; the returns are gathered so that rank 0 reports over all episodes and by task. A stop request is checked before each
 //! round-robin slot, on every rank (also one with no episode left in that slot), so the
 //! collective check lines up across ranks.
 use envs::Frame;
 use tch::{Kind, Tensor};
 
 use super::stop::StopRequest;
-use crate::actor::Actor;
+use crate::actor::{Actor, EvalStart, TaskAssignment};
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
 
@@ -22,66 +22,176 @@ pub struct EvalSummary {
     pub success: Option<f64>,
 }
 
+/// An evaluation's summary over all episodes and, in a multitask run, task by task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    pub overall: EvalSummary,
+    /// By task id; empty in a single-task run.
+    pub by_task: Vec<EvalSummary>,
+}
+
 /// How many of `total` episodes rank `rank` of `world_size` plays (round robin).
 pub fn share(total: usize, rank: usize, world_size: usize) -> usize {
     (total + world_size - 1 - rank) / world_size
 }
 
 /// What an evaluation ended with.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    Done(EvalSummary),
+    Done(Evaluation),
     /// A stop was requested between episodes (agreed by every rank at the same slot).
     Stopped(StopRequest),
 }
 
+/// Which episodes each rank plays and in which of its environments.
+struct Plan {
+    /// This rank's episodes: their tasks (None in a single-task run), in seed order.
+    jobs: Vec<Option<u32>>,
+    /// Rounds of episodes played at once: per environment, the index of its job.
+    rounds: Vec<Vec<Option<usize>>>,
+    /// The most rounds and the most episodes of any rank (equal on every rank).
+    most_rounds: usize,
+    most_jobs: usize,
+}
+
+impl Plan {
+    /// `episodes` in all (of each task when `tasks` is the number of a multitask run's
+    /// tasks). A single task's are dealt round robin; a task's go round robin to the ranks
+    /// whose environments play it ([`TaskAssignment`]), and each plays them in environments
+    /// that hold the task.
+    fn new(episodes: usize, tasks: Option<usize>, rank: usize, world: usize, envs: usize) -> Self {
+        let assignments: Vec<Option<TaskAssignment>> = (0..world)
+            .map(|r| tasks.map(|t| TaskAssignment::new(t, world, r, envs)))
+            .collect();
+        let plays = |r: usize, env: usize, task: Option<u32>| match (&assignments[r], task) {
+            (Some(a), Some(task)) => a.cycle(env).contains(&task),
+            _ => true,
+        };
+        let jobs_of = |r: usize| -> Vec<Option<u32>> {
+            let Some(tasks) = tasks else {
+                return vec![None; share(episodes, r, world)];
+            };
+            let mut jobs = Vec::new();
+            for task in 0..tasks as u32 {
+                let holders: Vec<usize> = (0..world)
+                    .filter(|&h| (0..envs).any(|env| plays(h, env, Some(task))))
+                    .collect();
+                let mine = (0..episodes)
+                    .filter(|e| holders[e % holders.len()] == r)
+                    .count();
+                jobs.extend(std::iter::repeat_n(Some(task), mine));
+            }
+            jobs
+        };
+        let rounds_of = |r: usize, jobs: &[Option<u32>]| {
+            let mut pending: Vec<usize> = (0..jobs.len()).collect();
+            let mut rounds = Vec::new();
+            while !pending.is_empty() {
+                let round: Vec<Option<usize>> = (0..envs)
+                    .map(|env| {
+                        let at = pending.iter().position(|&j| plays(r, env, jobs[j]))?;
+                        Some(pending.remove(at))
+                    })
+                    .collect();
+                rounds.push(round);
+            }
+            rounds
+        };
+        let (mut most_rounds, mut most_jobs) = (0, 0);
+        let mut mine = None;
+        for r in 0..world {
+            let jobs = jobs_of(r);
+            let rounds = rounds_of(r, &jobs);
+            most_rounds = most_rounds.max(rounds.len());
+            most_jobs = most_jobs.max(jobs.len());
+            if r == rank {
+                mine = Some((jobs, rounds));
+            }
+        }
+        let (jobs, rounds) = mine.unwrap_or_default();
+        Self {
+            jobs,
+            rounds,
+            most_rounds,
+            most_jobs,
+        }
+    }
+}
+
 /// Plays this rank's share, as many episodes at once as the actor has environments, and
 /// gathers every rank's results, unless a stop is requested (checked before each round of
-/// episodes, the same number of times on every rank). With `video`, this rank's first
-/// episode is filmed into it.
+/// episodes, the same number of times on every rank). `episodes` is the number of
+/// episodes, of each task in a multitask run of `tasks` tasks. With `video`, this rank's
+/// first episode is filmed into it.
 pub fn evaluate(
     actor: &mut Actor,
-    total: usize,
+    episodes: usize,
+    tasks: Option<usize>,
     seed: u64,
     group: &ProcessGroup,
     mut video: Option<&mut Vec<Frame>>,
 ) -> Result<Outcome> {
     let (rank, world) = (group.rank(), group.world_size());
-    let slots = total.div_ceil(world);
-    // One row per slot: return, length, success (NaN when the task has none), played (0/1).
-    let mut rows = vec![f64::NAN; slots * 4];
-    let mine = share(total, rank, world);
-    let at_once = actor.num_envs();
-    for first in (0..slots).step_by(at_once) {
+    let plan = Plan::new(episodes, tasks, rank, world, actor.num_envs());
+    // One row per episode: return, length, success (NaN when the task has none), played
+    // (0/1), task (-1 for none).
+    let mut rows = vec![f64::NAN; plan.most_jobs.max(1) * COLUMNS];
+    for round in 0..plan.most_rounds {
         if let Some(request) = super::stop::requested(group)? {
             return Ok(Outcome::Stopped(request));
         }
-        let round: Vec<usize> = (first..slots.min(first + at_once))
-            .filter(|&slot| slot < mine)
-            .collect();
-        let seeds: Vec<u64> = round
+        let Some(jobs) = plan.rounds.get(round) else {
+            continue;
+        };
+        let starts: Vec<Option<EvalStart>> = jobs
             .iter()
-            .map(|&slot| (seed + slot as u64) & 0xffff_ffff)
+            .map(|job| {
+                job.map(|j| EvalStart {
+                    seed: (seed + j as u64) & 0xffff_ffff,
+                    task: plan.jobs[j],
+                })
+            })
             .collect();
-        for (slot, episode) in round.iter().zip(actor.evaluate(&seeds, video.take())?) {
-            rows[slot * 4..slot * 4 + 4].copy_from_slice(&[
+        for (job, episode) in jobs.iter().zip(actor.evaluate(&starts, video.take())?) {
+            let (Some(j), Some(episode)) = (job, episode) else {
+                continue;
+            };
+            let task = plan.jobs[*j].map_or(-1.0, f64::from);
+            rows[j * COLUMNS..(j + 1) * COLUMNS].copy_from_slice(&[
                 episode.reward,
                 episode.length as f64,
                 episode.success,
                 1.0,
+                task,
             ]);
         }
     }
     let local = Tensor::from_slice(&rows)
         .to_kind(Kind::Double)
-        .view([slots as i64, 4]);
+        .view([-1, COLUMNS as i64]);
     let all = group.all_gather(&local)?;
     let all = Vec::<f64>::try_from(all.flatten(0, -1))?;
-    Ok(Outcome::Done(summarize(&all)))
+    let by_task = (0..tasks.unwrap_or(0))
+        .map(|t| {
+            let rows: Vec<f64> = all
+                .chunks(COLUMNS)
+                .filter(|r| r[4] == t as f64)
+                .flatten()
+                .copied()
+                .collect();
+            summarize(&rows)
+        })
+        .collect();
+    Ok(Outcome::Done(Evaluation {
+        overall: summarize(&all),
+        by_task,
+    }))
 }
 
+const COLUMNS: usize = 5;
+
 fn summarize(rows: &[f64]) -> EvalSummary {
-    let played: Vec<&[f64]> = rows.chunks(4).filter(|r| r[3] == 1.0).collect();
+    let played: Vec<&[f64]> = rows.chunks(COLUMNS).filter(|r| r[3] == 1.0).collect();
     let n = played.len().max(1) as f64;
     let returns: Vec<f64> = played.iter().map(|r| r[0]).collect();
     let mean = returns.iter().sum::<f64>() / n;
@@ -121,7 +231,9 @@ mod tests {
     #[test]
     fn summary_ignores_unplayed_slots() {
         let nan = f64::NAN;
-        let rows = [1.0, 10.0, nan, 1.0, 3.0, 10.0, nan, 1.0, nan, nan, nan, nan];
+        let rows = [
+            1.0, 10.0, nan, 1.0, -1.0, 3.0, 10.0, nan, 1.0, -1.0, nan, nan, nan, nan, nan,
+        ];
         let s = summarize(&rows);
         assert_eq!(
             (s.episodes, s.mean, s.std, s.min, s.max),

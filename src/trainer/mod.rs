@@ -3,8 +3,12 @@
 //! global-step points shared by all ranks.
 //!
 //! `steps`, `eval_freq` and `save_freq` count global agent steps; each rank runs
-//! `steps / world_size` of them. Evaluation and checkpoints happen at the first episode end at
-//! or after each multiple of their frequency, the way the official trainer evaluates.
+//! `steps / world_size` of them, `num_envs` per vector step. Evaluation and checkpoints happen
+//! at the first episode end at or after each multiple of their frequency, the way the official
+//! trainer evaluates; with episodes of different lengths across ranks (a multitask run, or
+//! early terminations) the ranks agree on the first vector step where every environment of
+//! every rank is at an episode end. An environment waiting for that point still counts its
+//! steps, so that all ranks keep one step count.
 pub mod evaluate;
 pub mod lock;
 pub mod pipeline;
@@ -35,7 +39,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     while training.running() {
         // Evaluations and checkpoints wait until every environment ends its episode, and see
         // no update in flight.
-        let checkpoint_point = training.begin_step();
+        let checkpoint_point = training.begin_step()?;
         if checkpoint_point {
             training.drain_pipeline()?;
             training.evaluate_if_due()?;
@@ -46,9 +50,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         }
         training.reset_finished_environments()?;
         training.stop_if_requested()?;
-        let stepped = training.act()?;
-        training.learn(stepped)?;
-        training.advance(stepped);
+        training.act()?;
+        training.learn()?;
+        training.advance();
     }
     training.finish()
 }

@@ -7,16 +7,18 @@ use std::time::Instant;
 use envs::Frame;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::evaluate::EvalSummary;
+use super::evaluate::{EvalSummary, Evaluation};
 use crate::actor::EpisodeStats;
 use crate::agent::UpdateStats;
-use crate::config::Config;
+use crate::config::{family, Config, TaskFamily};
 use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
 
 pub(super) struct Report {
     logger: Logger,
     progress: Option<ProgressBar>,
+    /// A multitask run's tasks, by task id (empty for one task).
+    tasks: Vec<String>,
 }
 
 impl Report {
@@ -30,16 +32,26 @@ impl Report {
         let progress = std::io::stderr()
             .is_terminal()
             .then(|| progress_bar(config.steps));
-        Ok(Self { logger, progress })
+        let tasks = if config.multitask() {
+            config.tasks()?
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            logger,
+            progress,
+            tasks,
+        })
     }
 
     pub(super) fn evaluation(
         &mut self,
         global_step: u64,
-        summary: &EvalSummary,
+        evaluation: &Evaluation,
         episodes: u64,
         clock: &Clock,
     ) -> Result<()> {
+        let summary = &evaluation.overall;
         let mut record = Record::new(Phase::Eval, global_step)
             .with("episode_reward", summary.mean)
             .with("episode_reward_std", summary.std)
@@ -52,6 +64,9 @@ impl Report {
             .with("steps_per_second", clock.rate(global_step));
         if let Some(s) = summary.success {
             record = record.with("episode_success", s);
+        }
+        for (key, value) in by_task(&self.tasks, &evaluation.by_task) {
+            record = record.with(&key, value);
         }
         self.log(&record)
     }
@@ -153,4 +168,46 @@ impl Clock {
             (step - from) as f64 * world_size as f64 / since.elapsed().as_secs_f64().max(1e-9)
         })
     }
+}
+
+/// A multitask evaluation's values by task, under the official keys: each task's return
+/// (`episode_reward+<task>`) and success, the DMControl and Meta-World averages
+/// (`episode_reward+avg_dmcontrol`, `episode_reward+avg_metaworld`,
+/// `episode_success+avg_metaworld`), and the normalised score of the TD-MPC2 paper
+/// (`episode_score+normalized`: DMControl return / 10 and Meta-World success × 100, averaged
+/// over the tasks of those two families).
+fn by_task(tasks: &[String], summaries: &[EvalSummary]) -> Vec<(String, f64)> {
+    let mut values = Vec::new();
+    let (mut dmc, mut mw_reward, mut mw_success, mut scores) = (vec![], vec![], vec![], vec![]);
+    for (task, s) in tasks.iter().zip(summaries) {
+        values.push((format!("episode_reward+{task}"), s.mean));
+        if let Some(success) = s.success {
+            values.push((format!("episode_success+{task}"), success));
+        }
+        match family(task) {
+            TaskFamily::DmControl => {
+                dmc.push(s.mean);
+                scores.push(s.mean / 10.0);
+            }
+            TaskFamily::MetaWorld => {
+                mw_reward.push(s.mean);
+                let success = s.success.unwrap_or(0.0);
+                mw_success.push(success);
+                scores.push(success * 100.0);
+            }
+            TaskFamily::Other => {}
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    for (key, group) in [
+        ("episode_reward+avg_dmcontrol", &dmc),
+        ("episode_reward+avg_metaworld", &mw_reward),
+        ("episode_success+avg_metaworld", &mw_success),
+        ("episode_score+normalized", &scores),
+    ] {
+        if !group.is_empty() {
+            values.push((key.to_string(), mean(group)));
+        }
+    }
+    values
 }

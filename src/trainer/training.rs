@@ -1,6 +1,6 @@
 //! One rank's training run as named steps (reference §7): the state they share and what each
 //! step does. `trainer::run` calls them in order.
-use tch::Device;
+use tch::{Device, Tensor};
 
 use super::evaluate::{self, Outcome};
 use super::pipeline::Pipeline;
@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::learner::{finite, Learner, LearnerSettings};
 
 /// The loop's own settings, taken once from the resolved config (steps are this rank's).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct LoopSettings {
     world_size: u64,
     local_steps: u64,
@@ -27,6 +27,8 @@ struct LoopSettings {
     /// Updates of the seed-data pretraining: seed_steps / steps_per_update, at least one.
     pretrain_updates: u64,
     eval_episodes: usize,
+    /// A multitask run's number of tasks (each evaluated on its own).
+    num_tasks: Option<usize>,
     /// Whether rank 0 films each evaluation's first episode (`save_video`).
     save_video: bool,
 }
@@ -42,6 +44,7 @@ impl LoopSettings {
             updates_per_step: config.num_envs as u64 / steps_per_update,
             pretrain_updates: (seed_steps / steps_per_update).max(1),
             eval_episodes: config.eval_episodes,
+            num_tasks: config.multitask().then_some(config.tasks()?.len()),
             save_video: config.save_video,
         })
     }
@@ -86,8 +89,7 @@ impl<'g> Training<'g> {
             config.num_envs,
             Box::new(TorchNoise::global()),
         )?;
-        let actor_settings = ActorSettings::from_config(config, rank.rank)?;
-        let mut actor = Actor::new(actor_settings.make_envs()?, policy, actor_settings.episodic)?;
+        let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
         let pipeline = Pipeline::new(config, rank)?;
         let checkpoints = CheckpointSettings::from_config(config);
         let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
@@ -97,6 +99,9 @@ impl<'g> Training<'g> {
                 TrainState::default()
             }
         };
+        if !state.env_episodes.is_empty() {
+            actor.set_env_episodes(&state.env_episodes)?;
+        }
         actor.policy_mut().load_weights(learner.model())?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor);
@@ -132,12 +137,15 @@ impl<'g> Training<'g> {
 
     /// Notes what fell due; whether this step is a checkpoint point: an evaluation or a
     /// checkpoint is due and every environment is at an episode boundary.
-    pub(super) fn begin_step(&mut self) -> bool {
+    pub(super) fn begin_step(&mut self) -> Result<bool> {
         if self.state.step > self.settings.seed_steps {
             self.clock.steady_from(self.state.step);
         }
         self.schedule.advance(self.global_step());
-        self.schedule.any_due() && self.actor.all_done()
+        if !self.schedule.any_due() {
+            return Ok(false);
+        }
+        every_rank(self.group, self.actor.all_done())
     }
 
     /// Makes the updates the pipeline owes, so that evaluations and checkpoints see none in
@@ -163,12 +171,13 @@ impl<'g> Training<'g> {
             let outcome = evaluate::evaluate(
                 &mut self.actor,
                 self.settings.eval_episodes,
+                self.settings.num_tasks,
                 seed,
                 self.group,
                 films.then_some(&mut video),
             )?;
-            let summary = match outcome {
-                Outcome::Done(summary) => summary,
+            let evaluation = match outcome {
+                Outcome::Done(evaluation) => evaluation,
                 // The episodes that just ended are not in the buffer nor counted: the
                 // checkpoint is the state before them.
                 Outcome::Stopped(request) => {
@@ -178,7 +187,7 @@ impl<'g> Training<'g> {
                 }
             };
             if let Some(report) = &mut self.report {
-                report.evaluation(global, &summary, self.state.episodes, &self.clock)?;
+                report.evaluation(global, &evaluation, self.state.episodes, &self.clock)?;
                 if !video.is_empty() {
                     report.video(global, video)?;
                 }
@@ -224,6 +233,7 @@ impl<'g> Training<'g> {
             return Ok(());
         }
         self.state.elapsed = self.clock.elapsed();
+        self.state.env_episodes = self.actor.env_episodes();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         let global = self.global_step();
         self.streams
@@ -260,7 +270,7 @@ impl<'g> Training<'g> {
 
     /// One vector step of the environments: random actions while seeding, then the policy's.
     /// Pipelined, the updates the last step owed run beside it. Returns the agent steps taken.
-    pub(super) fn act(&mut self) -> Result<u64> {
+    pub(super) fn act(&mut self) -> Result<()> {
         let explore = self.state.step > self.settings.seed_steps;
         let owed = std::mem::take(&mut self.pending);
         let Some(pipeline) = self.pipeline else {
@@ -268,7 +278,8 @@ impl<'g> Training<'g> {
                 true => Acting::Policy,
                 false => Acting::Random(&mut self.streams.learner),
             };
-            return Ok(self.actor.step(acting)? as u64);
+            self.actor.step(acting)?;
+            return Ok(());
         };
         let acting = match explore {
             true => Acting::Policy,
@@ -279,7 +290,7 @@ impl<'g> Training<'g> {
             &mut self.learner,
             &mut self.streams.learner,
         );
-        let (stepped, info) = pipeline.overlap(
+        let (_, info) = pipeline.overlap(
             || actor.step(acting),
             || match owed {
                 0 => Ok(None),
@@ -290,14 +301,14 @@ impl<'g> Training<'g> {
             self.last_info = Some(info);
             self.actor.policy_mut().load_weights(self.learner.model())?;
         }
-        Ok(stepped as u64)
+        Ok(())
     }
 
     /// The updates this step makes: the pretraining burst when seeding ends, then
     /// `updates_per_step` per step (owed to the next step when pipelined).
-    pub(super) fn learn(&mut self, stepped: u64) -> Result<()> {
+    pub(super) fn learn(&mut self) -> Result<()> {
         let (step, seed_steps) = (self.state.step, self.settings.seed_steps);
-        let seeding_ends = step <= seed_steps && seed_steps < step + stepped.max(1);
+        let seeding_ends = step <= seed_steps && seed_steps < step + self.vector_step();
         let learning = seeding_ends || step > seed_steps;
         // Only a run resumed without its replay buffers can find it empty here.
         self.ready_to_update = self.ready_to_update || (learning && self.learner.ready()?);
@@ -348,8 +359,14 @@ impl<'g> Training<'g> {
         Ok(())
     }
 
-    pub(super) fn advance(&mut self, stepped: u64) {
-        self.state.step += stepped.max(1);
+    /// Agent steps per vector step: every environment's, whether it stepped or waited at its
+    /// episode end for an evaluation or a checkpoint.
+    fn vector_step(&self) -> u64 {
+        self.actor.num_envs() as u64
+    }
+
+    pub(super) fn advance(&mut self) {
+        self.state.step += self.vector_step();
         if let Some(report) = &self.report {
             report.progress(self.global_step());
         }
@@ -367,6 +384,7 @@ impl<'g> Training<'g> {
         }
         self.state.step = self.settings.local_steps;
         self.state.elapsed = self.clock.elapsed();
+        self.state.env_episodes = self.actor.env_episodes();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if self.group.rank() == 0 {
             let dir = self.checkpoints.run_dir.display();
@@ -402,4 +420,13 @@ fn run_updates(learner: &mut Learner, rng: &mut rand_pcg::Pcg64, count: u64) -> 
         info = learner.update(rng)?;
     }
     Ok(info)
+}
+
+/// Whether `mine` holds on every rank (a collective on several ranks).
+fn every_rank(group: &ProcessGroup, mine: bool) -> Result<bool> {
+    if group.world_size() == 1 {
+        return Ok(mine);
+    }
+    let all = group.all_gather(&Tensor::from_slice(&[f32::from(u8::from(mine))]))?;
+    Ok(Vec::<f32>::try_from(all)?.iter().all(|&v| v == 1.0))
 }
