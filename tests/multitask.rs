@@ -101,7 +101,11 @@ fn assert_each_task_evaluated(run_dir: &Path, console: &str) {
         assert!((dmc - (reacher + cartpole) / 2.0).abs() < 1e-9, "{eval}");
         let score = eval["episode_score+normalized"].as_f64().unwrap();
         assert!((score - dmc / 10.0).abs() < 1e-9, "{eval}");
-        assert_eq!(eval["episodes"].as_f64(), Some(3.0), "one of each task: {eval}");
+        assert_eq!(
+            eval["episodes"].as_f64(),
+            Some(3.0),
+            "one of each task: {eval}"
+        );
     }
     assert!(
         console.contains("  reacher-easy") && console.contains("normalized score"),

@@ -169,9 +169,18 @@ impl Config {
         match &self.run_dir {
             Some(dir) => PathBuf::from(dir),
             None => PathBuf::from("runs")
-                .join(&self.task)
+                .join(self.run_name())
                 .join(&self.exp_name)
                 .join(self.seed.to_string()),
+        }
+    }
+
+    /// The task as the default run directory names it: a list of tasks joined by `+`
+    /// (`walker-run+cup-catch`), no brackets.
+    fn run_name(&self) -> String {
+        match (self.task.starts_with('['), self.tasks()) {
+            (true, Ok(tasks)) => tasks.join("+"),
+            _ => self.task.clone(),
         }
     }
 

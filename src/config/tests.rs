@@ -280,6 +280,13 @@ fn several_tasks_resolve_to_one_padded_model_with_each_tasks_sizes() {
         .unwrap();
     assert_eq!(mixed.seed_steps, Some(2500), "the longest episode's");
     assert!(load(&[]).unwrap().tasks().unwrap().len() == 1);
+    let listed = load(&["task=[walker-run, cup-catch]"]).unwrap().run_dir();
+    assert!(
+        listed.starts_with("runs/walker-run+cup-catch"),
+        "{listed:?}"
+    );
+    let named = load(&["task=mt30"]).unwrap().run_dir();
+    assert!(named.starts_with("runs/mt30"), "{named:?}");
 }
 
 #[test]

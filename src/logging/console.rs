@@ -80,16 +80,16 @@ mod tests {
         );
         let line = console_line(
             &r.with("episode_reward+walker-run", 20.5)
-                .with("episode_score+normalized", 2.05),
+                .with("episode_score+normalized", 2.5),
         );
         let lines: Vec<&str> = line.lines().collect();
         assert_eq!(lines.len(), 3, "{line}");
         assert!(
-            lines[1].contains("normalized score") && lines[1].ends_with("2.0"),
+            lines[1].contains("walker-run") && lines[1].ends_with("R: 20.5"),
             "{line}"
         );
         assert!(
-            lines[2].contains("walker-run") && lines[2].ends_with("R: 20.5"),
+            lines[2].contains("normalized score") && lines[2].ends_with("2.5"),
             "{line}"
         );
     }

@@ -228,6 +228,59 @@ mod tests {
         assert_eq!((share(10, 0, 4), share(10, 3, 4)), (3, 2));
     }
 
+    /// Every rank's jobs, as (task, environment) per round.
+    fn plans(episodes: usize, tasks: Option<usize>, world: usize, envs: usize) -> Vec<Plan> {
+        (0..world)
+            .map(|rank| Plan::new(episodes, tasks, rank, world, envs))
+            .collect()
+    }
+
+    #[test]
+    fn a_single_task_is_dealt_round_robin_and_played_in_order() {
+        for plan in plans(5, None, 2, 2) {
+            assert_eq!((plan.most_jobs, plan.most_rounds), (3, 2));
+            assert!(plan.jobs.iter().all(Option::is_none));
+            assert_eq!(plan.rounds[0], [Some(0), Some(1)]);
+        }
+        let ranks = plans(5, None, 2, 2);
+        assert_eq!(
+            ranks[0].rounds[1],
+            [Some(2), None],
+            "rank 0 plays the fifth"
+        );
+        assert_eq!(ranks[1].rounds.len(), 1, "rank 1 waits a round");
+    }
+
+    #[test]
+    fn each_task_is_played_by_the_ranks_and_environments_that_hold_it() {
+        // Three tasks on three ranks: rank r plays task r's two episodes.
+        for (rank, plan) in plans(2, Some(3), 3, 1).iter().enumerate() {
+            assert_eq!(plan.jobs, vec![Some(rank as u32); 2]);
+            assert_eq!(plan.most_rounds, 2);
+        }
+        // On two ranks every environment cycles all three: the episodes alternate ranks.
+        let two = plans(2, Some(3), 2, 1);
+        assert_eq!(two[0].jobs, [Some(0), Some(1), Some(2)]);
+        assert_eq!(two[1].jobs, [Some(0), Some(1), Some(2)]);
+        // One rank, three environments, one task each: each round plays every task.
+        let one = &plans(2, Some(3), 1, 3)[0];
+        assert_eq!(one.rounds.len(), 2);
+        for round in &one.rounds {
+            let tasks: Vec<Option<u32>> = round.iter().map(|j| one.jobs[j.unwrap()]).collect();
+            assert_eq!(tasks, [Some(0), Some(1), Some(2)]);
+        }
+        // Four tasks on two ranks of one environment: rank 0's cycles tasks 0 and 2, rank 1's
+        // tasks 1 and 3, and each plays all episodes of its two.
+        for (rank, plan) in plans(3, Some(4), 2, 1).iter().enumerate() {
+            let held = [[0, 2], [1, 3]][rank];
+            assert!(
+                plan.jobs.iter().all(|t| held.contains(&t.unwrap())),
+                "{rank}"
+            );
+            assert_eq!(plan.jobs.len(), 6);
+        }
+    }
+
     #[test]
     fn summary_ignores_unplayed_slots() {
         let nan = f64::NAN;
