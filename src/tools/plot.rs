@@ -64,22 +64,40 @@ pub fn run(args: &PlotArgs) -> Result<()> {
             args.width, args.height
         )));
     }
-    let series = series(args)?;
     let title = args.title.clone().unwrap_or_else(|| default_title(args));
     let x_label = match args.x.as_str() {
         "step" => "agent steps",
         _ => "wall time (s)",
     };
-    let figure = Figure {
-        title: &title,
-        x_label,
-        y_label: &args.metric,
-        series: &series,
-    };
-    let size = (args.width, args.height);
+    let panels = panels(args, &title)?;
+    let series = panels
+        .iter()
+        .map(|(_, metric)| series(args, metric))
+        .collect::<Result<Vec<_>>>()?;
+    let figures: Vec<Figure> = panels
+        .iter()
+        .zip(&series)
+        .map(|((title, metric), series)| Figure {
+            title,
+            x_label,
+            y_label: metric,
+            series,
+        })
+        .collect();
+    // Several panels: a grid of panels of the given size each.
+    let (rows, columns) = grid(figures.len());
+    let size = (args.width * columns as u32, args.height * rows as u32);
     let drawn = match format {
-        Format::Png => figure.draw(BitMapBackend::new(&args.out, size).into_drawing_area()),
-        Format::Svg => figure.draw(SVGBackend::new(&args.out, size).into_drawing_area()),
+        Format::Png => draw_grid(
+            &figures,
+            BitMapBackend::new(&args.out, size).into_drawing_area(),
+            (rows, columns),
+        ),
+        Format::Svg => draw_grid(
+            &figures,
+            SVGBackend::new(&args.out, size).into_drawing_area(),
+            (rows, columns),
+        ),
     };
     drawn.map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))?;
     println!("wrote {}", args.out.display());
@@ -116,9 +134,46 @@ fn default_title(args: &PlotArgs) -> String {
     }
 }
 
+/// The panels to draw, (title, metric): `--metric`, then, when the first run is a multitask
+/// one that logs it per task (`episode_reward+walker-run`), one panel per task.
+fn panels(args: &PlotArgs, title: &str) -> Result<Vec<(String, String)>> {
+    let mut panels = vec![(title.to_string(), args.metric.clone())];
+    let first = Metrics::read(&args.runs[0])?;
+    let prefix = format!("{}+", args.metric);
+    for name in first.metric_names("eval") {
+        if let Some(task) = name.strip_prefix(&prefix) {
+            if !task.starts_with("avg_") {
+                panels.push((task.to_string(), name.clone()));
+            }
+        }
+    }
+    Ok(panels)
+}
+
+fn draw_grid<DB: DrawingBackend>(
+    figures: &[Figure],
+    root: DrawingArea<DB, Shift>,
+    shape: (usize, usize),
+) -> std::result::Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.split_evenly(shape)
+        .into_iter()
+        .zip(figures)
+        .try_for_each(|(area, figure)| figure.draw(area))?;
+    root.present().map_err(|e| e.to_string())
+}
+
+/// Rows and columns of a grid of `n` panels: as square as can be, wider than tall.
+fn grid(n: usize) -> (usize, usize) {
+    let columns = (1..=n).find(|c| c * c >= n).unwrap_or(1);
+    (n.div_ceil(columns), columns)
+}
+
 /// The runs grouped by configuration (seed aside), one series per group and phase, then the
 /// reference.
-fn series(args: &PlotArgs) -> Result<Vec<Series>> {
+fn series(args: &PlotArgs, metric: &str) -> Result<Vec<Series>> {
     let phases: &[&str] = match args.phase.as_str() {
         "both" => &["eval", "train"],
         "train" => &["train"],
@@ -131,11 +186,11 @@ fn series(args: &PlotArgs) -> Result<Vec<Series>> {
         .collect::<Result<Vec<_>>>()?;
     for (run, metrics) in args.runs.iter().zip(&runs) {
         let names = metrics.metric_names(phases[0]);
-        if !names.contains(&args.metric) {
+        if !names.contains(metric) {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             return Err(Error::Config(format!(
                 "--metric {}: {} has no such {} metric; available: {}",
-                args.metric,
+                metric,
                 run.display(),
                 phases[0],
                 if names.is_empty() {
@@ -153,7 +208,7 @@ fn series(args: &PlotArgs) -> Result<Vec<Series>> {
         for (members, label) in groups.iter().zip(&labels) {
             let curves: Vec<Curve> = members
                 .iter()
-                .map(|&i| runs[i].curve(phase, &args.x, &args.metric))
+                .map(|&i| runs[i].curve(phase, &args.x, metric))
                 .filter(|c| !c.is_empty())
                 .collect();
             if curves.is_empty() {
@@ -192,7 +247,7 @@ fn series(args: &PlotArgs) -> Result<Vec<Series>> {
             "no {} records with both {} and {} in {}",
             args.phase,
             args.x,
-            args.metric,
+            metric,
             args.runs
                 .iter()
                 .map(|r| r.display().to_string())
@@ -424,7 +479,7 @@ impl Figure<'_> {
             .position(SeriesLabelPosition::LowerRight)
             .draw()
             .map_err(err)?;
-        root.present().map_err(err)
+        Ok(())
     }
 }
 
@@ -497,6 +552,59 @@ mod tests {
             ["<tmp>/sweep (2 seeds)"
                 .replace("<tmp>", &dir.path().file_name().unwrap().to_string_lossy())]
         );
+    }
+
+    #[test]
+    fn a_multitask_run_gets_one_panel_per_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<String> = (0..3)
+            .map(|i| {
+                serde_json::json!({
+                    "phase": "eval", "step": i * 1000, "episode_reward": i as f64,
+                    "episode_reward+walker-run": 2.0 * i as f64,
+                    "episode_reward+cup-catch": 3.0 * i as f64,
+                    "episode_reward+avg_dmcontrol": 2.5 * i as f64,
+                })
+                .to_string()
+            })
+            .collect();
+        std::fs::write(dir.path().join("metrics.jsonl"), records.join("\n")).unwrap();
+        let out = dir.path().join("curves.svg");
+        let args = PlotArgs {
+            runs: vec![dir.path().to_path_buf()],
+            metric: "episode_reward".into(),
+            x: "step".into(),
+            phase: "eval".into(),
+            band: Spread::Minmax,
+            reference: None,
+            out: out.clone(),
+            width: 400,
+            height: 300,
+            title: Some("all".into()),
+        };
+        let panels = panels(&args, "all").unwrap();
+        let titles: Vec<&str> = panels.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(
+            titles,
+            ["all", "cup-catch", "walker-run"],
+            "no panel for averages"
+        );
+        assert_eq!(panels[2].1, "episode_reward+walker-run");
+        run(&args).unwrap();
+        let svg = std::fs::read_to_string(&out).unwrap();
+        assert!(svg.contains("width=\"800\"") && svg.contains("height=\"600\""));
+        let curve_colour = |svg: &str| svg.matches("#1F77B4").count();
+        let single = PlotArgs {
+            metric: "episode_reward+walker-run".into(),
+            out: dir.path().join("one.svg"),
+            ..args
+        };
+        run(&single).unwrap();
+        let one = std::fs::read_to_string(dir.path().join("one.svg")).unwrap();
+        assert!(one.contains("width=\"400\""), "a task's own curve: one panel");
+        assert!(curve_colour(&one) > 0);
+        assert_eq!(curve_colour(&svg), 3 * curve_colour(&one), "one curve per panel");
+        assert_eq!((grid(1), grid(3), grid(5)), ((1, 1), (2, 2), (2, 3)));
     }
 
     #[test]
