@@ -175,10 +175,8 @@ fn multitask_specs(config: &Config, options: envs::EnvOptions) -> Result<Vec<env
             envs::make_observed(task, config.seed, options)
                 .map(|env| env.spec().clone())
                 .map_err(|e| {
-                    let why = if crate::config::MT30[19..].contains(&task.as_str()) {
-                        "it is one of the official custom DMControl tasks, which this build \
-                         does not have yet"
-                            .to_string()
+                    let why = if crate::config::METAWORLD.contains(&task.as_str()) {
+                        "it is a Meta-World task, which this build does not have yet".to_string()
                     } else {
                         e.to_string()
                     };

@@ -9,8 +9,9 @@ use crate::wrappers::wrap_observed;
 use crate::{ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Error, Frame, Result, Step};
 use embedded_python as python;
 
-/// The 28 standard TD-MPC2 DMControl tasks.
-pub const TASKS: [&str; 28] = [
+/// The 28 standard TD-MPC2 DMControl tasks, then the 11 custom ones of its mt30 set
+/// (defined in `py/dmc_custom.py`).
+pub const TASKS: [&str; 39] = [
     "acrobot-swingup",
     "cartpole-balance",
     "cartpole-balance-sparse",
@@ -39,12 +40,25 @@ pub const TASKS: [&str; 28] = [
     "walker-stand",
     "walker-walk",
     "walker-run",
+    "walker-walk-backwards",
+    "walker-run-backwards",
+    "cheetah-run-backwards",
+    "cheetah-run-front",
+    "cheetah-run-back",
+    "cheetah-jump",
+    "hopper-hop-backwards",
+    "reacher-three-easy",
+    "reacher-three-hard",
+    "cup-spin",
+    "pendulum-spin",
 ];
 
 pub const ACTION_REPEAT: usize = 2;
 pub const EPISODE_LENGTH: usize = 500;
 
 const SOURCE: &str = include_str!("py/dmc_adapter.py");
+/// The custom tasks, which the adapter imports as `tdmpc2_dmc_custom`.
+const CUSTOM_SOURCE: &str = include_str!("py/dmc_custom.py");
 
 /// The adapter module. The first load imports dm_control, which fixes its renderer for the
 /// process from `MUJOCO_GL`: when the user set none, EGL (headless) if `renders`, else none
@@ -62,7 +76,10 @@ fn module(py: Python<'_>, renders: bool) -> Result<&Bound<'_, PyModule>> {
                 let default = if renders { "egl" } else { "disable" };
                 environ.set_item("MUJOCO_GL", default)?;
             }
-            let module = python::load_module(py, SOURCE, "tdmpc2_dmc_adapter");
+            // Loading a module registers it in `sys.modules`, where the adapter's import
+            // finds the custom tasks.
+            let module = python::load_module(py, CUSTOM_SOURCE, "tdmpc2_dmc_custom")
+                .and_then(|_| python::load_module(py, SOURCE, "tdmpc2_dmc_adapter"));
             if chosen.is_none() {
                 environ.del_item("MUJOCO_GL")?;
             }

@@ -8,7 +8,7 @@ const MIN_SIMILARITY: f64 = 0.5;
 
 /// Fully wrapped env for a task name: actions rescaled to [-1,1], action repeat, time limit.
 ///
-/// Native tasks and the 28 DMControl tasks are matched first; any other gymnasium id goes
+/// Native tasks and the 39 DMControl tasks are matched first; any other gymnasium id goes
 /// through gymnasium, and `gym:<id>` forces gymnasium even for a natively implemented id.
 pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
     make_observed(task, seed, ObsKind::State)
@@ -80,7 +80,7 @@ fn draws_nothing(task: &str, options: EnvOptions) -> Error {
     }
 }
 
-/// Names of all built-in tasks (native + the 28 DMC tasks), for listing/suggestions.
+/// Names of all built-in tasks (native + the 39 DMC tasks), for listing/suggestions.
 pub fn known_tasks() -> Vec<&'static str> {
     native::TASKS
         .iter()
@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn known_tasks_lists_native_and_dmc() {
         let tasks = known_tasks();
-        assert_eq!(tasks.len(), 30);
+        assert_eq!(tasks.len(), 41);
         assert!(tasks.contains(&"Pendulum-v1") && tasks.contains(&"dog-run"));
     }
 

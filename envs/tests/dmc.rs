@@ -169,3 +169,130 @@ fn errors_are_typed() {
         other => panic!("expected UnknownTask, got {:?}", other.err()),
     }
 }
+
+/// The 11 custom tasks of the mt30 set, last in `envs::dmc::TASKS`.
+const CUSTOM_TASKS: [&str; 11] = [
+    "walker-walk-backwards",
+    "walker-run-backwards",
+    "cheetah-run-backwards",
+    "cheetah-run-front",
+    "cheetah-run-back",
+    "cheetah-jump",
+    "hopper-hop-backwards",
+    "reacher-three-easy",
+    "reacher-three-hard",
+    "cup-spin",
+    "pendulum-spin",
+];
+
+/// Rollouts of the official TD-MPC2 definitions of the custom tasks, recorded by
+/// scripts/record_custom_dmc.py as `envs::make(task, seed)` steps them.
+const CUSTOM_FIXTURE: &str = include_str!("../../tests/data/custom_dmc.json");
+
+#[derive(serde::Deserialize)]
+struct CustomFixture {
+    seed: u64,
+    steps: usize,
+    tasks: std::collections::BTreeMap<String, CustomRollout>,
+}
+
+#[derive(serde::Deserialize)]
+struct CustomRollout {
+    obs_dim: usize,
+    action_dim: usize,
+    reset_obs: Vec<f32>,
+    /// The actions below, as the recording script computed them.
+    actions: Vec<Vec<f32>>,
+    rewards: Vec<f64>,
+    obs: Vec<Vec<f32>>,
+}
+
+/// The fixture's action for agent step `k`: a_k[j] = sin(0.37 k + 1.3 j), the argument in
+/// f32, the sine taken in f64 and rounded to f32 (as the script does; a f32 sine depends on
+/// the libm, which need not round it correctly).
+fn custom_action(k: usize, dim: usize) -> Vec<f32> {
+    (0..dim)
+        .map(|j| {
+            let x = 0.37f32 * k as f32 + 1.3f32 * j as f32;
+            f64::from(x).sin() as f32
+        })
+        .collect()
+}
+
+#[test]
+fn custom_tasks_match_the_official_definitions() {
+    let fixture: CustomFixture = serde_json::from_str(CUSTOM_FIXTURE).unwrap();
+    let tasks = &envs::dmc::TASKS;
+    assert_eq!(tasks[tasks.len() - CUSTOM_TASKS.len()..], CUSTOM_TASKS);
+    assert_eq!(
+        fixture.tasks.keys().map(String::as_str).collect::<Vec<_>>(),
+        {
+            let mut names = CUSTOM_TASKS.to_vec();
+            names.sort_unstable();
+            names
+        },
+        "the fixture covers the custom tasks"
+    );
+
+    for (task, expected) in &fixture.tasks {
+        let mut env = envs::make(task, fixture.seed).unwrap();
+        assert_eq!(
+            env.spec(),
+            &EnvSpec {
+                obs_shape: vec![expected.obs_dim],
+                action_dim: expected.action_dim,
+                episode_length: 500
+            },
+            "{task}: spec"
+        );
+        assert_eq!(
+            expected.rewards.len(),
+            fixture.steps,
+            "{task}: fixture rewards"
+        );
+        assert_eq!(
+            expected.obs.len(),
+            fixture.steps,
+            "{task}: fixture observations"
+        );
+
+        let obs = env.reset(None).unwrap();
+        assert_eq!(
+            obs.len(),
+            expected.obs_dim,
+            "{task}: reset observation size"
+        );
+        let worst = common::max_abs_diff(&obs, &expected.reset_obs);
+        assert!(
+            worst < 1e-5,
+            "{task}: reset observation deviates by {worst}"
+        );
+
+        for k in 0..fixture.steps {
+            let action = custom_action(k, expected.action_dim);
+            assert_eq!(action, expected.actions[k], "{task}: action of step {k}");
+            let step = env.step(&action).unwrap();
+            assert!(
+                !step.terminated && !step.truncated,
+                "{task}: episode ended at step {k}"
+            );
+            let error = (step.reward - expected.rewards[k]).abs();
+            assert!(
+                error < 1e-6,
+                "{task}: reward of step {k} is {}, official {} (off by {error})",
+                step.reward,
+                expected.rewards[k]
+            );
+            assert_eq!(
+                step.obs.len(),
+                expected.obs_dim,
+                "{task}: observation size at step {k}"
+            );
+            let worst = common::max_abs_diff(&step.obs, &expected.obs[k]);
+            assert!(
+                worst < 1e-5,
+                "{task}: observation of step {k} deviates by {worst}"
+            );
+        }
+    }
+}

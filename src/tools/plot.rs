@@ -601,9 +601,16 @@ mod tests {
         };
         run(&single).unwrap();
         let one = std::fs::read_to_string(dir.path().join("one.svg")).unwrap();
-        assert!(one.contains("width=\"400\""), "a task's own curve: one panel");
+        assert!(
+            one.contains("width=\"400\""),
+            "a task's own curve: one panel"
+        );
         assert!(curve_colour(&one) > 0);
-        assert_eq!(curve_colour(&svg), 3 * curve_colour(&one), "one curve per panel");
+        assert_eq!(
+            curve_colour(&svg),
+            3 * curve_colour(&one),
+            "one curve per panel"
+        );
         assert_eq!((grid(1), grid(3), grid(5)), ((1, 1), (2, 2), (2, 3)));
     }
 

@@ -3,12 +3,17 @@
 import numpy as np
 from dm_control import suite
 
+# dmc_custom.py, loaded by dmc.rs under this name before this module.
+import tdmpc2_dmc_custom as custom
+
 
 class DmcAdapter:
     def __init__(self, domain, task, seed):
-        self.env = suite.load(
-            domain, task, task_kwargs={"random": seed}, visualize_reward=False
-        )
+        self.env = custom.load(domain, task, seed)
+        if self.env is None:
+            self.env = suite.load(
+                domain, task, task_kwargs={"random": seed}, visualize_reward=False
+            )
         spec = self.env.action_spec()
         self.action_shape = spec.shape
         self.action_low = np.broadcast_to(spec.minimum, spec.shape).astype(np.float64).reshape(-1).tolist()
