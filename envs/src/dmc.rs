@@ -9,9 +9,8 @@ use crate::wrappers::wrap_observed;
 use crate::{ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Error, Frame, Result, Step};
 use embedded_python as python;
 
-/// The 28 standard TD-MPC2 DMControl tasks, then the 11 custom ones of its mt30 set
-/// (defined in `py/dmc_custom.py`).
-pub const TASKS: [&str; 39] = [
+/// The 28 standard TD-MPC2 DMControl tasks.
+pub const STANDARD_TASKS: [&str; 28] = [
     "acrobot-swingup",
     "cartpole-balance",
     "cartpole-balance-sparse",
@@ -40,6 +39,10 @@ pub const TASKS: [&str; 39] = [
     "walker-stand",
     "walker-walk",
     "walker-run",
+];
+
+/// The 11 custom tasks of the official mt30 set (defined in `py/dmc_custom.py`).
+pub const CUSTOM_TASKS: [&str; 11] = [
     "walker-walk-backwards",
     "walker-run-backwards",
     "cheetah-run-backwards",
@@ -52,6 +55,15 @@ pub const TASKS: [&str; 39] = [
     "cup-spin",
     "pendulum-spin",
 ];
+
+/// Every DMControl task: the standard ones, then the custom ones.
+pub fn tasks() -> impl Iterator<Item = &'static str> {
+    STANDARD_TASKS.iter().chain(&CUSTOM_TASKS).copied()
+}
+
+pub fn is_task(name: &str) -> bool {
+    tasks().any(|task| task == name)
+}
 
 pub const ACTION_REPEAT: usize = 2;
 pub const EPISODE_LENGTH: usize = 500;

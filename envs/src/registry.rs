@@ -47,7 +47,7 @@ pub fn make_observed(
         }
         _ => {}
     }
-    if dmc::TASKS.contains(&task) {
+    if dmc::is_task(task) {
         return dmc::make(task, seed, options);
     }
     if looks_like_gym_id(task) {
@@ -82,11 +82,7 @@ fn draws_nothing(task: &str, options: EnvOptions) -> Error {
 
 /// Names of all built-in tasks (native + the 39 DMC tasks), for listing/suggestions.
 pub fn known_tasks() -> Vec<&'static str> {
-    native::TASKS
-        .iter()
-        .chain(dmc::TASKS.iter())
-        .copied()
-        .collect()
+    native::TASKS.iter().copied().chain(dmc::tasks()).collect()
 }
 
 /// gymnasium ids carry a version suffix (`-v4`) and are usually CamelCase.

@@ -140,7 +140,7 @@ pub enum TaskFamily {
 }
 
 pub fn family(task: &str) -> TaskFamily {
-    if MT30.contains(&task) || envs::dmc::TASKS.contains(&task) {
+    if MT30.contains(&task) || envs::dmc::is_task(task) {
         TaskFamily::DmControl
     } else if METAWORLD.contains(&task) {
         TaskFamily::MetaWorld
