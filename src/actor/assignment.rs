@@ -34,6 +34,11 @@ impl TaskAssignment {
         &self.cycles[env]
     }
 
+    /// Whether environment `env` plays `task` (its environment holds it).
+    pub fn holds(&self, env: usize, task: u32) -> bool {
+        self.cycles[env].contains(&task)
+    }
+
     /// Where in its cycle environment `env`'s `episode`-th episode is, and its task.
     pub fn episode(&self, env: usize, episode: u64) -> (usize, u32) {
         let cycle = &self.cycles[env];
@@ -68,7 +73,9 @@ mod tests {
         }
         // More ranks than tasks: tasks repeat.
         assert_eq!(tasks_of(2, 4, 3, 1, 2), vec![vec![1, 1]]);
-        assert_eq!(TaskAssignment::new(3, 3, 1, 1).cycle(0), &[1]);
+        let one = TaskAssignment::new(3, 3, 1, 1);
+        assert_eq!(one.cycle(0), &[1]);
+        assert!(one.holds(0, 1) && !one.holds(0, 0));
     }
 
     #[test]

@@ -102,15 +102,6 @@ impl Actor {
         Ok(self)
     }
 
-    /// Whether environment `env` can play `task` (always, in a single-task run).
-    pub fn plays(&self, env: usize, task: Option<u32>) -> bool {
-        match (&self.tasks, task) {
-            (Some(a), Some(task)) => a.cycle(env).contains(&task),
-            (None, None) => true,
-            _ => false,
-        }
-    }
-
     /// Episodes started in each environment (what a resumed run continues from).
     pub fn env_episodes(&self) -> Vec<u64> {
         self.slots.iter().map(|s| s.episodes).collect()
@@ -290,7 +281,8 @@ pub struct EvalEpisode {
 
 impl Actor {
     /// Plays one evaluation episode (no exploration noise) in each environment i with a
-    /// `starts[i]` (its task one that the environment [`plays`](Self::plays)), all at once.
+    /// `starts[i]` (its task one that the environment holds, see [`TaskAssignment::holds`]), all
+    /// at once.
     /// With `video`, environment 0's episode is filmed into it: the first frame, then one after
     /// each step. The training episodes are not touched: call it with every environment at an
     /// episode boundary.

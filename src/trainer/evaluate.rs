@@ -64,7 +64,7 @@ impl Plan {
             .map(|r| tasks.map(|t| TaskAssignment::new(t, world, r, envs)))
             .collect();
         let plays = |r: usize, env: usize, task: Option<u32>| match (&assignments[r], task) {
-            (Some(a), Some(task)) => a.cycle(env).contains(&task),
+            (Some(a), Some(task)) => a.holds(env, task),
             _ => true,
         };
         let jobs_of = |r: usize| -> Vec<Option<u32>> {
