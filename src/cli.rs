@@ -22,6 +22,9 @@ pub enum Command {
     Train(RunArgs),
     /// Evaluate a checkpoint: `tdmpc2 eval checkpoint=PATH task=TASK eval_episodes=N`.
     Eval(RunArgs),
+    /// Write a dataset in the official format (for `train data_dir=`) from episodes of an agent
+    /// (`checkpoint=PATH`) or of random actions: `tdmpc2 collect --out DIR --episodes N task=...`.
+    Collect(CollectArgs),
     /// Convert an official TD-MPC2 checkpoint (`torch.save`) to our safetensors.
     Import {
         /// The official `.pt` file.
@@ -68,9 +71,26 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct CollectArgs {
+    /// The directory the chunk files (`chunk_<i>.pt`) are written to.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Episodes to play, the tasks of a multitask run taken in turn.
+    #[arg(long)]
+    pub episodes: usize,
+    /// Episodes per file (a file's episodes share one length; ranks share files out).
+    #[arg(long, default_value_t = 100)]
+    pub episodes_per_file: usize,
+    /// `checkpoint=PATH` plays that agent's plans (with their exploration noise, as the
+    /// official datasets hold training episodes); without it, uniform random actions.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Args)]
 pub struct BenchArgs {
     /// What to measure: env (environment steps/s), buffer (replay-buffer bytes per row and
-    /// memory), video (evaluation videos: rendering and encoding), agent (plan and update ms
+    /// memory), dataset (offline batches read from dataset files: memory and ms), video (evaluation videos: rendering and encoding), agent (plan and update ms
     /// vs matmul throughput), ddp (data-parallel scaling of agent steps/s), loop (the training
     /// loop's agent steps/s over num_envs × pipeline).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
@@ -81,6 +101,9 @@ pub struct BenchArgs {
     /// buffer: rows of each replay buffer measured.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
     pub buffer_rows: u64,
+    /// dataset: megabytes of the dataset written and read.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    pub dataset_mb: u64,
     /// video: the task filmed.
     #[arg(long, default_value = "cartpole-swingup")]
     pub video_task: String,
@@ -207,6 +230,17 @@ pub fn run(cli: Cli) -> Result<()> {
             "--multirun sweeps `tdmpc2 train`; evaluate checkpoints one by one".into(),
         )),
         Command::Eval(args) => evaluate(resolved_config(&args)?),
+        Command::Collect(args) if args.run.multirun || args.run.cfg.is_some() => Err(
+            Error::Config("collect takes neither --multirun nor --cfg".into()),
+        ),
+        Command::Collect(args) => {
+            let collection = crate::tools::collect::Collection {
+                out: args.out.clone(),
+                episodes: args.episodes,
+                episodes_per_file: args.episodes_per_file,
+            };
+            crate::tools::collect::run(&resolved_config(&args.run)?, &collection)
+        }
         Command::Import { input, output } => {
             let keys = crate::agent::import_official(&input, &output)?;
             println!("wrote {} tensors to {}", keys.len(), output.display());
@@ -377,6 +411,9 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "buffer" => crate::bench::buffer::run(args.buffer_rows as usize, &mut |line| {
                 println!("{line}")
             })?,
+            "dataset" => crate::bench::dataset::run(args.dataset_mb as usize, &mut |line| {
+                println!("{line}")
+            })?,
             "video" => crate::bench::video::run(
                 &args.video_task,
                 args.video_frames as usize,
@@ -430,7 +467,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, buffer, video, agent, ddp, loop"
+                    "unknown bench case '{other}'; allowed: env, buffer, dataset, video, agent, ddp, loop"
                 )))
             }
         }

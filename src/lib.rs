@@ -7,11 +7,13 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod cuda;
+pub mod dataset;
 pub mod ddp;
 pub mod device;
 pub mod error;
 pub mod learner;
 pub mod logging;
+pub mod memory;
 pub mod tools;
 pub mod trainer;
 

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 use tch::Device;
 
 use crate::buffer::{Episode, ObsLayout, ReplayBuffer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Agent steps of the synthetic episodes the buffers are filled with (a DMControl episode).
 const EPISODE_STEPS: usize = 500;
@@ -40,17 +40,6 @@ fn cases() -> [BufferCase; 3] {
     ]
 }
 
-/// Kilobytes of `field` (`VmRSS`, `VmHWM`) in /proc/self/status.
-fn memory_kib(field: &str) -> Result<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|e| Error::io("read /proc/self/status", e))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| Error::Other(format!("no {field} in /proc/self/status")))
-}
-
 /// Fills one buffer of `rows` rows per case with 500-step episodes and prints a JSON line each.
 pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for case in cases() {
@@ -65,12 +54,12 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             task: None,
         };
         // After the episode: what the buffer adds, not the episode handed to it.
-        let before = memory_kib("VmRSS")?;
+        let before = crate::memory::resident_bytes()?;
         let mut buffer = ReplayBuffer::new(rows, case.layout, case.action_dim, Device::Cpu)?;
         while buffer.len() < rows {
             buffer.add(&episode)?;
         }
-        let added = (memory_kib("VmRSS")? - before) * 1024.0;
+        let added = crate::memory::resident_bytes()? - before;
         let per_row = ReplayBuffer::bytes_per_row(case.layout, case.action_dim);
         print(&json!({
             "case": "buffer", "layout": case.name, "rows": rows,
@@ -78,7 +67,7 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             "rss_added_bytes": added,
             "rss_added_bytes_per_row": added / rows as f64,
             "projected_bytes_for_1m_rows": per_row as f64 * MILLION,
-            "peak_rss_bytes": memory_kib("VmHWM")? * 1024.0,
+            "peak_rss_bytes": crate::memory::peak_bytes()?,
         }));
         drop(buffer);
     }

@@ -38,6 +38,9 @@ pub struct CheckpointSettings {
     pub resume: Option<String>,
     /// Environments per rank (`num_envs`): how many episode counts each rank continues from.
     pub num_envs: usize,
+    /// Offline runs count updates, which every rank makes together; online runs count each
+    /// rank's agent steps, world_size of them per local step.
+    pub counts_updates: bool,
 }
 
 impl CheckpointSettings {
@@ -48,6 +51,23 @@ impl CheckpointSettings {
             save_buffer: config.save_buffer,
             resume: config.resume.clone(),
             num_envs: config.num_envs,
+            counts_updates: config.offline(),
+        }
+    }
+
+    /// The global step of a rank's local step.
+    pub fn global_step(&self, local: u64, world_size: usize) -> u64 {
+        match self.counts_updates {
+            true => local,
+            false => local * world_size as u64,
+        }
+    }
+
+    /// The local step of a global step.
+    pub fn local_step(&self, global: u64, world_size: usize) -> u64 {
+        match self.counts_updates {
+            true => global,
+            false => global / world_size.max(1) as u64,
         }
     }
 }

@@ -88,7 +88,6 @@ pub fn resume(
         meta.policy_optim_step,
     )?;
 
-    let world = group.world_size() as u64;
     // The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N), or,
     // on a rank that cannot see it, in its own run directory.
     let source_run = resume_source(settings)
@@ -114,7 +113,7 @@ pub fn resume(
         _ => {}
     }
     Ok(Some(TrainState {
-        step: meta.global_step / world,
+        step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
         // another world size) continues from rank 0's count.
         episodes: match env_episodes.is_empty() {

@@ -20,7 +20,7 @@ pub fn save(
     learner: &Learner,
     group: &ProcessGroup,
 ) -> Result<()> {
-    let global_step = state.step * group.world_size() as u64;
+    let global_step = settings.global_step(state.step, group.world_size());
     // Never a checkpoint of a diverged state: the last one written stays the last good one.
     crate::learner::finite::check_parameters(learner, global_step)?;
     let (parts, checksums) = rank_checksums(learner, group)?;

@@ -55,6 +55,7 @@ pub struct Config {
     pub discount_max: f64,
     pub buffer_size: usize,
     pub exp_name: String,
+    pub data_dir: Option<String>,
     // planning
     pub mpc: bool,
     pub iterations: usize,

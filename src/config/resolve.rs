@@ -50,7 +50,8 @@ impl Config {
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
         let seed_steps = self.seed_steps.unwrap_or_default();
-        if seed_steps < (self.num_envs * length) as u64 {
+        // Offline runs seed nothing: their data is the dataset.
+        if !self.offline() && seed_steps < (self.num_envs * length) as u64 {
             return Err(range(
                 "seed_steps",
                 seed_steps,
@@ -62,7 +63,16 @@ impl Config {
             ));
         }
         self.check_resources(&Machine::this())?;
-        self.check_episode_fits(length)
+        // Offline, the replay buffer is not used: batches come from the dataset files.
+        match self.offline() {
+            true => Ok(()),
+            false => self.check_episode_fits(length),
+        }
+    }
+
+    /// Whether the run trains on a dataset (`data_dir`) instead of its own experience.
+    pub fn offline(&self) -> bool {
+        self.data_dir.is_some()
     }
 
     /// Resolves a multitask run against each task's environment (`specs` in task-id order), as
@@ -204,11 +214,15 @@ impl Config {
     }
 
     /// A rank's replay buffer: min(buffer_size, steps / world_size) rows, as many as the rank
-    /// can ever fill, laid out for the observations.
+    /// can ever fill, laid out for the observations. Offline it stays empty: one row.
     pub fn buffer_settings(&self) -> Result<BufferSettings> {
         let local_steps = self.steps / self.world_size.max(1) as u64;
+        let capacity = match self.offline() {
+            true => 1,
+            false => (self.buffer_size as u64).min(local_steps.max(1)) as usize,
+        };
         Ok(BufferSettings {
-            capacity: (self.buffer_size as u64).min(local_steps.max(1)) as usize,
+            capacity,
             obs: ObsLayout::new(self.obs_kind()?, self.resolved_obs_dim()?),
             action_dim: self.resolved_action_dim()?,
             batch_size: self.batch_size,

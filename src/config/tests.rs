@@ -101,6 +101,26 @@ fn ranges_are_enforced() {
     assert!(load(&["rho=1"]).is_ok());
 }
 
+/// Offline training (data_dir) takes what the official datasets hold, and says so.
+#[test]
+fn offline_settings_are_checked() {
+    for (args, needle) in [
+        (
+            &["data_dir=d", "episodic=true"][..],
+            "the dataset files hold no terminations",
+        ),
+        (
+            &["data_dir=d", "obs=rgb"],
+            "offline training takes obs=state",
+        ),
+        (&["data_dir=d", "pipeline=true"], "use pipeline=false"),
+    ] {
+        let e = error(args);
+        assert!(e.contains(needle), "{args:?}: {e}");
+    }
+    assert!(load(&["data_dir=d"]).unwrap().offline());
+}
+
 #[test]
 fn integral_floats_are_integers_and_names_are_strings_as_typed() {
     let c = load(&["steps=1e5", "exp_name=1.10", "wandb_name=7", "seed=3.0"]).unwrap();

@@ -301,6 +301,32 @@ impl Config {
         Ok(())
     }
 
+    /// Offline training reads what the official datasets hold: no terminations, no pixels.
+    fn validate_offline(&self) -> Result<()> {
+        if self.episodic {
+            return Err(Error::Config(
+                "episodic=true with data_dir: the dataset files hold no terminations; \
+                 offline training takes episodic=false"
+                    .into(),
+            ));
+        }
+        if self.obs != "state" {
+            return Err(Error::Config(format!(
+                "obs={} with data_dir: the dataset files hold states; offline training takes \
+                 obs=state",
+                self.obs
+            )));
+        }
+        if self.pipeline {
+            return Err(Error::Config(
+                "pipeline=true with data_dir: offline training only updates, there is no \
+                 acting to overlap; use pipeline=false"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Resume, threads, environments per update and the SimNorm groups.
     fn validate_run(&self) -> Result<()> {
         if let Some(resume) = &self.resume {
@@ -309,6 +335,9 @@ impl Config {
                     "resume= is empty; use resume=auto or resume=PATH".into(),
                 ));
             }
+        }
+        if self.data_dir.is_some() {
+            self.validate_offline()?;
         }
         if self.num_threads == Some(0) {
             return Err(range(

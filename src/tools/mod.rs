@@ -1,5 +1,6 @@
-//! What users reach for around a run: `tdmpc2 plot`, `tdmpc2 doctor`, and sweeps
+//! What users reach for around a run: `tdmpc2 plot`, `tdmpc2 doctor`, `tdmpc2 collect`, and sweeps
 //! (`tdmpc2 train --multirun`).
+pub mod collect;
 pub mod curves;
 pub mod doctor;
 pub mod plot;

@@ -11,6 +11,7 @@
 //! steps, so that all ranks keep one step count.
 pub mod evaluate;
 pub mod lock;
+mod offline;
 pub mod pipeline;
 mod report;
 mod schedule;
@@ -35,6 +36,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         _ => None,
     };
     let (device, group) = setup::join_group(&config, &rank)?;
+    if config.offline() {
+        return offline::train(&config, &rank, device, &group);
+    }
     let mut training = Training::start(&config, &rank, device, &group)?;
     while training.running() {
         // Evaluations and checkpoints wait until every environment ends its episode, and see

@@ -101,6 +101,22 @@ impl Report {
         self.log(&record)
     }
 
+    /// An offline run's update statistics after `updates` updates.
+    pub(super) fn updates(
+        &mut self,
+        updates: u64,
+        clock: &Clock,
+        stats: &UpdateStats,
+    ) -> Result<()> {
+        let mut record = Record::new(Phase::Train, updates)
+            .with("elapsed_time", clock.elapsed())
+            .with("steps_per_second", clock.rate(updates));
+        for (k, v) in stats.named() {
+            record = record.with(k, v);
+        }
+        self.log(&record)
+    }
+
     pub(super) fn progress(&self, global_step: u64) {
         if let Some(bar) = &self.progress {
             bar.set_position(global_step);

@@ -1,0 +1,679 @@
+//! Offline datasets in the official format: the `chunk_{i}.pt` files of the official download
+//! scripts, each a TensorDict of shape [episodes, T] with `obs`, `action`, `reward` and `task`
+//! (row 0 of an episode holds o_0 and NaN fillers; row t holds o_t, a_{t−1}, r_{t−1}).
+//!
+//! A file is indexed once, without running pickled code (`official_format.py`): where each
+//! tensor's bytes lie in the file. Batches are then read straight from disk, a few rows per
+//! sample, so that a dataset larger than memory trains; only each episode's task id is held.
+//! Ranks share the files out (file i to rank i mod world_size), as the official trainer does.
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use rand::Rng;
+use rand_pcg::Pcg64;
+use serde::Deserialize;
+use tch::Tensor;
+
+use crate::buffer::Batch;
+use crate::error::{Error, Result};
+
+const OFFICIAL_FORMAT: &str = include_str!("official_format.py");
+const MODULE: &str = "tdmpc2_official_format";
+
+/// What the run's model needs of every file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expected {
+    pub obs_dim: usize,
+    pub action_dim: usize,
+    pub num_tasks: usize,
+    /// Whether batches carry task ids (a multitask model).
+    pub multitask: bool,
+    /// Rows of one sampled slice: horizon + 1.
+    pub slice: usize,
+}
+
+/// The dataset files of `dir` (`*.pt`), in the official order (sorted by name).
+pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::Config(format!("data_dir={}: cannot be read: {e}", dir.display())))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pt") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::Config(format!(
+            "data_dir={}: holds no dataset file (*.pt, as the official chunk_<i>.pt)",
+            dir.display()
+        )));
+    }
+    Ok(files)
+}
+
+/// This rank's files: every world_size-th, from its rank.
+pub fn shard(files: &[PathBuf], rank: usize, world_size: usize) -> Result<Vec<PathBuf>> {
+    if files.len() < world_size {
+        return Err(Error::Config(format!(
+            "data_dir holds {} dataset files and world_size={world_size}: ranks share the \
+             files out, so each needs at least one; use world_size <= {} or split the data \
+             into more files",
+            files.len(),
+            files.len()
+        )));
+    }
+    Ok(files
+        .iter()
+        .skip(rank)
+        .step_by(world_size)
+        .cloned()
+        .collect())
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    batch_size: Vec<usize>,
+    tensors: std::collections::BTreeMap<String, Described>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Described {
+    dtype: String,
+    shape: Vec<usize>,
+    stride: Vec<usize>,
+    offset: usize,
+    file_offset: u64,
+    nbytes: u64,
+    item_size: usize,
+}
+
+/// Where one [episodes, T, width] tensor's elements lie in its file.
+#[derive(Debug, Clone)]
+struct Field {
+    /// Byte position of element (0, 0, 0).
+    start: u64,
+    episode_stride: u64,
+    row_stride: u64,
+    width: usize,
+    item: usize,
+}
+
+impl Field {
+    /// Checks the tensor's dtype and shape, and that every element lies inside its storage.
+    fn new(
+        name: &str,
+        d: &Described,
+        dtypes: &[&str],
+        episodes: usize,
+        length: usize,
+    ) -> std::result::Result<Self, String> {
+        if !dtypes.contains(&d.dtype.as_str()) {
+            return Err(format!(
+                "`{name}` is {}, expected {}",
+                d.dtype,
+                dtypes.join(" or ")
+            ));
+        }
+        let (width, inner) = match d.shape.len() {
+            2 => (1, 1),
+            3 => (d.shape[2], d.stride[2]),
+            _ => {
+                return Err(format!(
+                    "`{name}` has shape {:?}, expected [episodes, T] or [episodes, T, n]",
+                    d.shape
+                ))
+            }
+        };
+        if d.shape[..2] != [episodes, length] {
+            return Err(format!(
+                "`{name}` has shape {:?}, but the file's episodes are [{episodes}, {length}]",
+                d.shape
+            ));
+        }
+        if inner != 1 && width > 1 {
+            return Err(format!(
+                "`{name}` is stored transposed (stride {:?}); save it with .contiguous()",
+                d.stride
+            ));
+        }
+        let last = d.offset
+            + (episodes.max(1) - 1) * d.stride[0]
+            + (length.max(1) - 1) * d.stride[1]
+            + width.max(1)
+            - 1;
+        if ((last + 1) * d.item_size) as u64 > d.nbytes {
+            return Err(format!("`{name}` reaches past its storage"));
+        }
+        let item = d.item_size as u64;
+        Ok(Self {
+            start: d.file_offset + d.offset as u64 * item,
+            episode_stride: d.stride[0] as u64 * item,
+            row_stride: d.stride[1] as u64 * item,
+            width,
+            item: d.item_size,
+        })
+    }
+
+    /// The bytes of `rows` consecutive rows of `episode` from row `row`, row after row.
+    fn read(
+        &self,
+        file: &File,
+        episode: usize,
+        row: usize,
+        rows: usize,
+    ) -> std::io::Result<Vec<u8>> {
+        let row_bytes = self.width * self.item;
+        let mut bytes = vec![0u8; rows * row_bytes];
+        let first =
+            self.start + episode as u64 * self.episode_stride + row as u64 * self.row_stride;
+        if self.row_stride == row_bytes as u64 {
+            file.read_exact_at(&mut bytes, first)?;
+        } else {
+            for (r, chunk) in bytes.chunks_mut(row_bytes).enumerate() {
+                file.read_exact_at(chunk, first + r as u64 * self.row_stride)?;
+            }
+        }
+        Ok(bytes)
+    }
+}
+
+/// One dataset file, indexed.
+struct Chunk {
+    path: PathBuf,
+    file: File,
+    length: usize,
+    obs: Field,
+    action: Field,
+    reward: Field,
+    /// Each episode's task id.
+    tasks: Vec<u32>,
+}
+
+impl Chunk {
+    fn open(path: &Path, expected: &Expected) -> Result<Self> {
+        let fail =
+            |message: String| Error::Config(format!("dataset file {}: {message}", path.display()));
+        let index = index(path).map_err(&fail)?;
+        let [episodes, length] = index.batch_size[..] else {
+            return Err(fail(format!(
+                "its TensorDict has batch size {:?}, expected [episodes, T]",
+                index.batch_size
+            )));
+        };
+        let described = |name: &str| {
+            index.tensors.get(name).ok_or_else(|| {
+                fail(format!(
+                    "holds no `{name}` (it has: {})",
+                    index.tensors.keys().cloned().collect::<Vec<_>>().join(", ")
+                ))
+            })
+        };
+        let field = |name: &str, dtypes: &[&str]| {
+            Field::new(name, described(name)?, dtypes, episodes, length).map_err(&fail)
+        };
+        let (obs, action, reward) = (
+            field("obs", &["float32"])?,
+            field("action", &["float32"])?,
+            field("reward", &["float32"])?,
+        );
+        if obs.width != expected.obs_dim || action.width != expected.action_dim {
+            return Err(fail(format!(
+                "observations of {} numbers and actions of {}, but the run's model takes {} and \
+                 {} (the task set's largest, as the official datasets are padded)",
+                obs.width, action.width, expected.obs_dim, expected.action_dim
+            )));
+        }
+        if length < expected.slice {
+            return Err(fail(format!(
+                "episodes of {length} rows, shorter than a sampled slice of horizon + 1 = {}",
+                expected.slice
+            )));
+        }
+        let file = File::open(path).map_err(|e| fail(e.to_string()))?;
+        let tasks = match index.tensors.contains_key("task") {
+            true => {
+                let task = field("task", &["int64", "int32"])?;
+                read_tasks(&file, &task, episodes, expected.num_tasks).map_err(&fail)?
+            }
+            false if expected.num_tasks == 1 => vec![0; episodes],
+            false => {
+                return Err(fail(format!(
+                    "holds no `task`, and the run has {} tasks",
+                    expected.num_tasks
+                )))
+            }
+        };
+        Ok(Self {
+            path: path.to_owned(),
+            file,
+            length,
+            obs,
+            action,
+            reward,
+            tasks,
+        })
+    }
+}
+
+/// Each episode's task id (that of its first row), checked against the run's task count.
+fn read_tasks(
+    file: &File,
+    task: &Field,
+    episodes: usize,
+    num_tasks: usize,
+) -> std::result::Result<Vec<u32>, String> {
+    (0..episodes)
+        .map(|e| {
+            let bytes = task.read(file, e, 0, 1).map_err(|err| err.to_string())?;
+            let id = match task.item {
+                8 => i64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()),
+                _ => i64::from(i32::from_le_bytes(
+                    bytes[..4].try_into().unwrap_or_default(),
+                )),
+            };
+            match u32::try_from(id) {
+                Ok(id) if (id as usize) < num_tasks => Ok(id),
+                _ => Err(format!(
+                    "episode {e} has task id {id}, but the run has {num_tasks} tasks (ids 0..{})",
+                    num_tasks - 1
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Indexes a dataset file in the embedded interpreter.
+fn index(path: &Path) -> std::result::Result<Index, String> {
+    let text = embedded_python::attach_exclusive(|py| {
+        use pyo3::prelude::*;
+        let module = embedded_python::load_module(py, OFFICIAL_FORMAT, MODULE)
+            .map_err(|e| embedded_python::Error(e.to_string()))?;
+        module
+            .call_method1("index", (path.to_string_lossy().to_string(),))
+            .and_then(|v| v.extract::<String>())
+            .map_err(|e| embedded_python::Error(e.to_string()))
+    })
+    .map_err(|e: embedded_python::Error| e.0)?;
+    serde_json::from_str(&text).map_err(|e| format!("index: {e}"))
+}
+
+/// One rank's share of a dataset, sampled as the replay buffer is: an episode uniformly, then
+/// a slice of horizon + 1 rows uniformly within it.
+pub struct Dataset {
+    chunks: Vec<Chunk>,
+    /// Index of each chunk's first episode among all of the shard's.
+    first_episode: Vec<usize>,
+    episodes: usize,
+    bytes: u64,
+    slice: usize,
+    multitask: bool,
+}
+
+impl Dataset {
+    pub fn open(files: &[PathBuf], expected: &Expected) -> Result<Self> {
+        let mut chunks = Vec::with_capacity(files.len());
+        let mut first_episode = Vec::with_capacity(files.len());
+        let (mut episodes, mut bytes) = (0, 0);
+        for path in files {
+            let chunk = Chunk::open(path, expected)?;
+            first_episode.push(episodes);
+            episodes += chunk.tasks.len();
+            bytes += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            chunks.push(chunk);
+        }
+        if episodes == 0 {
+            return Err(Error::Config("the dataset files hold no episode".into()));
+        }
+        Ok(Self {
+            chunks,
+            first_episode,
+            episodes,
+            bytes,
+            slice: expected.slice,
+            multitask: expected.multitask,
+        })
+    }
+
+    pub fn episodes(&self) -> usize {
+        self.episodes
+    }
+
+    /// Size of the files on disk.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// How many episodes of each task the shard holds.
+    pub fn episodes_per_task(&self, num_tasks: usize) -> Vec<usize> {
+        let mut counts = vec![0; num_tasks];
+        for task in self.chunks.iter().flat_map(|c| &c.tasks) {
+            counts[*task as usize] += 1;
+        }
+        counts
+    }
+
+    /// A time-major batch of `batch_size` slices (on the CPU).
+    pub fn sample(&self, batch_size: usize, rng: &mut Pcg64) -> Result<Batch> {
+        let (rows, b) = (self.slice, batch_size);
+        let horizon = rows - 1;
+        let first = &self.chunks[0];
+        let (d, a) = (first.obs.width, first.action.width);
+        let mut obs = vec![0f32; rows * b * d];
+        let mut action = vec![0f32; horizon * b * a];
+        let mut reward = vec![0f32; horizon * b];
+        let mut task = Vec::with_capacity(b);
+        for i in 0..b {
+            let episode = rng.random_range(0..self.episodes);
+            let c = self.first_episode.partition_point(|&s| s <= episode) - 1;
+            let (chunk, e) = (&self.chunks[c], episode - self.first_episode[c]);
+            let start = rng.random_range(0..=chunk.length - rows);
+            let read = |field: &Field, row, n| {
+                field.read(&chunk.file, e, row, n).map_err(|err| {
+                    Error::io(format!("read dataset file {}", chunk.path.display()), err)
+                })
+            };
+            scatter(&read(&chunk.obs, start, rows)?, &mut obs, i, b, d);
+            // Actions and rewards of rows 1..=H of the slice.
+            scatter(
+                &read(&chunk.action, start + 1, horizon)?,
+                &mut action,
+                i,
+                b,
+                a,
+            );
+            scatter(
+                &read(&chunk.reward, start + 1, horizon)?,
+                &mut reward,
+                i,
+                b,
+                1,
+            );
+            task.push(i64::from(chunk.tasks[e]));
+        }
+        let (h, b64) = (horizon as i64, b as i64);
+        Ok(Batch {
+            obs: Tensor::from_slice(&obs).view([rows as i64, b64, d as i64]),
+            action: Tensor::from_slice(&action).view([h, b64, a as i64]),
+            reward: Tensor::from_slice(&reward).view([h, b64, 1]),
+            terminated: Tensor::zeros([h, b64, 1], (tch::Kind::Float, tch::Device::Cpu)),
+            task: self.multitask.then(|| Tensor::from_slice(&task)),
+        })
+    }
+}
+
+/// Writes sample `i`'s rows (little-endian float32, row after row) into the time-major `out`
+/// (rows × batch × width).
+fn scatter(bytes: &[u8], out: &mut [f32], i: usize, batch: usize, width: usize) {
+    for (t, row) in bytes.chunks_exact(width * 4).enumerate() {
+        let at = (t * batch + i) * width;
+        for (value, b) in out[at..at + width].iter_mut().zip(row.chunks_exact(4)) {
+            *value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+}
+
+/// Episodes gathered into chunk files of the official format (`chunk_{i}.pt`), one file per
+/// `per_file` episodes of one length (a file's episodes share T).
+pub struct ChunkWriter {
+    dir: PathBuf,
+    per_file: usize,
+    obs_dim: usize,
+    action_dim: usize,
+    /// Each task's own action size: the rest of an action is zero, as the policy's mask makes it.
+    task_action_dims: Vec<usize>,
+    /// Episodes waiting for their file, by length.
+    pending: std::collections::BTreeMap<usize, Vec<crate::buffer::Episode>>,
+    written: Vec<PathBuf>,
+}
+
+impl ChunkWriter {
+    pub fn new(
+        dir: &Path,
+        per_file: usize,
+        obs_dim: usize,
+        task_action_dims: Vec<usize>,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        if per_file == 0 {
+            return Err(Error::Config("episodes per file must be at least 1".into()));
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            per_file,
+            obs_dim,
+            action_dim: task_action_dims.iter().copied().max().unwrap_or(0),
+            task_action_dims,
+            pending: Default::default(),
+            written: Vec::new(),
+        })
+    }
+
+    /// Adds a finished episode; a file is written when its length has `per_file` of them.
+    pub fn add(&mut self, episode: crate::buffer::Episode) -> Result<()> {
+        let length = episode.reward.len();
+        let group = self.pending.entry(length).or_default();
+        group.push(episode);
+        if group.len() == self.per_file {
+            let episodes = self.pending.remove(&length).unwrap_or_default();
+            self.write(&episodes)?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is left; the files written, in order.
+    pub fn finish(mut self) -> Result<Vec<PathBuf>> {
+        for episodes in std::mem::take(&mut self.pending).into_values() {
+            self.write(&episodes)?;
+        }
+        Ok(self.written)
+    }
+
+    fn write(&mut self, episodes: &[crate::buffer::Episode]) -> Result<()> {
+        let (d, a) = (self.obs_dim, self.action_dim);
+        let rows = episodes[0].reward.len() + 1;
+        let (mut obs, mut action, mut reward, mut task) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for episode in episodes {
+            let id = episode.task.unwrap_or(0);
+            let own = self.task_action_dims.get(id as usize).copied().unwrap_or(a);
+            obs.extend(episode.obs.iter().flat_map(|v| v.to_le_bytes()));
+            // Row 0: the first observation, NaN fillers for what led to it.
+            action.extend(std::iter::repeat_n(f32::NAN, a).flat_map(f32::to_le_bytes));
+            reward.extend(f32::NAN.to_le_bytes());
+            for step in episode.action.chunks(a) {
+                let kept = step
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| if j < own { v } else { 0.0 });
+                action.extend(kept.flat_map(f32::to_le_bytes));
+            }
+            reward.extend(episode.reward.iter().flat_map(|v| v.to_le_bytes()));
+            task.extend(std::iter::repeat_n(i64::from(id), rows).flat_map(i64::to_le_bytes));
+        }
+        let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
+        let path_text = path.to_string_lossy().to_string();
+        let failed = |e: pyo3::PyErr| {
+            Error::Other(format!(
+                "write dataset file {path_text}: {e} (writing needs tensordict, which \
+                 scripts/setup.sh installs)"
+            ))
+        };
+        embedded_python::attach_exclusive(|py| {
+            use pyo3::prelude::*;
+            use pyo3::types::PyBytes;
+            let module =
+                embedded_python::load_module(py, OFFICIAL_FORMAT, MODULE).map_err(failed)?;
+            let args = (
+                path_text.as_str(),
+                episodes.len(),
+                rows,
+                PyBytes::new(py, &obs),
+                d,
+                PyBytes::new(py, &action),
+                a,
+                PyBytes::new(py, &reward),
+                PyBytes::new(py, &task),
+            );
+            module.call_method1("write_chunk", args).map_err(failed)?;
+            Ok::<_, Error>(())
+        })?;
+        self.written.push(path);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::Episode;
+    use rand::SeedableRng;
+
+    /// An episode of `steps` steps whose every number says where it is: obs = 1000·episode +
+    /// 10·row + dim, action = −(1000·episode + 10·step + dim), reward = 1000·episode + step.
+    fn episode(id: usize, steps: usize, task: u32, obs_dim: usize, action_dim: usize) -> Episode {
+        let e = 1000.0 * id as f32;
+        Episode {
+            obs: (0..=steps)
+                .flat_map(|r| (0..obs_dim).map(move |d| e + 10.0 * r as f32 + d as f32))
+                .collect(),
+            action: (0..steps)
+                .flat_map(|t| (0..action_dim).map(move |d| -(e + 10.0 * t as f32 + d as f32)))
+                .collect(),
+            reward: (0..steps).map(|t| e + t as f32).collect(),
+            terminated: vec![0.0; steps],
+            task: Some(task),
+        }
+    }
+
+    fn expected(num_tasks: usize) -> Expected {
+        Expected {
+            obs_dim: 3,
+            action_dim: 2,
+            num_tasks,
+            multitask: true,
+            slice: 4,
+        }
+    }
+
+    /// Two tasks (the second acting with one of the two action numbers), two lengths.
+    fn write(dir: &Path) -> Vec<PathBuf> {
+        let mut writer = ChunkWriter::new(dir, 2, 3, vec![2, 1]).unwrap();
+        for id in 0..5 {
+            let steps = if id % 2 == 0 { 8 } else { 5 };
+            writer
+                .add(episode(id, steps, (id % 2) as u32, 3, 2))
+                .unwrap();
+        }
+        writer.finish().unwrap()
+    }
+
+    #[test]
+    fn batches_read_from_written_files_hold_the_episodes_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(dir.path());
+        assert_eq!(written.len(), 3, "2 + 1 episodes of 8 steps, 2 of 5");
+        assert_eq!(files(dir.path()).unwrap(), {
+            let mut sorted = written.clone();
+            sorted.sort();
+            sorted
+        });
+        let data = Dataset::open(&written, &expected(2)).unwrap();
+        assert_eq!(data.episodes(), 5);
+        assert_eq!(data.episodes_per_task(2), vec![3, 2]);
+        let batch = data.sample(64, &mut Pcg64::seed_from_u64(1)).unwrap();
+        assert_eq!(batch.obs.size(), [4, 64, 3]);
+        assert_eq!(batch.action.size(), [3, 64, 2]);
+        let obs = Vec::<f32>::try_from(batch.obs.flatten(0, -1)).unwrap();
+        let action = Vec::<f32>::try_from(batch.action.flatten(0, -1)).unwrap();
+        let reward = Vec::<f32>::try_from(batch.reward.flatten(0, -1)).unwrap();
+        let task = Vec::<i64>::try_from(batch.task.unwrap()).unwrap();
+        for b in 0..64 {
+            let first = obs[b * 3];
+            let (id, row) = ((first / 1000.0) as usize, (first % 1000.0 / 10.0) as usize);
+            assert_eq!(task[b], (id % 2) as i64);
+            for t in 0..4 {
+                let at = (t * 64 + b) * 3;
+                let want: Vec<f32> = (0..3).map(|d| first + 10.0 * t as f32 + d as f32).collect();
+                assert_eq!(obs[at..at + 3], want[..], "sample {b} row {t}");
+            }
+            for t in 0..3 {
+                // Row t+1 of the slice holds the action and reward of step row + t.
+                let step = (row + t) as f32;
+                let e = 1000.0 * id as f32;
+                let a = &action[(t * 64 + b) * 2..(t * 64 + b) * 2 + 2];
+                let second = if id % 2 == 1 {
+                    0.0
+                } else {
+                    -(e + 10.0 * step + 1.0)
+                };
+                assert_eq!(
+                    a,
+                    [-(e + 10.0 * step), second],
+                    "task 1 acts with one number"
+                );
+                assert_eq!(reward[t * 64 + b], e + step);
+            }
+        }
+    }
+
+    #[test]
+    fn files_that_do_not_fit_the_run_are_named_with_what_is_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(dir.path());
+        let wider = Expected {
+            obs_dim: 5,
+            ..expected(2)
+        };
+        let e = Dataset::open(&written, &wider).err().unwrap().to_string();
+        assert!(
+            e.contains("chunk_0.pt") && e.contains("observations of 3") && e.contains("takes 5"),
+            "{e}"
+        );
+        let e = Dataset::open(&written, &expected(1))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("task id 1") && e.contains("1 tasks"), "{e}");
+        let long = Expected {
+            slice: 7,
+            ..expected(2)
+        };
+        let e = Dataset::open(&written, &long).err().unwrap().to_string();
+        assert!(e.contains("episodes of 6 rows"), "{e}");
+        let e = shard(&written, 0, 4).err().unwrap().to_string();
+        assert!(e.contains("3 dataset files and world_size=4"), "{e}");
+        assert_eq!(shard(&written, 1, 2).unwrap(), vec![written[1].clone()]);
+        let empty = tempfile::tempdir().unwrap();
+        let e = files(empty.path()).err().unwrap().to_string();
+        assert!(
+            e.contains("data_dir=") && e.contains("no dataset file"),
+            "{e}"
+        );
+    }
+
+    /// A file whose pickle would run a command is refused, and the command never runs.
+    #[test]
+    fn pickled_code_is_refused_not_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (file, marker) = (dir.path().join("chunk_0.pt"), dir.path().join("ran"));
+        let script = format!(
+            "import os, torch\n\
+             class Payload:\n    def __reduce__(self):\n        return (os.system, ('touch {}',))\n\
+             torch.save({{'obs': Payload()}}, '{}')\n",
+            marker.display(),
+            file.display()
+        );
+        embedded_python::with_python(|py| {
+            let code = std::ffi::CString::new(script).unwrap();
+            py.run(&code, None, None)
+        })
+        .unwrap();
+        let e = Dataset::open(&[file], &expected(2))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("posix.system") && e.contains("refused"), "{e}");
+        assert!(!marker.exists(), "the pickled command ran");
+    }
+}

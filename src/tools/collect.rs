@@ -1,0 +1,100 @@
+//! `tdmpc2 collect`: plays episodes with a trained agent (or uniform random actions) and writes
+//! them as a dataset in the official format, for offline training (`data_dir=`).
+use std::path::PathBuf;
+
+use rand::SeedableRng;
+use rand_pcg::Pcg64;
+
+use crate::actor::{Acting, ActorSettings, Policy};
+use crate::agent::{AgentConfig, TorchNoise};
+use crate::config::Config;
+use crate::dataset::ChunkWriter;
+use crate::ddp::RankInfo;
+use crate::error::{Error, Result};
+
+/// What `tdmpc2 collect` writes.
+#[derive(Debug, Clone)]
+pub struct Collection {
+    pub out: PathBuf,
+    pub episodes: usize,
+    pub episodes_per_file: usize,
+}
+
+/// Plays `args.episodes` episodes, with the agent of `checkpoint=` or random actions.
+pub fn run(config: &Config, args: &Collection) -> Result<()> {
+    if args.episodes == 0 {
+        return Err(Error::Config("--episodes must be at least 1".into()));
+    }
+    let rank = RankInfo::single(config);
+    let device = crate::device::select(&config.device, &rank, false)?;
+    tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
+    tch::manual_seed(config.seed as i64);
+    let mut policy = Policy::new(
+        &AgentConfig::from_config(config)?,
+        device,
+        config.num_envs,
+        Box::new(TorchNoise::global()),
+    )?;
+    let planning = match config.checkpoint.as_deref() {
+        Some(path) => {
+            let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
+            crate::checkpoint::verify_model(&weights)?;
+            policy.load_file(&weights)?;
+            true
+        }
+        None => false,
+    };
+    let alone = Config {
+        world_size: 1,
+        ..config.clone()
+    };
+    let mut actor = ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
+    let action_dims = match &config.action_dims {
+        Some(dims) => dims.clone(),
+        None => vec![config.resolved_action_dim()?],
+    };
+    let mut writer = ChunkWriter::new(
+        &args.out,
+        args.episodes_per_file,
+        config.resolved_obs_dim()?,
+        action_dims,
+    )?;
+    let tasks = config.tasks()?;
+    let mut random = Pcg64::seed_from_u64(config.seed);
+    let episode_seed = |n: usize| config.seed.wrapping_add(n as u64) & 0xffff_ffff;
+    let (mut started, mut finished) = (0, 0);
+    for i in 0..actor.num_envs().min(args.episodes) {
+        actor.reset(i, episode_seed(started))?;
+        started += 1;
+    }
+    while finished < args.episodes {
+        let acting = match planning {
+            true => Acting::Policy,
+            false => Acting::Random(&mut random),
+        };
+        actor.step(acting)?;
+        for i in actor.done() {
+            let Some((episode, stats)) = actor.take_episode(i) else {
+                continue;
+            };
+            let task = &tasks[episode.task.unwrap_or(0) as usize];
+            writer.add(episode)?;
+            finished += 1;
+            eprintln!(
+                "episode {finished}/{}: {task}, return {:.1}",
+                args.episodes, stats.reward
+            );
+            if started < args.episodes {
+                actor.reset(i, episode_seed(started))?;
+                started += 1;
+            }
+        }
+    }
+    let files = writer.finish()?;
+    println!(
+        "wrote {finished} episodes in {} files to {}",
+        files.len(),
+        args.out.display()
+    );
+    Ok(())
+}
