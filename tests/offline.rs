@@ -14,7 +14,14 @@ const TASKS: &str = "[Pendulum-v1,reacher-easy,cartpole-swingup]";
 fn collect(out: &Path) -> String {
     let output = succeeds(
         Command::new(common::tdmpc2_bin())
-            .args(["collect", "--episodes", "6", "--episodes-per-file", "2", "--out"])
+            .args([
+                "collect",
+                "--episodes",
+                "6",
+                "--episodes-per-file",
+                "2",
+                "--out",
+            ])
             .arg(out)
             .arg(format!("task={TASKS}"))
             .arg("model_size=1"),
@@ -91,7 +98,10 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
     let records = metrics(whole.path());
     let evals: Vec<_> = records.iter().filter(|r| r["phase"] == "eval").collect();
     assert_eq!(
-        evals.iter().map(|r| r["step"].as_u64().unwrap()).collect::<Vec<_>>(),
+        evals
+            .iter()
+            .map(|r| r["step"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
         [0, 20],
         "evaluations every eval_freq updates"
     );
@@ -114,7 +124,11 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
     assert!(resumed.contains("(step 20)"), "{resumed}");
     let last = |run: &Path| {
         let dir = run.join("checkpoints/step_000000000040");
-        assert!(dir.is_dir(), "no checkpoint at update 40 in {}", run.display());
+        assert!(
+            dir.is_dir(),
+            "no checkpoint at update 40 in {}",
+            run.display()
+        );
         dir
     };
     for name in ["model.safetensors", "state.safetensors"] {
