@@ -9,7 +9,7 @@ use super::report::{Clock, Report};
 use super::schedule::Schedule;
 use super::stop;
 use super::streams::Streams;
-use crate::actor::{ActorSettings, Policy};
+use crate::actor::{Actor, ActorSettings, Policy};
 use crate::agent::{AgentConfig, TorchNoise, UpdateInfo};
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
@@ -27,129 +27,227 @@ pub(super) fn train(
     device: Device,
     group: &ProcessGroup,
 ) -> Result<()> {
-    let dataset = open_shard(config, group)?;
-    let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
-    let policy = Policy::new(
-        &AgentConfig::from_config(config)?,
-        device,
-        config.num_envs,
-        Box::new(TorchNoise::global()),
-    )?;
-    let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
-    let checkpoints = CheckpointSettings::from_config(config);
-    let mut state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
-        Some(resumed) => resumed,
-        None => {
-            learner.broadcast_parameters()?;
-            TrainState::default()
-        }
-    };
-    let mut streams = Streams::new(config.seed, rank.rank, false);
-    streams.reseed(state.step, &mut learner, &mut actor);
-    let mut report = match group.rank() {
-        0 => Some(Report::open(config, &checkpoints.run_dir)?),
-        _ => None,
-    };
-    if report.is_some() {
-        describe(config, &dataset, group.world_size());
+    let mut run = Offline::start(config, rank, device, group)?;
+    while run.state.step < run.settings.steps {
+        run.schedule.advance(run.state.step);
+        run.evaluate_if_due()?;
+        run.checkpoint_if_due()?;
+        run.stop_if_requested()?;
+        run.update()?;
     }
-    let mut schedule = Schedule::new(config.eval_freq, config.save_freq, state.step);
-    let clock = Clock::new(state.elapsed);
-    let num_tasks = config.multitask().then_some(config.tasks()?.len());
-    let mut last: Option<UpdateInfo> = None;
-    while state.step < config.steps {
-        let i = state.step;
-        schedule.advance(i);
-        if schedule.eval_due() {
-            let info = match &last {
-                Some(info) => Some(info.fetch()?),
-                None => None,
+    run.finish()
+}
+
+/// The run's own settings, taken once from the resolved config.
+struct Settings {
+    steps: u64,
+    batch_size: usize,
+    sync_freq: usize,
+    eval_episodes: usize,
+    /// A multitask run's number of tasks (each evaluated on its own).
+    num_tasks: Option<usize>,
+}
+
+/// One rank's offline run as named steps: the state they share and what each does.
+struct Offline<'g> {
+    settings: Settings,
+    device: Device,
+    group: &'g ProcessGroup,
+    dataset: Dataset,
+    learner: Learner<'g>,
+    actor: Actor,
+    checkpoints: CheckpointSettings,
+    streams: Streams,
+    state: TrainState,
+    schedule: Schedule,
+    /// Rank 0's logging.
+    report: Option<Report>,
+    clock: Clock,
+    /// The last update's statistics (device tensors), logged with the next evaluation.
+    last: Option<UpdateInfo>,
+}
+
+impl<'g> Offline<'g> {
+    /// Sets up or resumes: this rank's share of the dataset, the learner (identical on every
+    /// rank), the actor whose environments evaluate, the streams and rank 0's report.
+    fn start(
+        config: &Config,
+        rank: &RankInfo,
+        device: Device,
+        group: &'g ProcessGroup,
+    ) -> Result<Self> {
+        let dataset = open_shard(config, group)?;
+        let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
+        let policy = Policy::new(
+            &AgentConfig::from_config(config)?,
+            device,
+            config.num_envs,
+            Box::new(TorchNoise::global()),
+        )?;
+        let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
+        let checkpoints = CheckpointSettings::from_config(config);
+        let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
+            Some(resumed) => resumed,
+            None => {
+                learner.broadcast_parameters()?;
+                TrainState::default()
+            }
+        };
+        let mut streams = Streams::new(config.seed, rank.rank, false);
+        streams.reseed(state.step, &mut learner, &mut actor);
+        let report = match group.rank() {
+            0 => {
+                let report = Report::open(config, &checkpoints.run_dir)?;
+                describe(config, &dataset, group.world_size());
+                Some(report)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            settings: Settings {
+                steps: config.steps,
+                batch_size: config.batch_size,
+                sync_freq: config.sync_freq,
+                eval_episodes: config.eval_episodes,
+                num_tasks: config.multitask().then_some(config.tasks()?.len()),
+            },
+            device,
+            group,
+            dataset,
+            learner,
+            actor,
+            checkpoints,
+            streams,
+            schedule: Schedule::new(config.eval_freq, config.save_freq, state.step),
+            clock: Clock::new(state.elapsed),
+            state,
+            report,
+            last: None,
+        })
+    }
+
+    /// Evaluates each task with the current model, then logs the last update's statistics.
+    fn evaluate_if_due(&mut self) -> Result<()> {
+        if !self.schedule.eval_due() {
+            return Ok(());
+        }
+        let i = self.state.step;
+        let stats = match &self.last {
+            Some(info) => Some(info.fetch()?),
+            None => None,
+        };
+        if let Some(stats) = &stats {
+            finite::check_stats(stats, i)?;
+        }
+        if self.settings.eval_episodes > 0 {
+            self.actor.policy_mut().load_weights(self.learner.model())?;
+            let seed = self.streams.evaluation_seed(i);
+            let outcome = evaluate::evaluate(
+                &mut self.actor,
+                self.settings.eval_episodes,
+                self.settings.num_tasks,
+                seed,
+                self.group,
+                None,
+            )?;
+            let evaluation = match outcome {
+                Outcome::Done(evaluation) => evaluation,
+                Outcome::Stopped(request) => {
+                    return Err(self.stop(&format!("during the evaluation at update {i}"), request))
+                }
             };
-            actor.policy_mut().load_weights(learner.model())?;
-            let seed = streams.evaluation_seed(i);
-            if config.eval_episodes > 0 {
-                match evaluate::evaluate(
-                    &mut actor,
-                    config.eval_episodes,
-                    num_tasks,
-                    seed,
-                    group,
-                    None,
-                )? {
-                    Outcome::Done(evaluation) => {
-                        if let Some(report) = &mut report {
-                            report.evaluation(i, &evaluation, 0, &clock)?;
-                        }
-                    }
-                    Outcome::Stopped(request) => {
-                        state.elapsed = clock.elapsed();
-                        checkpoint::save(&checkpoints, &state, &learner, group)?;
-                        return Err(Error::Stopped(format!(
-                            "stopped during the evaluation at update {i}: {request}; checkpoint written"
-                        )));
-                    }
-                }
+            if let Some(report) = &mut self.report {
+                report.evaluation(i, &evaluation, 0, &self.clock)?;
             }
-            if let Some(stats) = &info {
-                finite::check_stats(stats, i)?;
-                // Multiples of LOG_EVERY are logged already.
-                if let (Some(report), false) = (&mut report, i.is_multiple_of(LOG_EVERY)) {
-                    report.updates(i, &clock, stats)?;
-                }
+        }
+        // Multiples of LOG_EVERY are logged already.
+        if let (Some(report), Some(stats)) = (&mut self.report, &stats) {
+            if !i.is_multiple_of(LOG_EVERY) {
+                report.updates(i, &self.clock, stats)?;
             }
-            schedule.evaluated();
         }
-        if schedule.save_due() {
-            state.elapsed = clock.elapsed();
-            checkpoint::save(&checkpoints, &state, &learner, group)?;
-            streams.reseed(i, &mut learner, &mut actor);
-            schedule.saved();
+        self.schedule.evaluated();
+        Ok(())
+    }
+
+    /// Writes the checkpoint that is due, then re-derives every stream from this update.
+    fn checkpoint_if_due(&mut self) -> Result<()> {
+        if !self.schedule.save_due() {
+            return Ok(());
         }
-        if let Some(request) = stop::requested(group)? {
-            state.elapsed = clock.elapsed();
-            checkpoint::save(&checkpoints, &state, &learner, group)?;
-            return Err(Error::Stopped(format!(
-                "stopped at update {i}: {request}; checkpoint written"
-            )));
+        self.state.elapsed = self.clock.elapsed();
+        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        self.streams
+            .reseed(self.state.step, &mut self.learner, &mut self.actor);
+        self.schedule.saved();
+        Ok(())
+    }
+
+    /// Ends the run with a checkpoint when any rank asked to stop (agreed by all).
+    fn stop_if_requested(&mut self) -> Result<()> {
+        match stop::requested(self.group)? {
+            Some(request) => Err(self.stop(&format!("at update {}", self.state.step), request)),
+            None => Ok(()),
         }
-        let batches = (0..config.sync_freq)
+    }
+
+    /// One synchronised update on `sync_freq` batches of this rank's files.
+    fn update(&mut self) -> Result<()> {
+        let batches = (0..self.settings.sync_freq)
             .map(|_| {
-                dataset
-                    .sample(config.batch_size, &mut streams.learner)
-                    .map(|b| b.to_device(device))
+                let batch = self
+                    .dataset
+                    .sample(self.settings.batch_size, &mut self.streams.learner)?;
+                Ok(batch.to_device(self.device))
             })
             .collect::<Result<Vec<_>>>()?;
-        let info = learner.update_on(&batches)?;
-        if (i + 1) % LOG_EVERY == 0 {
+        let info = self.learner.update_on(&batches)?;
+        self.state.step += 1;
+        let done = self.state.step;
+        if done.is_multiple_of(LOG_EVERY) {
             let stats = info.fetch()?;
-            finite::check_stats(&stats, i + 1)?;
-            if let Some(report) = &mut report {
-                report.updates(i + 1, &clock, &stats)?;
+            finite::check_stats(&stats, done)?;
+            if let Some(report) = &mut self.report {
+                report.updates(done, &self.clock, &stats)?;
             }
         }
-        last = Some(info);
-        state.step += 1;
-        if let Some(report) = &report {
-            report.progress(state.step);
+        self.last = Some(info);
+        if let Some(report) = &self.report {
+            report.progress(done);
+        }
+        Ok(())
+    }
+
+    /// Closes the report and writes the final checkpoint.
+    fn finish(mut self) -> Result<()> {
+        if let Some(report) = self.report.take() {
+            report.close()?;
+        }
+        self.state.elapsed = self.clock.elapsed();
+        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        if self.group.rank() == 0 {
+            let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
+            eprintln!(
+                "Training finished: {} ({:.1} updates/s; rank 0 sampled {:.1} MB of dataset \
+                 files with a peak memory of {:.1} MB)",
+                self.checkpoints.run_dir.display(),
+                self.settings.steps as f64 / self.clock.elapsed().max(1e-9),
+                self.dataset.bytes() as f64 / 1e6,
+                peak / 1e6
+            );
+        }
+        Ok(())
+    }
+
+    /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's
+    /// own, if it failed).
+    fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
+        self.state.elapsed = self.clock.elapsed();
+        match checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group) {
+            Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
+            Err(e) => e,
         }
     }
-    if let Some(report) = report.take() {
-        report.close()?;
-    }
-    state.elapsed = clock.elapsed();
-    checkpoint::save(&checkpoints, &state, &learner, group)?;
-    if group.rank() == 0 {
-        let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
-        eprintln!(
-            "Training finished: {} ({:.1} updates/s; rank 0 read {:.1} MB of dataset files with \
-             a peak memory of {:.1} MB)",
-            checkpoints.run_dir.display(),
-            config.steps as f64 / clock.elapsed().max(1e-9),
-            dataset.bytes() as f64 / 1e6,
-            peak / 1e6
-        );
-    }
-    Ok(())
 }
 
 /// This rank's files of `data_dir`, indexed and checked against the run's model.
