@@ -652,6 +652,44 @@ mod tests {
         );
     }
 
+    /// TensorDicts pickled as their `__dict__` (versions before tensordict's reducer, under
+    /// `tensordict.tensordict`) are read too: batch size and entries.
+    #[test]
+    fn an_older_tensordict_pickle_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("chunk_0.pt");
+        // A stand-in class in place of the module for the save, the real one put back after;
+        // one thread at a time, as every import.
+        let script = format!(
+            "import sys, types, torch, tensordict\n\
+             class TensorDict: pass\n\
+             TensorDict.__module__ = 'tensordict.tensordict'\n\
+             stand_in = types.ModuleType('tensordict.tensordict'); stand_in.TensorDict = TensorDict\n\
+             real = sys.modules.get('tensordict.tensordict')\n\
+             sys.modules['tensordict.tensordict'] = stand_in\n\
+             td = TensorDict()\n\
+             td.__dict__.update(_tensordict={{'obs': torch.zeros(2, 6, 3), \
+             'action': torch.zeros(2, 6, 2), 'reward': torch.zeros(2, 6), \
+             'task': torch.ones(2, 6, dtype=torch.int64)}}, _batch_size=torch.Size([2, 6]), \
+             _device=torch.device('cpu'), _is_shared=False)\n\
+             try:\n    torch.save(td, '{}')\n\
+             finally:\n    sys.modules.pop('tensordict.tensordict')\n    \
+             real is not None and sys.modules.__setitem__('tensordict.tensordict', real)\n",
+            file.display()
+        );
+        embedded_python::attach_exclusive(|py| {
+            let code = std::ffi::CString::new(script).unwrap();
+            py.run(&code, None, None)
+                .map_err(embedded_python::Error::from)
+        })
+        .unwrap();
+        let data = Dataset::open(&[file], &expected(2)).unwrap();
+        assert_eq!(
+            (data.episodes(), data.episodes_per_task(2)),
+            (2, vec![0, 2])
+        );
+    }
+
     /// A file whose pickle would run a command is refused, and the command never runs.
     #[test]
     fn pickled_code_is_refused_not_run() {

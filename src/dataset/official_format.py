@@ -61,7 +61,9 @@ class _TensorDict(dict):
 
     def __setstate__(self, state):
         # Versions that pickle the object's __dict__.
-        self.update(_entries(state))
+        entries = _entries(state)
+        self.update(entries)
+        self.batch_size = entries.batch_size
 
 
 def _entries(state):
@@ -85,6 +87,7 @@ _ALLOWED = {
     ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
     ("torch", "Tensor"): object,
     ("torch", "Size"): _size,
+    ("torch", "device"): str,
     ("collections", "OrderedDict"): collections.OrderedDict,
     ("tensordict._reductions", "_make_td"): _make_td,
     ("tensordict._td", "TensorDict"): _TensorDict,
