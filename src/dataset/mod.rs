@@ -401,6 +401,57 @@ impl Dataset {
     }
 }
 
+/// Batches sampled on a thread of their own, a few ahead of the updates that take them, in the
+/// order one stream draws them: the run's batches do not depend on timing, and reading them
+/// from disk overlaps the updates.
+pub struct Prefetcher {
+    batches: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    /// Batches ready ahead of the one taken.
+    const AHEAD: usize = 2;
+
+    pub fn start(dataset: std::sync::Arc<Dataset>, batch_size: usize, mut rng: Pcg64) -> Self {
+        let (sender, batches) = std::sync::mpsc::sync_channel(Self::AHEAD);
+        let thread = std::thread::Builder::new()
+            .name("dataset-prefetch".into())
+            .spawn(move || loop {
+                let batch = dataset.sample(batch_size, &mut rng);
+                let failed = batch.is_err();
+                // The receiver gone: the run moved on to a new stream, or ended.
+                if sender.send(batch).is_err() || failed {
+                    return;
+                }
+            })
+            .ok();
+        Self {
+            batches: Some(batches),
+            thread,
+        }
+    }
+
+    /// The next batch of the stream.
+    pub fn next(&self) -> Result<Batch> {
+        let gone = || Error::Other("the dataset's prefetching thread ended".into());
+        match &self.batches {
+            Some(batches) => batches.recv().map_err(|_| gone())?,
+            None => Err(gone()),
+        }
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread at its next batch.
+        drop(self.batches.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Writes sample `i`'s rows (little-endian float32, row after row) into the time-major `out`
 /// (rows × batch × width).
 fn scatter(bytes: &[u8], out: &mut [f32], i: usize, batch: usize, width: usize) {
@@ -529,6 +580,15 @@ mod tests {
     use crate::buffer::Episode;
     use rand::SeedableRng;
 
+    /// One of these tests at a time: torch (saving, in the embedded interpreter) from several
+    /// short-lived test threads at once can deadlock on the interpreter lock; the trainer and
+    /// `collect` use it from one thread.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// An episode of `steps` steps whose every number says where it is: obs = 1000·episode +
     /// 10·row + dim, action = −(1000·episode + 10·step + dim), reward = 1000·episode + step.
     fn episode(id: usize, steps: usize, task: u32, obs_dim: usize, action_dim: usize) -> Episode {
@@ -570,6 +630,7 @@ mod tests {
 
     #[test]
     fn batches_read_from_written_files_hold_the_episodes_rows() {
+        let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let written = write(dir.path());
         assert_eq!(written.len(), 3, "2 + 1 episodes of 8 steps, 2 of 5");
@@ -617,8 +678,28 @@ mod tests {
         }
     }
 
+    /// Prefetched batches are the stream's batches in its order, whatever the thread's timing.
+    #[test]
+    fn prefetched_batches_are_those_drawn_in_order() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let data = std::sync::Arc::new(Dataset::open(&write(dir.path()), &expected(2)).unwrap());
+        let prefetcher = Prefetcher::start(data.clone(), 8, Pcg64::seed_from_u64(5));
+        let mut rng = Pcg64::seed_from_u64(5);
+        for _ in 0..5 {
+            let (a, b) = (
+                prefetcher.next().unwrap(),
+                data.sample(8, &mut rng).unwrap(),
+            );
+            assert!(a.obs.equal(&b.obs) && a.action.equal(&b.action));
+            assert!(a.task.unwrap().equal(&b.task.unwrap()));
+        }
+        drop(prefetcher); // ends and joins its thread, not waiting on a full channel
+    }
+
     #[test]
     fn files_that_do_not_fit_the_run_are_named_with_what_is_wrong() {
+        let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let written = write(dir.path());
         let wider = Expected {
@@ -656,6 +737,7 @@ mod tests {
     /// `tensordict.tensordict`) are read too: batch size and entries.
     #[test]
     fn an_older_tensordict_pickle_is_read() {
+        let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("chunk_0.pt");
         // A stand-in class in place of the module for the save, the real one put back after;
@@ -693,6 +775,7 @@ mod tests {
     /// A file whose pickle would run a command is refused, and the command never runs.
     #[test]
     fn pickled_code_is_refused_not_run() {
+        let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let (file, marker) = (dir.path().join("chunk_0.pt"), dir.path().join("ran"));
         let script = format!(

@@ -2,6 +2,8 @@
 //! read from this rank's dataset files, evaluated every `eval_freq` updates (each task on its
 //! own), checkpointed every `save_freq` updates and at the end. Steps count updates, which
 //! every rank makes together, so the step is the same number on every rank.
+use std::sync::Arc;
+
 use tch::Device;
 
 use super::evaluate::{self, Outcome};
@@ -13,7 +15,7 @@ use crate::actor::{Actor, ActorSettings, Policy};
 use crate::agent::{AgentConfig, TorchNoise, UpdateInfo};
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
-use crate::dataset::{self, Dataset, Expected};
+use crate::dataset::{self, Dataset, Expected, Prefetcher};
 use crate::ddp::{ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::learner::{finite, Learner, LearnerSettings};
@@ -53,7 +55,9 @@ struct Offline<'g> {
     settings: Settings,
     device: Device,
     group: &'g ProcessGroup,
-    dataset: Dataset,
+    dataset: Arc<Dataset>,
+    /// This rank's batches, drawn from the learner's stream ahead of the updates.
+    batches: Prefetcher,
     learner: Learner<'g>,
     actor: Actor,
     checkpoints: CheckpointSettings,
@@ -76,7 +80,7 @@ impl<'g> Offline<'g> {
         device: Device,
         group: &'g ProcessGroup,
     ) -> Result<Self> {
-        let dataset = open_shard(config, group)?;
+        let dataset = Arc::new(open_shard(config, group)?);
         let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
         let policy = Policy::new(
             &AgentConfig::from_config(config)?,
@@ -95,6 +99,8 @@ impl<'g> Offline<'g> {
         };
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor);
+        let batches =
+            Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
         let report = match group.rank() {
             0 => {
                 let report = Report::open(config, &checkpoints.run_dir)?;
@@ -114,6 +120,7 @@ impl<'g> Offline<'g> {
             device,
             group,
             dataset,
+            batches,
             learner,
             actor,
             checkpoints,
@@ -179,6 +186,11 @@ impl<'g> Offline<'g> {
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         self.streams
             .reseed(self.state.step, &mut self.learner, &mut self.actor);
+        self.batches = Prefetcher::start(
+            self.dataset.clone(),
+            self.settings.batch_size,
+            self.streams.learner.clone(),
+        );
         self.schedule.saved();
         Ok(())
     }
@@ -194,12 +206,7 @@ impl<'g> Offline<'g> {
     /// One synchronised update on `sync_freq` batches of this rank's files.
     fn update(&mut self) -> Result<()> {
         let batches = (0..self.settings.sync_freq)
-            .map(|_| {
-                let batch = self
-                    .dataset
-                    .sample(self.settings.batch_size, &mut self.streams.learner)?;
-                Ok(batch.to_device(self.device))
-            })
+            .map(|_| Ok(self.batches.next()?.to_device(self.device)))
             .collect::<Result<Vec<_>>>()?;
         let info = self.learner.update_on(&batches)?;
         self.state.step += 1;
