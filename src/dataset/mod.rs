@@ -114,6 +114,13 @@ impl Field {
                 dtypes.join(" or ")
             ));
         }
+        if d.stride.len() != d.shape.len() {
+            return Err(format!(
+                "`{name}` has {} strides for {} dimensions",
+                d.stride.len(),
+                d.shape.len()
+            ));
+        }
         let (width, inner) = match d.shape.len() {
             2 => (1, 1),
             3 => (d.shape[2], d.stride[2]),
@@ -136,12 +143,16 @@ impl Field {
                 d.stride
             ));
         }
-        let last = d.offset
-            + (episodes.max(1) - 1) * d.stride[0]
-            + (length.max(1) - 1) * d.stride[1]
-            + width.max(1)
-            - 1;
-        if ((last + 1) * d.item_size) as u64 > d.nbytes {
+        // The last element's index; saturating, so that a file claiming absurd sizes is refused.
+        let last = [
+            (episodes.max(1) - 1).saturating_mul(d.stride[0]),
+            (length.max(1) - 1).saturating_mul(d.stride[1]),
+            width.max(1) - 1,
+        ]
+        .iter()
+        .fold(d.offset, |sum, &x| sum.saturating_add(x));
+        let end = (last.saturating_add(1) as u64).saturating_mul(d.item_size as u64);
+        if end > d.nbytes {
             return Err(format!("`{name}` reaches past its storage"));
         }
         let item = d.item_size as u64;

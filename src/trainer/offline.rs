@@ -269,7 +269,10 @@ fn open_shard(config: &Config, group: &ProcessGroup) -> Result<Dataset> {
         multitask: config.multitask(),
         slice: config.horizon + 1,
     };
-    Dataset::open(&mine, &expected).map_err(|e| Error::Config(format!("data_dir={dir}: {e}")))
+    Dataset::open(&mine, &expected).map_err(|e| match e {
+        Error::Config(message) => Error::Config(format!("data_dir={dir}: {message}")),
+        other => other,
+    })
 }
 
 /// Rank 0's account of its share of the data.
