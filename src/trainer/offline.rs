@@ -9,16 +9,17 @@ use tch::Device;
 use super::evaluate::{self, Outcome};
 use super::report::{Clock, Report};
 use super::schedule::Schedule;
+use super::setup;
 use super::stop;
 use super::streams::Streams;
-use crate::actor::{Actor, ActorSettings, Policy};
-use crate::agent::{AgentConfig, TorchNoise, UpdateInfo};
+use crate::actor::Actor;
+use crate::agent::UpdateInfo;
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
 use crate::dataset::{self, Dataset, Expected, Prefetcher};
 use crate::ddp::{ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
-use crate::learner::{finite, Learner, LearnerSettings};
+use crate::learner::{finite, Learner};
 
 /// Update statistics are logged this often (and at every evaluation), as the official trainer.
 const LOG_EVERY: u64 = 10_000;
@@ -81,22 +82,12 @@ impl<'g> Offline<'g> {
         group: &'g ProcessGroup,
     ) -> Result<Self> {
         let dataset = Arc::new(open_shard(config, group)?);
-        let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
-        let policy = Policy::new(
-            &AgentConfig::from_config(config)?,
-            device,
-            config.num_envs,
-            Box::new(TorchNoise::global()),
-        )?;
-        let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
-        let checkpoints = CheckpointSettings::from_config(config);
-        let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
-            Some(resumed) => resumed,
-            None => {
-                learner.broadcast_parameters()?;
-                TrainState::default()
-            }
-        };
+        let setup::Start {
+            mut learner,
+            mut actor,
+            checkpoints,
+            state,
+        } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor);
         let batches =
@@ -250,10 +241,8 @@ impl<'g> Offline<'g> {
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
         self.state.elapsed = self.clock.elapsed();
-        match checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group) {
-            Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
-            Err(e) => e,
-        }
+        let (state, learner) = (&self.state, &self.learner);
+        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
     }
 }
 

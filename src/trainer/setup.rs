@@ -1,10 +1,16 @@
 //! A rank's place before training: its device and threads, then the process group, then its
-//! CPUs (after the group: its communication threads, already started, keep every CPU).
+//! CPUs (after the group: its communication threads, already started, keep every CPU); then
+//! what it trains with, fresh or resumed, and the checkpoint a stop leaves.
 use tch::Device;
 
+use super::stop::StopRequest;
+use crate::actor::{Actor, ActorSettings, Policy};
+use crate::agent::{AgentConfig, TorchNoise};
+use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
 use crate::ddp::{affinity, GroupSettings, ProcessGroup, RankInfo};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::learner::{Learner, LearnerSettings};
 
 pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, ProcessGroup)> {
     let device = crate::device::select(&config.device, rank, config.dist_backend == "gloo")?;
@@ -27,4 +33,64 @@ pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, Pr
         }
     }
     Ok((device, group))
+}
+
+/// What a run trains with, fresh or resumed.
+pub(super) struct Start<'g> {
+    pub(super) learner: Learner<'g>,
+    pub(super) actor: Actor,
+    pub(super) checkpoints: CheckpointSettings,
+    pub(super) state: TrainState,
+}
+
+/// The learner (identical on every rank: broadcast from rank 0, or loaded from the
+/// checkpoint), the actor with its environments and the learner's weights, and the counters.
+pub(super) fn start<'g>(
+    config: &Config,
+    rank: &RankInfo,
+    device: Device,
+    group: &'g ProcessGroup,
+) -> Result<Start<'g>> {
+    let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
+    let policy = Policy::new(
+        &AgentConfig::from_config(config)?,
+        device,
+        config.num_envs,
+        Box::new(TorchNoise::global()),
+    )?;
+    let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
+    let checkpoints = CheckpointSettings::from_config(config);
+    let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
+        Some(resumed) => resumed,
+        None => {
+            learner.broadcast_parameters()?;
+            TrainState::default()
+        }
+    };
+    if !state.env_episodes.is_empty() {
+        actor.set_env_episodes(&state.env_episodes)?;
+    }
+    actor.policy_mut().load_weights(learner.model())?;
+    Ok(Start {
+        learner,
+        actor,
+        checkpoints,
+        state,
+    })
+}
+
+/// Writes the checkpoint a stop promises; returns the error that ends the run (the save's own,
+/// if it failed).
+pub(super) fn stop_with_checkpoint(
+    checkpoints: &CheckpointSettings,
+    state: &TrainState,
+    learner: &Learner,
+    group: &ProcessGroup,
+    when: &str,
+    request: StopRequest,
+) -> Error {
+    match checkpoint::save(checkpoints, state, learner, group) {
+        Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
+        Err(e) => e,
+    }
 }

@@ -6,15 +6,16 @@ use super::evaluate::{self, Outcome};
 use super::pipeline::Pipeline;
 use super::report::{Clock, Report};
 use super::schedule::Schedule;
+use super::setup;
 use super::stop::{self, StopRequest};
 use super::streams::Streams;
-use crate::actor::{Acting, Actor, ActorSettings, Policy};
-use crate::agent::{AgentConfig, TorchNoise, UpdateInfo};
+use crate::actor::{Acting, Actor};
+use crate::agent::UpdateInfo;
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
 use crate::ddp::{ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
-use crate::learner::{finite, Learner, LearnerSettings};
+use crate::learner::{finite, Learner};
 
 /// The loop's own settings, taken once from the resolved config (steps are this rank's).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,27 +83,13 @@ impl<'g> Training<'g> {
         group: &'g ProcessGroup,
     ) -> Result<Self> {
         let world_size = group.world_size() as u64;
-        let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
-        let policy = Policy::new(
-            &AgentConfig::from_config(config)?,
-            device,
-            config.num_envs,
-            Box::new(TorchNoise::global()),
-        )?;
-        let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
+        let setup::Start {
+            mut learner,
+            mut actor,
+            checkpoints,
+            state,
+        } = setup::start(config, rank, device, group)?;
         let pipeline = Pipeline::new(config, rank)?;
-        let checkpoints = CheckpointSettings::from_config(config);
-        let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
-            Some(resumed) => resumed,
-            None => {
-                learner.broadcast_parameters()?;
-                TrainState::default()
-            }
-        };
-        if !state.env_episodes.is_empty() {
-            actor.set_env_episodes(&state.env_episodes)?;
-        }
-        actor.policy_mut().load_weights(learner.model())?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor);
         let report = match group.rank() {
@@ -407,10 +394,8 @@ impl<'g> Training<'g> {
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: StopRequest) -> Error {
         self.state.elapsed = self.clock.elapsed();
-        match checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group) {
-            Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
-            Err(e) => e,
-        }
+        let (state, learner) = (&self.state, &self.learner);
+        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
     }
 }
 

@@ -1,0 +1,118 @@
+//! Episodes written as dataset files of the official format (with tensordict, in the embedded
+//! interpreter).
+use std::path::{Path, PathBuf};
+
+use super::{MODULE, OFFICIAL_FORMAT};
+use crate::buffer::Episode;
+use crate::error::{Error, Result};
+
+/// Episodes gathered into chunk files of the official format (`chunk_{i}.pt`), one file per
+/// `per_file` episodes of one length (a file's episodes share T).
+pub struct ChunkWriter {
+    dir: PathBuf,
+    per_file: usize,
+    obs_dim: usize,
+    action_dim: usize,
+    /// Each task's own action size: the rest of an action is zero, as the policy's mask makes it.
+    task_action_dims: Vec<usize>,
+    /// Episodes waiting for their file, by length.
+    pending: std::collections::BTreeMap<usize, Vec<Episode>>,
+    written: Vec<PathBuf>,
+}
+
+impl ChunkWriter {
+    pub fn new(
+        dir: &Path,
+        per_file: usize,
+        obs_dim: usize,
+        task_action_dims: Vec<usize>,
+    ) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        if per_file == 0 {
+            return Err(Error::Config("episodes per file must be at least 1".into()));
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            per_file,
+            obs_dim,
+            action_dim: task_action_dims.iter().copied().max().unwrap_or(0),
+            task_action_dims,
+            pending: Default::default(),
+            written: Vec::new(),
+        })
+    }
+
+    /// Adds a finished episode; a file is written when its length has `per_file` of them.
+    pub fn add(&mut self, episode: Episode) -> Result<()> {
+        let length = episode.reward.len();
+        let group = self.pending.entry(length).or_default();
+        group.push(episode);
+        if group.len() == self.per_file {
+            let episodes = self.pending.remove(&length).unwrap_or_default();
+            self.write(&episodes)?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is left; the files written, in order.
+    pub fn finish(mut self) -> Result<Vec<PathBuf>> {
+        for episodes in std::mem::take(&mut self.pending).into_values() {
+            self.write(&episodes)?;
+        }
+        Ok(self.written)
+    }
+
+    fn write(&mut self, episodes: &[Episode]) -> Result<()> {
+        let (d, a) = (self.obs_dim, self.action_dim);
+        let rows = episodes[0].reward.len() + 1;
+        let (mut obs, mut action, mut reward, mut task) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for episode in episodes {
+            let id = episode.task.unwrap_or(0);
+            let own = self.task_action_dims.get(id as usize).copied().unwrap_or(a);
+            obs.extend(episode.obs.iter().flat_map(|v| v.to_le_bytes()));
+            // Row 0: the first observation, NaN fillers for what led to it.
+            action.extend(std::iter::repeat_n(f32::NAN, a).flat_map(f32::to_le_bytes));
+            reward.extend(f32::NAN.to_le_bytes());
+            for step in episode.action.chunks(a) {
+                let kept = step
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| if j < own { v } else { 0.0 });
+                action.extend(kept.flat_map(f32::to_le_bytes));
+            }
+            reward.extend(episode.reward.iter().flat_map(|v| v.to_le_bytes()));
+            task.extend(std::iter::repeat_n(i64::from(id), rows).flat_map(i64::to_le_bytes));
+        }
+        let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
+        let path_text = path.to_string_lossy().to_string();
+        let failed = |e: pyo3::PyErr| {
+            Error::Other(format!(
+                "write dataset file {path_text}: {e} (writing needs tensordict, which \
+                 scripts/setup.sh installs)"
+            ))
+        };
+        embedded_python::attach_exclusive(|py| {
+            use pyo3::prelude::*;
+            use pyo3::types::PyBytes;
+            let module =
+                embedded_python::load_module(py, OFFICIAL_FORMAT, MODULE).map_err(failed)?;
+            let args = (
+                path_text.as_str(),
+                episodes.len(),
+                rows,
+                PyBytes::new(py, &obs),
+                d,
+                PyBytes::new(py, &action),
+                a,
+                PyBytes::new(py, &reward),
+                PyBytes::new(py, &task),
+            );
+            module.call_method1("write_chunk", args).map_err(failed)?;
+            Ok::<_, Error>(())
+        })?;
+        self.written.push(path);
+        Ok(())
+    }
+}
