@@ -10,7 +10,7 @@ use super::op_count::{count_ops, OpCount};
 use super::planner::Planner;
 use super::update::Updater;
 use super::world_model::WorldModel;
-use super::Result;
+use super::{Error, Result};
 use crate::buffer::Batch;
 
 /// What to measure.
@@ -228,11 +228,14 @@ fn load_average() -> Option<f64> {
     text.split_whitespace().next()?.parse().ok()
 }
 
-fn parse_device(name: &str) -> Device {
+fn parse_device(name: &str) -> Result<Device> {
+    // `cuda` without a GPU is refused here rather than failing in the first kernel.
+    let gpus = tch::Cuda::device_count();
     match name {
-        "cuda" => Device::Cuda(0),
-        "auto" => Device::cuda_if_available(),
-        _ => Device::Cpu,
+        "cuda" if gpus > 0 => Ok(Device::Cuda(0)),
+        "cuda" => Err(Error::Config("device cuda: torch sees no GPU".into())),
+        "auto" if gpus > 0 => Ok(Device::Cuda(0)),
+        _ => Ok(Device::Cpu),
     }
 }
 
@@ -241,7 +244,7 @@ pub fn bench(options: &BenchOptions) -> Result<BenchReport> {
     if let Some(threads) = options.threads {
         tch::set_num_threads(threads as i32);
     }
-    let device = parse_device(&options.device);
+    let device = parse_device(&options.device)?;
     super::kernels::retain_freed_memory();
     let load_before = load_average();
     let matmul = matmul_gflops(device, 2048);
