@@ -41,6 +41,41 @@ impl Batch {
             task: self.task.as_ref().map(|t| t.to_device(device)),
         }
     }
+
+    /// A copy on `device`, in memory of its own (never shared with `self`).
+    pub fn copy_to(&self, device: Device) -> Batch {
+        let copy = |t: &Tensor| t.to_device(device).copy();
+        Batch {
+            obs: copy(&self.obs),
+            action: copy(&self.action),
+            reward: copy(&self.reward),
+            terminated: copy(&self.terminated),
+            task: self.task.as_ref().map(copy),
+        }
+    }
+
+    /// Overwrites this batch's tensors in place with `other`'s (same shapes, any device).
+    pub fn refill(&mut self, other: &Batch) -> Result<()> {
+        let sizes = |b: &Batch| {
+            let task = b.task.as_ref().map(Tensor::size);
+            (b.obs.size(), b.action.size(), b.reward.size(), task)
+        };
+        if sizes(self) != sizes(other) {
+            return Err(Error::Config(format!(
+                "a batch of sizes {:?} cannot refill one of {:?}",
+                sizes(other),
+                sizes(self)
+            )));
+        }
+        self.obs.f_copy_(&other.obs)?;
+        self.action.f_copy_(&other.action)?;
+        self.reward.f_copy_(&other.reward)?;
+        self.terminated.f_copy_(&other.terminated)?;
+        if let (Some(task), Some(other)) = (&mut self.task, &other.task) {
+            task.f_copy_(other)?;
+        }
+        Ok(())
+    }
 }
 
 /// One finished episode, as the actor hands it over.

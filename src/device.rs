@@ -95,21 +95,6 @@ pub fn set_tf32(device: Device, on: bool) -> Result<()> {
     .map_err(|e| Error::Other(format!("cannot set tf32={on}: {e}")))
 }
 
-/// What `compile` does on this device, as one line for the log (None when there is nothing to
-/// say).
-pub fn compile_note(device: Device, compile: bool) -> Option<&'static str> {
-    match (compile, device.is_cuda()) {
-        (false, _) => None,
-        (true, false) => {
-            Some("compile=true: CUDA graphs apply on CUDA only; on the CPU nothing changes")
-        }
-        (true, true) => Some(
-            "compile=true: CUDA-graph capture of plan and update is not part of this build yet; \
-             running eagerly",
-        ),
-    }
-}
-
 fn visible_devices() -> String {
     std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "<unset>".into())
 }
@@ -205,12 +190,8 @@ mod tests {
     }
 
     #[test]
-    fn compile_and_tf32_change_nothing_on_the_cpu() {
+    fn tf32_changes_nothing_on_the_cpu() {
         assert!(set_tf32(Device::Cpu, true).is_ok());
-        assert_eq!(compile_note(Device::Cpu, false), None);
-        assert!(compile_note(Device::Cpu, true)
-            .unwrap()
-            .contains("nothing changes"));
     }
 
     #[test]

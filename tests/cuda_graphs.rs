@@ -143,3 +143,157 @@ fn a_failed_capture_reports_the_cause_and_the_next_one_works() {
     graph.replay().expect("replay");
     assert!(max_abs_diff(&y, &eager) < 1e-6);
 }
+
+/// A small agent's config (obs 5, action 2), with `overrides` laid over it.
+fn small_config(overrides: &[&str]) -> tdmpc2::config::Config {
+    let base = [
+        "batch_size=32",
+        "horizon=3",
+        "latent_dim=16",
+        "enc_dim=32",
+        "mlp_dim=32",
+        "num_samples=64",
+        "num_elites=8",
+        "num_pi_trajs=4",
+        "iterations=3",
+        "dropout=0.01",
+        "obs_shape=[5]",
+        "action_dim=2",
+        "discount=0.99",
+        "lr_warmup_steps=3",
+    ];
+    let overrides = base.iter().chain(overrides).map(|s| s.to_string());
+    tdmpc2::config::Config::load(&tdmpc2::config::Source {
+        overrides: overrides.collect(),
+        ..Default::default()
+    })
+    .expect("a valid config")
+}
+
+/// Batches of `config`'s shapes on `device`, the same on every call (drawn on the host).
+fn batches(count: usize, device: Device, episodic: bool) -> Vec<tdmpc2::buffer::Batch> {
+    use tdmpc2::agent::{HostNoise, Noise};
+    let mut noise = HostNoise::seeded(11);
+    (0..count)
+        .map(|_| {
+            let mut draw = |shape: &[i64]| noise.randn(shape, device).unwrap();
+            let terminated = match episodic {
+                true => draw(&[3, 32, 1]).gt(1.5).to_kind(Kind::Float),
+                false => Tensor::zeros([3, 32, 1], (Kind::Float, device)),
+            };
+            tdmpc2::buffer::Batch {
+                obs: draw(&[4, 32, 5]),
+                action: draw(&[3, 32, 2]).clamp(-1.0, 1.0),
+                reward: draw(&[3, 32, 1]),
+                terminated,
+                task: None,
+            }
+        })
+        .collect()
+}
+
+/// The update captured as one graph does what the eager update does, draw for draw: the same
+/// parameters, optimiser state, statistics and step counts after several updates (the first
+/// warms up and captures, the others replay), episodic or not.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn a_captured_update_equals_the_eager_update() {
+    use tdmpc2::ddp::{ProcessGroup, RankInfo};
+    use tdmpc2::learner::{Learner, LearnerSettings};
+    let (_gpu, device) = gpu();
+    for episodic in [false, true] {
+        let config = small_config(&[if episodic {
+            "episodic=true"
+        } else {
+            "episodic=false"
+        }]);
+        let group = ProcessGroup::alone(RankInfo::single(&config));
+        let run = |capture: bool| {
+            let settings = LearnerSettings::from_config(&config)
+                .unwrap()
+                .with_capacity(64);
+            let mut learner = Learner::new(&settings, device, &group).unwrap();
+            if capture {
+                learner
+                    .capture_updates()
+                    .expect("one rank on CUDA captures");
+            }
+            let stats: Vec<_> = batches(5, device, episodic)
+                .iter()
+                .map(|batch| learner.update_on(std::slice::from_ref(batch)).unwrap())
+                .map(|info| info.fetch().unwrap())
+                .collect();
+            let state = learner.updater().model_optim.state();
+            let mut tensors = learner.model().named_tensors();
+            tensors.push(("model_optim.exp_avg_sq".into(), state.exp_avg_sq.copy()));
+            (tensors, stats, learner.updater().step_counts())
+        };
+        let (eager, eager_stats, eager_steps) = run(false);
+        let (graphed, graphed_stats, graphed_steps) = run(true);
+        assert_eq!(eager_steps, [5, 5]);
+        assert_eq!(graphed_steps, eager_steps, "the host counts replayed steps");
+        for ((name, a), (_, b)) in eager.iter().zip(&graphed) {
+            let scale = a.abs().max().double_value(&[]).max(1.0);
+            let diff = max_abs_diff(a, b);
+            assert!(
+                diff <= 1e-5 * scale,
+                "episodic={episodic}: {name} differs by {diff}"
+            );
+        }
+        assert_ne!(eager_stats[3].total_loss, eager_stats[4].total_loss);
+        for (i, (a, b)) in eager_stats.iter().zip(&graphed_stats).enumerate() {
+            for ((name, x), (_, y)) in a.named().iter().zip(b.named()) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "episodic={episodic}, update {i}: {name} {x} vs {y}"
+                );
+            }
+        }
+    }
+}
+
+/// Plans through graphs (one per eval_mode) act as eager plans do on the same draws, whichever
+/// environments start an episode.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn captured_plans_equal_eager_plans() {
+    use tdmpc2::actor::Policy;
+    use tdmpc2::agent::{AgentConfig, TorchNoise};
+    let (_gpu, device) = gpu();
+    let agent = AgentConfig::from_config(&small_config(&[])).unwrap();
+    let obs: Vec<f32> = (0..20).map(|i| (i as f32 * 0.37).sin()).collect();
+    let calls = [
+        ([true, true, true, true], false),
+        ([false, true, false, false], false),
+        ([false, false, false, false], true),
+        ([false, false, true, false], false),
+        ([true, false, false, false], true),
+        ([false, false, false, false], false),
+    ];
+    let run = |capture: bool| {
+        let noise = Box::new(TorchNoise::seeded(3));
+        let mut policy = Policy::new(&agent, device, 4, noise).unwrap();
+        if capture {
+            policy
+                .capture_plans()
+                .expect("a single-task plan on CUDA captures");
+        }
+        calls
+            .iter()
+            .map(|(t0, eval_mode)| policy.act(&obs, t0, *eval_mode).unwrap())
+            .collect::<Vec<_>>()
+    };
+    let (eager, graphed) = (run(false), run(true));
+    assert_ne!(eager[4], eager[5]);
+    for (i, (a, b)) in eager.iter().zip(&graphed).enumerate() {
+        let diff = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff <= 1e-4,
+            "call {i}: actions differ by {diff}: {a:?} vs {b:?}"
+        );
+    }
+}

@@ -107,3 +107,32 @@ fn two_ranks_share_one_gpu_through_gloo() {
         "both ranks hold the same learner"
     );
 }
+
+/// `compile=true` (the default) on one GPU: plans and updates run as CUDA graphs, and a run
+/// stopped at step 200 and resumed ends where the uninterrupted run ends.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn graphs_train_and_resume_exactly_on_one_gpu() {
+    let (whole, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let out = train(whole.path(), &["device=cuda"]);
+    let log = assert_trained(&out, "graphs, whole run");
+    for what in ["updates", "plans"] {
+        let line = format!("compile=true: {what} run as CUDA graphs");
+        assert!(log.contains(&line), "{line}: {log}");
+    }
+    let first = train(split.path(), &["device=cuda", "steps=200", "save_freq=200"]);
+    assert_trained(&first, "graphs, first half");
+    let resumed = train(split.path(), &["device=cuda", "resume=auto"]);
+    let log = assert_trained(&resumed, "graphs, resumed");
+    assert!(log.contains("(step 200)"), "resumed from step 200: {log}");
+    for name in ["model.safetensors", "state.safetensors"] {
+        let read = |run: &Path| {
+            std::fs::read(run.join("checkpoints/step_000000000400").join(name))
+                .unwrap_or_else(|e| panic!("{name} at step 400 in {}: {e}", run.display()))
+        };
+        assert!(
+            read(whole.path()) == read(split.path()),
+            "{name} of the resumed run differs"
+        );
+    }
+}

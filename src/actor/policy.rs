@@ -8,7 +8,8 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::agent::{AgentConfig, Error, Noise, Planner, Result, TaskModel, WorldModel};
+use crate::agent::{AgentConfig, Error, Noise, PlanInputs, Planner, Result, TaskModel, WorldModel};
+use crate::cuda::Replayed;
 
 pub struct Policy {
     model: WorldModel,
@@ -17,6 +18,15 @@ pub struct Policy {
     mpc: bool,
     /// A multitask model's task of each environment (E,), once set.
     tasks: Option<Tensor>,
+    /// Plans through CUDA graphs, once asked to.
+    graphs: Option<PlanGraphs>,
+}
+
+/// The plan as CUDA graphs, one per `eval_mode` (captured at its first use), and the inputs
+/// they read.
+struct PlanGraphs {
+    inputs: Option<PlanInputs>,
+    by_mode: [Replayed; 2],
 }
 
 impl Policy {
@@ -34,7 +44,31 @@ impl Policy {
             noise,
             mpc: config.mpc,
             tasks: None,
+            graphs: None,
         })
+    }
+
+    /// Plans through CUDA graphs from now on, one per `eval_mode`, each captured at its first
+    /// use: for a single-task policy that plans, on CUDA, whose noise draws on the device (as
+    /// [`crate::agent::TorchNoise`] does; a host stream's uploads cannot be captured). Says
+    /// why not otherwise, and stays eager.
+    pub fn capture_plans(&mut self) -> std::result::Result<(), String> {
+        let device = self.model.device();
+        let why_not = match () {
+            _ if !device.is_cuda() => format!("plans run on {device:?}, graphs on CUDA only"),
+            _ if !self.mpc => "mpc=false acts with the policy alone, without planning".into(),
+            _ if self.model.task.is_some() => {
+                "a multitask model's task-embedding lookup reads its rows back to the host".into()
+            }
+            _ => {
+                self.graphs = Some(PlanGraphs {
+                    inputs: None,
+                    by_mode: [Replayed::new(device), Replayed::new(device)],
+                });
+                return Ok(());
+            }
+        };
+        Err(why_not)
     }
 
     /// Each environment's task (task ids of a multitask model), for every later action.
@@ -78,20 +112,27 @@ impl Policy {
     /// One action per environment: `obs` holds `num_envs` observations back to back, `t0`
     /// marks the environments at the first step of an episode (their warm start is dropped).
     /// Returns `num_envs × action_dim` values in [−1, 1].
-    pub fn act(&mut self, obs: &[f32], t0: &[bool], eval_mode: bool) -> Result<Vec<f32>> {
+    pub fn act(
+        &mut self,
+        obs: &[f32],
+        t0: &[bool],
+        eval_mode: bool,
+    ) -> crate::error::Result<Vec<f32>> {
         let (e, obs_dim) = (self.planner.num_envs() as i64, self.model.obs_dim);
         if obs.len() as i64 != e * obs_dim || t0.len() as i64 != e {
             return Err(Error::Shape {
                 what: "observations".into(),
                 expected: vec![e, obs_dim],
                 got: vec![t0.len() as i64, obs.len() as i64 / e.max(1)],
-            });
+            }
+            .into());
         }
         let obs = Tensor::from_slice(obs)
             .view([e, obs_dim])
             .to_device(self.model.device());
         let noise = self.noise.as_mut();
         let actions = match (&self.tasks, self.mpc) {
+            (None, true) if self.graphs.is_some() => self.plan_in_graph(&obs, t0, eval_mode)?,
             (None, true) => self
                 .planner
                 .plan_batch(&self.model, &obs, t0, eval_mode, noise)?,
@@ -113,6 +154,26 @@ impl Policy {
         };
         let actions = actions.to_device(Device::Cpu).to_kind(Kind::Float);
         Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
+    }
+
+    /// One plan through the `eval_mode` graph: the inputs are refilled in place, then the
+    /// graph replays (or, the first time, the plan runs and is captured).
+    fn plan_in_graph(
+        &mut self,
+        obs: &Tensor,
+        t0: &[bool],
+        eval_mode: bool,
+    ) -> crate::error::Result<Tensor> {
+        let fresh = self.planner.inputs(&self.model, obs, t0)?;
+        let Some(graphs) = self.graphs.as_mut() else {
+            return Err(Error::Config("plans are not captured".into()).into());
+        };
+        let inputs = graphs.inputs.get_or_insert_with(|| fresh.copy());
+        inputs.refill(&fresh);
+        let (planner, model, noise) = (&mut self.planner, &self.model, self.noise.as_mut());
+        graphs.by_mode[usize::from(eval_mode)].call(|| {
+            Ok::<_, crate::error::Error>(planner.plan_prepared(model, inputs, eval_mode, noise)?)
+        })
     }
 }
 
@@ -158,7 +219,10 @@ mod tests {
                 );
             }
             let err = policy.act(&obs[..5], &[false, false], false).unwrap_err();
-            assert!(matches!(err, Error::Shape { .. }), "{err}");
+            assert!(
+                matches!(err, crate::error::Error::Agent(Error::Shape { .. })),
+                "{err}"
+            );
             assert!(policy.act(&obs, &[false], false).is_err());
         }
         assert!(Policy::new(
@@ -205,6 +269,23 @@ mod tests {
         )
         .unwrap();
         assert!(single.set_tasks(&[0, 0]).is_err());
+    }
+
+    /// Off CUDA plans stay eager and say why; so do policies that do not plan.
+    #[test]
+    fn plans_are_captured_on_cuda_only() {
+        let mut policy = Policy::new(
+            &config(true),
+            Device::Cpu,
+            1,
+            Box::new(TorchNoise::seeded(1)),
+        )
+        .unwrap();
+        let why = policy.capture_plans().unwrap_err();
+        assert!(why.contains("CUDA only"), "{why}");
+        assert!(policy.graphs.is_none());
+        let obs = [0.1f32, -0.2, 0.3, 0.0, 1.0];
+        assert_eq!(policy.act(&obs, &[true], false).unwrap().len(), 3);
     }
 
     #[test]

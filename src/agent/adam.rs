@@ -109,6 +109,12 @@ impl Adam {
         self.step
     }
 
+    /// Sets the host's count of steps taken, and nothing else: for a caller whose steps ran in
+    /// a CUDA graph, which advances the device's count (see [`crate::agent::Updater`]).
+    pub fn set_step_count(&mut self, steps: u64) {
+        self.step = steps;
+    }
+
     /// The rate of group `group` in the step numbered `step` (counting from 1).
     fn rate_at(&self, group: &ParamGroup, step: u64) -> f64 {
         if self.warmup_steps == 0 {

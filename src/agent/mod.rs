@@ -30,8 +30,10 @@ use tch::Tensor;
 pub use adam::{clip_grad_norm, Adam, AdamState};
 pub use config::AgentConfig;
 pub use import::import_official;
-pub use noise::{HostNoise, Noise, NoiseKind, RecordingNoise, ReplayNoise, TorchNoise};
-pub use planner::{LatentModel, Planner, TaskModel};
+pub use noise::{
+    HostNoise, Noise, NoiseKind, PreparedPermutations, RecordingNoise, ReplayNoise, TorchNoise,
+};
+pub use planner::{LatentModel, PlanInputs, Planner, TaskModel};
 pub use scale::RunningScale;
 pub use update::{PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};
 pub use world_model::{PolicyOutput, QParams, WorldModel};

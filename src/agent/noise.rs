@@ -184,6 +184,93 @@ impl Noise for HostNoise {
     }
 }
 
+/// Permutations drawn ahead of a call into one device tensor, and served from it in order: the
+/// learner's rank-shared draws (the Q heads picked), drawn on the host by a stream every rank
+/// shares and uploaded with one copy before the update, so that the update itself reads them
+/// from the device (a CUDA graph replays the copy's destination, never a host value).
+#[derive(Debug)]
+pub struct PreparedPermutations {
+    /// (slots, n): one permutation of 0..n per row, refilled in place.
+    rows: Tensor,
+    served: i64,
+}
+
+impl PreparedPermutations {
+    /// Room for `slots` permutations of `0..n` on `device`.
+    pub fn new(slots: usize, n: i64, device: Device) -> Self {
+        Self {
+            rows: Tensor::zeros([slots as i64, n.max(0)], (Kind::Int64, device)),
+            served: 0,
+        }
+    }
+
+    /// Draws every slot from `source`, in order, and starts serving from the first.
+    pub fn refill(&mut self, source: &mut dyn Noise) -> Result<()> {
+        let (slots, n) = (self.rows.size()[0], self.rows.size()[1]);
+        let drawn = (0..slots)
+            .map(|_| source.randperm(n, Device::Cpu))
+            .collect::<Result<Vec<_>>>()?;
+        if !drawn.is_empty() {
+            tch::no_grad(|| self.rows.f_copy_(&Tensor::f_stack(&drawn, 0)?))?;
+        }
+        self.served = 0;
+        Ok(())
+    }
+
+    /// Makes room for `slots` permutations (new memory if the count changes).
+    pub fn ensure_slots(&mut self, slots: usize) {
+        let size = self.rows.size();
+        if size[0] != slots as i64 {
+            *self = Self::new(slots, size[1], self.rows.device());
+        }
+    }
+
+    /// Serves the prepared permutations again from the first.
+    pub fn rewind(&mut self) {
+        self.served = 0;
+    }
+}
+
+impl PreparedPermutations {
+    fn only_permutations(kind: NoiseKind) -> Error {
+        Error::Replay(format!(
+            "a {kind:?} draw was asked of the prepared permutations, which serve permutations only"
+        ))
+    }
+}
+
+impl Noise for PreparedPermutations {
+    fn randn(&mut self, _shape: &[i64], _device: Device) -> Result<Tensor> {
+        Err(Self::only_permutations(NoiseKind::Randn))
+    }
+
+    fn randperm(&mut self, n: i64, device: Device) -> Result<Tensor> {
+        let (slots, width) = (self.rows.size()[0], self.rows.size()[1]);
+        if self.served >= slots || n != width || device != self.rows.device() {
+            return Err(Error::Replay(format!(
+                "permutation {} of 0..{n} on {device:?} asked; {slots} of 0..{width} on {:?} \
+                 were prepared",
+                self.served,
+                self.rows.device()
+            )));
+        }
+        self.served += 1;
+        Ok(self.rows.get(self.served - 1))
+    }
+
+    fn exponential(&mut self, _shape: &[i64], _device: Device) -> Result<Tensor> {
+        Err(Self::only_permutations(NoiseKind::Exponential))
+    }
+
+    fn dropout_mask(&mut self, _shape: &[i64], _p: f64, _device: Device) -> Result<Tensor> {
+        Err(Self::only_permutations(NoiseKind::DropoutMask))
+    }
+
+    fn shifts(&mut self, _n: i64, _max: i64, _device: Device) -> Result<Tensor> {
+        Err(Self::only_permutations(NoiseKind::Shift))
+    }
+}
+
 /// Hands back recorded draws in order; a draw of another kind or shape than the next recorded
 /// one is an error (the caller's draw order has diverged from the recording).
 #[derive(Debug, Default)]
@@ -354,6 +441,33 @@ mod tests {
         assert!(replay.randperm(4, Device::Cpu).unwrap().equal(&perm));
         assert!(replay.exponential(&[5], Device::Cpu).unwrap().equal(&exp));
         assert_eq!(replay.remaining(), 0);
+    }
+
+    /// Prepared permutations are the source's, in its order, from the same device tensor on
+    /// every refill; asking for more, or for another kind, is an error.
+    #[test]
+    fn prepared_permutations_serve_the_sources_draws_in_place() {
+        let mut prepared = PreparedPermutations::new(2, 5, Device::Cpu);
+        let mut source = HostNoise::seeded(4);
+        let mut same = HostNoise::seeded(4);
+        prepared.refill(&mut source).unwrap();
+        let storage = prepared.rows.data_ptr();
+        for _ in 0..2 {
+            let served = prepared.randperm(5, Device::Cpu).unwrap();
+            assert!(served.equal(&same.randperm(5, Device::Cpu).unwrap()));
+        }
+        assert!(matches!(
+            prepared.randperm(5, Device::Cpu),
+            Err(Error::Replay(_))
+        ));
+        prepared.refill(&mut source).unwrap();
+        assert_eq!(prepared.rows.data_ptr(), storage, "refilled in place");
+        assert!(prepared
+            .randperm(5, Device::Cpu)
+            .unwrap()
+            .equal(&same.randperm(5, Device::Cpu).unwrap()));
+        assert!(prepared.randperm(4, Device::Cpu).is_err(), "another size");
+        assert!(prepared.randn(&[2], Device::Cpu).is_err());
     }
 
     #[test]

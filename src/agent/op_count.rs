@@ -97,7 +97,7 @@ mod tests {
         assert_eq!(read.host_syncs, 1, "{read:?}");
     }
 
-    use crate::agent::noise::{HostNoise, TorchNoise};
+    use crate::agent::noise::{HostNoise, PreparedPermutations, TorchNoise};
     use crate::agent::{AgentConfig, Planner, Updater, WorldModel};
     use crate::buffer::Batch;
 
@@ -109,6 +109,8 @@ mod tests {
         planner: Planner,
         sample: TorchNoise,
         batch_noise: HostNoise,
+        /// The update's Q heads, drawn from `batch_noise` before it, as the learner does.
+        shared: PreparedPermutations,
         obs: Tensor,
         batch: Batch,
     }
@@ -134,6 +136,7 @@ mod tests {
                 model,
                 sample: TorchNoise::seeded(3),
                 batch_noise: HostNoise::seeded(3),
+                shared: PreparedPermutations::new(2, config.num_q as i64, device),
                 obs: Tensor::randn([3, 5], o),
                 batch: Batch {
                     obs: Tensor::randn([4, 16, 5], o),
@@ -145,16 +148,26 @@ mod tests {
             }
         }
 
-        fn plan(&mut self, t0: &[bool]) -> Result<Tensor> {
+        /// A plan's inputs, made outside it (as a graph's are refilled outside it).
+        fn plan_inputs(&self, t0: &[bool]) -> crate::agent::PlanInputs {
+            self.planner.inputs(&self.model, &self.obs, t0).unwrap()
+        }
+
+        fn plan(&mut self, inputs: &crate::agent::PlanInputs) -> Result<Tensor> {
             let a = self;
             a.planner
-                .plan_batch(&a.model, &a.obs, t0, false, &mut a.sample)
+                .plan_prepared(&a.model, inputs, false, &mut a.sample)
+        }
+
+        /// What precedes an update, outside it: its shared draws.
+        fn prepare_update(&mut self) {
+            self.shared.refill(&mut self.batch_noise).unwrap();
         }
 
         fn update(&mut self) -> Result<crate::agent::UpdateInfo> {
             let a = self;
             a.updater
-                .update(&mut a.model, &a.batch, &mut a.sample, &mut a.batch_noise)
+                .update(&mut a.model, &a.batch, &mut a.sample, &mut a.shared)
         }
     }
 
@@ -176,7 +189,9 @@ mod tests {
     fn plans_and_updates_make_no_host_syncs() {
         for episodic in [false, true] {
             let mut agent = SmallAgent::new(episodic);
-            let (_, plan) = count_ops(|| agent.plan(&[true, false, true])).unwrap();
+            let inputs = agent.plan_inputs(&[true, false, true]);
+            let (_, plan) = count_ops(|| agent.plan(&inputs)).unwrap();
+            agent.prepare_update();
             let (_, update) = count_ops(|| agent.update()).unwrap();
             assert!(plan.ops > 0 && update.ops > 0);
             assert_eq!(
@@ -194,14 +209,20 @@ mod tests {
     #[test]
     fn consecutive_plans_and_updates_dispatch_the_same_calls() {
         let mut agent = SmallAgent::new(true);
-        let plan = |agent: &mut SmallAgent, t0: &[bool]| trace_ops(|| agent.plan(t0)).unwrap().1;
+        let plan = |agent: &mut SmallAgent, t0: &[bool]| {
+            let inputs = agent.plan_inputs(t0);
+            trace_ops(|| agent.plan(&inputs)).unwrap().1
+        };
         plan(&mut agent, &[true, true, true]);
         let first = plan(&mut agent, &[false, true, false]);
         assert!(!first.is_empty());
         assert_eq!(first, plan(&mut agent, &[true, false, false]), "plans");
         assert_eq!(first, plan(&mut agent, &[false, false, false]), "plans");
 
-        let update = |agent: &mut SmallAgent| trace_ops(|| agent.update()).unwrap().1;
+        let update = |agent: &mut SmallAgent| {
+            agent.prepare_update();
+            trace_ops(|| agent.update()).unwrap().1
+        };
         update(&mut agent);
         let second = update(&mut agent);
         assert_eq!(second, update(&mut agent), "updates");

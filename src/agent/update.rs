@@ -246,6 +246,22 @@ impl Updater {
         })
     }
 
+    /// The steps both optimisers have taken, as the host counts them.
+    pub fn step_counts(&self) -> [u64; 2] {
+        [
+            self.model_optim.step_count(),
+            self.policy_optim.step_count(),
+        ]
+    }
+
+    /// Sets the host's step counts: a caller that replays updates in a CUDA graph counts them
+    /// itself (a replay advances only the device's counts; a capture counts a step that
+    /// nothing ran).
+    pub fn set_step_counts(&mut self, [model, policy]: [u64; 2]) {
+        self.model_optim.set_step_count(model);
+        self.policy_optim.set_step_count(policy);
+    }
+
     /// The world-model gradient buffer (layout of `model.model_params`), e.g. for an all-reduce.
     pub fn model_grads_mut(&mut self) -> &mut Tensor {
         &mut self.model_grads

@@ -8,13 +8,17 @@
 //! so N ranks × k micro-batches of B behave as one update on a batch of N·k·B. The Q scale is
 //! updated at every micro-batch from the Q values gathered from all ranks.
 pub mod finite;
+mod graphed;
 
 use std::time::Instant;
 
 use rand_pcg::Pcg64;
 use tch::{Device, Kind, Tensor};
 
-use crate::agent::{AgentConfig, HostNoise, Noise, TorchNoise, UpdateInfo, Updater, WorldModel};
+use crate::agent::{
+    AgentConfig, HostNoise, Noise, PreparedPermutations, TorchNoise, UpdateInfo, Updater,
+    WorldModel,
+};
 use crate::buffer::{Batch, BufferSettings, Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
@@ -57,6 +61,10 @@ pub struct Learner<'g> {
     sample_noise: Box<dyn Noise + Send>,
     /// Per-batch draws (the Q heads picked), identical on every rank.
     batch_noise: Box<dyn Noise + Send>,
+    /// An update's per-batch draws, drawn from `batch_noise` before it and read on the device.
+    shared_draws: PreparedPermutations,
+    /// The update as a CUDA graph, once asked for.
+    graphed: Option<graphed::GraphedUpdate>,
     buffer: ReplayBuffer,
     batch_size: usize,
     horizon: usize,
@@ -97,6 +105,12 @@ impl<'g> Learner<'g> {
             updater,
             sample_noise: Box::new(sample_noise),
             batch_noise: Box::new(HostNoise::seeded(settings.seed)),
+            shared_draws: PreparedPermutations::new(
+                2 * settings.sync_freq,
+                agent.num_q as i64,
+                device,
+            ),
+            graphed: None,
             buffer: ReplayBuffer::new(
                 settings.buffer.capacity,
                 settings.buffer.obs,
@@ -110,6 +124,27 @@ impl<'g> Learner<'g> {
             group,
             comm: CommTimes::default(),
         })
+    }
+
+    /// Updates through one CUDA graph from now on (captured at the next update): for one rank
+    /// on CUDA with `sync_freq=1` and a single-task model. Says why not otherwise, and stays
+    /// eager.
+    pub fn capture_updates(&mut self) -> std::result::Result<(), String> {
+        let device = self.model.device();
+        let why_not = graphed::why_not_captured(
+            device,
+            self.group.world_size(),
+            self.sync_freq,
+            self.model.task.is_some(),
+        );
+        match why_not {
+            Some(why) => Err(why),
+            None => {
+                let episodic = self.model.termination.is_some();
+                self.graphed = Some(graphed::GraphedUpdate::new(device, episodic));
+                Ok(())
+            }
+        }
     }
 
     pub fn comm_times(&self) -> CommTimes {
@@ -197,14 +232,16 @@ impl<'g> Learner<'g> {
     pub fn update_on(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
         let group = self.group;
         let (model, learner) = (&mut self.model, &mut self.updater);
-        let (sample_noise, batch_noise) = (&mut self.sample_noise, &mut self.batch_noise);
+        let sample_noise = &mut self.sample_noise;
+        let shared = &mut self.shared_draws;
+        // Each micro-batch draws one pair of heads for the world model, one for the policy.
+        shared.ensure_slots(2 * batches.len());
+        shared.refill(self.batch_noise.as_mut())?;
+        if let (Some(graphed), [batch]) = (&mut self.graphed, batches) {
+            return graphed.update(model, learner, batch, sample_noise.as_mut(), shared);
+        }
         if group.world_size() == 1 && batches.len() == 1 {
-            return Ok(learner.update(
-                model,
-                &batches[0],
-                sample_noise.as_mut(),
-                batch_noise.as_mut(),
-            )?);
+            return Ok(learner.update(model, &batches[0], sample_noise.as_mut(), shared)?);
         }
         let micro = batches.len() as f64;
         let unions = task_unions(group, model, batches)?;
@@ -215,7 +252,7 @@ impl<'g> Learner<'g> {
                 model,
                 batch,
                 sample_noise.as_mut(),
-                batch_noise.as_mut(),
+                shared,
             )?);
         }
         let started = Instant::now();
@@ -240,7 +277,7 @@ impl<'g> Learner<'g> {
                 &pass.latents,
                 pass.task.as_ref(),
                 sample_noise.as_mut(),
-                batch_noise.as_mut(),
+                shared,
                 &mut gather,
             )?);
         }

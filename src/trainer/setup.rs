@@ -28,9 +28,6 @@ pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, Pr
         if group.is_real() {
             eprintln!("{}", ProcessGroup::describe(backend));
         }
-        if let Some(line) = crate::device::compile_note(device, config.compile) {
-            eprintln!("{line}");
-        }
     }
     Ok((device, group))
 }
@@ -71,12 +68,33 @@ pub(super) fn start<'g>(
         actor.set_env_episodes(&state.env_episodes)?;
     }
     actor.policy_mut().load_weights(learner.model())?;
+    if config.compile && device.is_cuda() {
+        capture_graphs(config, &mut learner, actor.policy_mut(), group.rank() == 0);
+    }
     Ok(Start {
         learner,
         actor,
         checkpoints,
         state,
     })
+}
+
+/// `compile=true` on CUDA: the update and the plans run as CUDA graphs where they can, and
+/// rank 0 says which do and why the others do not.
+fn capture_graphs(config: &Config, learner: &mut Learner, policy: &mut Policy, say: bool) {
+    let updates = learner.capture_updates();
+    let plans = match config.pipeline {
+        true => Err("pipeline=true: the acting thread draws its noise on the host".into()),
+        false => policy.capture_plans(),
+    };
+    if say {
+        for (what, outcome) in [("updates", updates), ("plans", plans)] {
+            match outcome {
+                Ok(()) => eprintln!("compile=true: {what} run as CUDA graphs"),
+                Err(why) => eprintln!("compile=true: {what} run eagerly ({why})"),
+            }
+        }
+    }
 }
 
 /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's own,

@@ -46,6 +46,30 @@ pub struct Planner {
     discounts: Tensor,
 }
 
+/// What a plan reads, on the model's device: the observations (E, obs_dim) and whether each
+/// environment keeps its warm start (E, 1, 1).
+#[derive(Debug)]
+pub struct PlanInputs {
+    pub obs: Tensor,
+    pub continuing: Tensor,
+}
+
+impl PlanInputs {
+    /// Overwrites these inputs with `other`'s, in place.
+    pub fn refill(&mut self, other: &PlanInputs) {
+        self.obs.copy_(&other.obs);
+        self.continuing.copy_(&other.continuing);
+    }
+
+    /// A copy in memory of its own.
+    pub fn copy(&self) -> PlanInputs {
+        PlanInputs {
+            obs: self.obs.copy(),
+            continuing: self.continuing.copy(),
+        }
+    }
+}
+
 /// γ^t for t = 0..horizon as (horizon, 1, 1) on `device`, each power taken in f64.
 fn discounts(discount: f64, horizon: i64, device: Device) -> Tensor {
     let powers: Vec<f32> = (0..horizon)
@@ -123,10 +147,18 @@ impl Planner {
         eval_mode: bool,
         noise: &mut dyn Noise,
     ) -> Result<Tensor> {
+        let inputs = self.inputs(model, obs, t0)?;
+        self.plan_prepared(model, &inputs, eval_mode, noise)
+    }
+
+    /// A plan's inputs on the model's device, checked: what [`Self::plan_prepared`] reads.
+    pub fn inputs(
+        &self,
+        model: &impl LatentModel,
+        obs: &Tensor,
+        t0: &[bool],
+    ) -> Result<PlanInputs> {
         let e = self.num_envs;
-        if let Some(why) = model.unusable() {
-            return Err(Error::Config(format!("cannot plan: {why}")));
-        }
         expect_shape("planner observations", obs, &[e, model.obs_dim()])?;
         if t0.len() as i64 != e {
             return Err(Error::Shape {
@@ -135,21 +167,37 @@ impl Planner {
                 got: vec![t0.len() as i64],
             });
         }
+        let continuing: Vec<bool> = t0.iter().map(|&first| !first).collect();
+        Ok(PlanInputs {
+            obs: obs.to_device(model.device()),
+            continuing: Tensor::from_slice(&continuing)
+                .view([e, 1, 1])
+                .to_device(model.device()),
+        })
+    }
+
+    /// The plan proper, from inputs on the model's device: reads no host value and branches on
+    /// none but `eval_mode`, so that a CUDA graph captured from one call replays the next
+    /// (with `inputs` refilled in place).
+    pub fn plan_prepared(
+        &mut self,
+        model: &impl LatentModel,
+        inputs: &PlanInputs,
+        eval_mode: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<Tensor> {
+        if let Some(why) = model.unusable() {
+            return Err(Error::Config(format!("cannot plan: {why}")));
+        }
         expect_shape(
             "planner action space",
             &self.prev_mean,
-            &[e, self.horizon, model.action_dim()],
+            &[self.num_envs, self.horizon, model.action_dim()],
         )?;
-        let obs = obs.to_device(model.device());
-        let continuing: Vec<bool> = t0.iter().map(|&first| !first).collect();
-        let continuing = Tensor::from_slice(&continuing)
-            .view([e, 1, 1])
-            .to_device(model.device());
-        tch::no_grad(|| self.plan_inner(model, &obs, &continuing, eval_mode, noise))
+        tch::no_grad(|| self.plan_inner(model, &inputs.obs, &inputs.continuing, eval_mode, noise))
     }
 
-    /// The plan proper: reads no host value, branches on none but `eval_mode`; `continuing`
-    /// (E, 1, 1) is true where an environment's warm start is kept.
+    /// The plan: `continuing` (E, 1, 1) is true where an environment's warm start is kept.
     fn plan_inner(
         &mut self,
         model: &impl LatentModel,
