@@ -8,6 +8,13 @@
 #                                        DIR (default target/gpu-check), for a GPU machine
 #                                        without Rust
 #   scripts/gpu_check.sh --run [DIR]     run those prebuilt binaries on the GPU machine
+#   scripts/gpu_check.sh --run DIR --bench
+#                                        instead of the tests, the GPU figures: plan and update
+#                                        ms eager and as CUDA graphs (bench --cases graphs), the
+#                                        training loop's agent steps/s without and with graphs
+#                                        (bench --cases loop), and bench --cases agent; each
+#                                        JSON line also lands in $OUT/gpu_bench.jsonl when $OUT
+#                                        is set
 #
 # Prebuilt binaries need the same torch wheel version there; its libraries (and the site-packages
 # the embedded Python imports torch from) are found through $TDMPC2_VENV/bin/python when set,
@@ -74,6 +81,18 @@ print(":".join(dirs))')
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
     export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export TDMPC2_BIN=$dir/tdmpc2
+    if [[ ${3:-} == --bench ]]; then
+        log=${OUT:-$(mktemp -d)}/gpu_bench.jsonl
+        status=0
+        bench() { echo "[gpu_check] bench $*"; "$dir/tdmpc2" bench "$@" | tee -a "$log" || status=1; }
+        bench --cases graphs --device cuda --model-sizes 1,5
+        bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
+            --pipeline false
+        bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
+            --pipeline false
+        bench --cases agent --device cuda --tasks walker-run --plan-envs 16
+        exit $status
+    fi
     status=0
     for test in "${tests[@]}"; do
         echo "[gpu_check] $test"

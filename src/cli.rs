@@ -91,8 +91,9 @@ pub struct CollectArgs {
 pub struct BenchArgs {
     /// What to measure: env (environment steps/s), buffer (replay-buffer bytes per row and
     /// memory), dataset (offline batches read from dataset files: memory and ms), video (evaluation videos: rendering and encoding), agent (plan and update ms
-    /// vs matmul throughput), ddp (data-parallel scaling of agent steps/s), loop (the training
-    /// loop's agent steps/s over num_envs × pipeline).
+    /// vs matmul throughput), graphs (plan and update ms, eager and as CUDA graphs, on CUDA),
+    /// ddp (data-parallel scaling of agent steps/s), loop (the training loop's agent steps/s
+    /// over num_envs × pipeline × compile).
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
@@ -156,6 +157,10 @@ pub struct BenchArgs {
     /// loop: timed vector steps per case (after seeding).
     #[arg(long, default_value_t = 30)]
     pub loop_steps: usize,
+    /// loop: `compile` settings to measure (CUDA graphs on CUDA; the CPU runs eagerly either
+    /// way).
+    #[arg(long, value_delimiter = ',', default_value = "true")]
+    pub compile: Vec<bool>,
 }
 
 impl RunArgs {
@@ -442,6 +447,14 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     println!("{line}");
                 }
             }
+            "graphs" => {
+                let options = crate::bench::graphs::GraphOptions {
+                    model_sizes: args.model_sizes.clone(),
+                    repeats: args.agent_repeats as usize,
+                    device: args.device.clone(),
+                };
+                crate::bench::graphs::run(&options, &mut |line| println!("{line}"))?;
+            }
             "ddp" => {
                 let options = crate::bench::ddp::DdpOptions {
                     ranks: args.ranks.clone(),
@@ -460,6 +473,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     num_envs: args.num_envs.clone(),
                     pipeline: args.pipeline.clone(),
                     vector_steps: args.loop_steps,
+                    compile: args.compile.clone(),
                     device: args.device.clone(),
                     threads: args.threads,
                 };
@@ -467,7 +481,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, buffer, dataset, video, agent, ddp, loop"
+                    "unknown bench case '{other}'; allowed: env, buffer, dataset, video, agent, graphs, ddp, \
+                     loop"
                 )))
             }
         }

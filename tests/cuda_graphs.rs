@@ -170,8 +170,23 @@ fn small_config(overrides: &[&str]) -> tdmpc2::config::Config {
     .expect("a valid config")
 }
 
-/// Batches of `config`'s shapes on `device`, the same on every call (drawn on the host).
-fn batches(count: usize, device: Device, episodic: bool) -> Vec<tdmpc2::buffer::Batch> {
+/// Two tasks of one and two actions, for a multitask model of `small_config`'s sizes.
+fn two_tasks() -> tdmpc2::agent::task::Tasks {
+    tdmpc2::agent::task::Tasks {
+        task_dim: 8,
+        action_dims: vec![2, 1],
+        discounts: vec![0.99, 0.9],
+    }
+}
+
+/// Batches of `config`'s shapes on `device`, the same on every call (drawn on the host); with
+/// `multitask`, of both tasks of [`two_tasks`].
+fn batches(
+    count: usize,
+    device: Device,
+    episodic: bool,
+    multitask: bool,
+) -> Vec<tdmpc2::buffer::Batch> {
     use tdmpc2::agent::{HostNoise, Noise};
     let mut noise = HostNoise::seeded(11);
     (0..count)
@@ -186,7 +201,7 @@ fn batches(count: usize, device: Device, episodic: bool) -> Vec<tdmpc2::buffer::
                 action: draw(&[3, 32, 2]).clamp(-1.0, 1.0),
                 reward: draw(&[3, 32, 1]),
                 terminated,
-                task: None,
+                task: multitask.then(|| draw(&[32]).gt(0.0).to_kind(Kind::Int64)),
             }
         })
         .collect()
@@ -194,14 +209,14 @@ fn batches(count: usize, device: Device, episodic: bool) -> Vec<tdmpc2::buffer::
 
 /// The update captured as one graph does what the eager update does, draw for draw: the same
 /// parameters, optimiser state, statistics and step counts after several updates (the first
-/// warms up and captures, the others replay), episodic or not.
+/// warms up and captures, the others replay), episodic, multitask or neither.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn a_captured_update_equals_the_eager_update() {
     use tdmpc2::ddp::{ProcessGroup, RankInfo};
     use tdmpc2::learner::{Learner, LearnerSettings};
     let (_gpu, device) = gpu();
-    for episodic in [false, true] {
+    for (episodic, multitask) in [(false, false), (true, false), (false, true)] {
         let config = small_config(&[if episodic {
             "episodic=true"
         } else {
@@ -209,16 +224,17 @@ fn a_captured_update_equals_the_eager_update() {
         }]);
         let group = ProcessGroup::alone(RankInfo::single(&config));
         let run = |capture: bool| {
-            let settings = LearnerSettings::from_config(&config)
+            let mut settings = LearnerSettings::from_config(&config)
                 .unwrap()
                 .with_capacity(64);
+            settings.agent.tasks = multitask.then(two_tasks);
             let mut learner = Learner::new(&settings, device, &group).unwrap();
             if capture {
                 learner
                     .capture_updates()
                     .expect("one rank on CUDA captures");
             }
-            let stats: Vec<_> = batches(5, device, episodic)
+            let stats: Vec<_> = batches(5, device, episodic, multitask)
                 .iter()
                 .map(|batch| learner.update_on(std::slice::from_ref(batch)).unwrap())
                 .map(|info| info.fetch().unwrap())
@@ -237,7 +253,7 @@ fn a_captured_update_equals_the_eager_update() {
             let diff = max_abs_diff(a, b);
             assert!(
                 diff <= 1e-5 * scale,
-                "episodic={episodic}: {name} differs by {diff}"
+                "episodic={episodic}, multitask={multitask}: {name} differs by {diff}"
             );
         }
         assert_ne!(eager_stats[3].total_loss, eager_stats[4].total_loss);
@@ -245,7 +261,7 @@ fn a_captured_update_equals_the_eager_update() {
             for ((name, x), (_, y)) in a.named().iter().zip(b.named()) {
                 assert!(
                     (x - y).abs() <= 1e-4 * x.abs().max(1.0),
-                    "episodic={episodic}, update {i}: {name} {x} vs {y}"
+                    "episodic={episodic}, multitask={multitask}, update {i}: {name} {x} vs {y}"
                 );
             }
         }
@@ -253,14 +269,38 @@ fn a_captured_update_equals_the_eager_update() {
 }
 
 /// Plans through graphs (one per eval_mode) act as eager plans do on the same draws, whichever
-/// environments start an episode.
+/// environments start an episode, and for a multitask policy whichever tasks they play.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn captured_plans_equal_eager_plans() {
+    let (_gpu, device) = gpu();
+    for multitask in [false, true] {
+        let (eager, graphed) = (
+            plans(device, multitask, false),
+            plans(device, multitask, true),
+        );
+        assert_ne!(eager[4], eager[5]);
+        for (i, (a, b)) in eager.iter().zip(&graphed).enumerate() {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                diff <= 1e-4,
+                "multitask={multitask}, call {i}: actions differ by {diff}: {a:?} vs {b:?}"
+            );
+        }
+    }
+}
+
+/// The actions of six plans for 4 environments (some starting episodes, some in eval mode),
+/// captured or not; a multitask policy's environments change tasks between plans.
+fn plans(device: Device, multitask: bool, capture: bool) -> Vec<Vec<f32>> {
     use tdmpc2::actor::Policy;
     use tdmpc2::agent::{AgentConfig, TorchNoise};
-    let (_gpu, device) = gpu();
-    let agent = AgentConfig::from_config(&small_config(&[])).unwrap();
+    let mut agent = AgentConfig::from_config(&small_config(&[])).unwrap();
+    agent.tasks = multitask.then(two_tasks);
     let obs: Vec<f32> = (0..20).map(|i| (i as f32 * 0.37).sin()).collect();
     let calls = [
         ([true, true, true, true], false),
@@ -270,30 +310,20 @@ fn captured_plans_equal_eager_plans() {
         ([true, false, false, false], true),
         ([false, false, false, false], false),
     ];
-    let run = |capture: bool| {
-        let noise = Box::new(TorchNoise::seeded(3));
-        let mut policy = Policy::new(&agent, device, 4, noise).unwrap();
-        if capture {
-            policy
-                .capture_plans()
-                .expect("a single-task plan on CUDA captures");
-        }
-        calls
-            .iter()
-            .map(|(t0, eval_mode)| policy.act(&obs, t0, *eval_mode).unwrap())
-            .collect::<Vec<_>>()
-    };
-    let (eager, graphed) = (run(false), run(true));
-    assert_ne!(eager[4], eager[5]);
-    for (i, (a, b)) in eager.iter().zip(&graphed).enumerate() {
-        let diff = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
-        assert!(
-            diff <= 1e-4,
-            "call {i}: actions differ by {diff}: {a:?} vs {b:?}"
-        );
+    let noise = Box::new(TorchNoise::seeded(3));
+    let mut policy = Policy::new(&agent, device, 4, noise).unwrap();
+    if capture {
+        policy.capture_plans().expect("a plan on CUDA captures");
     }
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, (t0, eval_mode))| {
+            if multitask {
+                let tasks = [i % 2, 1, 0, (i / 2) % 2].map(|t| t as u32);
+                policy.set_tasks(&tasks).unwrap();
+            }
+            policy.act(&obs, t0, *eval_mode).unwrap()
+        })
+        .collect()
 }

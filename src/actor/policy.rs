@@ -49,7 +49,7 @@ impl Policy {
     }
 
     /// Plans through CUDA graphs from now on, one per `eval_mode`, each captured at its first
-    /// use: for a single-task policy that plans, on CUDA, whose noise draws on the device (as
+    /// use: for a policy that plans, on CUDA, whose noise draws on the device (as
     /// [`crate::agent::TorchNoise`] does; a host stream's uploads cannot be captured). Says
     /// why not otherwise, and stays eager.
     pub fn capture_plans(&mut self) -> std::result::Result<(), String> {
@@ -57,9 +57,6 @@ impl Policy {
         let why_not = match () {
             _ if !device.is_cuda() => format!("plans run on {device:?}, graphs on CUDA only"),
             _ if !self.mpc => "mpc=false acts with the policy alone, without planning".into(),
-            _ if self.model.task.is_some() => {
-                "a multitask model's task-embedding lookup reads its rows back to the host".into()
-            }
             _ => {
                 self.graphs = Some(PlanGraphs {
                     inputs: None,
@@ -86,7 +83,12 @@ impl Policy {
             )));
         }
         let ids: Vec<i64> = tasks.iter().map(|&t| i64::from(t)).collect();
-        self.tasks = Some(Tensor::from_slice(&ids).to_device(self.model.device()));
+        let ids = Tensor::from_slice(&ids).to_device(self.model.device());
+        // In place once set: a captured plan reads the tasks where they were.
+        match &mut self.tasks {
+            Some(current) => current.copy_(&ids),
+            None => self.tasks = Some(ids),
+        }
         Ok(())
     }
 
@@ -132,7 +134,7 @@ impl Policy {
             .to_device(self.model.device());
         let noise = self.noise.as_mut();
         let actions = match (&self.tasks, self.mpc) {
-            (None, true) if self.graphs.is_some() => self.plan_in_graph(&obs, t0, eval_mode)?,
+            (_, true) if self.graphs.is_some() => self.plan_in_graph(&obs, t0, eval_mode)?,
             (None, true) => self
                 .planner
                 .plan_batch(&self.model, &obs, t0, eval_mode, noise)?,
@@ -157,7 +159,8 @@ impl Policy {
     }
 
     /// One plan through the `eval_mode` graph: the inputs are refilled in place, then the
-    /// graph replays (or, the first time, the plan runs and is captured).
+    /// graph replays (or, the first time, the plan runs and is captured). A multitask plan
+    /// looks its tasks up inside the graph.
     fn plan_in_graph(
         &mut self,
         obs: &Tensor,
@@ -171,8 +174,21 @@ impl Policy {
         let inputs = graphs.inputs.get_or_insert_with(|| fresh.copy());
         inputs.refill(&fresh);
         let (planner, model, noise) = (&mut self.planner, &self.model, self.noise.as_mut());
+        let tasks = self.tasks.as_ref();
+        if model.task.is_some() && tasks.is_none() {
+            return Err(
+                Error::Config("a multitask policy needs its environments' tasks".into()).into(),
+            );
+        }
         graphs.by_mode[usize::from(eval_mode)].call(|| {
-            Ok::<_, crate::error::Error>(planner.plan_prepared(model, inputs, eval_mode, noise)?)
+            let actions = match tasks {
+                None => planner.plan_prepared(model, inputs, eval_mode, noise)?,
+                Some(tasks) => {
+                    let model = TaskModel::new(model, tasks)?;
+                    planner.plan_prepared(&model, inputs, eval_mode, noise)?
+                }
+            };
+            Ok::<_, crate::error::Error>(actions)
         })
     }
 }

@@ -113,7 +113,7 @@ pub fn task_dims(task: &str) -> Option<(usize, usize)> {
 }
 
 /// The median (the mean of the middle two for an even count); NaN for none.
-pub(crate) fn median(mut values: Vec<f64>) -> f64 {
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n == 0 {
@@ -133,7 +133,11 @@ fn synchronize(device: Device) {
 }
 
 /// Milliseconds of each of `repeats` calls after one warm-up call.
-fn time_ms(device: Device, repeats: usize, mut f: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
+pub fn time_ms(
+    device: Device,
+    repeats: usize,
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
     f()?;
     synchronize(device);
     let mut times = Vec::with_capacity(repeats);

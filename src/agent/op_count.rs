@@ -113,12 +113,20 @@ mod tests {
         shared: PreparedPermutations,
         obs: Tensor,
         batch: Batch,
+        /// Each environment's task, for a multitask agent.
+        env_tasks: Option<Tensor>,
     }
 
     impl SmallAgent {
-        fn new(episodic: bool) -> Self {
+        fn new(episodic: bool, multitask: bool) -> Self {
+            let tasks = multitask.then(|| crate::agent::task::Tasks {
+                task_dim: 4,
+                action_dims: vec![2, 1],
+                discounts: vec![0.99, 0.9],
+            });
             let config = AgentConfig {
                 episodic,
+                tasks,
                 enc_dim: 16,
                 mlp_dim: 16,
                 latent_dim: 8,
@@ -143,8 +151,9 @@ mod tests {
                     action: Tensor::rand([3, 16, 2], o) * 2.0 - 1.0,
                     reward: Tensor::randn([3, 16, 1], o),
                     terminated: Tensor::zeros([3, 16, 1], o),
-                    task: None,
+                    task: multitask.then(|| Tensor::arange(16, (Kind::Int64, device)).remainder(2)),
                 },
+                env_tasks: multitask.then(|| Tensor::from_slice(&[1i64, 0, 1])),
             }
         }
 
@@ -153,10 +162,20 @@ mod tests {
             self.planner.inputs(&self.model, &self.obs, t0).unwrap()
         }
 
+        /// A plan; a multitask agent's looks its environments' tasks up inside it, as a
+        /// captured plan does.
         fn plan(&mut self, inputs: &crate::agent::PlanInputs) -> Result<Tensor> {
             let a = self;
-            a.planner
-                .plan_prepared(&a.model, inputs, false, &mut a.sample)
+            match &a.env_tasks {
+                None => a
+                    .planner
+                    .plan_prepared(&a.model, inputs, false, &mut a.sample),
+                Some(tasks) => {
+                    let model = crate::agent::TaskModel::new(&a.model, tasks)?;
+                    a.planner
+                        .plan_prepared(&model, inputs, false, &mut a.sample)
+                }
+            }
         }
 
         /// What precedes an update, outside it: its shared draws.
@@ -187,8 +206,8 @@ mod tests {
     /// training step are the action fetch and the statistics, both outside these calls.
     #[test]
     fn plans_and_updates_make_no_host_syncs() {
-        for episodic in [false, true] {
-            let mut agent = SmallAgent::new(episodic);
+        for (episodic, multitask) in [(false, false), (true, false), (false, true)] {
+            let mut agent = SmallAgent::new(episodic, multitask);
             let inputs = agent.plan_inputs(&[true, false, true]);
             let (_, plan) = count_ops(|| agent.plan(&inputs)).unwrap();
             agent.prepare_update();
@@ -197,7 +216,7 @@ mod tests {
             assert_eq!(
                 (plan.host_syncs, update.host_syncs),
                 (0, 0),
-                "episodic={episodic}: plan {plan:?}, update {update:?}"
+                "episodic={episodic}, multitask={multitask}: plan {plan:?}, update {update:?}"
             );
         }
     }
@@ -208,23 +227,25 @@ mod tests {
     /// that changes between calls (a Q head's index, a branch on who starts an episode) shows.
     #[test]
     fn consecutive_plans_and_updates_dispatch_the_same_calls() {
-        let mut agent = SmallAgent::new(true);
-        let plan = |agent: &mut SmallAgent, t0: &[bool]| {
-            let inputs = agent.plan_inputs(t0);
-            trace_ops(|| agent.plan(&inputs)).unwrap().1
-        };
-        plan(&mut agent, &[true, true, true]);
-        let first = plan(&mut agent, &[false, true, false]);
-        assert!(!first.is_empty());
-        assert_eq!(first, plan(&mut agent, &[true, false, false]), "plans");
-        assert_eq!(first, plan(&mut agent, &[false, false, false]), "plans");
+        for (episodic, multitask) in [(true, false), (false, true)] {
+            let mut agent = SmallAgent::new(episodic, multitask);
+            let plan = |agent: &mut SmallAgent, t0: &[bool]| {
+                let inputs = agent.plan_inputs(t0);
+                trace_ops(|| agent.plan(&inputs)).unwrap().1
+            };
+            plan(&mut agent, &[true, true, true]);
+            let first = plan(&mut agent, &[false, true, false]);
+            assert!(!first.is_empty());
+            assert_eq!(first, plan(&mut agent, &[true, false, false]), "plans");
+            assert_eq!(first, plan(&mut agent, &[false, false, false]), "plans");
 
-        let update = |agent: &mut SmallAgent| {
-            agent.prepare_update();
-            trace_ops(|| agent.update()).unwrap().1
-        };
-        update(&mut agent);
-        let second = update(&mut agent);
-        assert_eq!(second, update(&mut agent), "updates");
+            let update = |agent: &mut SmallAgent| {
+                agent.prepare_update();
+                trace_ops(|| agent.update()).unwrap().1
+            };
+            update(&mut agent);
+            let second = update(&mut agent);
+            assert_eq!(second, update(&mut agent), "updates, multitask={multitask}");
+        }
     }
 }

@@ -129,11 +129,12 @@ impl TaskEmbedding {
         }
     }
 
-    /// Until called again with `None`, every lookup renormalises the rows `ids` instead of
-    /// those it looks up: with several ranks, the union of the rows all ranks look up at that
-    /// point, as one batch of all their samples would, so that the ranks' tables stay equal.
-    pub fn renormalise_as(&mut self, ids: Option<Tensor>) {
-        self.renormalised = ids;
+    /// Until called again with `None`, every lookup renormalises the rows `rows` marks (a
+    /// (num_tasks,) mask, nonzero where a row is renormalised) instead of those it looks up:
+    /// with several ranks, the union of the rows all ranks look up at that point, as one batch
+    /// of all their samples would, so that the ranks' tables stay equal.
+    pub fn renormalise_as(&mut self, rows: Option<Tensor>) {
+        self.renormalised = rows;
     }
 
     /// The rows of `task` (B,) task ids. As `nn.Embedding(max_norm=1)`, the rows looked up
@@ -141,10 +142,18 @@ impl TaskEmbedding {
     pub fn rows(&self, task: &Tensor) -> Result<TaskRows> {
         let task = task.f_to_kind(Kind::Int64)?;
         tch::no_grad(|| -> Result<()> {
-            let mut weight = self.weight.detach();
-            let rows = self.renormalised.as_ref().unwrap_or(&task);
-            let _ = weight.f_embedding_renorm_(rows, MAX_NORM, 2.0)?;
-            Ok(())
+            let looked_up = match &self.renormalised {
+                Some(rows) => rows.shallow_clone(),
+                None => {
+                    let mut rows = self.weight.f_new_zeros(
+                        [self.weight.size()[0]],
+                        (Kind::Float, self.weight.device()),
+                    )?;
+                    let _ = rows.f_index_fill_(0, &task, 1.0)?;
+                    rows
+                }
+            };
+            renormalise(&mut self.weight.detach(), &looked_up)
         })?;
         let emb = Tensor::f_embedding(&self.weight, &task, -1, false, false)?;
         Ok(TaskRows {
@@ -154,6 +163,26 @@ impl TaskEmbedding {
             discount: self.discounts.f_index_select(0, &task)?.unsqueeze(-1),
         })
     }
+}
+
+/// `nn.Embedding(max_norm)`'s renormalisation, in place, of the rows of `weight` that `rows`
+/// marks (nonzero): each such row longer than [`MAX_NORM`] is scaled by
+/// MAX_NORM / (norm + 1e-7). The numbers are those of torch's CPU `embedding_renorm_` (the norm
+/// in float32, the scale in float64, applied in float32), but as tensor operations that read
+/// nothing back: torch's CPU kernel reads each row's norm on the host and its CUDA kernel the
+/// number of distinct rows, which a CUDA graph cannot hold.
+fn renormalise(weight: &mut Tensor, rows: &Tensor) -> Result<()> {
+    let norms = weight.f_norm_scalaropt_dim(2.0, [1].as_slice(), true)?;
+    let long = norms
+        .f_gt(MAX_NORM)?
+        .f_logical_and(&rows.f_ne(0.0)?.f_unsqueeze(1)?)?;
+    let denominator = norms.f_to_kind(Kind::Double)?.f_add_scalar(1e-7)?;
+    let scale = denominator
+        .f_full_like(MAX_NORM)?
+        .f_div(&denominator)?
+        .f_to_kind(Kind::Float)?;
+    let _ = weight.f_mul_(&scale.f_where_scalarother(&long, 1.0)?)?;
+    Ok(())
 }
 
 impl ParamVisitor for TaskEmbedding {
@@ -219,6 +248,35 @@ mod tests {
             table.weight.get(1).norm().double_value(&[]) < 0.1,
             "short rows stay"
         );
+    }
+
+    /// The graph-safe renormalisation gives torch's `embedding_renorm_` bit for bit, on rows
+    /// just below, at and above the limit, and leaves the rows it is not asked to touch.
+    #[test]
+    fn renormalisation_equals_torchs_embedding_renorm_exactly() {
+        let cpu = (Kind::Float, Device::Cpu);
+        tch::manual_seed(5);
+        let lengths =
+            Tensor::from_slice(&[0.5f32, 0.999_999_9, 1.0, 1.000_000_1, 1.5, 3.0, 40.0, 0.0]);
+        for width in [3, 64, 96, 97] {
+            let direction = Tensor::randn([8, width], cpu);
+            let unit = &direction / direction.norm_scalaropt_dim(2.0, [1].as_slice(), true);
+            let table = unit * lengths.unsqueeze(1) + Tensor::randn([8, width], cpu) * 1e-4;
+            let rows = Tensor::from_slice(&[1i64, 2, 3, 3, 4, 6, 7, 0]);
+            for marked in [rows.narrow(0, 0, 7), rows.narrow(0, 1, 5)] {
+                let mut expected = table.copy();
+                let _ = expected.embedding_renorm_(&marked, MAX_NORM, 2.0);
+                let mut ours = table.copy();
+                let mask = Tensor::zeros([8], cpu).index_fill(0, &marked, 1.0);
+                renormalise(&mut ours, &mask).unwrap();
+                assert!(
+                    ours.equal(&expected),
+                    "width {width}: {}",
+                    (&ours - &expected).abs().max()
+                );
+                assert!(!ours.equal(&table), "some rows were long");
+            }
+        }
     }
 
     #[test]

@@ -3,5 +3,6 @@ pub mod buffer;
 pub mod dataset;
 pub mod ddp;
 pub mod env;
+pub mod graphs;
 pub mod train_loop;
 pub mod video;

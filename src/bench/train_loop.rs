@@ -1,7 +1,7 @@
 //! `tdmpc2 bench --cases loop`: agent steps/s of the whole training loop (environments, batched
-//! plan, updates, buffer) for several `num_envs` × `pipeline`, each case a real `tdmpc2 train`
-//! run, next to the baseline of the same model size measured in the same sitting
-//! (num_envs=1, pipeline=false).
+//! plan, updates, buffer) for several `num_envs` × `pipeline` × `compile`, each case a real
+//! `tdmpc2 train` run, next to the baseline of the same model size measured in the same sitting
+//! (num_envs=1, pipeline=false, the first `compile` setting).
 //!
 //! The rate is the trainer's own: agent steps per second from the end of seeding to the end of
 //! the run (no evaluation or checkpoint inside that window), so start-up, the first evaluation
@@ -22,6 +22,8 @@ pub struct LoopOptions {
     pub pipeline: Vec<bool>,
     /// Timed vector steps per case (after seeding).
     pub vector_steps: usize,
+    /// `compile` settings (CUDA graphs on CUDA).
+    pub compile: Vec<bool>,
     pub device: String,
     pub threads: Option<usize>,
 }
@@ -33,6 +35,7 @@ fn train_args(
     size: u32,
     num_envs: usize,
     pipeline: bool,
+    compile: bool,
 ) -> Vec<String> {
     // Seeding: the shortest allowed (one episode per environment); no evaluation.
     let seed_steps = num_envs * episode_length;
@@ -43,6 +46,7 @@ fn train_args(
         format!("num_envs={num_envs}"),
         format!("steps_per_update={num_envs}"),
         format!("pipeline={pipeline}"),
+        format!("compile={compile}"),
         format!("steps={steps}"),
         format!("seed_steps={seed_steps}"),
         format!("device={}", options.device),
@@ -70,9 +74,10 @@ fn parse_rate(log: &str) -> Option<f64> {
 }
 
 pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    if options.vector_steps == 0 || options.num_envs.contains(&0) {
+    if options.vector_steps == 0 || options.num_envs.contains(&0) || options.compile.is_empty() {
         return Err(Error::Config(
-            "bench loop needs --loop-steps >= 1 and every --num-envs >= 1".into(),
+            "bench loop needs --loop-steps >= 1, every --num-envs >= 1 and a --compile setting"
+                .into(),
         ));
     }
     let program = std::env::current_exe().map_err(|e| Error::io("locate tdmpc2", e))?;
@@ -80,15 +85,18 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for &size in &options.model_sizes {
         let mut baseline = None;
         // The baseline first, then the other cases of this model size.
-        let mut cases = vec![(1, false)];
-        for &n in &options.num_envs {
-            for &p in &options.pipeline {
-                if (n, p) != (1, false) {
-                    cases.push((n, p));
+        let first = (1, false, options.compile[0]);
+        let mut cases = vec![first];
+        for &c in &options.compile {
+            for &n in &options.num_envs {
+                for &p in &options.pipeline {
+                    if (n, p, c) != first {
+                        cases.push((n, p, c));
+                    }
                 }
             }
         }
-        for (num_envs, pipeline) in cases {
+        for (num_envs, pipeline, compile) in cases {
             let dir = tempfile_dir()?;
             let out = Command::new(&program)
                 .arg("train")
@@ -98,6 +106,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
                     size,
                     num_envs,
                     pipeline,
+                    compile,
                 ))
                 .arg(format!("run_dir={}", dir.display()))
                 .output()
@@ -107,7 +116,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
             if !out.status.success() {
                 return Err(Error::Other(format!(
                     "bench loop: model_size={size} num_envs={num_envs} pipeline={pipeline} \
-                     failed: {}",
+                     compile={compile} failed: {}",
                     log.lines().last().unwrap_or("")
                 )));
             }
@@ -123,6 +132,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
                 "num_envs": num_envs,
                 "steps_per_update": num_envs,
                 "pipeline": pipeline,
+                "compile": compile,
                 "agent_steps_per_second": rate,
                 "baseline_agent_steps_per_second": base,
                 "speedup_vs_baseline": rate / base,
@@ -163,15 +173,17 @@ mod tests {
             num_envs: vec![1, 4],
             pipeline: vec![false, true],
             vector_steps: 10,
+            compile: vec![true],
             device: "cpu".into(),
             threads: Some(2),
         };
-        let args = train_args(&options, 200, 5, 4, true);
+        let args = train_args(&options, 200, 5, 4, true, false);
         for expected in [
             "model_size=5",
             "num_envs=4",
             "steps_per_update=4",
             "pipeline=true",
+            "compile=false",
             "seed_steps=800",
             "steps=844",
             "eval_episodes=0",

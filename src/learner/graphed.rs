@@ -59,7 +59,6 @@ pub(super) fn why_not_captured(
     device: Device,
     world_size: usize,
     sync_freq: usize,
-    multitask: bool,
 ) -> Option<String> {
     if !device.is_cuda() {
         return Some(format!("updates run on {device:?}, graphs on CUDA only"));
@@ -77,11 +76,6 @@ pub(super) fn why_not_captured(
              not captured yet"
         ));
     }
-    if multitask {
-        return Some(
-            "a multitask model's task-embedding lookup reads its rows back to the host".into(),
-        );
-    }
     None
 }
 
@@ -89,18 +83,17 @@ pub(super) fn why_not_captured(
 mod tests {
     use super::*;
 
-    /// Each case the graph does not cover is named; one rank on CUDA with one micro-batch of a
-    /// single-task model is captured.
+    /// Each case the graph does not cover is named; one rank on CUDA with one micro-batch is
+    /// captured.
     #[test]
     fn the_cases_left_eager_say_why() {
         let gpu = Device::Cuda(0);
-        let why = |device, world, sync_freq, multitask| {
-            why_not_captured(device, world, sync_freq, multitask).unwrap_or_default()
+        let why = |device, world, sync_freq| {
+            why_not_captured(device, world, sync_freq).unwrap_or_default()
         };
-        assert!(why(Device::Cpu, 1, 1, false).contains("CUDA only"));
-        assert!(why(gpu, 2, 1, false).contains("several ranks"));
-        assert!(why(gpu, 1, 2, false).contains("sync_freq=2"));
-        assert!(why(gpu, 1, 1, true).contains("multitask"));
-        assert_eq!(why_not_captured(gpu, 1, 1, false), None);
+        assert!(why(Device::Cpu, 1, 1).contains("CUDA only"));
+        assert!(why(gpu, 2, 1).contains("several ranks"));
+        assert!(why(gpu, 1, 2).contains("sync_freq=2"));
+        assert_eq!(why_not_captured(gpu, 1, 1), None);
     }
 }

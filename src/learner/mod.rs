@@ -127,16 +127,10 @@ impl<'g> Learner<'g> {
     }
 
     /// Updates through one CUDA graph from now on (captured at the next update): for one rank
-    /// on CUDA with `sync_freq=1` and a single-task model. Says why not otherwise, and stays
-    /// eager.
+    /// on CUDA with `sync_freq=1`. Says why not otherwise, and stays eager.
     pub fn capture_updates(&mut self) -> std::result::Result<(), String> {
         let device = self.model.device();
-        let why_not = graphed::why_not_captured(
-            device,
-            self.group.world_size(),
-            self.sync_freq,
-            self.model.task.is_some(),
-        );
+        let why_not = graphed::why_not_captured(device, self.group.world_size(), self.sync_freq);
         match why_not {
             Some(why) => Err(why),
             None => {
@@ -304,8 +298,9 @@ impl<'g> Learner<'g> {
     }
 }
 
-/// A multitask model on several ranks: for each micro-batch, the tasks any rank's holds (one
-/// collective for all). Otherwise nothing: each lookup renormalises its own rows.
+/// A multitask model on several ranks: for each micro-batch, the tasks any rank's holds, as a
+/// mask over the task table, nonzero where held (one collective for all; no host read, as
+/// a CUDA graph needs). Otherwise nothing: each lookup renormalises its own rows.
 fn task_unions(
     group: &ProcessGroup,
     model: &WorldModel,
@@ -326,7 +321,7 @@ fn task_unions(
     }
     group.all_reduce_mean(&mut seen)?;
     Ok((0..batches.len() as i64)
-        .map(|i| Some(seen.get(i).gt(0.0).nonzero().view([-1])))
+        .map(|i| Some(seen.get(i)))
         .collect())
 }
 
