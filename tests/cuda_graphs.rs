@@ -209,19 +209,25 @@ fn batches(
 
 /// The update captured as one graph does what the eager update does, draw for draw: the same
 /// parameters, optimiser state, statistics and step counts after several updates (the first
-/// warms up and captures, the others replay), episodic, multitask or neither.
+/// warms up and captures, the others replay), episodic, multitask or neither, and with two
+/// micro-batches per update (the synchronised update's path, its collectives those of a lone
+/// rank).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn a_captured_update_equals_the_eager_update() {
     use tdmpc2::ddp::{ProcessGroup, RankInfo};
     use tdmpc2::learner::{Learner, LearnerSettings};
     let (_gpu, device) = gpu();
-    for (episodic, multitask) in [(false, false), (true, false), (false, true)] {
-        let config = small_config(&[if episodic {
-            "episodic=true"
-        } else {
-            "episodic=false"
-        }]);
+    let cases = [
+        (false, false, 1),
+        (true, false, 1),
+        (false, true, 1),
+        (false, false, 2),
+    ];
+    for (episodic, multitask, sync_freq) in cases {
+        let episodic_setting = format!("episodic={episodic}");
+        let sync_setting = format!("sync_freq={sync_freq}");
+        let config = small_config(&[&episodic_setting, &sync_setting]);
         let group = ProcessGroup::alone(RankInfo::single(&config));
         let run = |capture: bool| {
             let mut settings = LearnerSettings::from_config(&config)
@@ -234,9 +240,9 @@ fn a_captured_update_equals_the_eager_update() {
                     .capture_updates()
                     .expect("one rank on CUDA captures");
             }
-            let stats: Vec<_> = batches(5, device, episodic, multitask)
-                .iter()
-                .map(|batch| learner.update_on(std::slice::from_ref(batch)).unwrap())
+            let stats: Vec<_> = batches(5 * sync_freq, device, episodic, multitask)
+                .chunks(sync_freq)
+                .map(|micro_batches| learner.update_on(micro_batches).unwrap())
                 .map(|info| info.fetch().unwrap())
                 .collect();
             let state = learner.updater().model_optim.state();
@@ -253,7 +259,7 @@ fn a_captured_update_equals_the_eager_update() {
             let diff = max_abs_diff(a, b);
             assert!(
                 diff <= 1e-5 * scale,
-                "episodic={episodic}, multitask={multitask}: {name} differs by {diff}"
+                "episodic={episodic}, multitask={multitask}, sync_freq={sync_freq}: {name} differs by {diff}"
             );
         }
         assert_ne!(eager_stats[3].total_loss, eager_stats[4].total_loss);
@@ -261,7 +267,8 @@ fn a_captured_update_equals_the_eager_update() {
             for ((name, x), (_, y)) in a.named().iter().zip(b.named()) {
                 assert!(
                     (x - y).abs() <= 1e-4 * x.abs().max(1.0),
-                    "episodic={episodic}, multitask={multitask}, update {i}: {name} {x} vs {y}"
+                    "episodic={episodic}, multitask={multitask}, sync_freq={sync_freq}, update {i}: \
+                     {name} {x} vs {y}"
                 );
             }
         }

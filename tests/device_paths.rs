@@ -108,6 +108,26 @@ fn two_ranks_share_one_gpu_through_gloo() {
     );
 }
 
+/// Collectives on NCCL run inside the update's graph: one rank in a forced NCCL group with two
+/// micro-batches per update (the synchronised update, its all-reduces and all-gathers) trains
+/// with its updates captured.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn nccl_collectives_run_inside_the_update_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train(
+        dir.path(),
+        &["device=cuda", "dist_force_group=true", "sync_freq=2"],
+    );
+    let log = assert_trained(&out, "NCCL inside graphs");
+    assert!(log.contains("collectives: cpu:gloo,cuda:nccl"), "{log}");
+    assert!(
+        log.contains("compile=true: updates run as CUDA graphs"),
+        "{log}"
+    );
+    assert!(!final_weights(dir.path()).is_empty());
+}
+
 /// `compile=true` (the default) on one GPU: plans and updates run as CUDA graphs, and a run
 /// stopped at step 200 and resumed ends where the uninterrupted run ends.
 #[test]

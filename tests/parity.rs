@@ -616,7 +616,7 @@ torch.save({'model': state}, path)
 #[test]
 fn grad_norm_equals_torchs_at_model_size_5_with_dog_run_dimensions() {
     use pyo3::prelude::*;
-    use tdmpc2::agent::adam::grad_norm;
+    use tdmpc2::agent::adam::{grad_norm, parameter_views};
 
     let config = AgentConfig {
         obs_dim: 223,
@@ -643,7 +643,7 @@ fn grad_norm_equals_torchs_at_model_size_5_with_dog_run_dimensions() {
             .narrow(0, entry.offset, entry.numel)
             .g_mul_scalar_(10f64.powi(i as i32 % 4 - 2));
     }
-    let ours = grad_norm(&grads, layout).double_value(&[]);
+    let ours = grad_norm(&grads, &parameter_views(&grads, layout)).double_value(&[]);
 
     let torchs = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;

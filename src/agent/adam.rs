@@ -241,27 +241,35 @@ impl Adam {
 /// `torch.nn.utils.clip_grad_norm_`; returns the norm before clipping (a device scalar, no sync).
 ///
 /// The norm is taken the way torch takes it over a module's parameters: one norm per parameter
-/// (`layout` gives each one's place in the flat buffer), then the norm of those norms. A single
-/// float32 norm over millions of entries drifts from that by 1e-5 relative and more as models
-/// grow, which would move the logged `grad_norm` and the clip factor away from the official ones.
-pub fn clip_grad_norm(grads: &mut Tensor, layout: &[ParamEntry], max_norm: f64) -> Tensor {
+/// (`pieces`: each one's view of the flat buffer, see [`parameter_views`]), then the norm of
+/// those norms. A single float32 norm over millions of entries drifts from that by 1e-5
+/// relative and more as models grow, which would move the logged `grad_norm` and the clip
+/// factor away from the official ones.
+pub fn clip_grad_norm(grads: &mut Tensor, pieces: &[Tensor], max_norm: f64) -> Tensor {
     tch::no_grad(|| {
-        let norm = grad_norm(grads, layout);
+        let norm = grad_norm(grads, pieces);
         let coef = ((&norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
         let _ = grads.g_mul_(&coef);
         norm
     })
 }
 
-/// The total L2 norm of a flat gradient buffer: the norm of the per-parameter norms.
-pub fn grad_norm(grads: &Tensor, layout: &[ParamEntry]) -> Tensor {
-    if layout.is_empty() {
+/// Each parameter's view of a flat buffer laid out as `layout`: made once, so that a norm per
+/// parameter costs no slicing per step.
+pub fn parameter_views(flat: &Tensor, layout: &[ParamEntry]) -> Vec<Tensor> {
+    layout
+        .iter()
+        .map(|e| flat.narrow(0, e.offset, e.numel))
+        .collect()
+}
+
+/// The total L2 norm of a flat gradient buffer: the norm of the norms of its `pieces` (views of
+/// it, one per parameter), or of the whole buffer without pieces.
+pub fn grad_norm(grads: &Tensor, pieces: &[Tensor]) -> Tensor {
+    if pieces.is_empty() {
         return grads.norm();
     }
-    let norms: Vec<Tensor> = layout
-        .iter()
-        .map(|e| grads.narrow(0, e.offset, e.numel).norm())
-        .collect();
+    let norms: Vec<Tensor> = pieces.iter().map(Tensor::norm).collect();
     Tensor::stack(&norms, 0).norm()
 }
 
@@ -429,7 +437,7 @@ mod tests {
         };
         let g = Tensor::from_slice(&[3.0f32, 4.0, 12.0]);
         // sqrt(5² + 12²) = 13 either way; the layout only changes the order of summation.
-        let norm = grad_norm(&g, &[entry(0, 2), entry(2, 1)]);
+        let norm = grad_norm(&g, &parameter_views(&g, &[entry(0, 2), entry(2, 1)]));
         assert_eq!(norm.double_value(&[]), 13.0);
     }
 

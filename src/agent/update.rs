@@ -13,7 +13,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Reduction, Tensor};
 
-use super::adam::{clip_grad_norm, Adam, ParamGroup};
+use super::adam::{clip_grad_norm, parameter_views, Adam, ParamGroup};
 use super::config::AgentConfig;
 use super::layers::Heads;
 use super::noise::Noise;
@@ -197,6 +197,9 @@ pub struct Updater {
     pub scale: RunningScale,
     model_grads: Tensor,
     policy_grads: Tensor,
+    /// Each parameter's view of the two gradient buffers, for the clipping norm.
+    model_grad_views: Vec<Tensor>,
+    policy_grad_views: Vec<Tensor>,
     /// Whether the gradient buffers hold gradients not yet consumed by a step (the next
     /// backward adds to them instead of overwriting).
     model_grads_pending: bool,
@@ -230,6 +233,10 @@ impl Updater {
             lr: config.lr,
         }];
         let policy_optim = Adam::new(policy_flat, policy_groups, BETAS.0, BETAS.1, POLICY_EPS)?;
+        let model_grads = flat.zeros_like().detach();
+        let policy_grads = policy_flat.zeros_like().detach();
+        let model_grad_views = parameter_views(&model_grads, &model.model_params.entries);
+        let policy_grad_views = parameter_views(&policy_grads, &model.policy_params.entries);
         let rho: Vec<f32> = (0..=config.horizon)
             .map(|t| config.rho.powi(t as i32) as f32)
             .collect();
@@ -238,8 +245,10 @@ impl Updater {
             model_optim,
             policy_optim,
             scale: RunningScale::new(config.tau, model.device()),
-            model_grads: flat.zeros_like().detach(),
-            policy_grads: policy_flat.zeros_like().detach(),
+            model_grads,
+            policy_grads,
+            model_grad_views,
+            policy_grad_views,
             model_grads_pending: false,
             policy_grads_pending: false,
             rho_powers: Tensor::from_slice(&rho).to_device(model.device()),
@@ -401,7 +410,7 @@ impl Updater {
     pub fn step_world_model(&mut self, model: &WorldModel) -> Tensor {
         let norm = clip_grad_norm(
             &mut self.model_grads,
-            &model.model_params.entries,
+            &self.model_grad_views,
             self.config.grad_clip_norm,
         );
         self.model_optim
@@ -483,7 +492,7 @@ impl Updater {
     pub fn step_policy(&mut self, model: &WorldModel) -> Tensor {
         let norm = clip_grad_norm(
             &mut self.policy_grads,
-            &model.policy_params.entries,
+            &self.policy_grad_views,
             self.config.grad_clip_norm,
         );
         self.policy_optim

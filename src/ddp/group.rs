@@ -80,14 +80,19 @@ impl GroupSettings {
 
 pub struct ProcessGroup {
     info: RankInfo,
-    /// `torch.distributed`, present when there is a real group.
-    dist: Option<Py<PyModule>>,
+    /// `torch.distributed`, present when there is a real group, and its backend.
+    dist: Option<(Py<PyModule>, Backend)>,
 }
 
 impl ProcessGroup {
     /// A lone rank with no group: every collective leaves its tensor as it is.
     pub fn alone(info: RankInfo) -> Self {
         Self { info, dist: None }
+    }
+
+    /// The backend of a real group; `None` for a lone rank.
+    pub fn backend(&self) -> Option<Backend> {
+        self.dist.as_ref().map(|(_, backend)| *backend)
     }
 
     /// Joins the group described by `info` for collectives on `device`. A single rank needs
@@ -160,7 +165,7 @@ impl ProcessGroup {
         })?;
         Ok(Self {
             info,
-            dist: Some(dist),
+            dist: Some((dist, backend)),
         })
     }
 
@@ -204,7 +209,7 @@ impl ProcessGroup {
 
     /// Averages `tensor` in place across ranks (sum then divide: gloo has no AVG).
     pub fn all_reduce_mean(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some(dist) = &self.dist else {
+        let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
         call(dist, "all_reduce", tensor)?;
@@ -214,7 +219,7 @@ impl ProcessGroup {
 
     /// Sums `tensor` in place across ranks.
     pub fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some(dist) = &self.dist else {
+        let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
         call(dist, "all_reduce", tensor)
@@ -222,7 +227,7 @@ impl ProcessGroup {
 
     /// Overwrites `tensor` with rank 0's values.
     pub fn broadcast_from_root(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some(dist) = &self.dist else {
+        let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
         embedded_python::with_python(|py| {
@@ -237,7 +242,7 @@ impl ProcessGroup {
 
     /// Concatenates every rank's `tensor` along dimension 0, in rank order.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Tensor> {
-        let Some(dist) = &self.dist else {
+        let Some((dist, _)) = &self.dist else {
             return Ok(tensor.shallow_clone());
         };
         let parts: Vec<Tensor> = (0..self.info.world_size)
@@ -257,7 +262,7 @@ impl ProcessGroup {
     }
 
     pub fn barrier(&self) -> Result<()> {
-        let Some(dist) = &self.dist else {
+        let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
         embedded_python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()))
@@ -267,7 +272,7 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
-        if let Some(dist) = &self.dist {
+        if let Some((dist, _)) = &self.dist {
             let _ = embedded_python::with_python(|py| {
                 dist.bind(py)
                     .call_method0("destroy_process_group")

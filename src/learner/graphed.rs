@@ -1,20 +1,23 @@
-//! The single-process update as one CUDA graph (`compile=true` on CUDA): world model, policy,
-//! target update and statistics. Before each replay the sampled batch and the rank-shared
-//! draws are copied into the tensors the graph reads; the statistics are copied out of the
-//! graph's memory after it.
+//! The update as one CUDA graph (`compile=true` on CUDA): world-model and policy passes of
+//! every micro-batch, optimiser steps, target update and statistics, with the collectives
+//! between them when they are NCCL's (which a graph can hold). Before each replay the sampled
+//! micro-batches and the rank-shared draws are copied into the tensors the graph reads; the
+//! statistics are copied out of the graph's memory after it.
 use tch::Device;
 
-use crate::agent::{Noise, PreparedPermutations, UpdateInfo, Updater, WorldModel};
+use super::synchronised::UpdateParts;
+use crate::agent::UpdateInfo;
 use crate::buffer::Batch;
 use crate::cuda::Replayed;
+use crate::ddp::Backend;
 use crate::error::{Error, Result};
 
 #[derive(Debug)]
 pub(super) struct GraphedUpdate {
     device: Device,
     episodic: bool,
-    /// The batch the graph reads, made at the first update.
-    batch: Option<Batch>,
+    /// The micro-batches the graph reads, made at the first update.
+    batches: Vec<Batch>,
     replayed: Replayed,
 }
 
@@ -23,30 +26,37 @@ impl GraphedUpdate {
         Self {
             device,
             episodic,
-            batch: None,
+            batches: Vec::new(),
             replayed: Replayed::new(device),
         }
     }
 
-    /// One update on `batch`, whose draws of Q heads `shared` holds (refilled).
+    /// One update on `batches`, whose draws of Q heads `parts.shared` holds (refilled).
     pub(super) fn update(
         &mut self,
-        model: &mut WorldModel,
-        updater: &mut Updater,
-        batch: &Batch,
-        sample_noise: &mut dyn Noise,
-        shared: &mut PreparedPermutations,
+        parts: &mut UpdateParts,
+        batches: &[Batch],
     ) -> Result<UpdateInfo> {
-        let device = self.device;
-        let statics = self.batch.get_or_insert_with(|| batch.copy_to(device));
-        statics.refill(batch)?;
-        let counts = updater.step_counts();
+        if self.batches.is_empty() {
+            self.batches = batches.iter().map(|b| b.copy_to(self.device)).collect();
+        }
+        if batches.len() != self.batches.len() {
+            return Err(Error::Config(format!(
+                "a captured update takes {} micro-batches, not {}",
+                self.batches.len(),
+                batches.len()
+            )));
+        }
+        for (fixed, batch) in self.batches.iter_mut().zip(batches) {
+            fixed.refill(batch)?;
+        }
+        let counts = parts.updater.step_counts();
+        let statics = &self.batches;
         let values = self.replayed.call(|| {
-            shared.rewind();
-            let info = updater.update(model, statics, sample_noise, shared)?;
-            Ok::<_, Error>(info.values)
+            parts.shared.rewind();
+            Ok::<_, Error>(parts.run(statics)?.values)
         })?;
-        updater.set_step_counts(counts.map(|steps| steps + 1));
+        parts.updater.set_step_counts(counts.map(|steps| steps + 1));
         Ok(UpdateInfo {
             values: values.copy(),
             episodic: self.episodic,
@@ -54,46 +64,35 @@ impl GraphedUpdate {
     }
 }
 
-/// Why this learner's updates cannot be one graph, if they cannot.
-pub(super) fn why_not_captured(
-    device: Device,
-    world_size: usize,
-    sync_freq: usize,
-) -> Option<String> {
+/// Why this learner's updates cannot be one graph, if they cannot: `backend` is the group's,
+/// `None` for a lone rank.
+pub(super) fn why_not_captured(device: Device, backend: Option<Backend>) -> Option<String> {
     if !device.is_cuda() {
         return Some(format!("updates run on {device:?}, graphs on CUDA only"));
     }
-    if world_size > 1 {
-        return Some(
-            "with several ranks the update's collectives run between its parts, which are not \
-             captured yet"
+    match backend {
+        None | Some(Backend::Nccl) => None,
+        Some(Backend::Gloo) => Some(
+            "dist_backend=gloo: gloo's collectives on CUDA tensors go through the host, which \
+             a graph cannot hold"
                 .into(),
-        );
+        ),
     }
-    if sync_freq > 1 {
-        return Some(format!(
-            "sync_freq={sync_freq}: micro-batches accumulate between optimiser steps, which are \
-             not captured yet"
-        ));
-    }
-    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Each case the graph does not cover is named; one rank on CUDA with one micro-batch is
-    /// captured.
+    /// Each case the graph does not cover is named; a lone rank on CUDA, or one in an NCCL
+    /// group, is captured.
     #[test]
     fn the_cases_left_eager_say_why() {
         let gpu = Device::Cuda(0);
-        let why = |device, world, sync_freq| {
-            why_not_captured(device, world, sync_freq).unwrap_or_default()
-        };
-        assert!(why(Device::Cpu, 1, 1).contains("CUDA only"));
-        assert!(why(gpu, 2, 1).contains("several ranks"));
-        assert!(why(gpu, 1, 2).contains("sync_freq=2"));
-        assert_eq!(why_not_captured(gpu, 1, 1), None);
+        let why = |device, backend| why_not_captured(device, backend).unwrap_or_default();
+        assert!(why(Device::Cpu, None).contains("CUDA only"));
+        assert!(why(gpu, Some(Backend::Gloo)).contains("dist_backend=gloo"));
+        assert_eq!(why_not_captured(gpu, None), None);
+        assert_eq!(why_not_captured(gpu, Some(Backend::Nccl)), None);
     }
 }

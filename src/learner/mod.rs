@@ -9,11 +9,10 @@
 //! updated at every micro-batch from the Q values gathered from all ranks.
 pub mod finite;
 mod graphed;
-
-use std::time::Instant;
+mod synchronised;
 
 use rand_pcg::Pcg64;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::agent::{
     AgentConfig, HostNoise, Noise, PreparedPermutations, TorchNoise, UpdateInfo, Updater,
@@ -22,7 +21,8 @@ use crate::agent::{
 use crate::buffer::{Batch, BufferSettings, Episode, ReplayBuffer};
 use crate::config::Config;
 use crate::ddp::ProcessGroup;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use synchronised::UpdateParts;
 
 /// What a learner is built from, taken once from the resolved config.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,7 +77,8 @@ pub struct Learner<'g> {
 /// Seconds spent inside the update's collectives since the learner was made (for benchmarks),
 /// as the host sees them: on the CPU (gloo) the collectives themselves; on CUDA with NCCL the
 /// time to enqueue them and to wait for what they depend on, not the transfer, which runs on
-/// NCCL's stream after the call returns.
+/// NCCL's stream after the call returns. Updates captured as a CUDA graph replay their
+/// collectives inside it: only the eager first call's are timed.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct CommTimes {
     /// The two all-reduces of the flat gradient buffers.
@@ -126,11 +127,12 @@ impl<'g> Learner<'g> {
         })
     }
 
-    /// Updates through one CUDA graph from now on (captured at the next update): for one rank
-    /// on CUDA with `sync_freq=1`. Says why not otherwise, and stays eager.
+    /// Updates through one CUDA graph from now on (captured at the next update), collectives
+    /// included: on CUDA, alone or in a group whose CUDA collectives are NCCL's. Says why not
+    /// otherwise, and stays eager.
     pub fn capture_updates(&mut self) -> std::result::Result<(), String> {
         let device = self.model.device();
-        let why_not = graphed::why_not_captured(device, self.group.world_size(), self.sync_freq);
+        let why_not = graphed::why_not_captured(device, self.group.backend());
         match why_not {
             Some(why) => Err(why),
             None => {
@@ -224,143 +226,21 @@ impl<'g> Learner<'g> {
 
     /// One synchronised update on the given micro-batches.
     pub fn update_on(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
-        let group = self.group;
-        let (model, learner) = (&mut self.model, &mut self.updater);
-        let sample_noise = &mut self.sample_noise;
-        let shared = &mut self.shared_draws;
         // Each micro-batch draws one pair of heads for the world model, one for the policy.
-        shared.ensure_slots(2 * batches.len());
-        shared.refill(self.batch_noise.as_mut())?;
-        if let (Some(graphed), [batch]) = (&mut self.graphed, batches) {
-            return graphed.update(model, learner, batch, sample_noise.as_mut(), shared);
-        }
-        if group.world_size() == 1 && batches.len() == 1 {
-            return Ok(learner.update(model, &batches[0], sample_noise.as_mut(), shared)?);
-        }
-        let micro = batches.len() as f64;
-        let unions = task_unions(group, model, batches)?;
-        let mut passes = Vec::with_capacity(batches.len());
-        for (batch, union) in batches.iter().zip(&unions) {
-            renormalise_as(model, union);
-            passes.push(learner.world_model_backward(
-                model,
-                batch,
-                sample_noise.as_mut(),
-                shared,
-            )?);
-        }
-        let started = Instant::now();
-        average(group, learner.model_grads_mut(), micro)?;
-        self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
-        let grad_norm = learner.step_world_model(model);
-
-        let mut gather_seconds = 0.0;
-        let mut gather = |q: &Tensor| -> crate::agent::Result<Tensor> {
-            let started = Instant::now();
-            let gathered = group
-                .all_gather(q)
-                .map_err(|e| crate::agent::Error::Config(e.to_string()));
-            gather_seconds += started.elapsed().as_secs_f64();
-            gathered
+        self.shared_draws.ensure_slots(2 * batches.len());
+        self.shared_draws.refill(self.batch_noise.as_mut())?;
+        let mut parts = UpdateParts {
+            group: self.group,
+            model: &mut self.model,
+            updater: &mut self.updater,
+            sample_noise: self.sample_noise.as_mut(),
+            shared: &mut self.shared_draws,
+            comm: &mut self.comm,
+            tau: self.tau,
         };
-        let mut policy_passes = Vec::with_capacity(passes.len());
-        for (pass, union) in passes.iter().zip(&unions) {
-            renormalise_as(model, union);
-            policy_passes.push(learner.policy_backward(
-                model,
-                &pass.latents,
-                pass.task.as_ref(),
-                sample_noise.as_mut(),
-                shared,
-                &mut gather,
-            )?);
+        match &mut self.graphed {
+            Some(graphed) => graphed.update(&mut parts, batches),
+            None => parts.run(batches),
         }
-        renormalise_as(model, &None);
-        // The embedding gradient each rank's policy loss leaves for the next step, averaged
-        // now: every rank carries the same (and a checkpoint holds it).
-        if let Some(mut carried) = learner.carried_task_grad(model) {
-            group.all_reduce_mean(&mut carried)?;
-        }
-        self.comm.other += gather_seconds;
-        let started = Instant::now();
-        average(group, learner.policy_grads_mut(), micro)?;
-        self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
-        let pi_grad_norm = learner.step_policy(model);
-        model.soft_update_target(self.tau);
-        let (wm, pi) = (mean_passes(&passes), mean_policy(&policy_passes));
-        // Losses are per-rank means: averaged, they are the losses of the whole N·k·B batch
-        // (the grad norms and the scale are already global and stay as they are).
-        let mut info = learner.info(&wm, grad_norm, &pi, pi_grad_norm);
-        let started = Instant::now();
-        group.all_reduce_mean(&mut info.values)?;
-        self.comm.other += started.elapsed().as_secs_f64();
-        Ok(info)
-    }
-}
-
-/// A multitask model on several ranks: for each micro-batch, the tasks any rank's holds, as a
-/// mask over the task table, nonzero where held (one collective for all; no host read, as
-/// a CUDA graph needs). Otherwise nothing: each lookup renormalises its own rows.
-fn task_unions(
-    group: &ProcessGroup,
-    model: &WorldModel,
-    batches: &[Batch],
-) -> Result<Vec<Option<Tensor>>> {
-    let (Some(table), true) = (&model.task, group.world_size() > 1) else {
-        return Ok(batches.iter().map(|_| None).collect());
-    };
-    let (tasks, device) = (table.weight.size()[0], model.device());
-    let mut seen = Tensor::zeros([batches.len() as i64, tasks], (Kind::Float, device));
-    for (i, batch) in batches.iter().enumerate() {
-        let ids = batch.task.as_ref().ok_or_else(|| {
-            Error::Config("a multitask model needs the task of every sample".into())
-        })?;
-        let _ = seen
-            .get(i as i64)
-            .index_fill_(0, &ids.to_device(device).to_kind(Kind::Int64), 1.0);
-    }
-    group.all_reduce_mean(&mut seen)?;
-    Ok((0..batches.len() as i64)
-        .map(|i| Some(seen.get(i)))
-        .collect())
-}
-
-fn renormalise_as(model: &mut WorldModel, union: &Option<Tensor>) {
-    if let Some(table) = model.task.as_mut() {
-        table.renormalise_as(union.as_ref().map(Tensor::shallow_clone));
-    }
-}
-
-/// Sum over micro-batches → mean over micro-batches and ranks.
-fn average(group: &ProcessGroup, grads: &mut Tensor, micro: f64) -> Result<()> {
-    if micro > 1.0 {
-        let _ = grads.divide_scalar_(micro);
-    }
-    group.all_reduce_mean(grads)
-}
-
-fn mean_of(values: Vec<&Tensor>) -> Tensor {
-    Tensor::stack(&values, 0).mean(tch::Kind::Float)
-}
-
-fn mean_passes(passes: &[crate::agent::WorldModelPass]) -> crate::agent::WorldModelPass {
-    crate::agent::WorldModelPass {
-        consistency_loss: mean_of(passes.iter().map(|p| &p.consistency_loss).collect()),
-        reward_loss: mean_of(passes.iter().map(|p| &p.reward_loss).collect()),
-        value_loss: mean_of(passes.iter().map(|p| &p.value_loss).collect()),
-        termination_loss: mean_of(passes.iter().map(|p| &p.termination_loss).collect()),
-        termination_rate: mean_of(passes.iter().map(|p| &p.termination_rate).collect()),
-        termination_f1: mean_of(passes.iter().map(|p| &p.termination_f1).collect()),
-        total_loss: mean_of(passes.iter().map(|p| &p.total_loss).collect()),
-        latents: passes[0].latents.shallow_clone(),
-        task: passes[0].task.as_ref().map(Tensor::shallow_clone),
-    }
-}
-
-fn mean_policy(passes: &[crate::agent::PolicyPass]) -> crate::agent::PolicyPass {
-    crate::agent::PolicyPass {
-        pi_loss: mean_of(passes.iter().map(|p| &p.pi_loss).collect()),
-        entropy: mean_of(passes.iter().map(|p| &p.entropy).collect()),
-        scaled_entropy: mean_of(passes.iter().map(|p| &p.scaled_entropy).collect()),
     }
 }
