@@ -1,6 +1,6 @@
 //! Lets the binary run from anywhere without LD_LIBRARY_PATH: rpaths to libpython and to the
 //! venv's torch/lib (the libtorch that torch-sys linked against). With a CUDA torch wheel it
-//! also builds the CUDA-graph shim (src/cuda/graph_shim.cpp).
+//! also builds the C++ shim (src/cuda/shim.cpp): CUDA graphs and torch generators of our own.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -32,7 +32,7 @@ fn main() {
         "cargo:rustc-env=TDMPC2_TORCH_CUDA_WHEEL={}",
         u8::from(cuda_wheel)
     );
-    graph_shim(&python, Path::new(site), cuda_wheel);
+    shim(&python, Path::new(site), cuda_wheel);
 }
 
 fn run_python(python: &str, script: &str) -> String {
@@ -50,10 +50,10 @@ fn run_python(python: &str, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Compiles the CUDA-graph shim and sets `cfg(tdmpc2_cuda_graphs)`, or leaves it out with a
+/// Compiles the shim and sets `cfg(tdmpc2_cuda_graphs)`, or leaves it out with a
 /// warning; src/cuda/graph.rs then reports the reason (TDMPC2_CUDA_GRAPHS_MISSING) at run time.
-fn graph_shim(python: &str, site: &Path, cuda_wheel: bool) {
-    const SOURCE: &str = "src/cuda/graph_shim.cpp";
+fn shim(python: &str, site: &Path, cuda_wheel: bool) {
+    const SOURCE: &str = "src/cuda/shim.cpp";
     println!("cargo::rustc-check-cfg=cfg(tdmpc2_cuda_graphs)");
     println!("cargo:rerun-if-changed={SOURCE}");
     println!(
@@ -83,7 +83,7 @@ fn graph_shim(python: &str, site: &Path, cuda_wheel: bool) {
         build.flag("-isystem").flag(dir.display().to_string());
     }
     // A wheel whose headers do not compile costs the graphs, not the build.
-    if let Err(e) = build.file(SOURCE).try_compile("tdmpc2_graph_shim") {
+    if let Err(e) = build.file(SOURCE).try_compile("tdmpc2_shim") {
         let first_line = e.to_string().lines().next().unwrap_or_default().to_string();
         return left_out(&format!("{SOURCE} did not compile: {first_line}"));
     }

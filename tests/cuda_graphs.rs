@@ -276,15 +276,16 @@ fn a_captured_update_equals_the_eager_update() {
 }
 
 /// Plans through graphs (one per eval_mode) act as eager plans do on the same draws, whichever
-/// environments start an episode, and for a multitask policy whichever tasks they play.
+/// environments start an episode, for a multitask policy whichever tasks they play, and for a
+/// policy drawing from a generator of its own (a pipelined actor's), which the graphs register.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn captured_plans_equal_eager_plans() {
     let (_gpu, device) = gpu();
-    for multitask in [false, true] {
+    for (multitask, own) in [(false, false), (true, false), (false, true)] {
         let (eager, graphed) = (
-            plans(device, multitask, false),
-            plans(device, multitask, true),
+            plans(device, multitask, own, false),
+            plans(device, multitask, own, true),
         );
         assert_ne!(eager[4], eager[5]);
         for (i, (a, b)) in eager.iter().zip(&graphed).enumerate() {
@@ -295,15 +296,17 @@ fn captured_plans_equal_eager_plans() {
                 .fold(0.0f32, f32::max);
             assert!(
                 diff <= 1e-4,
-                "multitask={multitask}, call {i}: actions differ by {diff}: {a:?} vs {b:?}"
+                "multitask={multitask}, own generator={own}, call {i}: actions differ by \
+                 {diff}: {a:?} vs {b:?}"
             );
         }
     }
 }
 
 /// The actions of six plans for 4 environments (some starting episodes, some in eval mode),
-/// captured or not; a multitask policy's environments change tasks between plans.
-fn plans(device: Device, multitask: bool, capture: bool) -> Vec<Vec<f32>> {
+/// captured or not; a multitask policy's environments change tasks between plans; with `own`,
+/// the policy draws from a generator of its own, reseeded in place after three plans.
+fn plans(device: Device, multitask: bool, own: bool, capture: bool) -> Vec<Vec<f32>> {
     use tdmpc2::actor::Policy;
     use tdmpc2::agent::{AgentConfig, TorchNoise};
     let mut agent = AgentConfig::from_config(&small_config(&[])).unwrap();
@@ -319,6 +322,9 @@ fn plans(device: Device, multitask: bool, capture: bool) -> Vec<Vec<f32>> {
     ];
     let noise = Box::new(TorchNoise::seeded(3));
     let mut policy = Policy::new(&agent, device, 4, noise).unwrap();
+    if own {
+        policy.draw_on_its_own(7).unwrap();
+    }
     if capture {
         policy.capture_plans().expect("a plan on CUDA captures");
     }
@@ -329,6 +335,9 @@ fn plans(device: Device, multitask: bool, capture: bool) -> Vec<Vec<f32>> {
             if multitask {
                 let tasks = [i % 2, 1, 0, (i / 2) % 2].map(|t| t as u32);
                 policy.set_tasks(&tasks).unwrap();
+            }
+            if own && i == 3 {
+                policy.draw_on_its_own(8).unwrap();
             }
             policy.act(&obs, t0, *eval_mode).unwrap()
         })

@@ -7,6 +7,7 @@
 //! environment at an episode boundary.
 pub mod assignment;
 pub mod environments;
+mod own_noise;
 pub mod policy;
 
 use rand::Rng;

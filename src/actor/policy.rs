@@ -8,8 +8,11 @@ use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::agent::{AgentConfig, Error, Noise, PlanInputs, Planner, Result, TaskModel, WorldModel};
-use crate::cuda::Replayed;
+use super::own_noise::OwnNoise;
+use crate::agent::{
+    AgentConfig, Error, HostNoise, Noise, PlanInputs, Planner, Result, TaskModel, WorldModel,
+};
+use crate::cuda::{Replayed, SharedGenerator};
 
 pub struct Policy {
     model: WorldModel,
@@ -20,6 +23,19 @@ pub struct Policy {
     tasks: Option<Tensor>,
     /// Plans through CUDA graphs, once asked to.
     graphs: Option<PlanGraphs>,
+    /// Where `noise` draws, as far as a captured plan cares.
+    draws: Draws,
+}
+
+/// Where a policy's draws come from.
+enum Draws {
+    /// The noise it was given (the caller vouches that it draws on the device, as torch's
+    /// default generator does).
+    Given,
+    /// A torch generator of its own, which a captured plan registers.
+    Own(OwnNoise),
+    /// A host stream (a build without generators of its own): cannot be captured.
+    Host,
 }
 
 /// The plan as CUDA graphs, one per `eval_mode` (captured at its first use), and the inputs
@@ -45,17 +61,41 @@ impl Policy {
             mpc: config.mpc,
             tasks: None,
             graphs: None,
+            draws: Draws::Given,
         })
+    }
+
+    /// Draws from a torch generator of its own on the policy's device, seeded with `seed` (in
+    /// place once made, so that captured plans keep drawing from it): for an acting thread
+    /// that runs beside the learner. A build without such generators draws from a host stream.
+    pub fn draw_on_its_own(&mut self, seed: u64) -> crate::error::Result<()> {
+        if let Draws::Own(own) = &self.draws {
+            return Ok(own.reseed(seed)?);
+        }
+        match OwnNoise::seeded(self.model.device(), seed) {
+            Ok(own) => {
+                self.noise = Box::new(own.share());
+                self.draws = Draws::Own(own);
+            }
+            Err(_) => {
+                self.noise = Box::new(HostNoise::seeded(seed));
+                self.draws = Draws::Host;
+            }
+        }
+        Ok(())
     }
 
     /// Plans through CUDA graphs from now on, one per `eval_mode`, each captured at its first
     /// use: for a policy that plans, on CUDA, whose noise draws on the device (as
-    /// [`crate::agent::TorchNoise`] does; a host stream's uploads cannot be captured). Says
-    /// why not otherwise, and stays eager.
+    /// [`crate::agent::TorchNoise`] and [`Self::draw_on_its_own`] do; a host stream's uploads
+    /// cannot be captured). Says why not otherwise, and stays eager.
     pub fn capture_plans(&mut self) -> std::result::Result<(), String> {
         let device = self.model.device();
         let why_not = match () {
             _ if !device.is_cuda() => format!("plans run on {device:?}, graphs on CUDA only"),
+            _ if !crate::cuda::cuda_graphs_available() => {
+                "CUDA graphs are not available in this build (see the build's warning)".into()
+            }
             _ if !self.mpc => "mpc=false acts with the policy alone, without planning".into(),
             _ => {
                 self.graphs = Some(PlanGraphs {
@@ -96,8 +136,11 @@ impl Policy {
         self.planner.num_envs()
     }
 
+    /// Draws from `noise` from now on (see [`Self::capture_plans`] for what a captured plan
+    /// needs of it).
     pub fn set_noise(&mut self, noise: Box<dyn Noise + Send>) {
         self.noise = noise;
+        self.draws = Draws::Given;
     }
 
     /// Copies the learner's current world model and policy parameters (not the target Qs,
@@ -173,6 +216,14 @@ impl Policy {
         };
         let inputs = graphs.inputs.get_or_insert_with(|| fresh.copy());
         inputs.refill(&fresh);
+        let generators: Vec<SharedGenerator> = match &self.draws {
+            Draws::Given => Vec::new(),
+            Draws::Own(own) => vec![own.generator()],
+            Draws::Host => {
+                let why = "a captured plan cannot draw from a host stream";
+                return Err(Error::Config(why.into()).into());
+            }
+        };
         let (planner, model, noise) = (&mut self.planner, &self.model, self.noise.as_mut());
         let tasks = self.tasks.as_ref();
         if model.task.is_some() && tasks.is_none() {
@@ -180,7 +231,7 @@ impl Policy {
                 Error::Config("a multitask policy needs its environments' tasks".into()).into(),
             );
         }
-        graphs.by_mode[usize::from(eval_mode)].call(|| {
+        graphs.by_mode[usize::from(eval_mode)].call_drawing_from(&generators, || {
             let actions = match tasks {
                 None => planner.plan_prepared(model, inputs, eval_mode, noise)?,
                 Some(tasks) => {

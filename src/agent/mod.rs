@@ -53,6 +53,8 @@ pub enum Error {
     },
     #[error("noise replay: {0}")]
     Replay(String),
+    #[error("random draws: {0}")]
+    Draw(String),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error("embedded Python: {0}")]

@@ -1,4 +1,4 @@
-//! CUDA graphs over torch's `at::cuda::CUDAGraph` (src/cuda/graph_shim.cpp): record a sequence
+//! CUDA graphs over torch's `at::cuda::CUDAGraph` (src/cuda/shim.cpp): record a sequence
 //! of torch calls once, then launch all of its kernels with one call.
 //!
 //! A graph replays the exact kernels it recorded, on the exact memory it recorded:
@@ -16,6 +16,8 @@ use std::mem::ManuallyDrop;
 use std::sync::{Mutex, PoisonError};
 
 use tch::Device;
+
+use super::generator::SharedGenerator;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
@@ -96,6 +98,21 @@ impl CudaGraph {
         device: Device,
         pool: Option<&GraphPool>,
         warmup: usize,
+        f: impl FnMut() -> Result<T, E>,
+    ) -> Result<(CudaGraph, T), E>
+    where
+        E: From<GraphError>,
+    {
+        Self::capture_drawing_from(device, pool, warmup, &[], f)
+    }
+
+    /// [`Self::capture`] of a call that also draws from `generators` (besides torch's default
+    /// generator): each replay advances them too, so their draws are new on every replay.
+    pub fn capture_drawing_from<T, E>(
+        device: Device,
+        pool: Option<&GraphPool>,
+        warmup: usize,
+        generators: &[SharedGenerator],
         mut f: impl FnMut() -> Result<T, E>,
     ) -> Result<(CudaGraph, T), E>
     where
@@ -107,6 +124,13 @@ impl CudaGraph {
         // Leaked unless the capture succeeds: after a failed capture torch's allocator may
         // still refer to the graph, so freeing it could leave a dangling pointer there.
         let raw = ManuallyDrop::new(imp::RawGraph::new(index)?);
+        for generator in generators {
+            let generator = generator.lock().unwrap_or_else(PoisonError::into_inner);
+            if generator.device() != device {
+                return Err(GraphError::NotCuda(generator.device()).into());
+            }
+            raw.register_generator(generator.raw())?;
+        }
         let side = SideStream::enter(&raw)?;
         for _ in 0..warmup {
             f()?;
@@ -189,7 +213,7 @@ impl Drop for Capturing<'_> {
 }
 
 #[cfg(tdmpc2_cuda_graphs)]
-mod imp {
+pub(super) mod imp {
     use std::ffi::{c_char, CStr};
     use std::ptr::NonNull;
 
@@ -216,10 +240,14 @@ mod imp {
         ) -> *mut c_char;
         fn tdmpc2_cuda_graph_capture_end(graph: *mut Tdmpc2CudaGraph) -> *mut c_char;
         fn tdmpc2_cuda_graph_replay(graph: *mut Tdmpc2CudaGraph) -> *mut c_char;
+        fn tdmpc2_cuda_graph_register_generator(
+            graph: *mut Tdmpc2CudaGraph,
+            generator: *mut std::ffi::c_void,
+        ) -> *mut c_char;
     }
 
     /// Turns the shim's returned message (null on success) into a result, freeing it.
-    fn check(op: &'static str, message: *mut c_char) -> Result<(), GraphError> {
+    pub(in crate::cuda) fn check(op: &'static str, message: *mut c_char) -> Result<(), GraphError> {
         if message.is_null() {
             return Ok(());
         }
@@ -299,6 +327,16 @@ mod imp {
                 tdmpc2_cuda_graph_replay(self.0.as_ptr())
             })
         }
+
+        /// `generator`: the shim's generator, alive for the call.
+        pub fn register_generator(
+            &self,
+            generator: *mut std::ffi::c_void,
+        ) -> Result<(), GraphError> {
+            check("register generator", unsafe {
+                tdmpc2_cuda_graph_register_generator(self.0.as_ptr(), generator)
+            })
+        }
     }
 
     impl Drop for RawGraph {
@@ -309,10 +347,10 @@ mod imp {
 }
 
 #[cfg(not(tdmpc2_cuda_graphs))]
-mod imp {
+pub(super) mod imp {
     use super::GraphError;
 
-    fn not_built() -> GraphError {
+    pub(in crate::cuda) fn not_built() -> GraphError {
         GraphError::NotBuilt(env!("TDMPC2_CUDA_GRAPHS_MISSING"))
     }
 
@@ -353,6 +391,13 @@ mod imp {
         }
 
         pub fn replay(&self) -> Result<(), GraphError> {
+            Err(not_built())
+        }
+
+        pub fn register_generator(
+            &self,
+            _generator: *mut std::ffi::c_void,
+        ) -> Result<(), GraphError> {
             Err(not_built())
         }
     }

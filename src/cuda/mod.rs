@@ -1,6 +1,9 @@
-//! CUDA-only machinery that tch does not offer: graph capture and replay.
+//! Machinery that tch does not offer, through a C++ shim built against a CUDA torch wheel:
+//! CUDA-graph capture and replay, and torch random generators of our own.
+mod generator;
 mod graph;
 mod replayed;
 
+pub use generator::{Draw, Generator, SharedGenerator};
 pub use graph::{cuda_graphs_available, synchronize, CudaGraph, GraphError, GraphPool};
 pub use replayed::Replayed;

@@ -13,6 +13,7 @@
 //! a replay: the caller keeps such state itself (the update's step counts).
 use tch::{Device, Tensor};
 
+use super::generator::SharedGenerator;
 use super::graph::{CudaGraph, GraphError};
 
 /// A call captured on its first use and replayed after.
@@ -36,7 +37,20 @@ impl Replayed {
 
     /// Runs `f` (see the module's documentation); returns its output, which the next call
     /// overwrites.
-    pub fn call<E>(&mut self, mut f: impl FnMut() -> Result<Tensor, E>) -> Result<Tensor, E>
+    pub fn call<E>(&mut self, f: impl FnMut() -> Result<Tensor, E>) -> Result<Tensor, E>
+    where
+        E: From<GraphError>,
+    {
+        self.call_drawing_from(&[], f)
+    }
+
+    /// [`Self::call`] of a call that also draws from `generators`, which the capture registers
+    /// (later calls replay with the generators registered then).
+    pub fn call_drawing_from<E>(
+        &mut self,
+        generators: &[SharedGenerator],
+        mut f: impl FnMut() -> Result<Tensor, E>,
+    ) -> Result<Tensor, E>
     where
         E: From<GraphError>,
     {
@@ -45,13 +59,14 @@ impl Replayed {
             return Ok(outputs.shallow_clone());
         }
         let mut eager = None;
-        let (graph, outputs) = CudaGraph::capture(self.device, None, 1, || {
-            let out = f()?;
-            if eager.is_none() {
-                eager = Some(out.shallow_clone());
-            }
-            Ok::<_, E>(out)
-        })?;
+        let (graph, outputs) =
+            CudaGraph::capture_drawing_from(self.device, None, 1, generators, || {
+                let out = f()?;
+                if eager.is_none() {
+                    eager = Some(out.shallow_clone());
+                }
+                Ok::<_, E>(out)
+            })?;
         self.graph = Some((graph, outputs));
         Ok(eager.expect("the warm-up call ran before the capture"))
     }

@@ -89,7 +89,7 @@ impl<'g> Offline<'g> {
             state,
         } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
-        streams.reseed(state.step, &mut learner, &mut actor);
+        streams.reseed(state.step, &mut learner, &mut actor)?;
         let batches =
             Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
         let report = match group.rank() {
@@ -176,7 +176,7 @@ impl<'g> Offline<'g> {
         self.state.elapsed = self.clock.elapsed();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         self.streams
-            .reseed(self.state.step, &mut self.learner, &mut self.actor);
+            .reseed(self.state.step, &mut self.learner, &mut self.actor)?;
         self.batches = Prefetcher::start(
             self.dataset.clone(),
             self.settings.batch_size,

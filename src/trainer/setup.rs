@@ -69,7 +69,7 @@ pub(super) fn start<'g>(
     }
     actor.policy_mut().load_weights(learner.model())?;
     if config.compile && device.is_cuda() {
-        capture_graphs(config, &mut learner, actor.policy_mut(), group.rank() == 0);
+        capture_graphs(&mut learner, actor.policy_mut(), group.rank() == 0);
     }
     Ok(Start {
         learner,
@@ -81,12 +81,8 @@ pub(super) fn start<'g>(
 
 /// `compile=true` on CUDA: the update and the plans run as CUDA graphs where they can, and
 /// rank 0 says which do and why the others do not.
-fn capture_graphs(config: &Config, learner: &mut Learner, policy: &mut Policy, say: bool) {
-    let updates = learner.capture_updates();
-    let plans = match config.pipeline {
-        true => Err("pipeline=true: the acting thread draws its noise on the host".into()),
-        false => policy.capture_plans(),
-    };
+fn capture_graphs(learner: &mut Learner, policy: &mut Policy, say: bool) {
+    let (updates, plans) = (learner.capture_updates(), policy.capture_plans());
     if say {
         for (what, outcome) in [("updates", updates), ("plans", plans)] {
             match outcome {

@@ -52,7 +52,12 @@ impl Streams {
     }
 
     /// Re-derives every stream at `global_step`: the learner's, the policy's and the loop's own.
-    pub(super) fn reseed(&mut self, global_step: u64, learner: &mut Learner, actor: &mut Actor) {
+    pub(super) fn reseed(
+        &mut self,
+        global_step: u64,
+        learner: &mut Learner,
+        actor: &mut Actor,
+    ) -> crate::error::Result<()> {
         let seed = |rank, purpose| derive_seed(self.seed, rank, global_step, purpose);
         // Seeds torch's generator and the learner's own CPU dropout-mask stream; the per-batch
         // stream (Q heads) is shared by all ranks: no rank in its seed.
@@ -63,18 +68,17 @@ impl Streams {
         self.learner = Pcg64::seed_from_u64(seed(self.rank, Purpose::Learner));
         // In the strict loop acting shares torch's generator and the random actions share the
         // learner's stream, as they always did. Pipelined, the two threads draw concurrently:
-        // each needs streams of its own for a run to be reproducible.
+        // each needs streams of its own for a run to be reproducible (the acting thread's is a
+        // torch generator of its own, reseeded in place).
         if self.pipelined {
             actor
                 .policy_mut()
-                .set_noise(Box::new(HostNoise::seeded(seed(
-                    self.rank,
-                    Purpose::ActingNoise,
-                ))));
+                .draw_on_its_own(seed(self.rank, Purpose::ActingNoise))?;
             self.actor = Pcg64::seed_from_u64(seed(self.rank, Purpose::RandomActions));
         } else {
             actor.policy_mut().set_noise(Box::new(TorchNoise::global()));
         }
+        Ok(())
     }
 }
 

@@ -91,7 +91,7 @@ impl<'g> Training<'g> {
         } = setup::start(config, rank, device, group)?;
         let pipeline = Pipeline::new(config, rank)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
-        streams.reseed(state.step * world_size, &mut learner, &mut actor);
+        streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
             0 => Some(Report::open(config, &checkpoints.run_dir)?),
             _ => None,
@@ -224,7 +224,7 @@ impl<'g> Training<'g> {
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         let global = self.global_step();
         self.streams
-            .reseed(global, &mut self.learner, &mut self.actor);
+            .reseed(global, &mut self.learner, &mut self.actor)?;
         self.schedule.saved();
         Ok(())
     }

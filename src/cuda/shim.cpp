@@ -1,11 +1,16 @@
-// C ABI over at::cuda::CUDAGraph for the Rust side (src/cuda/graph.rs).
+// C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs)
+// and torch generators of our own (src/cuda/generator.rs).
 //
 // Every function returns nullptr on success, or a malloc'd error message that the caller frees
 // with tdmpc2_cuda_free_error. No C++ exception crosses this boundary.
 //
 // Only headers that need no CUDA compiler: not ATen/cuda/CUDAEvent.h or CUDAContext.h, which
 // pull cuda_fp16.h and the CCCL headers.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/randperm.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -15,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -58,9 +64,66 @@ struct Tdmpc2CudaGraph {
       : device(device), side(side) {}
 };
 
+// A torch random generator of its own (not the process's default one), on the CPU or a CUDA
+// device.
+struct Tdmpc2Generator {
+  at::Generator generator;
+};
+
 extern "C" {
 
 void tdmpc2_cuda_free_error(char* message) { std::free(message); }
+
+// A generator seeded with `seed`: on CUDA device `device`, or on the CPU when `device` < 0.
+char* tdmpc2_generator_new(int64_t device, uint64_t seed, Tdmpc2Generator** out) {
+  *out = nullptr;
+  return guarded([&] {
+    at::Generator generator = device < 0
+        ? at::detail::createCPUGenerator(seed)
+        : at::cuda::detail::createCUDAGenerator(static_cast<c10::DeviceIndex>(device));
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_current_seed(seed);
+    }
+    *out = new Tdmpc2Generator{std::move(generator)};
+  });
+}
+
+void tdmpc2_generator_delete(Tdmpc2Generator* generator) { delete generator; }
+
+// Restarts the generator's stream from `seed`.
+char* tdmpc2_generator_reseed(Tdmpc2Generator* generator, uint64_t seed) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(generator->generator.mutex());
+    generator->generator.set_current_seed(seed);
+  });
+}
+
+// Fills `tensor` in place: kind 0 standard normal, 1 Exp(1), 2 integers uniform in
+// [low, high), 3 Bernoulli(p) as 0 or 1.
+char* tdmpc2_generator_fill(
+    Tdmpc2Generator* generator, at::Tensor* tensor, int32_t kind, double p, int64_t low,
+    int64_t high) {
+  return guarded([&] {
+    const std::optional<at::Generator> g = generator->generator;
+    switch (kind) {
+      case 0: tensor->normal_(0.0, 1.0, g); break;
+      case 1: tensor->exponential_(1.0, g); break;
+      case 2: tensor->random_(low, high, g); break;
+      case 3: tensor->bernoulli_(p, g); break;
+      default: TORCH_CHECK(false, "unknown draw kind ", kind);
+    }
+  });
+}
+
+// A random permutation of 0..n (int64) on the generator's device.
+char* tdmpc2_generator_randperm(Tdmpc2Generator* generator, int64_t n, at::Tensor** out) {
+  *out = nullptr;
+  return guarded([&] {
+    auto options = at::TensorOptions().dtype(at::kLong).device(generator->generator.device());
+    *out = new at::Tensor(at::randperm(n, generator->generator, options));
+  });
+}
 
 // Visible CUDA devices; 0 without a driver or a device (never an error).
 char* tdmpc2_cuda_device_count(int64_t* out) {
@@ -150,6 +213,12 @@ char* tdmpc2_cuda_graph_capture_end(Tdmpc2CudaGraph* graph) {
     c10::cuda::CUDAGuard guard(graph->device);
     graph->graph.capture_end();
   });
+}
+
+// Makes the graph's replays advance `generator` as they advance the default generator: its
+// draws are new on every replay. Before capture_begin.
+char* tdmpc2_cuda_graph_register_generator(Tdmpc2CudaGraph* graph, Tdmpc2Generator* generator) {
+  return guarded([&] { graph->graph.register_generator_state(generator->generator); });
 }
 
 // Launches the graph on the caller's current stream of the graph's device.
