@@ -129,30 +129,41 @@ fn nccl_collectives_run_inside_the_update_graph() {
 }
 
 /// `compile=true` (the default) on one GPU: plans and updates run as CUDA graphs, and a run
-/// stopped at step 200 and resumed ends where the uninterrupted run ends.
+/// stopped at step 200 and resumed ends where the uninterrupted run ends; also pipelined (the
+/// acting thread on a stream of its own, drawing from a generator of its own).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn graphs_train_and_resume_exactly_on_one_gpu() {
-    let (whole, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let out = train(whole.path(), &["device=cuda"]);
-    let log = assert_trained(&out, "graphs, whole run");
-    for what in ["updates", "plans"] {
-        let line = format!("compile=true: {what} run as CUDA graphs");
-        assert!(log.contains(&line), "{line}: {log}");
-    }
-    let first = train(split.path(), &["device=cuda", "steps=200", "save_freq=200"]);
-    assert_trained(&first, "graphs, first half");
-    let resumed = train(split.path(), &["device=cuda", "resume=auto"]);
-    let log = assert_trained(&resumed, "graphs, resumed");
-    assert!(log.contains("(step 200)"), "resumed from step 200: {log}");
-    for name in ["model.safetensors", "state.safetensors"] {
-        let read = |run: &Path| {
-            std::fs::read(run.join("checkpoints/step_000000000400").join(name))
-                .unwrap_or_else(|e| panic!("{name} at step 400 in {}: {e}", run.display()))
+    for extra in [&[][..], &["pipeline=true", "num_envs=2"][..]] {
+        let (whole, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let run = |dir: &Path, more: &[&str]| {
+            let args: Vec<&str> = ["device=cuda"]
+                .iter()
+                .chain(extra)
+                .chain(more)
+                .copied()
+                .collect();
+            train(dir, &args)
         };
-        assert!(
-            read(whole.path()) == read(split.path()),
-            "{name} of the resumed run differs"
-        );
+        let log = assert_trained(&run(whole.path(), &[]), "graphs, whole run");
+        for what in ["updates", "plans"] {
+            let line = format!("compile=true: {what} run as CUDA graphs");
+            assert!(log.contains(&line), "{extra:?}: {line}: {log}");
+        }
+        let first = run(split.path(), &["steps=200", "save_freq=200"]);
+        assert_trained(&first, "graphs, first half");
+        let resumed = run(split.path(), &["resume=auto"]);
+        let log = assert_trained(&resumed, "graphs, resumed");
+        assert!(log.contains("(step 200)"), "resumed from step 200: {log}");
+        for name in ["model.safetensors", "state.safetensors"] {
+            let read = |run: &Path| {
+                std::fs::read(run.join("checkpoints/step_000000000400").join(name))
+                    .unwrap_or_else(|e| panic!("{name} at step 400 in {}: {e}", run.display()))
+            };
+            assert!(
+                read(whole.path()) == read(split.path()),
+                "{extra:?}: {name} of the resumed run differs"
+            );
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! Machinery that tch does not offer, through a C++ shim built against a CUDA torch wheel:
-//! CUDA-graph capture and replay, and torch random generators of our own.
+//! CUDA-graph capture and replay, torch random generators of our own, and CUDA streams of our
+//! own.
 mod generator;
 mod graph;
 mod replayed;
+mod stream;
 
 pub use generator::{Draw, Generator, SharedGenerator};
 pub use graph::{cuda_graphs_available, synchronize, CudaGraph, GraphError, GraphPool};
 pub use replayed::Replayed;
+pub use stream::Stream;

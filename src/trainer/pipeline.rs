@@ -9,19 +9,27 @@
 //!
 //! On the CPU the two threads split the rank's threads (`actor_threads`, by default half):
 //! torch's thread count is per thread once a thread has run an operator, so each side keeps
-//! its own.
+//! its own. On CUDA the acting thread queues its work on a stream of its own, so that its plans
+//! do not wait behind the learner's updates on the default stream: each step the acting
+//! stream first waits for what the default stream holds so far (the weights the policy just
+//! took), and the acting thread ends with its stream idle.
+use tch::Device;
+
 use crate::config::Config;
+use crate::cuda::Stream;
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Pipeline {
     actor_threads: usize,
+    /// The acting thread's stream, on CUDA where the build has the shim.
+    stream: Option<Stream>,
 }
 
 impl Pipeline {
     /// `None` with pipeline=false. Sets the calling (learner) thread's share of the threads.
-    pub fn new(config: &Config, rank: &RankInfo) -> Result<Option<Self>> {
+    pub fn new(config: &Config, rank: &RankInfo, device: Device) -> Result<Option<Self>> {
         if !config.pipeline {
             return Ok(None);
         }
@@ -30,7 +38,14 @@ impl Pipeline {
             config.actor_threads,
         )?;
         tch::set_num_threads(learner_threads as i32);
-        Ok(Some(Self { actor_threads }))
+        let stream = match device.is_cuda() && crate::cuda::cuda_graphs_available() {
+            true => Some(Stream::new(device)?),
+            false => None,
+        };
+        Ok(Some(Self {
+            actor_threads,
+            stream,
+        }))
     }
 
     /// Runs `act` on the acting thread while `learn` runs here; both results, once both end.
@@ -43,12 +58,23 @@ impl Pipeline {
         A: Send,
     {
         let threads = self.actor_threads as i32;
+        let stream = self.stream.as_ref();
+        if let Some(stream) = stream {
+            // Before the learner queues this step's updates: only what came before is waited for.
+            stream.wait_for_default()?;
+        }
         std::thread::scope(|scope| {
             let acting = std::thread::Builder::new()
                 .name("actor".into())
                 .spawn_scoped(scope, move || {
                     tch::set_num_threads(threads);
-                    act()
+                    let Some(stream) = stream else {
+                        return act();
+                    };
+                    stream.make_current()?;
+                    let acted = act();
+                    stream.synchronize()?;
+                    acted
                 })
                 .map_err(|e| Error::io("start the acting thread", e))?;
             let learned = learn();
@@ -96,7 +122,10 @@ mod tests {
 
     #[test]
     fn both_sides_run_and_their_errors_come_back() {
-        let pipeline = Pipeline { actor_threads: 1 };
+        let pipeline = Pipeline {
+            actor_threads: 1,
+            stream: None,
+        };
         let (a, l) = pipeline.overlap(|| Ok(2), || Ok("x")).unwrap();
         assert_eq!((a, l), (2, "x"));
         let err = pipeline

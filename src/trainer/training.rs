@@ -89,7 +89,7 @@ impl<'g> Training<'g> {
             checkpoints,
             state,
         } = setup::start(config, rank, device, group)?;
-        let pipeline = Pipeline::new(config, rank)?;
+        let pipeline = Pipeline::new(config, rank, device)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
@@ -260,7 +260,7 @@ impl<'g> Training<'g> {
     pub(super) fn act(&mut self) -> Result<()> {
         let explore = self.state.step > self.settings.seed_steps;
         let owed = std::mem::take(&mut self.pending);
-        let Some(pipeline) = self.pipeline else {
+        let Some(pipeline) = &self.pipeline else {
             let acting = match explore {
                 true => Acting::Policy,
                 false => Acting::Random(&mut self.streams.learner),
