@@ -29,9 +29,10 @@ pub struct Policy {
 
 /// Where a policy's draws come from.
 enum Draws {
-    /// The noise it was given (the caller vouches that it draws on the device, as torch's
-    /// default generator does).
+    /// The noise it was given (a captured plan needs it to draw on the device).
     Given,
+    /// Torch's default generator (the strict loop's acting, beside nothing).
+    Torch,
     /// A torch generator of its own, which a captured plan registers.
     Own(OwnNoise),
     /// A host stream (a build without generators of its own): cannot be captured.
@@ -72,6 +73,7 @@ impl Policy {
         if let Draws::Own(own) = &self.draws {
             return Ok(own.reseed(seed)?);
         }
+        self.forget_captures();
         match OwnNoise::seeded(self.model.device(), seed) {
             Ok(own) => {
                 self.noise = Box::new(own.share());
@@ -136,11 +138,31 @@ impl Policy {
         self.planner.num_envs()
     }
 
+    /// Draws from torch's default generator from now on, as it stands (a stream that
+    /// [`crate::agent::TorchNoise::seeded`] started).
+    pub fn draw_from_torch(&mut self) {
+        if !matches!(self.draws, Draws::Torch) {
+            self.forget_captures();
+        }
+        self.noise = Box::new(crate::agent::TorchNoise::global());
+        self.draws = Draws::Torch;
+    }
+
     /// Draws from `noise` from now on (see [`Self::capture_plans`] for what a captured plan
-    /// needs of it).
+    /// needs of it). Plans captured before are captured again, so that none keeps drawing from
+    /// the noise it was captured with.
     pub fn set_noise(&mut self, noise: Box<dyn Noise + Send>) {
+        self.forget_captures();
         self.noise = noise;
         self.draws = Draws::Given;
+    }
+
+    /// Drops the captured plans (they are captured again at their next use).
+    fn forget_captures(&mut self) {
+        if let Some(graphs) = &mut self.graphs {
+            let device = self.model.device();
+            graphs.by_mode = [Replayed::new(device), Replayed::new(device)];
+        }
     }
 
     /// Copies the learner's current world model and policy parameters (not the target Qs,
@@ -217,7 +239,7 @@ impl Policy {
         let inputs = graphs.inputs.get_or_insert_with(|| fresh.copy());
         inputs.refill(&fresh);
         let generators: Vec<SharedGenerator> = match &self.draws {
-            Draws::Given => Vec::new(),
+            Draws::Given | Draws::Torch => Vec::new(),
             Draws::Own(own) => vec![own.generator()],
             Draws::Host => {
                 let why = "a captured plan cannot draw from a host stream";

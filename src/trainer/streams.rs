@@ -76,7 +76,7 @@ impl Streams {
                 .draw_on_its_own(seed(self.rank, Purpose::ActingNoise))?;
             self.actor = Pcg64::seed_from_u64(seed(self.rank, Purpose::RandomActions));
         } else {
-            actor.policy_mut().set_noise(Box::new(TorchNoise::global()));
+            actor.policy_mut().draw_from_torch();
         }
         Ok(())
     }
