@@ -93,13 +93,10 @@ impl Policy {
     /// cannot be captured). Says why not otherwise, and stays eager.
     pub fn capture_plans(&mut self) -> std::result::Result<(), String> {
         let device = self.model.device();
-        let why_not = match () {
-            _ if !device.is_cuda() => format!("plans run on {device:?}, graphs on CUDA only"),
-            _ if !crate::cuda::cuda_graphs_available() => {
-                "CUDA graphs are not available in this build (see the build's warning)".into()
-            }
-            _ if !self.mpc => "mpc=false acts with the policy alone, without planning".into(),
-            _ => {
+        let why_not = match crate::cuda::why_no_graphs(device) {
+            Some(why) => why,
+            None if !self.mpc => "mpc=false acts with the policy alone, without planning".into(),
+            None => {
                 self.graphs = Some(PlanGraphs {
                     inputs: None,
                     by_mode: [Replayed::new(device), Replayed::new(device)],

@@ -24,18 +24,16 @@ pub struct GraphOptions {
 
 /// The CUDA device graphs need, or why there is none.
 fn cuda_device(setting: &str) -> Result<Device> {
-    if setting == "cpu" {
-        return Err(Error::Config(
-            "bench graphs: --device cpu; CUDA graphs run on CUDA only (--device cuda)".into(),
-        ));
+    let device = match setting {
+        "cpu" => Device::Cpu,
+        _ => Device::Cuda(0),
+    };
+    match crate::cuda::why_no_graphs(device) {
+        None => Ok(device),
+        Some(why) => Err(Error::Config(format!(
+            "bench graphs: --device {setting}: CUDA graphs are unavailable ({why})"
+        ))),
     }
-    if !crate::cuda::cuda_graphs_available() {
-        return Err(Error::Config(format!(
-            "bench graphs: --device {setting}, but CUDA graphs are unavailable here (no GPU, \
-             or a build without the graph shim)"
-        )));
-    }
-    Ok(Device::Cuda(0))
 }
 
 /// A walker-run sized config of `size` (obs 24, action 6, batch 256).

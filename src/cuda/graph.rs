@@ -40,6 +40,15 @@ pub fn cuda_graphs_available() -> bool {
     check_available().is_ok()
 }
 
+/// Why calls on `device` cannot run as CUDA graphs here, if they cannot: it is not a CUDA
+/// device, or the build has no shim, or no GPU is visible.
+pub fn why_no_graphs(device: Device) -> Option<String> {
+    if !device.is_cuda() {
+        return Some(format!("{device:?} is not CUDA; graphs run on CUDA only"));
+    }
+    check_available().err().map(|e| e.to_string())
+}
+
 fn check_available() -> Result<(), GraphError> {
     if imp::device_count()? == 0 {
         return Err(GraphError::NoGpu);

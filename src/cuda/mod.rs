@@ -7,6 +7,8 @@ mod replayed;
 mod stream;
 
 pub use generator::{Draw, Generator, SharedGenerator};
-pub use graph::{cuda_graphs_available, synchronize, CudaGraph, GraphError, GraphPool};
+pub use graph::{
+    cuda_graphs_available, synchronize, why_no_graphs, CudaGraph, GraphError, GraphPool,
+};
 pub use replayed::Replayed;
 pub use stream::Stream;

@@ -132,10 +132,8 @@ impl<'g> Learner<'g> {
     /// otherwise, and stays eager.
     pub fn capture_updates(&mut self) -> std::result::Result<(), String> {
         let device = self.model.device();
-        let why_not = graphed::why_not_captured(device, self.group.backend()).or_else(|| {
-            let available = crate::cuda::cuda_graphs_available();
-            (!available).then(|| "CUDA graphs are not available in this build".to_string())
-        });
+        let why_not = crate::cuda::why_no_graphs(device)
+            .or_else(|| graphed::why_not_captured(self.group.backend()));
         match why_not {
             Some(why) => Err(why),
             None => {

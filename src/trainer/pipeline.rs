@@ -38,9 +38,10 @@ impl Pipeline {
             config.actor_threads,
         )?;
         tch::set_num_threads(learner_threads as i32);
-        let stream = match device.is_cuda() && crate::cuda::cuda_graphs_available() {
-            true => Some(Stream::new(device)?),
-            false => None,
+        // The stream comes from the shim that graphs need too.
+        let stream = match crate::cuda::why_no_graphs(device) {
+            None => Some(Stream::new(device)?),
+            Some(_) => None,
         };
         Ok(Some(Self {
             actor_threads,
