@@ -233,8 +233,13 @@ impl Policy {
         let Some(graphs) = self.graphs.as_mut() else {
             return Err(Error::Config("plans are not captured".into()).into());
         };
-        let inputs = graphs.inputs.get_or_insert_with(|| fresh.copy());
-        inputs.refill(&fresh);
+        let inputs = match &mut graphs.inputs {
+            Some(inputs) => {
+                inputs.refill(&fresh);
+                inputs
+            }
+            None => graphs.inputs.insert(fresh),
+        };
         let generators: Vec<SharedGenerator> = match &self.draws {
             Draws::Given | Draws::Torch => Vec::new(),
             Draws::Own(own) => vec![own.generator()],

@@ -14,18 +14,14 @@ use crate::error::{Error, Result};
 
 #[derive(Debug)]
 pub(super) struct GraphedUpdate {
-    device: Device,
-    episodic: bool,
     /// The micro-batches the graph reads, made at the first update.
     batches: Vec<Batch>,
     replayed: Replayed,
 }
 
 impl GraphedUpdate {
-    pub(super) fn new(device: Device, episodic: bool) -> Self {
+    pub(super) fn new(device: Device) -> Self {
         Self {
-            device,
-            episodic,
             batches: Vec::new(),
             replayed: Replayed::new(device),
         }
@@ -38,17 +34,18 @@ impl GraphedUpdate {
         batches: &[Batch],
     ) -> Result<UpdateInfo> {
         if self.batches.is_empty() {
-            self.batches = batches.iter().map(|b| b.copy_to(self.device)).collect();
-        }
-        if batches.len() != self.batches.len() {
+            let device = parts.model.device();
+            self.batches = batches.iter().map(|b| b.copy_to(device)).collect();
+        } else if batches.len() != self.batches.len() {
             return Err(Error::Config(format!(
                 "a captured update takes {} micro-batches, not {}",
                 self.batches.len(),
                 batches.len()
             )));
-        }
-        for (fixed, batch) in self.batches.iter_mut().zip(batches) {
-            fixed.refill(batch)?;
+        } else {
+            for (fixed, batch) in self.batches.iter_mut().zip(batches) {
+                fixed.refill(batch)?;
+            }
         }
         let counts = parts.updater.step_counts();
         let statics = &self.batches;
@@ -59,7 +56,7 @@ impl GraphedUpdate {
         parts.updater.set_step_counts(counts.map(|steps| steps + 1));
         Ok(UpdateInfo {
             values: values.copy(),
-            episodic: self.episodic,
+            episodic: parts.model.termination.is_some(),
         })
     }
 }

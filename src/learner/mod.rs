@@ -137,8 +137,7 @@ impl<'g> Learner<'g> {
         match why_not {
             Some(why) => Err(why),
             None => {
-                let episodic = self.model.termination.is_some();
-                self.graphed = Some(graphed::GraphedUpdate::new(device, episodic));
+                self.graphed = Some(graphed::GraphedUpdate::new(device));
                 Ok(())
             }
         }

@@ -60,14 +60,6 @@ impl PlanInputs {
         self.obs.copy_(&other.obs);
         self.continuing.copy_(&other.continuing);
     }
-
-    /// A copy in memory of its own.
-    pub fn copy(&self) -> PlanInputs {
-        PlanInputs {
-            obs: self.obs.copy(),
-            continuing: self.continuing.copy(),
-        }
-    }
 }
 
 /// γ^t for t = 0..horizon as (horizon, 1, 1) on `device`, each power taken in f64.
