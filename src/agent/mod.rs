@@ -23,6 +23,7 @@ mod planner_reference;
 pub mod scale;
 pub mod task;
 pub mod update;
+mod update_stats;
 pub mod world_model;
 
 use tch::Tensor;
