@@ -129,41 +129,47 @@ fn nccl_collectives_run_inside_the_update_graph() {
 }
 
 /// `compile=true` (the default) on one GPU: plans and updates run as CUDA graphs, and a run
-/// stopped at step 200 and resumed ends where the uninterrupted run ends; also pipelined (the
-/// acting thread on a stream of its own, drawing from a generator of its own).
+/// stopped after step 600 and resumed from its step-400 checkpoint writes the uninterrupted run's
+/// step-800 checkpoint; also pipelined (the acting thread on a stream of its own, drawing from a
+/// generator of its own).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn graphs_train_and_resume_exactly_on_one_gpu() {
-    for extra in [&[][..], &["pipeline=true", "num_envs=2"][..]] {
+    let checkpoint = |run: &Path, step: u64| run.join(format!("checkpoints/step_{step:012}"));
+    for extra in [
+        &[][..],
+        &["pipeline=true", "num_envs=2", "seed_steps=400"][..],
+    ] {
         let (whole, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // The buffer is saved with each checkpoint and smaller than the shorter run, so both
+        // runs sample from the same rows.
         let run = |dir: &Path, more: &[&str]| {
-            let args: Vec<&str> = ["device=cuda"]
-                .iter()
-                .chain(extra)
-                .chain(more)
-                .copied()
-                .collect();
+            let settings = ["device=cuda", "save_buffer=true", "buffer_size=500"];
+            let args: Vec<&str> = settings.iter().chain(extra).chain(more).copied().collect();
             train(dir, &args)
         };
-        let log = assert_trained(&run(whole.path(), &[]), "graphs, whole run");
+        let log = assert_trained(&run(whole.path(), &["steps=800"]), "graphs, whole run");
         for what in ["updates", "plans"] {
             let line = format!("compile=true: {what} run as CUDA graphs");
             assert!(log.contains(&line), "{extra:?}: {line}: {log}");
         }
-        let first = run(split.path(), &["steps=200", "save_freq=200"]);
-        assert_trained(&first, "graphs, first half");
-        let resumed = run(split.path(), &["resume=auto"]);
-        let log = assert_trained(&resumed, "graphs, resumed");
-        assert!(log.contains("(step 200)"), "resumed from step 200: {log}");
+        assert_trained(&run(split.path(), &["steps=600"]), "graphs, first part");
+        let resume = format!("resume={}", checkpoint(split.path(), 400).display());
+        let log = assert_trained(
+            &run(split.path(), &["steps=800", &resume]),
+            "graphs, resumed",
+        );
+        assert!(log.contains("Resumed from"), "{extra:?}: {log}");
         for name in ["model.safetensors", "state.safetensors"] {
-            let read = |run: &Path| {
-                std::fs::read(run.join("checkpoints/step_000000000400").join(name))
-                    .unwrap_or_else(|e| panic!("{name} at step 400 in {}: {e}", run.display()))
-            };
-            assert!(
-                read(whole.path()) == read(split.path()),
-                "{extra:?}: {name} of the resumed run differs"
-            );
+            let read = |run: &Path| tensors(&checkpoint(run, 800).join(name));
+            let (a, b) = (read(whole.path()), read(split.path()));
+            assert_eq!(a.len(), b.len(), "{extra:?}: {name}");
+            for ((key, x), (_, y)) in a.iter().zip(&b) {
+                assert!(
+                    x.equal(y),
+                    "{extra:?}: {key} in {name} of the resumed run differs"
+                );
+            }
         }
     }
 }
