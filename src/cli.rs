@@ -435,6 +435,9 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     update_repeats: args.agent_repeats as usize,
                     ..Default::default()
                 };
+                if args.device != "cpu" && tch::Cuda::is_available() {
+                    crate::bench::trainer_precision(tch::Device::Cuda(0))?;
+                }
                 let report = crate::agent::bench::bench(&options)?;
                 for case in &report.cases {
                     let mut line =

@@ -70,6 +70,7 @@ fn summary(times: Vec<f64>) -> (f64, f64) {
 
 pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let device = cuda_device(&options.device)?;
+    let tf32 = super::trainer_precision(device)?;
     for &size in &options.model_sizes {
         let config = config(size)?;
         let agent = AgentConfig::from_config(&config)?;
@@ -107,6 +108,7 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                 "device": format!("{device:?}"),
                 "model_size": size,
                 "num_envs": num_envs,
+                "tf32": tf32,
                 "plan_ms": {"eager": eager_plan.0, "graph": graph_plan.0,
                             "eager_min": eager_plan.1, "graph_min": graph_plan.1},
                 "update_ms": {"eager": eager_update.0, "graph": graph_update.0,
