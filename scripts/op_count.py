@@ -102,3 +102,25 @@ def count(call):
     finally:
         counts = stop(profile)
     return counts
+
+
+def start_kernels():
+    profile = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    )
+    profile.__enter__()
+    return profile
+
+
+def stop_kernels(profile):
+    """[(name, launches, device µs)] of every kernel, copy and set the device ran since
+    `start_kernels`, the most device time first: where a call's GPU time goes."""
+    import collections
+
+    profile.__exit__(None, None, None)
+    launches, spent = collections.Counter(), collections.Counter()
+    for e in profile.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            launches[e.name] += 1
+            spent[e.name] += e.time_range.elapsed_us()
+    return [(name, launches[name], float(us)) for name, us in spent.most_common()]

@@ -161,6 +161,10 @@ pub struct BenchArgs {
     /// way).
     #[arg(long, value_delimiter = ',', default_value = "true")]
     pub compile: Vec<bool>,
+    /// graphs: also profile one plan and one update, eager and as a graph: the kernels the
+    /// device ran and their device time (torch's profiler with CUDA activity).
+    #[arg(long)]
+    pub kernels: bool,
 }
 
 impl RunArgs {
@@ -455,6 +459,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     model_sizes: args.model_sizes.clone(),
                     repeats: args.agent_repeats as usize,
                     device: args.device.clone(),
+                    kernels: args.kernels,
                 };
                 crate::bench::graphs::run(&options, &mut |line| println!("{line}"))?;
             }

@@ -75,6 +75,32 @@ pub fn count_ops<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, OpCount)> {
     ))
 }
 
+/// What the device ran for a call: one kind of kernel (or copy, or set), its launches and its
+/// device time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: u64,
+    pub device_us: f64,
+}
+
+/// Runs `call` under torch's profiler with the CUDA activity on; its result and every kind of
+/// kernel the device ran meanwhile, the most device time first (nothing on the CPU).
+pub fn kernel_times<T>(call: impl FnOnce() -> Result<T>) -> Result<(T, Vec<KernelTime>)> {
+    let (result, kernels) = profiled("start_kernels", "stop_kernels", call, |out| {
+        out.extract::<Vec<(String, u64, f64)>>()
+    })?;
+    let kernels = kernels
+        .into_iter()
+        .map(|(name, launches, device_us)| KernelTime {
+            name,
+            launches,
+            device_us,
+        })
+        .collect();
+    Ok((result, kernels))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +121,15 @@ mod tests {
         assert_eq!(c.host_syncs, 0);
         let (_, read) = count_ops(|| Ok((&x + 1.0).sum(Kind::Float).double_value(&[]))).unwrap();
         assert_eq!(read.host_syncs, 1, "{read:?}");
+    }
+
+    /// Kernel profiling runs the call and hands back its result; a CPU call runs no kernel.
+    #[test]
+    fn kernel_times_of_a_cpu_call_are_empty() {
+        let x = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
+        let (sum, kernels) = kernel_times(|| Ok((&x + 1.0).sum(Kind::Float))).unwrap();
+        assert_eq!(sum.double_value(&[]), 32.0);
+        assert!(kernels.is_empty(), "{kernels:?}");
     }
 
     use crate::agent::noise::{HostNoise, PreparedPermutations, TorchNoise};

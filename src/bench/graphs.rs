@@ -6,6 +6,7 @@ use tch::{Device, Kind, Tensor};
 
 use crate::actor::Policy;
 use crate::agent::bench::{median, time_ms};
+use crate::agent::op_count::{kernel_times, KernelTime};
 use crate::agent::{AgentConfig, TorchNoise};
 use crate::buffer::Batch;
 use crate::config::{Config, Source};
@@ -20,6 +21,8 @@ pub struct GraphOptions {
     /// Timed calls per measurement, after the warm-up (and capture) call.
     pub repeats: usize,
     pub device: String,
+    /// Also profile one call of each: the kernels the device ran and their device time.
+    pub kernels: bool,
 }
 
 /// The CUDA device graphs need, or why there is none.
@@ -62,10 +65,66 @@ fn random_batch(config: &AgentConfig, batch: i64, device: Device) -> Batch {
     }
 }
 
-/// Median and fastest of `times`.
-fn summary(times: Vec<f64>) -> (f64, f64) {
+/// One call's timing: median and fastest ms of the timed calls, and with `--kernels` what the
+/// device ran for one more call.
+struct Measured {
+    median: f64,
+    fastest: f64,
+    kernels: Option<Vec<KernelTime>>,
+}
+
+/// Times `options.repeats` calls of `call` after a warm-up call; with `options.kernels`, then
+/// profiles one more.
+fn measure(
+    device: Device,
+    options: &GraphOptions,
+    mut call: impl FnMut() -> crate::agent::Result<()>,
+) -> Result<Measured> {
+    let times = time_ms(device, options.repeats, &mut call)?;
     let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
-    (median(times), fastest)
+    let kernels = match options.kernels {
+        true => Some(kernel_times(|| call().map(|_| tch::Cuda::synchronize(0)))?.1),
+        false => None,
+    };
+    Ok(Measured {
+        median: median(times),
+        fastest,
+        kernels,
+    })
+}
+
+/// The JSON line of one call's kernels (eager or as a graph): launches and device ms per call,
+/// and the kinds of kernel that took the most device time.
+fn kernels_line(what: &Value, mode: &str, kernels: &[KernelTime]) -> Value {
+    let launches: u64 = kernels.iter().map(|k| k.launches).sum();
+    let device_us: f64 = kernels.iter().map(|k| k.device_us).sum();
+    let top: Vec<Value> = kernels
+        .iter()
+        .take(KERNELS_SHOWN)
+        .map(|k| {
+            let name: String = k.name.chars().take(120).collect();
+            json!({"name": name, "launches": k.launches, "device_us": k.device_us})
+        })
+        .collect();
+    let mut line = what.clone();
+    line["case"] = "graph_kernels".into();
+    line["mode"] = mode.into();
+    line["launches"] = launches.into();
+    line["device_ms"] = (device_us / 1e3).into();
+    line["top"] = top.into();
+    line
+}
+
+/// Kinds of kernel listed per call in a `graph_kernels` line.
+const KERNELS_SHOWN: usize = 25;
+
+/// Prints the kernel lines of one call, eager and as a graph, when they were profiled.
+fn print_kernels(what: Value, eager: &Measured, graph: &Measured, print: &mut dyn FnMut(&Value)) {
+    for (mode, measured) in [("eager", eager), ("graph", graph)] {
+        if let Some(kernels) = &measured.kernels {
+            print(&kernels_line(&what, mode, kernels));
+        }
+    }
 }
 
 pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
@@ -84,9 +143,11 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                 .map(|_| ())
                 .map_err(|e| crate::agent::Error::Config(e.to_string()))
         };
-        let eager_update = summary(time_ms(device, options.repeats, || update(&mut learner))?);
+        let eager_update = measure(device, options, || update(&mut learner))?;
         learner.capture_updates().map_err(Error::Config)?;
-        let graph_update = summary(time_ms(device, options.repeats, || update(&mut learner))?);
+        let graph_update = measure(device, options, || update(&mut learner))?;
+        let what = json!({"model_size": size, "call": "update", "tf32": tf32});
+        print_kernels(what, &eager_update, &graph_update, print);
         for num_envs in [1usize, 16] {
             let mut policy = Policy::new(&agent, device, num_envs, Box::new(TorchNoise::global()))?;
             policy.load_weights(learner.model())?;
@@ -100,22 +161,25 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                     .map(|_| ())
                     .map_err(|e| crate::agent::Error::Config(e.to_string()))
             };
-            let eager_plan = summary(time_ms(device, options.repeats, || plan(&mut policy))?);
+            let eager_plan = measure(device, options, || plan(&mut policy))?;
             policy.capture_plans().map_err(Error::Config)?;
-            let graph_plan = summary(time_ms(device, options.repeats, || plan(&mut policy))?);
+            let graph_plan = measure(device, options, || plan(&mut policy))?;
             print(&json!({
                 "case": "graphs",
                 "device": format!("{device:?}"),
                 "model_size": size,
                 "num_envs": num_envs,
                 "tf32": tf32,
-                "plan_ms": {"eager": eager_plan.0, "graph": graph_plan.0,
-                            "eager_min": eager_plan.1, "graph_min": graph_plan.1},
-                "update_ms": {"eager": eager_update.0, "graph": graph_update.0,
-                              "eager_min": eager_update.1, "graph_min": graph_update.1},
-                "plan_speedup": eager_plan.0 / graph_plan.0,
-                "update_speedup": eager_update.0 / graph_update.0,
+                "plan_ms": {"eager": eager_plan.median, "graph": graph_plan.median,
+                            "eager_min": eager_plan.fastest, "graph_min": graph_plan.fastest},
+                "update_ms": {"eager": eager_update.median, "graph": graph_update.median,
+                              "eager_min": eager_update.fastest, "graph_min": graph_update.fastest},
+                "plan_speedup": eager_plan.median / graph_plan.median,
+                "update_speedup": eager_update.median / graph_update.median,
             }));
+            let what =
+                json!({"model_size": size, "num_envs": num_envs, "call": "plan", "tf32": tf32});
+            print_kernels(what, &eager_plan, &graph_plan, print);
         }
     }
     Ok(())
