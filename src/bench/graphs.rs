@@ -9,7 +9,7 @@ use crate::agent::bench::{median, time_ms};
 use crate::agent::op_count::{kernel_times, KernelTime};
 use crate::agent::{AgentConfig, TorchNoise};
 use crate::buffer::Batch;
-use crate::config::{Config, Source};
+use crate::config::Config;
 use crate::ddp::{ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::learner::{Learner, LearnerSettings};
@@ -41,17 +41,8 @@ fn cuda_device(setting: &str) -> Result<Device> {
 
 /// A walker-run sized config of `size` (obs 24, action 6, batch 256).
 fn config(size: u32) -> Result<Config> {
-    let overrides = [
-        format!("model_size={size}"),
-        "obs_shape=[24]".into(),
-        "action_dim=6".into(),
-        "discount=0.99".into(),
-        "batch_size=256".into(),
-    ];
-    Config::load(&Source {
-        overrides: overrides.to_vec(),
-        ..Source::default()
-    })
+    // Resolved, so that the size's preset sets the model's widths.
+    Config::for_dims(Some(size), 24, 6)
 }
 
 fn random_batch(config: &AgentConfig, batch: i64, device: Device) -> Batch {
@@ -207,6 +198,8 @@ mod tests {
     fn the_bench_model_has_walker_run_sizes() {
         let agent = AgentConfig::from_config(&config(5).unwrap()).unwrap();
         assert_eq!((agent.obs_dim, agent.action_dim), (24, 6));
-        assert_eq!(agent.mlp_dim, 512);
+        assert_eq!((agent.mlp_dim, agent.latent_dim), (512, 512));
+        let small = AgentConfig::from_config(&config(1).unwrap()).unwrap();
+        assert_eq!((small.mlp_dim, small.latent_dim), (384, 128));
     }
 }
