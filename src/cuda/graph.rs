@@ -13,7 +13,7 @@
 //! The shim is built only against a CUDA torch wheel (build.rs sets `cfg(tdmpc2_cuda_graphs)`);
 //! without it the same API exists and every call returns [`GraphError::NotBuilt`].
 use std::mem::ManuallyDrop;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tch::Device;
 
@@ -31,9 +31,23 @@ pub enum GraphError {
     Cuda { op: &'static str, message: String },
 }
 
-/// One capture at a time in the process: a global-mode capture fails if another thread
-/// launches work or allocates device memory meanwhile.
-static CAPTURE: Mutex<()> = Mutex::new(());
+/// Torch keeps the capture state of its CUDA generators on the host, shared by all threads:
+/// every capture registers the default generator and marks it as capturing, and every replay
+/// advances the generators its graph registered without a lock. So a draw, replay or capture
+/// on one thread (a pipelined actor's) while another thread captures would be counted into
+/// that capture instead of advancing the generator, and two replays could advance it at once:
+/// the draws would depend on the threads' timing. Captures, replays and eager updates on CUDA
+/// take turns through this lock (each replay holds it only while it is launched).
+static GENERATOR_TURNS: Mutex<()> = Mutex::new(());
+
+/// This thread's turn with torch's CUDA generators (see [`GENERATOR_TURNS`]): for work on
+/// CUDA that draws from the default generator outside a graph while other threads may capture
+/// or replay graphs.
+pub fn generator_turn() -> MutexGuard<'static, ()> {
+    GENERATOR_TURNS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
 
 /// The shim is built and a CUDA GPU is visible.
 pub fn cuda_graphs_available() -> bool {
@@ -101,8 +115,8 @@ impl CudaGraph {
     /// whole device is synchronised before the warm-up and before the capture, and the side
     /// stream after it, so inputs prepared on the caller's stream are ready.
     ///
-    /// Without a `pool` the graph gets a private memory pool. Captures are serialised by a
-    /// global lock; other threads must not use the GPU while one is in progress.
+    /// Without a `pool` the graph gets a private memory pool. A capture holds the generators'
+    /// turn ([`generator_turn`]) throughout, so other threads' replays and turns wait for it.
     pub fn capture<T, E>(
         device: Device,
         pool: Option<&GraphPool>,
@@ -129,7 +143,7 @@ impl CudaGraph {
     {
         let index = cuda_index(device)?;
         check_available()?;
-        let _one_at_a_time = CAPTURE.lock().unwrap_or_else(PoisonError::into_inner);
+        let _turn = generator_turn();
         // Leaked unless the capture succeeds: after a failed capture torch's allocator may
         // still refer to the graph, so freeing it could leave a dangling pointer there.
         let raw = ManuallyDrop::new(imp::RawGraph::new(index)?);
@@ -159,6 +173,7 @@ impl CudaGraph {
     /// Launches the graph on the current stream of its device (the default stream unless the
     /// caller set another); returns without waiting for it.
     pub fn replay(&self) -> Result<(), GraphError> {
+        let _turn = generator_turn();
         self.raw.replay()
     }
 

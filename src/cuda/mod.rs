@@ -8,7 +8,8 @@ mod stream;
 
 pub use generator::{Draw, Generator, SharedGenerator};
 pub use graph::{
-    cuda_graphs_available, synchronize, why_no_graphs, CudaGraph, GraphError, GraphPool,
+    cuda_graphs_available, generator_turn, synchronize, why_no_graphs, CudaGraph, GraphError,
+    GraphPool,
 };
 pub use replayed::Replayed;
 pub use stream::Stream;

@@ -240,6 +240,12 @@ impl<'g> Learner<'g> {
         };
         match &mut self.graphed {
             Some(graphed) => graphed.update(&mut parts, batches),
+            // An eager update on CUDA draws from torch's default generator: not while a
+            // pipelined actor captures or replays its plans.
+            None if parts.model.device().is_cuda() => {
+                let _turn = crate::cuda::generator_turn();
+                parts.run(batches)
+            }
             None => parts.run(batches),
         }
     }
