@@ -1,10 +1,8 @@
 //! Machinery that tch does not offer, through a C++ shim built against a CUDA torch wheel:
-//! CUDA-graph capture and replay, torch random generators of our own, and CUDA streams of our
-//! own.
+//! CUDA-graph capture and replay, and torch random generators of our own.
 mod generator;
 mod graph;
 mod replayed;
-mod stream;
 
 pub use generator::{Draw, Generator, SharedGenerator};
 pub use graph::{
@@ -12,4 +10,3 @@ pub use graph::{
     GraphPool,
 };
 pub use replayed::Replayed;
-pub use stream::Stream;

@@ -216,48 +216,6 @@ char* tdmpc2_cuda_graph_capture_end(Tdmpc2CudaGraph* graph) {
   });
 }
 
-// A stream of its own on CUDA device `device` (from torch's pool), as an opaque handle.
-char* tdmpc2_cuda_stream_new(int64_t device, c10::cuda::CUDAStream** out) {
-  *out = nullptr;
-  return guarded([&] {
-    auto index = static_cast<c10::DeviceIndex>(device);
-    *out = new c10::cuda::CUDAStream(c10::cuda::getStreamFromPool(false, index));
-  });
-}
-
-void tdmpc2_cuda_stream_delete(c10::cuda::CUDAStream* stream) { delete stream; }
-
-// Makes `stream` the calling thread's current stream of its device.
-char* tdmpc2_cuda_stream_make_current(c10::cuda::CUDAStream* stream) {
-  return guarded([&] { c10::cuda::setCurrentCUDAStream(*stream); });
-}
-
-// Blocks until the work queued on `stream` is done.
-char* tdmpc2_cuda_stream_synchronize(c10::cuda::CUDAStream* stream) {
-  return guarded([&] { stream->synchronize(); });
-}
-
-// Makes `stream` wait, without blocking the host, for the work queued so far on its device's
-// default stream.
-char* tdmpc2_cuda_stream_wait_for_default(c10::cuda::CUDAStream* stream) {
-  return guarded([&] {
-    c10::cuda::CUDAGuard guard(stream->device_index());
-    auto fail = [](cudaError_t status, const char* what) {
-      TORCH_CHECK(status == cudaSuccess, what, ": ", cudaGetErrorString(status));
-    };
-    cudaEvent_t event;
-    fail(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
-    auto source = c10::cuda::getDefaultCUDAStream(stream->device_index());
-    cudaError_t recorded = cudaEventRecord(event, source.stream());
-    cudaError_t waited =
-        recorded == cudaSuccess ? cudaStreamWaitEvent(stream->stream(), event, 0) : recorded;
-    // A wait holds what the event recorded: the event itself can go now.
-    cudaEventDestroy(event);
-    fail(recorded, "cudaEventRecord");
-    fail(waited, "cudaStreamWaitEvent");
-  });
-}
-
 // Makes the graph's replays advance `generator` as they advance the default generator: its
 // draws are new on every replay. Before capture_begin.
 char* tdmpc2_cuda_graph_register_generator(Tdmpc2CudaGraph* graph, Tdmpc2Generator* generator) {

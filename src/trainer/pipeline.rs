@@ -9,27 +9,24 @@
 //!
 //! On the CPU the two threads split the rank's threads (`actor_threads`, by default half):
 //! torch's thread count is per thread once a thread has run an operator, so each side keeps
-//! its own. On CUDA the acting thread queues its work on a stream of its own, so that its plans
-//! do not wait behind the learner's updates on the default stream: each step the acting
-//! stream first waits for what the default stream holds so far (the weights the policy just
-//! took), and the acting thread ends with its stream idle.
-use tch::Device;
-
+//! its own. On CUDA both threads queue their work on the default stream, in the order they
+//! issue it: torch's default CUDA generator keeps the device tensors its graph replays read in
+//! one place for every graph, so a plan replayed on a stream of its own could overwrite them
+//! while an update graph was reading them (a resumed run then differed on an H200), and a
+//! stream of its own gained nothing measurable there (1 environment: 171 against 178 agent
+//! steps/s without the pipeline).
 use crate::config::Config;
-use crate::cuda::Stream;
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
 #[derive(Debug)]
 pub struct Pipeline {
     actor_threads: usize,
-    /// The acting thread's stream, on CUDA where the build has the shim.
-    stream: Option<Stream>,
 }
 
 impl Pipeline {
     /// `None` with pipeline=false. Sets the calling (learner) thread's share of the threads.
-    pub fn new(config: &Config, rank: &RankInfo, device: Device) -> Result<Option<Self>> {
+    pub fn new(config: &Config, rank: &RankInfo) -> Result<Option<Self>> {
         if !config.pipeline {
             return Ok(None);
         }
@@ -38,15 +35,7 @@ impl Pipeline {
             config.actor_threads,
         )?;
         tch::set_num_threads(learner_threads as i32);
-        // The stream comes from the shim that graphs need too.
-        let stream = match crate::cuda::why_no_graphs(device) {
-            None => Some(Stream::new(device)?),
-            Some(_) => None,
-        };
-        Ok(Some(Self {
-            actor_threads,
-            stream,
-        }))
+        Ok(Some(Self { actor_threads }))
     }
 
     /// Runs `act` on the acting thread while `learn` runs here; both results, once both end.
@@ -59,23 +48,12 @@ impl Pipeline {
         A: Send,
     {
         let threads = self.actor_threads as i32;
-        let stream = self.stream.as_ref();
-        if let Some(stream) = stream {
-            // Before the learner queues this step's updates: only what came before is waited for.
-            stream.wait_for_default()?;
-        }
         std::thread::scope(|scope| {
             let acting = std::thread::Builder::new()
                 .name("actor".into())
                 .spawn_scoped(scope, move || {
                     tch::set_num_threads(threads);
-                    let Some(stream) = stream else {
-                        return act();
-                    };
-                    stream.make_current()?;
-                    let acted = act();
-                    stream.synchronize()?;
-                    acted
+                    act()
                 })
                 .map_err(|e| Error::io("start the acting thread", e))?;
             let learned = learn();
@@ -123,10 +101,7 @@ mod tests {
 
     #[test]
     fn both_sides_run_and_their_errors_come_back() {
-        let pipeline = Pipeline {
-            actor_threads: 1,
-            stream: None,
-        };
+        let pipeline = Pipeline { actor_threads: 1 };
         let (a, l) = pipeline.overlap(|| Ok(2), || Ok("x")).unwrap();
         assert_eq!((a, l), (2, "x"));
         let err = pipeline

@@ -89,7 +89,7 @@ impl<'g> Training<'g> {
             checkpoints,
             state,
         } = setup::start(config, rank, device, group)?;
-        let pipeline = Pipeline::new(config, rank, device)?;
+        let pipeline = Pipeline::new(config, rank)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
