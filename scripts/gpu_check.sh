@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Runs the tests that need a CUDA GPU (ignored by the normal suite): tests/cuda_graphs.rs (the
 # CUDA-graph shim) and tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
-# sharing one GPU through gloo, each training and checkpointing).
+# sharing one GPU through gloo, runs with graphs stopped and resumed).
 #
 #   scripts/gpu_check.sh                 on a GPU machine with Rust: build and run them
 #   scripts/gpu_check.sh --build [DIR]   build the test binaries and tdmpc2 only and copy them to
 #                                        DIR (default target/gpu-check), for a GPU machine
-#                                        without Rust
+#                                        without Rust; with them dm_control and MuJoCo from the
+#                                        venv (dmc.tar.xz, for --learn)
 #   scripts/gpu_check.sh --run [DIR]     run those prebuilt binaries on the GPU machine
 #   scripts/gpu_check.sh --run DIR --bench
 #                                        instead of the tests, the GPU figures: plan and update
-#                                        ms eager and as CUDA graphs (bench --cases graphs), the
-#                                        training loop's agent steps/s without and with graphs
-#                                        (bench --cases loop), and bench --cases agent; each
-#                                        JSON line also lands in $OUT/gpu_bench.jsonl when $OUT
-#                                        is set
+#                                        ms eager and as CUDA graphs, and the kernels of each
+#                                        (bench --cases graphs --kernels), and the training
+#                                        loop's agent steps/s without and with graphs (bench
+#                                        --cases loop); each JSON line also lands in
+#                                        $OUT/gpu_bench.jsonl when $OUT is set
+#   scripts/gpu_check.sh --run DIR --learn [SECONDS]
+#                                        instead of the tests, cartpole-swingup at model size 1
+#                                        with graphs for 50k agent steps (at most SECONDS,
+#                                        default 420; about 330 on an H200), evaluated every
+#                                        10k; the log and eval.csv land in $OUT when it is set
 #
 # Prebuilt binaries need the same torch wheel version there; its libraries (and the site-packages
 # the embedded Python imports torch from) are found through $TDMPC2_VENV/bin/python when set,
@@ -59,6 +65,17 @@ for line in sys.stdin:
             cp "$exe" "$dir/$test"
         fi
     done
+    # dm_control for --learn, without what state-based tasks never load (locomotion, the
+    # renderers), small enough to carry.
+    site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    if [[ -d $site/dm_control && -d $site/mujoco ]]; then
+        tar -C "$site" -c --exclude=__pycache__ --exclude=mujoco/experimental \
+            --exclude='mujoco/_render_filament*' --exclude=dm_control/locomotion \
+            --exclude=dm_control/blender mujoco dm_control dm_env tree glfw |
+            xz -T2 -6 >"$dir/dmc.tar.xz"
+    else
+        echo "[gpu_check] no dm_control in $site: --learn will not run" >&2
+    fi
     echo "[gpu_check] binaries in $dir (run them with: scripts/gpu_check.sh --run $dir)"
     ;;
 --run)
@@ -85,12 +102,28 @@ print(":".join(dirs))')
         log=${OUT:-$(mktemp -d)}/gpu_bench.jsonl
         status=0
         bench() { echo "[gpu_check] bench $*"; "$dir/tdmpc2" bench "$@" | tee -a "$log" || status=1; }
-        bench --cases graphs --device cuda --model-sizes 1,5
+        bench --cases graphs --device cuda --model-sizes 1,5 --kernels --agent-repeats 20
         bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
-            --pipeline false
+            --pipeline false,true --loop-steps 300
         bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
             --pipeline false
         bench --cases agent --device cuda --tasks walker-run --plan-envs 16
+        exit $status
+    fi
+    if [[ ${3:-} == --learn ]]; then
+        [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; exit 2; }
+        extra=$(mktemp -d)
+        tar -xJf "$dir/dmc.tar.xz" -C "$extra"
+        out=${OUT:-$(mktemp -d)}
+        run=$(mktemp -d)/cartpole
+        echo "[gpu_check] cartpole-swingup, model size 1, graphs: $out/cartpole.log"
+        status=0
+        PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable timeout -s INT \
+            "${4:-420}" "$dir/tdmpc2" train task=cartpole-swingup model_size=1 steps=50000 \
+            eval_freq=10000 eval_episodes=4 save_freq=1000000 device=cuda compile=true \
+            run_dir="$run" >"$out/cartpole.log" 2>&1 || status=$?
+        cp "$run/eval.csv" "$out/cartpole_eval.csv" 2>/dev/null || true
+        grep -E "^eval|compile=true|finished" "$out/cartpole.log" || true
         exit $status
     fi
     status=0
@@ -101,7 +134,7 @@ print(":".join(dirs))')
     exit $status
     ;;
 *)
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR]]" >&2
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --learn [SECONDS]]]" >&2
     exit 2
     ;;
 esac
