@@ -87,6 +87,51 @@ fn random_draws_are_new_on_every_replay() {
     assert!((var - 1.0).abs() < 1e-2, "variance {var}");
 }
 
+/// A graph replayed on one thread draws what it draws alone while another thread captures
+/// graphs that draw too (as a pipelined actor captures its plans while the learner replays its
+/// update): torch marks its generator as capturing for every thread, so without the captures
+/// and replays taking turns a replay's advance would be counted into the other capture.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn replays_draw_the_same_while_another_thread_captures() {
+    let (_gpu, device) = gpu();
+    let n = 1 << 12;
+    let (graph, draw) = CudaGraph::capture(device, None, 1, || {
+        Ok::<_, GraphError>(Tensor::randn([n], (Kind::Float, device)))
+    })
+    .expect("capture");
+    let replays = |graph: &CudaGraph| -> Vec<Vec<f32>> {
+        (0..200)
+            .map(|_| {
+                graph.replay().expect("replay");
+                Vec::<f32>::try_from(&draw.to_device(Device::Cpu)).unwrap()
+            })
+            .collect()
+    };
+    tch::manual_seed(7);
+    let alone = replays(&graph);
+    tch::manual_seed(7);
+    let beside_captures = std::thread::scope(|scope| {
+        let capturing = scope.spawn(|| {
+            for _ in 0..50 {
+                // No warm-up: an eager draw would advance the generator the replays read.
+                let (other, _) = CudaGraph::capture(device, None, 0, || {
+                    Ok::<_, GraphError>(Tensor::randn([n], (Kind::Float, device)))
+                })
+                .expect("capture beside replays");
+                drop(other);
+            }
+        });
+        let drawn = replays(&graph);
+        capturing.join().expect("the capturing thread");
+        drawn
+    });
+    assert!(
+        alone == beside_captures,
+        "replays drew other numbers beside captures"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn graphs_share_a_pool_and_replay_in_capture_order() {
