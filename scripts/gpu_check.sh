@@ -16,6 +16,10 @@
 #                                        loop's agent steps/s without and with graphs (bench
 #                                        --cases loop); each JSON line also lands in
 #                                        $OUT/gpu_bench.jsonl when $OUT is set
+#   scripts/gpu_check.sh --run DIR --all [SECONDS]
+#                                        the tests, --bench and --learn in one call, learning
+#                                        until SECONDS (default 540) have passed since the
+#                                        start: one 10-minute device call; logs in $OUT
 #   scripts/gpu_check.sh --run DIR --learn [SECONDS]
 #                                        instead of the tests, cartpole-swingup at model size 1
 #                                        with graphs for 50k agent steps (at most SECONDS,
@@ -29,6 +33,54 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 tests=(cuda_graphs device_paths)
+
+usage() {
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --learn [SECONDS] | --all [SECONDS]]]" >&2
+    exit 2
+}
+
+# The GPU tests, one at a time (their own GPU lock aside, two test binaries must not share it).
+run_tests() {
+    local failed=0
+    for test in "${tests[@]}"; do
+        echo "[gpu_check] $test"
+        "$dir/$test" --ignored --test-threads=1 || failed=1
+    done
+    return $failed
+}
+
+# The GPU figures, each JSON line also in $out/gpu_bench.jsonl.
+run_bench() {
+    local failed=0
+    bench() {
+        echo "[gpu_check] bench $*"
+        "$dir/tdmpc2" bench "$@" | tee -a "$out/gpu_bench.jsonl" || failed=1
+    }
+    bench --cases graphs --device cuda --model-sizes 1,5 --kernels --agent-repeats 20
+    bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
+        --pipeline false,true --loop-steps 300
+    bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
+        --pipeline false,true --loop-steps 60
+    return $failed
+}
+
+# cartpole-swingup at model size 1 with graphs, for at most $1 seconds, with the dm_control
+# that --build packed; the log and eval.csv in $out.
+run_learn() {
+    [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; return 2; }
+    local extra run failed=0
+    extra=$(mktemp -d)
+    tar -xJf "$dir/dmc.tar.xz" -C "$extra"
+    run=$(mktemp -d)/cartpole
+    echo "[gpu_check] cartpole-swingup, model size 1, graphs, $1 s at most: $out/cartpole.log"
+    PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable timeout -s INT "$1" \
+        "$dir/tdmpc2" train task=cartpole-swingup model_size=1 steps=50000 eval_freq=10000 \
+        eval_episodes=4 save_freq=1000000 device=cuda compile=true run_dir="$run" \
+        >"$out/cartpole.log" 2>&1 || failed=1
+    cp "$run/eval.csv" "$out/cartpole_eval.csv" 2>/dev/null || true
+    grep -E "^eval|compile=true|finished" "$out/cartpole.log" || true
+    return $failed
+}
 
 case "${1:-}" in
 "")
@@ -98,43 +150,26 @@ print(":".join(dirs))')
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
     export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export TDMPC2_BIN=$dir/tdmpc2
-    if [[ ${3:-} == --bench ]]; then
-        log=${OUT:-$(mktemp -d)}/gpu_bench.jsonl
-        status=0
-        bench() { echo "[gpu_check] bench $*"; "$dir/tdmpc2" bench "$@" | tee -a "$log" || status=1; }
-        bench --cases graphs --device cuda --model-sizes 1,5 --kernels --agent-repeats 20
-        bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
-            --pipeline false,true --loop-steps 300
-        bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
-            --pipeline false
-        bench --cases agent --device cuda --tasks walker-run --plan-envs 16
-        exit $status
-    fi
-    if [[ ${3:-} == --learn ]]; then
-        [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; exit 2; }
-        extra=$(mktemp -d)
-        tar -xJf "$dir/dmc.tar.xz" -C "$extra"
-        out=${OUT:-$(mktemp -d)}
-        run=$(mktemp -d)/cartpole
-        echo "[gpu_check] cartpole-swingup, model size 1, graphs: $out/cartpole.log"
-        status=0
-        PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable timeout -s INT \
-            "${4:-420}" "$dir/tdmpc2" train task=cartpole-swingup model_size=1 steps=50000 \
-            eval_freq=10000 eval_episodes=4 save_freq=1000000 device=cuda compile=true \
-            run_dir="$run" >"$out/cartpole.log" 2>&1 || status=$?
-        cp "$run/eval.csv" "$out/cartpole_eval.csv" 2>/dev/null || true
-        grep -E "^eval|compile=true|finished" "$out/cartpole.log" || true
-        exit $status
-    fi
+    out=${OUT:-$(mktemp -d)}
     status=0
-    for test in "${tests[@]}"; do
-        echo "[gpu_check] $test"
-        "$dir/$test" --ignored --test-threads=1 || status=1
-    done
+    case "${3:-}" in
+    "") run_tests ;;
+    --bench) run_bench ;;
+    --learn) run_learn "${4:-420}" ;;
+    --all)
+        # One device call does it all: the tests, the figures, then learning until SECONDS.
+        deadline=$((SECONDS + ${4:-540}))
+        run_tests 2>&1 | tee "$out/tests.log" || status=1
+        run_bench >"$out/bench.log" 2>&1 || status=1
+        run_learn $((deadline - SECONDS)) || status=1
+        ;;
+    *)
+        usage
+        ;;
+    esac
     exit $status
     ;;
 *)
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --learn [SECONDS]]]" >&2
-    exit 2
+    usage
     ;;
 esac
