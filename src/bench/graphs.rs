@@ -74,7 +74,15 @@ fn measure(
     let times = time_ms(device, options.repeats, &mut call)?;
     let fastest = times.iter().copied().fold(f64::INFINITY, f64::min);
     let kernels = match options.kernels {
-        true => Some(kernel_times(|| call().map(|_| tch::Cuda::synchronize(0)))?.1),
+        // Synchronised inside the profile, so that every kernel of the call is recorded.
+        true => {
+            let synchronised = || {
+                call()?;
+                crate::cuda::synchronize(device)
+                    .map_err(|e| crate::agent::Error::Config(e.to_string()))
+            };
+            Some(kernel_times(synchronised)?.1)
+        }
         false => None,
     };
     Ok(Measured {
