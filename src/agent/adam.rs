@@ -241,16 +241,16 @@ impl Adam {
 /// `torch.nn.utils.clip_grad_norm_`; returns the norm before clipping (a device scalar, no sync).
 ///
 /// The norm is taken the way torch takes it over a module's parameters: one norm per parameter
-/// (`pieces`: each one's view of the flat buffer, see [`parameter_views`]), then the norm of
-/// those norms. A single float32 norm over millions of entries drifts from that by 1e-5
-/// relative and more as models grow, which would move the logged `grad_norm` and the clip
-/// factor away from the official ones.
-pub fn clip_grad_norm(grads: &mut Tensor, pieces: &[Tensor], max_norm: f64) -> Tensor {
+/// (`pieces`: each one's view of the flat buffer, see [`parameter_views`]; on CUDA all in one
+/// multi-tensor kernel), then the norm of those norms. A single float32 norm over millions of
+/// entries drifts from that by 1e-5 relative and more as models grow, which would move the
+/// logged `grad_norm` and the clip factor away from the official ones.
+pub fn clip_grad_norm(grads: &mut Tensor, pieces: &[Tensor], max_norm: f64) -> Result<Tensor> {
     tch::no_grad(|| {
-        let norm = grad_norm(grads, pieces);
+        let norm = grad_norm(grads, pieces)?;
         let coef = ((&norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
         let _ = grads.g_mul_(&coef);
-        norm
+        Ok(norm)
     })
 }
 
@@ -265,12 +265,11 @@ pub fn parameter_views(flat: &Tensor, layout: &[ParamEntry]) -> Vec<Tensor> {
 
 /// The total L2 norm of a flat gradient buffer: the norm of the norms of its `pieces` (views of
 /// it, one per parameter), or of the whole buffer without pieces.
-pub fn grad_norm(grads: &Tensor, pieces: &[Tensor]) -> Tensor {
+pub fn grad_norm(grads: &Tensor, pieces: &[Tensor]) -> Result<Tensor> {
     if pieces.is_empty() {
-        return grads.norm();
+        return Ok(grads.norm());
     }
-    let norms: Vec<Tensor> = pieces.iter().map(Tensor::norm).collect();
-    Tensor::stack(&norms, 0).norm()
+    Ok(crate::cuda::norms(pieces)?.norm())
 }
 
 #[cfg(test)]
@@ -437,19 +436,19 @@ mod tests {
         };
         let g = Tensor::from_slice(&[3.0f32, 4.0, 12.0]);
         // sqrt(5² + 12²) = 13 either way; the layout only changes the order of summation.
-        let norm = grad_norm(&g, &parameter_views(&g, &[entry(0, 2), entry(2, 1)]));
+        let norm = grad_norm(&g, &parameter_views(&g, &[entry(0, 2), entry(2, 1)])).unwrap();
         assert_eq!(norm.double_value(&[]), 13.0);
     }
 
     #[test]
     fn clipping_scales_only_above_the_threshold() {
         let mut g = Tensor::from_slice(&[3.0f32, 4.0]);
-        let norm = clip_grad_norm(&mut g, &[], 1.0);
+        let norm = clip_grad_norm(&mut g, &[], 1.0).unwrap();
         assert_eq!(norm.double_value(&[]), 5.0);
         let clipped = to_vec(&g);
         assert!((clipped[0] - 0.6).abs() < 1e-6 && (clipped[1] - 0.8).abs() < 1e-6);
         let mut small = Tensor::from_slice(&[0.3f32, 0.4]);
-        let small_norm = clip_grad_norm(&mut small, &[], 1.0);
+        let small_norm = clip_grad_norm(&mut small, &[], 1.0).unwrap();
         assert!((small_norm.double_value(&[]) - 0.5).abs() < 1e-7);
         assert_eq!(to_vec(&small), to_vec(&Tensor::from_slice(&[0.3f32, 0.4])));
     }

@@ -56,6 +56,9 @@ pub enum Error {
     Replay(String),
     #[error("random draws: {0}")]
     Draw(String),
+    /// A call through the C++ shim (src/cuda/shim.cpp) failed.
+    #[error(transparent)]
+    Shim(#[from] crate::cuda::GraphError),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error("embedded Python: {0}")]

@@ -310,16 +310,16 @@ impl Updater {
 
     /// Clips the accumulated world-model gradients and takes an Adam step; returns the norm
     /// before clipping.
-    pub fn step_world_model(&mut self, model: &WorldModel) -> Tensor {
+    pub fn step_world_model(&mut self, model: &WorldModel) -> Result<Tensor> {
         let norm = clip_grad_norm(
             &mut self.model_grads,
             &self.model_grad_views,
             self.config.grad_clip_norm,
-        );
+        )?;
         self.model_optim
             .step(&model.model_params.flat, &self.model_grads);
         self.model_grads_pending = false;
-        norm
+        Ok(norm)
     }
 
     /// Computes the policy loss on the (detached) latents and adds its gradients to the policy
@@ -392,16 +392,16 @@ impl Updater {
 
     /// Clips the accumulated policy gradients and takes an Adam step; returns the norm before
     /// clipping.
-    pub fn step_policy(&mut self, model: &WorldModel) -> Tensor {
+    pub fn step_policy(&mut self, model: &WorldModel) -> Result<Tensor> {
         let norm = clip_grad_norm(
             &mut self.policy_grads,
             &self.policy_grad_views,
             self.config.grad_clip_norm,
-        );
+        )?;
         self.policy_optim
             .step(&model.policy_params.flat, &self.policy_grads);
         self.policy_grads_pending = false;
-        norm
+        Ok(norm)
     }
 
     /// One complete update for a single process.
@@ -413,7 +413,7 @@ impl Updater {
         batch_noise: &mut dyn Noise,
     ) -> Result<UpdateInfo> {
         let wm = self.world_model_backward(model, batch, sample_noise, batch_noise)?;
-        let grad_norm = self.step_world_model(model);
+        let grad_norm = self.step_world_model(model)?;
         let pi = self.policy_backward(
             model,
             &wm.latents,
@@ -422,7 +422,7 @@ impl Updater {
             batch_noise,
             &mut |q| Ok(q.shallow_clone()),
         )?;
-        let pi_grad_norm = self.step_policy(model);
+        let pi_grad_norm = self.step_policy(model)?;
         model.soft_update_target(self.config.tau);
         Ok(self.info(&wm, grad_norm, &pi, pi_grad_norm))
     }
@@ -588,7 +588,7 @@ mod tests {
         assert!(expected.abs().max().double_value(&[]) > 0.0);
 
         // A step consumes the gradients: the next backward overwrites instead of adding.
-        let norm = parts.step_world_model(&model);
+        let norm = parts.step_world_model(&model).unwrap();
         assert!(norm.double_value(&[]) > 0.0);
         assert_eq!(parts.model_optim.step_count(), 1);
     }

@@ -1,7 +1,8 @@
 //! Machinery that tch does not offer, through a C++ shim built against a CUDA torch wheel:
-//! CUDA-graph capture and replay, and torch random generators of our own.
+//! CUDA-graph capture and replay, torch random generators of our own, and many norms in one call.
 mod generator;
 mod graph;
+mod norms;
 mod replayed;
 
 pub use generator::{Draw, Generator, SharedGenerator};
@@ -9,4 +10,5 @@ pub use graph::{
     cuda_graphs_available, generator_turn, synchronize, why_no_graphs, CudaGraph, GraphError,
     GraphPool,
 };
+pub use norms::norms;
 pub use replayed::Replayed;

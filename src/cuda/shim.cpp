@@ -1,5 +1,5 @@
-// C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs)
-// and torch generators of our own (src/cuda/generator.rs).
+// C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs),
+// torch generators of our own (src/cuda/generator.rs) and at::_foreach_norm (src/cuda/norms.rs).
 //
 // Every function returns nullptr on success, or a malloc'd error message that the caller frees
 // with tdmpc2_cuda_free_error. No C++ exception crosses this boundary.
@@ -10,7 +10,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
 #include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -24,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -123,6 +126,20 @@ char* tdmpc2_generator_randperm(Tdmpc2Generator* generator, int64_t n, at::Tenso
   return guarded([&] {
     auto options = at::TensorOptions().dtype(at::kLong).device(generator->generator.device());
     *out = new at::Tensor(at::randperm(n, generator->generator, options));
+  });
+}
+
+// The L2 norm of each of `count` tensors, stacked into one tensor: one multi-tensor kernel on
+// CUDA (as torch.nn.utils.clip_grad_norm_ takes them there), a norm per tensor on the CPU.
+char* tdmpc2_foreach_norms(at::Tensor** tensors, int64_t count, at::Tensor** out) {
+  *out = nullptr;
+  return guarded([&] {
+    std::vector<at::Tensor> list;
+    list.reserve(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) {
+      list.push_back(*tensors[i]);
+    }
+    *out = new at::Tensor(at::stack(at::_foreach_norm(list, 2), 0));
   });
 }
 

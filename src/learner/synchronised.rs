@@ -44,7 +44,7 @@ impl UpdateParts<'_> {
         let started = Instant::now();
         average(group, learner.model_grads_mut(), micro)?;
         self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
-        let grad_norm = learner.step_world_model(model);
+        let grad_norm = learner.step_world_model(model)?;
 
         let mut gather_seconds = 0.0;
         let mut gather = |q: &Tensor| -> crate::agent::Result<Tensor> {
@@ -77,7 +77,7 @@ impl UpdateParts<'_> {
         let started = Instant::now();
         average(group, learner.policy_grads_mut(), micro)?;
         self.comm.grad_all_reduce += started.elapsed().as_secs_f64();
-        let pi_grad_norm = learner.step_policy(model);
+        let pi_grad_norm = learner.step_policy(model)?;
         model.soft_update_target(self.tau);
         let (wm, pi) = (mean_passes(&passes), mean_policy(&policy_passes));
         // Losses are per-rank means: averaged, they are the losses of the whole N·k·B batch
