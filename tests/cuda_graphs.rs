@@ -155,6 +155,61 @@ fn graphs_share_a_pool_and_replay_in_capture_order() {
     }
 }
 
+/// The clipping norm through `_foreach_norm` on CUDA: the CPU's value (torch's own, as
+/// tests/parity.rs shows) up to float32 summation order, at a size where that order shows (4.6M
+/// entries in 40 pieces of very different scales), and the same when captured in a graph.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn the_clipping_norm_on_cuda_equals_the_cpus_and_is_capturable() {
+    use tdmpc2::agent::adam::grad_norm;
+    let (_gpu, device) = gpu();
+    let sizes: Vec<i64> = (0..40)
+        .map(|i| [512 * 512, 512, 1_024, 223 * 256][i % 4])
+        .collect();
+    let numel: i64 = sizes.iter().sum();
+    let mut grads = Tensor::arange(numel, (Kind::Float, Device::Cpu))
+        .g_mul_scalar(0.37)
+        .sin();
+    let mut offset = 0;
+    for (i, &size) in sizes.iter().enumerate() {
+        let _ = grads
+            .narrow(0, offset, size)
+            .g_mul_scalar_(10f64.powi(i as i32 % 4 - 2));
+        offset += size;
+    }
+    let pieces = |flat: &Tensor| -> Vec<Tensor> {
+        let mut offset = 0;
+        sizes
+            .iter()
+            .map(|&size| {
+                offset += size;
+                flat.narrow(0, offset - size, size)
+            })
+            .collect()
+    };
+    let cpu = grad_norm(&grads, &pieces(&grads))
+        .expect("CPU norm")
+        .double_value(&[]);
+    grads = grads.to_device(device);
+    let views = pieces(&grads);
+    let eager = grad_norm(&grads, &views)
+        .expect("CUDA norm")
+        .double_value(&[]);
+    assert!(
+        (eager - cpu).abs() <= 1e-6 * cpu,
+        "CUDA {eager} vs CPU {cpu}"
+    );
+    let (graph, captured) =
+        CudaGraph::capture(device, None, 2, || grad_norm(&grads, &views)).expect("capture");
+    let _ = grads.g_mul_scalar_(2.0);
+    graph.replay().expect("replay");
+    let replayed = captured.double_value(&[]);
+    assert!(
+        (replayed - 2.0 * eager).abs() <= 1e-6 * eager,
+        "replayed {replayed} vs twice the eager {eager}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn a_failed_capture_reports_the_cause_and_the_next_one_works() {
