@@ -40,6 +40,15 @@ pub enum Error {
     Other(String),
 }
 
+/// What a caught panic said (its message, when it has one).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
 /// The exit code of a process that stopped because a stop was asked for.
 pub const STOPPED_EXIT_CODE: i32 = 3;
 

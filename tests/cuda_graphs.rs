@@ -223,6 +223,17 @@ fn a_failed_capture_reports_the_cause_and_the_next_one_works() {
     .expect("a host read inside a capture must fail");
     assert!(matches!(err, tdmpc2::Error::Torch(_)), "{err}");
 
+    // The same read through tch's panicking call: an error as well, with torch's words.
+    let err = CudaGraph::capture(device, None, 1, || {
+        Ok::<_, GraphError>(x.sum(Kind::Float).double_value(&[]))
+    })
+    .err()
+    .expect("a panicking host read inside a capture must fail");
+    assert!(
+        matches!(&err, GraphError::CallPanicked(why) if why.contains("captur")),
+        "{err}"
+    );
+
     // A call that fails on its own during the capture: its error, not the capture's.
     let mut calls = 0;
     let err = CudaGraph::capture(device, None, 1, || {

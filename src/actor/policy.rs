@@ -216,8 +216,9 @@ impl Policy {
                 )?
             }
         };
-        let actions = actions.to_device(Device::Cpu).to_kind(Kind::Float);
-        Ok(Vec::<f32>::try_from(actions.reshape([-1]))?)
+        // The f_ calls: an error of the device's queued work surfaces here, as an error.
+        let actions = actions.f_to_device(Device::Cpu)?.f_to_kind(Kind::Float)?;
+        Ok(Vec::<f32>::try_from(actions.f_reshape([-1])?)?)
     }
 
     /// One plan through the `eval_mode` graph: the inputs are refilled in place, then the

@@ -78,11 +78,12 @@ impl UpdateStats {
 impl UpdateInfo {
     /// Copies the statistics to the host (one synchronisation).
     pub fn fetch(&self) -> Result<UpdateStats> {
+        // The f_ calls: an error of the device's queued work surfaces here, as an error.
         let v = Vec::<f64>::try_from(
             &self
                 .values
-                .to_kind(Kind::Double)
-                .to_device(tch::Device::Cpu),
+                .f_to_kind(Kind::Double)?
+                .f_to_device(tch::Device::Cpu)?,
         )?;
         Ok(UpdateStats {
             consistency_loss: v[0],

@@ -13,11 +13,13 @@
 //! The shim is built only against a CUDA torch wheel (build.rs sets `cfg(tdmpc2_cuda_graphs)`);
 //! without it the same API exists and every call returns [`GraphError::NotBuilt`].
 use std::mem::ManuallyDrop;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tch::Device;
 
 use super::generator::SharedGenerator;
+use crate::error::panic_message;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
@@ -29,6 +31,9 @@ pub enum GraphError {
     NotCuda(Device),
     #[error("CUDA graph {op}: {message}")]
     Cuda { op: &'static str, message: String },
+    /// The call being captured (or warmed up) panicked: a torch error inside tch, typically.
+    #[error("the call captured as a CUDA graph panicked: {0}")]
+    CallPanicked(String),
 }
 
 /// Torch keeps the capture state of its CUDA generators on the host, shared by all threads:
@@ -117,6 +122,10 @@ impl CudaGraph {
     ///
     /// Without a `pool` the graph gets a private memory pool. A capture holds the generators'
     /// turn ([`generator_turn`]) throughout, so other threads' replays and turns wait for it.
+    ///
+    /// A failed capture returns the error of the call (a panic inside it included) or of the
+    /// capture. Torch may then leave its CUDA generators marked as capturing, so the process
+    /// should not go on with CUDA work: the trainer ends the run.
     pub fn capture<T, E>(
         device: Device,
         pool: Option<&GraphPool>,
@@ -154,12 +163,18 @@ impl CudaGraph {
             }
             raw.register_generator(generator.raw())?;
         }
+        // tch turns torch's errors into panics: inside a capture they are errors like any other.
+        let mut call = || {
+            std::panic::catch_unwind(AssertUnwindSafe(&mut f)).unwrap_or_else(|payload| {
+                Err(GraphError::CallPanicked(panic_message(payload.as_ref())).into())
+            })
+        };
         let side = SideStream::enter(&raw)?;
         for _ in 0..warmup {
-            f()?;
+            call()?;
         }
         let capturing = Capturing::begin(&raw, pool.map_or((0, 0), |p| p.id))?;
-        let outputs = f();
+        let outputs = call();
         let ended = capturing.end();
         let left = side.leave();
         // The call's own error explains a failed capture better than the failure it caused.
@@ -365,6 +380,9 @@ pub(super) mod imp {
 
     impl Drop for RawGraph {
         fn drop(&mut self) {
+            // Freeing a graph edits the list of graphs torch's generators keep: not while
+            // another thread captures or replays.
+            let _turn = super::generator_turn();
             unsafe { tdmpc2_cuda_graph_delete(self.0.as_ptr()) }
         }
     }

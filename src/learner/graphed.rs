@@ -27,21 +27,28 @@ impl GraphedUpdate {
         }
     }
 
+    /// Refuses a number of micro-batches other than the one captured (before anything the
+    /// graph reads is reallocated for them).
+    pub(super) fn check_micro_batches(&self, count: usize) -> Result<()> {
+        if !self.batches.is_empty() && count != self.batches.len() {
+            return Err(Error::Config(format!(
+                "a captured update takes {} micro-batches, not {count}",
+                self.batches.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// One update on `batches`, whose draws of Q heads `parts.shared` holds (refilled).
     pub(super) fn update(
         &mut self,
         parts: &mut UpdateParts,
         batches: &[Batch],
     ) -> Result<UpdateInfo> {
+        self.check_micro_batches(batches.len())?;
         if self.batches.is_empty() {
             let device = parts.model.device();
             self.batches = batches.iter().map(|b| b.copy_to(device)).collect();
-        } else if batches.len() != self.batches.len() {
-            return Err(Error::Config(format!(
-                "a captured update takes {} micro-batches, not {}",
-                self.batches.len(),
-                batches.len()
-            )));
         } else {
             for (fixed, batch) in self.batches.iter_mut().zip(batches) {
                 fixed.refill(batch)?;
@@ -88,5 +95,25 @@ mod tests {
         assert!(why(Some(Backend::Gloo)).contains("dist_backend=gloo"));
         assert_eq!(why_not_captured(None), None);
         assert_eq!(why_not_captured(Some(Backend::Nccl)), None);
+    }
+
+    /// Once the graph holds its micro-batches, another count is refused (before the learner
+    /// would reallocate the shared draws the graph reads).
+    #[test]
+    fn a_captured_update_refuses_another_micro_batch_count() {
+        let mut graphed = GraphedUpdate::new(Device::Cpu);
+        assert!(graphed.check_micro_batches(3).is_ok());
+        let zeros = |shape: &[i64]| tch::Tensor::zeros(shape, (tch::Kind::Float, Device::Cpu));
+        let batch = || Batch {
+            obs: zeros(&[2, 4, 3]),
+            action: zeros(&[1, 4, 1]),
+            reward: zeros(&[1, 4, 1]),
+            terminated: zeros(&[1, 4, 1]),
+            task: None,
+        };
+        graphed.batches = vec![batch(), batch()];
+        assert!(graphed.check_micro_batches(2).is_ok());
+        let err = graphed.check_micro_batches(1).unwrap_err().to_string();
+        assert!(err.contains("takes 2 micro-batches, not 1"), "{err}");
     }
 }

@@ -226,6 +226,10 @@ impl<'g> Learner<'g> {
 
     /// One synchronised update on the given micro-batches.
     pub fn update_on(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
+        if let Some(graphed) = &self.graphed {
+            // The captured graph reads the shared draws where they are now.
+            graphed.check_micro_batches(batches.len())?;
+        }
         // Each micro-batch draws one pair of heads for the world model, one for the policy.
         self.shared_draws.ensure_slots(2 * batches.len());
         self.shared_draws.refill(self.batch_noise.as_mut())?;

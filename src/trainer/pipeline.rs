@@ -57,9 +57,12 @@ impl Pipeline {
                 })
                 .map_err(|e| Error::io("start the acting thread", e))?;
             let learned = learn();
-            let acted = acting
-                .join()
-                .map_err(|_| Error::Other("the acting thread panicked".into()))?;
+            let acted = acting.join().map_err(|payload| {
+                Error::Other(format!(
+                    "the acting thread panicked: {}",
+                    crate::error::panic_message(payload.as_ref())
+                ))
+            })?;
             Ok((acted?, learned?))
         })
     }
@@ -108,5 +111,17 @@ mod tests {
             .overlap(|| Err::<(), _>(Error::Other("env".into())), || Ok(()))
             .unwrap_err();
         assert!(err.to_string().contains("env"));
+        // A panic on the acting thread (a torch error inside tch, say) is an error that says why.
+        let err = pipeline
+            .overlap(
+                || -> Result<()> { panic!("torch: out of memory") },
+                || Ok(()),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("acting thread panicked") && err.contains("torch: out of memory"),
+            "{err}"
+        );
     }
 }
