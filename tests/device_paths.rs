@@ -130,8 +130,7 @@ fn nccl_collectives_run_inside_the_update_graph() {
 
 /// `compile=true` (the default) on one GPU: plans and updates run as CUDA graphs, and a run
 /// stopped after step 600 and resumed from its step-400 checkpoint writes the uninterrupted run's
-/// step-800 checkpoint; also pipelined (the acting thread on a stream of its own, drawing from a
-/// generator of its own).
+/// step-800 checkpoint; also pipelined (the acting thread drawing from a generator of its own).
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn graphs_train_and_resume_exactly_on_one_gpu() {
@@ -154,22 +153,64 @@ fn graphs_train_and_resume_exactly_on_one_gpu() {
             assert!(log.contains(&line), "{extra:?}: {line}: {log}");
         }
         assert_trained(&run(split.path(), &["steps=600"]), "graphs, first part");
+        // Before any resume both runs made the same steps: a difference here means the runs are
+        // not reproducible at all (thread timing, say), not that resuming lost something.
+        let before = differences(
+            &checkpoint(whole.path(), 400),
+            &checkpoint(split.path(), 400),
+        );
+        assert!(
+            before.is_empty(),
+            "{extra:?}: two runs with graphs differ at step 400, before any resume: {before:?}"
+        );
         let resume = format!("resume={}", checkpoint(split.path(), 400).display());
         let log = assert_trained(
             &run(split.path(), &["steps=800", &resume]),
             "graphs, resumed",
         );
         assert!(log.contains("Resumed from"), "{extra:?}: {log}");
-        for name in ["model.safetensors", "state.safetensors"] {
-            let read = |run: &Path| tensors(&checkpoint(run, 800).join(name));
-            let (a, b) = (read(whole.path()), read(split.path()));
-            assert_eq!(a.len(), b.len(), "{extra:?}: {name}");
-            for ((key, x), (_, y)) in a.iter().zip(&b) {
-                assert!(
-                    x.equal(y),
-                    "{extra:?}: {key} in {name} of the resumed run differs"
-                );
+        let after = differences(
+            &checkpoint(whole.path(), 800),
+            &checkpoint(split.path(), 800),
+        );
+        assert!(
+            after.is_empty(),
+            "{extra:?}: the run resumed from step 400 differs at step 800: {after:?}"
+        );
+    }
+}
+
+/// What differs between two checkpoints' model and train state: each tensor that does, with
+/// its largest difference.
+fn differences(a: &Path, b: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for name in ["model.safetensors", "state.safetensors"] {
+        let (a, b) = (tensors(&a.join(name)), tensors(&b.join(name)));
+        let keys =
+            |t: &[(String, tch::Tensor)]| t.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        if keys(&a) != keys(&b) {
+            found.push(format!(
+                "{name}: other tensors ({:?} vs {:?})",
+                keys(&a),
+                keys(&b)
+            ));
+            continue;
+        }
+        for ((key, x), (_, y)) in a.iter().zip(&b) {
+            if x.size() != y.size() {
+                found.push(format!(
+                    "{name} {key}: shapes {:?} vs {:?}",
+                    x.size(),
+                    y.size()
+                ));
+            } else if !x.equal(y) {
+                let diff = (x.to_kind(tch::Kind::Double) - y.to_kind(tch::Kind::Double))
+                    .abs()
+                    .max()
+                    .double_value(&[]);
+                found.push(format!("{name} {key}: max |difference| {diff:e}"));
             }
         }
     }
+    found
 }
