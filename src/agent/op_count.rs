@@ -256,6 +256,25 @@ mod tests {
         }
     }
 
+    /// Gradient clipping takes each optimiser's per-parameter norms in one call (one
+    /// multi-tensor kernel on CUDA), not one operator per parameter.
+    #[test]
+    fn clipping_takes_each_optimisers_norms_in_one_call() {
+        if !cfg!(tdmpc2_cuda_graphs) {
+            println!("NOT CHECKED: this build has no shim, and takes the norms one by one");
+            return;
+        }
+        let mut agent = SmallAgent::new(false, false);
+        agent.prepare_update();
+        let (_, trace) = trace_ops(|| agent.update()).unwrap();
+        let calls = |name: &str| trace.iter().filter(|op| op.starts_with(name)).count();
+        assert_eq!(
+            (calls("aten::_foreach_norm["), calls("aten::norm[")),
+            (2, 2),
+            "(_foreach_norm, norm) calls: one of each per optimiser"
+        );
+    }
+
     /// What a CUDA graph needs besides no host reads: consecutive plans (whichever environments
     /// start an episode) and consecutive updates dispatch the same operators with the same
     /// scalar arguments, so that a graph captured from one call replays the next. A host value
