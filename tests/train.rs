@@ -228,10 +228,10 @@ fn the_default_loop_reproduces_the_recorded_run() {
             for (kind, recorded) in recordings {
                 assert_eq!(first(&run), first(recorded), "first evaluation vs {kind}");
             }
-            println!(
-                "NOT CHECKED past the first evaluation: no golden run recorded on this CPU kind \
+            common::not_checked(&format!(
+                "the golden run past its first evaluation: none is recorded on this CPU kind \
                  ({cpu}); TDMPC2_RECORD_GOLDEN=\"+why\" adds one"
-            );
+            ));
         }
     }
 }
