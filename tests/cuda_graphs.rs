@@ -156,7 +156,7 @@ fn graphs_share_a_pool_and_replay_in_capture_order() {
 }
 
 /// The clipping norm through `_foreach_norm` on CUDA: the CPU's value (torch's own, as
-/// tests/parity.rs shows) up to float32 summation order, at a size where that order shows (4.6M
+/// tests/parity.rs shows) up to float32 summation order, at a size where that order shows (3.2M
 /// entries in 40 pieces of very different scales), and the same when captured in a graph.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
