@@ -153,30 +153,26 @@ fn graphs_train_and_resume_exactly_on_one_gpu() {
             assert!(log.contains(&line), "{extra:?}: {line}: {log}");
         }
         assert_trained(&run(split.path(), &["steps=600"]), "graphs, first part");
+        let same_at = |step: u64, what: &str| {
+            let differ = differences(
+                &checkpoint(whole.path(), step),
+                &checkpoint(split.path(), step),
+            );
+            assert!(
+                differ.is_empty(),
+                "{extra:?}: {what} at step {step}: {differ:?}"
+            );
+        };
         // Before any resume both runs made the same steps: a difference here means the runs are
         // not reproducible at all (thread timing, say), not that resuming lost something.
-        let before = differences(
-            &checkpoint(whole.path(), 400),
-            &checkpoint(split.path(), 400),
-        );
-        assert!(
-            before.is_empty(),
-            "{extra:?}: two runs with graphs differ at step 400, before any resume: {before:?}"
-        );
+        same_at(400, "two runs with graphs differ before any resume");
         let resume = format!("resume={}", checkpoint(split.path(), 400).display());
         let log = assert_trained(
             &run(split.path(), &["steps=800", &resume]),
             "graphs, resumed",
         );
         assert!(log.contains("Resumed from"), "{extra:?}: {log}");
-        let after = differences(
-            &checkpoint(whole.path(), 800),
-            &checkpoint(split.path(), 800),
-        );
-        assert!(
-            after.is_empty(),
-            "{extra:?}: the run resumed from step 400 differs at step 800: {after:?}"
-        );
+        same_at(800, "the run resumed from step 400 differs");
     }
 }
 

@@ -100,7 +100,7 @@ mod imp {
     use tch::Tensor;
 
     use super::Draw;
-    use crate::cuda::graph::imp::check;
+    use crate::cuda::graph::imp::{check, new_tensor};
     use crate::cuda::GraphError;
 
     extern "C" {
@@ -167,18 +167,9 @@ mod imp {
         }
 
         pub fn randperm(&mut self, n: i64) -> Result<Tensor, GraphError> {
-            let mut out = std::ptr::null_mut();
-            check("randperm", unsafe {
-                tdmpc2_generator_randperm(self.as_ptr(), n, &mut out)
-            })?;
-            if out.is_null() {
-                return Err(GraphError::Cuda {
-                    op: "randperm",
-                    message: "the shim returned no tensor".into(),
-                });
-            }
-            // SAFETY: the shim made a new at::Tensor for us to own, as tch's own calls do.
-            Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+            new_tensor("randperm", |out| unsafe {
+                tdmpc2_generator_randperm(self.as_ptr(), n, out)
+            })
         }
     }
 

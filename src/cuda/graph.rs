@@ -299,6 +299,23 @@ pub(super) mod imp {
         Err(GraphError::Cuda { op, message: text })
     }
 
+    /// Runs a shim call that makes a new tensor into `out` and takes ownership of that tensor.
+    pub(in crate::cuda) fn new_tensor(
+        op: &'static str,
+        call: impl FnOnce(*mut *mut std::ffi::c_void) -> *mut c_char,
+    ) -> Result<tch::Tensor, GraphError> {
+        let mut out = std::ptr::null_mut();
+        check(op, call(&mut out))?;
+        if out.is_null() {
+            return Err(GraphError::Cuda {
+                op,
+                message: "the shim returned no tensor".into(),
+            });
+        }
+        // SAFETY: the shim made a new at::Tensor for us to own, as tch's own calls do.
+        Ok(unsafe { tch::Tensor::from_ptr(out as *mut _) })
+    }
+
     pub fn device_count() -> Result<usize, GraphError> {
         let mut count = 0i64;
         check("device count", unsafe {

@@ -24,7 +24,7 @@ mod imp {
 
     use tch::Tensor;
 
-    use crate::cuda::graph::imp::check;
+    use crate::cuda::graph::imp::new_tensor;
     use crate::cuda::GraphError;
 
     extern "C" {
@@ -39,18 +39,9 @@ mod imp {
         // SAFETY: tch's tensor handle is a pointer to the at::Tensor the shim expects; the shim
         // only reads them, during the call.
         let handles: Vec<*mut c_void> = pieces.iter().map(|t| t.as_ptr() as *mut c_void).collect();
-        let mut out = std::ptr::null_mut();
-        check("foreach norm", unsafe {
-            tdmpc2_foreach_norms(handles.as_ptr(), handles.len() as i64, &mut out)
-        })?;
-        if out.is_null() {
-            return Err(GraphError::Cuda {
-                op: "foreach norm",
-                message: "the shim returned no tensor".into(),
-            });
-        }
-        // SAFETY: the shim made a new at::Tensor for us to own, as tch's own calls do.
-        Ok(unsafe { Tensor::from_ptr(out as *mut _) })
+        new_tensor("foreach norm", |out| unsafe {
+            tdmpc2_foreach_norms(handles.as_ptr(), handles.len() as i64, out)
+        })
     }
 }
 

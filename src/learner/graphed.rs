@@ -39,13 +39,13 @@ impl GraphedUpdate {
         Ok(())
     }
 
-    /// One update on `batches`, whose draws of Q heads `parts.shared` holds (refilled).
+    /// One update on `batches`, whose draws of Q heads `parts.shared` holds (refilled). The
+    /// caller has checked their count ([`Self::check_micro_batches`]) before refilling those.
     pub(super) fn update(
         &mut self,
         parts: &mut UpdateParts,
         batches: &[Batch],
     ) -> Result<UpdateInfo> {
-        self.check_micro_batches(batches.len())?;
         if self.batches.is_empty() {
             let device = parts.model.device();
             self.batches = batches.iter().map(|b| b.copy_to(device)).collect();
