@@ -6,8 +6,9 @@ default) or state vectors (obs=state), episodic or not.
 
 (`key=value`: official config settings over the defaults below, e.g. `num_channels=16
 latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small,
-`obs=state episodic=true` for tests/data/parity_episodic, and `multitask=true` for
-tests/data/parity_multitask; `obs_dim=N` sizes state vectors.)
+`obs=state episodic=true` for tests/data/parity_episodic, `multitask=true` for
+tests/data/parity_multitask, and `obs=state dropout=0.25 updates=2` for tests/data/parity_dropout;
+`obs_dim=N` sizes state vectors.)
 
 A multitask fixture has the three tasks of MULTITASK (their own observation and action sizes
 and episode lengths, so per-task discounts, padding and action masks all show), a batch whose
@@ -19,7 +20,8 @@ rules, compile=false, on the CPU), with small widths and the pixel encoder; its 
 perturbed so that zero-initialised heads give non-trivial outputs. Then, on one random batch of
 uint8 frames (or Gaussian state vectors), it records the component outputs, one `_update` and
 one plan (`act` with t0), and every random draw in call order, shifts of the encoder's
-augmentation included. Episodic fixtures get random termination flags and record the
+augmentation included, and with `dropout` > 0 every dropout mask (the Q ensemble then runs member
+by member: see `record_dropout_member_by_member`). Episodic fixtures get random termination flags and record the
 termination head's logits. The files
 have the layout of tests/data/parity (see its README), plus `update_draws` in the manifest:
 the draws of each update in order, as `plan_draws` lists those of each plan. Observations are
@@ -102,13 +104,30 @@ class Recorder:
         for kind, original in originals.items():
             setattr(torch, kind, self._wrap(kind, original))
         torch.Tensor.exponential_ = self._wrap("gumbel_exponential", torch.Tensor.exponential_)
+        torch.nn.functional.dropout = self._dropout(torch.nn.functional.dropout)
+
+    def _dropout(self, original):
+        """Dropout as torch computes it (a Bernoulli mask scaled by 1/(1 − p), times the input),
+        its mask kept as a draw of kind `dropout`."""
+
+        def dropout(x, p=0.5, training=True, inplace=False):
+            if self.prefix is None or not training or p == 0.0:
+                return original(x, p, training, inplace)
+            mask = self.torch.empty_like(x).bernoulli_(1 - p).div_(1 - p)
+            self._keep("dropout", mask)
+            return x * mask
+
+        return dropout
+
+    def _keep(self, kind, value):
+        name = f"{self.prefix}.draw.{len(self.draws):03d}.{kind}"
+        self.draws.append((name, kind, value.detach().clone()))
 
     def _wrap(self, kind, original):
         def draw(*args, **kwargs):
             out = original(*args, **kwargs)
             if self.prefix is not None:
-                name = f"{self.prefix}.draw.{len(self.draws):03d}.{kind}"
-                self.draws.append((name, kind, out.detach().clone()))
+                self._keep(kind, out)
             return out
 
         return draw
@@ -119,6 +138,21 @@ class Recorder:
             return f(), self.draws
         finally:
             self.prefix = None
+
+
+def record_dropout_member_by_member():
+    """The official Q ensemble evaluates its members under `torch.vmap(randomness="different")`,
+    where each member draws its own dropout mask but a recorder sees only batched tensors. Member
+    by member, with the same parameters and an independent mask each, it computes the same; the
+    recorder then keeps `num_q` masks per call, in member order (of all members, also where the
+    call picks two heads afterwards)."""
+    import torch
+    from common import layers
+
+    def forward(self, *args, **kwargs):
+        return torch.stack([self._call(self.params[i], *args, **kwargs) for i in range(self._n)])
+
+    layers.Ensemble.forward = forward
 
 
 def main(checkout, out_dir, settings):
@@ -151,6 +185,8 @@ def main(checkout, out_dir, settings):
         frame = (settings.pop("obs_dim", STATE_DIM),)
         defaults = {**STATE, "obs_shape": {"state": frame}}
     agent, cfg = compare_official.build_agent(checkout, 1, {**defaults, **settings})
+    if cfg.dropout > 0:
+        record_dropout_member_by_member()
     H, B = cfg.horizon, cfg.batch_size
 
     # Each sample's task; the padding of observations and actions is zero, as the official

@@ -28,6 +28,8 @@ const EPISODIC: &str = "parity_episodic";
 const MULTITASK: &str = "parity_multitask";
 /// Another pixel configuration: 16 channels (latent 256), one action, two Qs, batch 3.
 const PIXELS_SMALL: &str = "parity_pixels_small";
+/// State observations with Q dropout, its masks recorded as draws.
+const DROPOUT: &str = "parity_dropout";
 
 fn data_dir(fixture: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -312,18 +314,70 @@ fn replay_for_update(
         batch_noise.push(NoiseKind::Randperm, draw("pi_q_perm"));
         return (sample_noise, batch_noise);
     };
-    for draw in draws {
-        let name = draw[0].as_str().expect("draw name");
-        if !name.starts_with(&format!("{update}.")) {
-            continue;
+    let draws: Vec<(NoiseKind, Tensor)> = draws
+        .iter()
+        .filter(|draw| {
+            let name = draw[0].as_str().expect("draw name");
+            name.starts_with(&format!("{update}."))
+        })
+        .map(|draw| {
+            let name = draw[0].as_str().expect("draw name");
+            (draw_kind(draw), get(fixture, name).shallow_clone())
+        })
+        .collect();
+    let mut mask_calls = 0;
+    let mut next = 0;
+    while next < draws.len() {
+        let (kind, tensor) = &draws[next];
+        match kind {
+            NoiseKind::Randperm => batch_noise.push(NoiseKind::Randperm, tensor.shallow_clone()),
+            NoiseKind::DropoutMask => {
+                let members: Vec<&Tensor> = draws[next..]
+                    .iter()
+                    .take_while(|(kind, _)| *kind == NoiseKind::DropoutMask)
+                    .map(|(_, mask)| mask)
+                    .collect();
+                next += members.len();
+                let picked = (mask_calls > 0).then(|| &draws[next]);
+                for mask in our_dropout_masks(&members, picked) {
+                    sample_noise.push(NoiseKind::DropoutMask, mask);
+                }
+                mask_calls += 1;
+                continue;
+            }
+            kind => sample_noise.push(*kind, tensor.shallow_clone()),
         }
-        let tensor = get(fixture, name).shallow_clone();
-        match draw_kind(draw) {
-            NoiseKind::Randperm => batch_noise.push(NoiseKind::Randperm, tensor),
-            kind => sample_noise.push(kind, tensor),
-        }
+        next += 1;
     }
     (sample_noise, batch_noise)
+}
+
+/// The official Q ensemble draws a dropout mask (…, out) for each member, in member order, also
+/// where the call then picks two heads (the permutation that picks them is the draw after the
+/// masks). Ours draws what it evaluates: in the world model's loss (`picked` None) one mask
+/// (rows, K, out) for all K members at once, in the policy's loss the two picked members'
+/// masks (rows, out), in pick order.
+fn our_dropout_masks(members: &[&Tensor], picked: Option<&(NoiseKind, Tensor)>) -> Vec<Tensor> {
+    let rows = |mask: &Tensor| {
+        let out = *mask.size().last().expect("a mask has dimensions");
+        mask.reshape([-1, out])
+    };
+    match picked {
+        None => vec![Tensor::stack(
+            &members.iter().map(|m| rows(m)).collect::<Vec<_>>(),
+            1,
+        )],
+        Some((kind, permutation)) => {
+            assert_eq!(
+                *kind,
+                NoiseKind::Randperm,
+                "the heads' permutation follows their masks"
+            );
+            (0..2)
+                .map(|i| rows(members[permutation.int64_value(&[i]) as usize]))
+                .collect()
+        }
+    }
 }
 
 fn draw_kind(draw: &serde_json::Value) -> NoiseKind {
@@ -332,6 +386,7 @@ fn draw_kind(draw: &serde_json::Value) -> NoiseKind {
         "randperm" => NoiseKind::Randperm,
         "gumbel_exponential" => NoiseKind::Exponential,
         "randint" => NoiseKind::Shift,
+        "dropout" => NoiseKind::DropoutMask,
         other => panic!("unknown draw kind {other}"),
     }
 }
@@ -503,6 +558,15 @@ fn matches_the_official_implementation_when_episodic() {
 fn matches_the_official_implementation_with_pixels() {
     check_fixture(PIXELS, &["update1"], &[("plan1", true)]);
     check_fixture(PIXELS_SMALL, &["update1"], &[("plan1", true)]);
+}
+
+/// Q dropout in both losses: one mask per head where the world model's loss evaluates all five,
+/// and the official's masks of the two heads the policy's loss picks (dropout is on there too:
+/// the official detached Q copy trains with the model); two updates, one plan (planning
+/// evaluates without dropout).
+#[test]
+fn matches_the_official_implementation_with_dropout() {
+    check_fixture(DROPOUT, &["update1", "update2"], &[("plan1", true)]);
 }
 
 fn check_fixture(name: &str, updates: &[&str], plans: &[(&str, bool)]) {
