@@ -14,10 +14,8 @@
 # its model-size presets and compile=false. The official plan is timed through `agent.act` after a
 # first call with t0=True (warm start), its update through `agent.update` on a random batch.
 #
-# The official code needs `tensordict`, which the project's venv does not have: this script
-# installs the version that the checkout's docker/environment.yaml pins (0.8.3 if it names none)
-# with `pip install --target --no-deps` into $TDMPC2_OFFICIAL_DEPS (default
-# ~/.cache/tdmpc2/official-deps) and puts that folder on PYTHONPATH; the venv is not changed.
+# The official code needs `tensordict`, which the project's venv does not have: see
+# scripts/official_env.sh for where it goes (the venv is not changed).
 # Nothing of the official code is modified; scripts/compare_official.py says what it adapts at
 # run time to build the agent on the CPU (the hard-coded cuda:0 device, Adam's capturable flag).
 set -euo pipefail
@@ -56,31 +54,9 @@ for name in rounds threads repeats; do
 done
 [[ $sizes =~ ^(1|5)(,(1|5))*$ ]] || fail "--model-sizes must be 1, 5 or 1,5 (the sizes both sides bench), got '$sizes'"
 
-# The checkout: the repository root (tdmpc2/tdmpc2.py inside), or its tdmpc2/ folder.
-[[ -d $checkout ]] || fail "OFFICIAL_CHECKOUT '$checkout' is not a directory; pass a checkout of the official TD-MPC2 repository (nicklashansen/tdmpc2)"
-checkout=$(cd "$checkout" && pwd)
-if [[ ! -f $checkout/tdmpc2/tdmpc2.py && -f $checkout/tdmpc2.py && -f $checkout/../tdmpc2/tdmpc2.py ]]; then
-    checkout=$(cd "$checkout/.." && pwd)
-fi
-for file in tdmpc2/tdmpc2.py tdmpc2/config.yaml tdmpc2/common/world_model.py tdmpc2/common/__init__.py; do
-    [[ -f $checkout/$file ]] || fail "OFFICIAL_CHECKOUT '$checkout' is not a checkout of the official TD-MPC2 repository (nicklashansen/tdmpc2): $file is missing"
-done
-
+source "$root/scripts/official_env.sh"
+official_env "$checkout"
 [[ -x $bin ]] || fail "no tdmpc2 binary at $bin; build it with scripts/setup.sh (or cargo build --release --bins), or pass --bin PATH"
-python=$TDMPC2_VENV/bin/python
-[[ -x $python ]] || fail "no Python venv at $TDMPC2_VENV; run scripts/setup.sh first (or set TDMPC2_VENV)"
-
-# tensordict for the official code, beside the venv.
-deps=${TDMPC2_OFFICIAL_DEPS:-$HOME/.cache/tdmpc2/official-deps}
-pin=$(sed -n 's/.*tensordict==\([0-9][0-9.]*\).*/\1/p' "$checkout/docker/environment.yaml" 2>/dev/null | head -n 1)
-pin=${pin:-0.8.3}
-export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
-installed=$("$python" -c 'import tensordict; print(tensordict.__version__)' 2>/dev/null || true)
-if [[ $installed != "$pin" ]]; then
-    echo "installing tensordict==$pin (pinned by the checkout) into $deps (pip --target, --no-deps)" >&2
-    "$python" -m pip install --quiet --upgrade --target "$deps" --no-deps "tensordict==$pin" >&2 ||
-        fail "pip could not install tensordict==$pin into $deps"
-fi
 
 if [[ -z $out ]]; then
     out=$(mktemp -t compare_official.XXXXXX.jsonl)

@@ -8,7 +8,9 @@ default) or state vectors (obs=state), episodic or not.
 latent_dim=256 action_dim=1 num_q=2 batch_size=3` for tests/data/parity_pixels_small,
 `obs=state episodic=true` for tests/data/parity_episodic, `multitask=true` for
 tests/data/parity_multitask, and `obs=state dropout=0.25 updates=2` for tests/data/parity_dropout;
-`obs_dim=N` sizes state vectors.)
+`obs_dim=N` sizes state vectors; `model_size=N` takes the official preset's widths and the
+official batch size and dropout instead of the small ones below, as scripts/check_parity.sh
+does.)
 
 A multitask fixture has the three tasks of MULTITASK (their own observation and action sizes
 and episode lengths, so per-task discounts, padding and action masks all show), a batch whose
@@ -56,6 +58,8 @@ STATE = dict(
     batch_size=4,
 )
 STATE_DIM = 24
+# What `model_size=N` leaves to the official preset and config.
+SMALL = ("latent_dim", "mlp_dim", "enc_dim", "num_channels", "num_q", "dropout", "batch_size")
 # name: (observation size, action size, episode length)
 MULTITASK = {"walker-run": (24, 6, 500), "cartpole-swingup": (5, 1, 500), "mw-reach": (39, 4, 100)}
 
@@ -184,7 +188,11 @@ def main(checkout, out_dir, settings):
     else:
         frame = (settings.pop("obs_dim", STATE_DIM),)
         defaults = {**STATE, "obs_shape": {"state": frame}}
-    agent, cfg = compare_official.build_agent(checkout, 1, {**defaults, **settings})
+    model_size = settings.pop("model_size", None)
+    if model_size is not None:
+        # The preset's widths and the official batch size and dropout, not the small ones above.
+        defaults = {k: v for k, v in defaults.items() if k not in SMALL}
+    agent, cfg = compare_official.build_agent(checkout, model_size or 1, {**defaults, **settings})
     if cfg.dropout > 0:
         record_dropout_member_by_member()
     H, B = cfg.horizon, cfg.batch_size
