@@ -78,8 +78,9 @@ pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
 }
 
 /// TF32 matmuls and cudnn's autotuner on CUDA, as the official code sets them (matmul
-/// precision "high"); `tf32=false` keeps full float32. Set through the embedded torch, which
-/// shares its libtorch (and so these global flags) with tch. Nothing changes on the CPU.
+/// precision "high"; convolutions keep torch's default, TF32); `tf32=false` keeps full float32,
+/// convolutions included. Set through the embedded torch, which shares its libtorch (and so
+/// these global flags) with tch. Nothing changes on the CPU.
 pub fn set_tf32(device: Device, on: bool) -> Result<()> {
     if !device.is_cuda() {
         return Ok(());
@@ -90,6 +91,7 @@ pub fn set_tf32(device: Device, on: bool) -> Result<()> {
         torch.call_method1("set_float32_matmul_precision", (precision,))?;
         let cudnn = torch.getattr("backends")?.getattr("cudnn")?;
         cudnn.setattr("benchmark", on)?;
+        cudnn.setattr("allow_tf32", on)?;
         Ok(())
     })
     .map_err(|e| Error::Other(format!("cannot set tf32={on}: {e}")))
@@ -112,6 +114,38 @@ mod tests {
             master_addr: "127.0.0.1".into(),
             master_port: 12355,
         }
+    }
+
+    /// The flags are global torch state: set, read back, and left at torch's defaults.
+    #[test]
+    fn tf32_off_keeps_convolutions_in_float32_too_and_the_cpu_changes_nothing() {
+        let flags = || {
+            embedded_python::with_python(|py| {
+                let torch = py.import("torch")?;
+                let cudnn = torch.getattr("backends")?.getattr("cudnn")?;
+                let precision: String = torch
+                    .call_method0("get_float32_matmul_precision")?
+                    .extract()?;
+                let benchmark: bool = cudnn.getattr("benchmark")?.extract()?;
+                let conv_tf32: bool = cudnn.getattr("allow_tf32")?.extract()?;
+                Ok((precision, benchmark, conv_tf32))
+            })
+            .unwrap()
+        };
+        // Never "high": other tests of this process may be multiplying on the CPU meanwhile.
+        set_tf32(Device::Cuda(0), false).unwrap();
+        assert_eq!(flags(), ("highest".into(), false, false));
+        set_tf32(Device::Cpu, true).unwrap();
+        assert_eq!(
+            flags(),
+            ("highest".into(), false, false),
+            "the CPU changes nothing"
+        );
+        embedded_python::with_python(|py| {
+            let cudnn = py.import("torch")?.getattr("backends")?.getattr("cudnn")?;
+            cudnn.setattr("allow_tf32", true)
+        })
+        .unwrap();
     }
 
     #[test]
@@ -187,11 +221,6 @@ mod tests {
             Device::Cuda(1)
         );
         assert!(choose("cuda", &rank(3, 4), 1, false, false).is_err());
-    }
-
-    #[test]
-    fn tf32_changes_nothing_on_the_cpu() {
-        assert!(set_tf32(Device::Cpu, true).is_ok());
     }
 
     #[test]
