@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the tests that need a CUDA GPU (ignored by the normal suite): tests/cuda_graphs.rs (the
-# CUDA-graph shim) and tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
-# sharing one GPU through gloo, runs with graphs stopped and resumed).
+# CUDA-graph shim), tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
+# sharing one GPU through gloo, runs with graphs stopped and resumed) and the official parity
+# fixtures on CUDA (tests/parity.rs).
 #
 #   scripts/gpu_check.sh                 on a GPU machine with Rust: build and run them
 #   scripts/gpu_check.sh --build [DIR]   build the test binaries and tdmpc2 only and copy them to
@@ -32,7 +33,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
-tests=(cuda_graphs device_paths)
+# Test binaries with ignored tests that need a GPU; "binary test" runs only that test of it.
+tests=(cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda")
+names=("${tests[@]%% *}")
+
+# The arguments that run entry $1 of `tests` after `--ignored`.
+only() {
+    [[ $1 == *" "* ]] && echo "--exact ${1#* }"
+    return 0
+}
 
 usage() {
     echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --learn [SECONDS] | --all [SECONDS]]]" >&2
@@ -44,7 +53,8 @@ run_tests() {
     local failed=0
     for test in "${tests[@]}"; do
         echo "[gpu_check] $test"
-        "$dir/$test" --ignored --test-threads=1 || failed=1
+        # shellcheck disable=SC2046 # `only` prints separate words
+        "$dir/${test%% *}" --ignored --test-threads=1 $(only "$test") || failed=1
     done
     return $failed
 }
@@ -87,7 +97,8 @@ case "${1:-}" in
     source "$here/env.sh"
     cd "$root"
     for test in "${tests[@]}"; do
-        cargo test --release --test "$test" -- --ignored
+        # shellcheck disable=SC2046 # `only` prints separate words
+        cargo test --release --test "${test%% *}" -- --ignored $(only "$test")
     done
     ;;
 --build)
@@ -96,8 +107,8 @@ case "${1:-}" in
     dir=${2:-$root/target/gpu-check}
     mkdir -p "$dir"
     cargo build --release --bins
-    artifacts=$(cargo test --release --no-run --message-format=json "${tests[@]/#/--test=}")
-    for test in "${tests[@]}" tdmpc2; do
+    artifacts=$(cargo test --release --no-run --message-format=json "${names[@]/#/--test=}")
+    for test in "${names[@]}" tdmpc2; do
         exe=$(python3 -c '
 import json, sys
 name = sys.argv[1]
@@ -150,6 +161,8 @@ print(":".join(dirs))')
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
     export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export TDMPC2_BIN=$dir/tdmpc2
+    # The parity fixtures, where this checkout has them (the binaries name the build's).
+    export TDMPC2_TEST_DATA=$root/tests/data
     out=${OUT:-$(mktemp -d)}
     status=0
     case "${3:-}" in

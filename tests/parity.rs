@@ -31,10 +31,13 @@ const PIXELS_SMALL: &str = "parity_pixels_small";
 /// State observations with Q dropout, its masks recorded as draws.
 const DROPOUT: &str = "parity_dropout";
 
+/// A fixture's folder: under TDMPC2_TEST_DATA where set (a test binary carried to another
+/// machine, see scripts/gpu_check.sh), else under this checkout's tests/data.
 fn data_dir(fixture: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(fixture)
+    let data = std::env::var_os("TDMPC2_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data"));
+    data.join(fixture)
 }
 
 fn read_from(fixture: &str, name: &str) -> HashMap<String, Tensor> {
@@ -155,7 +158,7 @@ impl Report {
         expected: &Tensor,
         flip_size: Option<f64>,
     ) {
-        let magnitude = expected.to_kind(Kind::Double).abs();
+        let magnitude = expected.to_device(Device::Cpu).to_kind(Kind::Double).abs();
         self.compare_to_magnitude(category, name, got, expected, &magnitude, flip_size);
     }
 
@@ -183,7 +186,7 @@ impl Report {
         flip_size: Option<f64>,
     ) {
         let got = got.to_device(Device::Cpu).to_kind(Kind::Double);
-        let expected = expected.to_kind(Kind::Double);
+        let expected = expected.to_device(Device::Cpu).to_kind(Kind::Double);
         if got.size() != expected.size() {
             self.failures.push(format!(
                 "{name}: shape {:?} vs expected {:?}",
@@ -245,8 +248,12 @@ impl Report {
     }
 }
 
-fn fixture_model(config: &AgentConfig, weights: &HashMap<String, Tensor>) -> WorldModel {
-    let mut model = WorldModel::new(config, Device::Cpu).expect("model");
+fn fixture_model(
+    config: &AgentConfig,
+    weights: &HashMap<String, Tensor>,
+    device: Device,
+) -> WorldModel {
+    let mut model = WorldModel::new(config, device).expect("model");
     model
         .load_named(
             weights
@@ -538,7 +545,7 @@ fn run_plans(
     if plans.is_empty() {
         return;
     }
-    let mut planner = Planner::new(config, Device::Cpu, 1).expect("planner");
+    let mut planner = Planner::new(config, model.device(), 1).expect("planner");
     for &(plan, t0) in plans {
         let mut noise = replay_for_plan(plan, manifest, fixture);
         let obs = get(fixture, &format!("{plan}.obs"));
@@ -564,13 +571,32 @@ fn run_plans(
     }
 }
 
-#[test]
-fn matches_the_official_implementation() {
-    check_fixture(
+/// Each fixture of tests/data with the updates and the plans (name, t0) it recorded.
+type Calls = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, bool)],
+);
+const FIXTURES: [Calls; 6] = [
+    (
         STATE,
         &["update1", "update2"],
         &[("plan1", true), ("plan2", false)],
-    );
+    ),
+    (
+        MULTITASK,
+        &["update1", "update2"],
+        &[("plan1", true), ("plan2", true), ("plan3", true)],
+    ),
+    (EPISODIC, &["update1"], &[("plan1", true)]),
+    (PIXELS, &["update1"], &[("plan1", true)]),
+    (PIXELS_SMALL, &["update1"], &[("plan1", true)]),
+    (DROPOUT, &["update1", "update2"], &[("plan1", true)]),
+];
+
+#[test]
+fn matches_the_official_implementation() {
+    check_fixture(STATE);
 }
 
 /// A multitask model (task embedding with a row past the unit norm, zero-padded observations,
@@ -579,22 +605,21 @@ fn matches_the_official_implementation() {
 /// over) and one plan for each task.
 #[test]
 fn matches_the_official_implementation_with_several_tasks() {
-    let plans = [("plan1", true), ("plan2", true), ("plan3", true)];
-    check_fixture(MULTITASK, &["update1", "update2"], &plans);
+    check_fixture(MULTITASK);
 }
 
 /// An episodic model (termination head, its loss and statistics, terminations in the TD
 /// targets and the planner's returns) in the components, one update and one plan.
 #[test]
 fn matches_the_official_implementation_when_episodic() {
-    check_fixture(EPISODIC, &["update1"], &[("plan1", true)]);
+    check_fixture(EPISODIC);
 }
 
 /// The pixel encoder (shift augmentation replayed) in the components, one update and one plan.
 #[test]
 fn matches_the_official_implementation_with_pixels() {
-    check_fixture(PIXELS, &["update1"], &[("plan1", true)]);
-    check_fixture(PIXELS_SMALL, &["update1"], &[("plan1", true)]);
+    check_fixture(PIXELS);
+    check_fixture(PIXELS_SMALL);
 }
 
 /// Q dropout in both losses: one mask per head where the world model's loss evaluates all five,
@@ -603,7 +628,18 @@ fn matches_the_official_implementation_with_pixels() {
 /// evaluates without dropout).
 #[test]
 fn matches_the_official_implementation_with_dropout() {
-    check_fixture(DROPOUT, &["update1", "update2"], &[("plan1", true)]);
+    check_fixture(DROPOUT);
+}
+
+/// Every fixture's components, updates and plans, eager on a GPU (full float32: TF32 off).
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn matches_the_official_implementation_on_cuda() {
+    let device = Device::Cuda(0);
+    tdmpc2::device::set_tf32(device, false).expect("tf32 off");
+    for (name, updates, plans) in FIXTURES {
+        check_fixture_on(device, name, updates, plans);
+    }
 }
 
 /// A fixture recorded at full size by `scripts/check_parity.sh` (too large for the repository),
@@ -629,15 +665,28 @@ fn matches_the_official_implementation_with_a_recorded_fixture() {
     println!("{dir}: {} updates, {} plans", updates.len(), plans.len());
     let updates: Vec<&str> = updates.iter().map(String::as_str).collect();
     let plans: Vec<(&str, bool)> = plans.iter().map(|p| (p.as_str(), true)).collect();
-    check_fixture(&dir, &updates, &plans);
+    check_fixture_on(Device::Cpu, &dir, &updates, &plans);
 }
 
-fn check_fixture(name: &str, updates: &[&str], plans: &[(&str, bool)]) {
+/// The fixture `name` of [`FIXTURES`] on the CPU.
+fn check_fixture(name: &str) {
+    let (_, updates, plans) = FIXTURES
+        .iter()
+        .find(|(fixture, _, _)| *fixture == name)
+        .unwrap_or_else(|| panic!("{name} is not in FIXTURES"));
+    check_fixture_on(Device::Cpu, name, updates, plans);
+}
+
+fn check_fixture_on(device: Device, name: &str, updates: &[&str], plans: &[(&str, bool)]) {
+    println!("{name} on {device:?}");
     tch::set_num_threads(1);
     let config = config_of(name);
     let manifest = manifest_of(name);
     let weights = read_from(name, "weights.safetensors");
-    let fixture = read_from(name, "fixture.safetensors");
+    let fixture: HashMap<String, Tensor> = read_from(name, "fixture.safetensors")
+        .into_iter()
+        .map(|(key, tensor)| (key, tensor.to_device(device)))
+        .collect();
     let mut weight_keys: Vec<String> = manifest["weights_keys"]
         .as_object()
         .expect("weights_keys")
@@ -648,7 +697,7 @@ fn check_fixture(name: &str, updates: &[&str], plans: &[(&str, bool)]) {
     weight_keys.sort();
 
     let mut report = Report::default();
-    let mut model = fixture_model(&config, &weights);
+    let mut model = fixture_model(&config, &weights, device);
     compare_components(&mut report, &model, &fixture);
     let updates = (&manifest, updates);
     run_updates(
@@ -725,7 +774,7 @@ torch.save({'model': state}, path)
     );
     let mut imported = WorldModel::new(&config, Device::Cpu).expect("model");
     imported.load(&out).expect("load imported");
-    let reference = fixture_model(&config, &weights);
+    let reference = fixture_model(&config, &weights, Device::Cpu);
     for (a, b) in [
         (&imported.model_params.flat, &reference.model_params.flat),
         (&imported.policy_params.flat, &reference.policy_params.flat),
