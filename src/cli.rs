@@ -32,6 +32,15 @@ pub enum Command {
         /// The `.safetensors` file to write.
         output: PathBuf,
     },
+    /// Write a checkpoint of ours as an official one (`torch.save`), for the official code's
+    /// `TDMPC2.load`: `tdmpc2 export RUN_DIR final.pt`.
+    Export {
+        /// What `checkpoint=` takes: a checkpoint directory, a run directory (its latest
+        /// checkpoint) or a `.safetensors` file.
+        input: PathBuf,
+        /// The `.pt` file to write.
+        output: PathBuf,
+    },
     /// Environment and agent benchmarks, printed as JSON lines.
     Bench(BenchArgs),
     /// One rank of `bench --cases ddp` (started by the bench itself).
@@ -253,6 +262,17 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Import { input, output } => {
             let keys = crate::agent::import_official(&input, &output)?;
             println!("wrote {} tensors to {}", keys.len(), output.display());
+            Ok(())
+        }
+        Command::Export { input, output } => {
+            let model = crate::checkpoint::model_file(&input)?;
+            crate::checkpoint::verify_model(&model)?;
+            let written = crate::agent::export_official(&model, &output)?;
+            println!(
+                "wrote {written} tensors of {} to {}",
+                model.display(),
+                output.display()
+            );
             Ok(())
         }
         Command::Bench(args) => bench(&args),

@@ -731,9 +731,105 @@ fn imports_an_official_pixel_checkpoint() {
     imports_an_official_checkpoint_of(PIXELS);
 }
 
+/// `tensors` for Python: name → (float32 bytes, shape); `torch.frombuffer` rebuilds them.
+fn python_tensors<'py>(
+    py: pyo3::Python<'py>,
+    tensors: &HashMap<String, Tensor>,
+) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyDict>> {
+    use pyo3::types::{PyBytes, PyDict, PyDictMethods};
+    let out = PyDict::new(py);
+    for (name, tensor) in tensors {
+        let t = tensor.to_kind(Kind::Float).contiguous();
+        let mut bytes = vec![0u8; t.numel() * 4];
+        t.copy_data_u8(&mut bytes, t.numel());
+        out.set_item(name, (PyBytes::new(py, &bytes), t.size()))?;
+    }
+    Ok(out)
+}
+
+/// An export of a fixture's model is the official state dict it was recorded from: the same
+/// tensors under the same keys (the detached Q view, the log-std bounds and a multitask model's
+/// action masks included), the bookkeeping the official `load_state_dict` needs, loaded with
+/// `torch.load` as the official `TDMPC2.load` loads it; and it imports back unchanged.
+#[test]
+fn exports_the_official_state_dict() {
+    use pyo3::prelude::*;
+    use pyo3::types::PyDict;
+
+    for fixture in [STATE, MULTITASK, PIXELS] {
+        let config = config_of(fixture);
+        let weights = read_from(fixture, "weights.safetensors");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ours = dir.path().join("model.safetensors");
+        let pt = dir.path().join("final.pt");
+        let model = fixture_model(&config, &weights, Device::Cpu);
+        model.save(&ours).expect("save");
+        let written = tdmpc2::agent::export_official(&ours, &pt).expect("export");
+        assert_eq!(written, weights.len(), "{fixture}: tensors written");
+
+        let problems: Vec<String> = embedded_python::with_python(|py| {
+            let globals = PyDict::new(py);
+            globals.set_item("expected", python_tensors(py, &weights)?)?;
+            globals.set_item("path", pt.to_string_lossy().to_string())?;
+            globals.set_item("num_q", config.num_q)?;
+            py.run(
+                c"
+import torch
+state = torch.load(path, map_location='cpu', weights_only=False)['model']
+problems = []
+tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+if set(tensors) != set(expected):
+    problems.append(f'keys: missing {set(expected) - set(tensors)}, extra {set(tensors) - set(expected)}')
+for name, (raw, shape) in expected.items():
+    want = torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
+    if name in tensors and not torch.equal(tensors[name].float(), want):
+        problems.append(f'{name} differs')
+for prefix in ('_Qs.params', '_detach_Qs_params', '_target_Qs_params'):
+    size = state.get(prefix + '.__batch_size')
+    if size != torch.Size([num_q]):
+        problems.append(f'{prefix}.__batch_size is {size}')
+    if prefix + '.__device' not in state or state[prefix + '.__device'] is not None:
+        problems.append(f'{prefix}.__device missing or not None')
+",
+                Some(&globals),
+                None,
+            )?;
+            globals.get_item("problems")?.expect("the check sets problems").extract()
+        })
+        .expect("reading the export");
+        assert!(problems.is_empty(), "{fixture}: {problems:?}");
+
+        let back = dir.path().join("imported.safetensors");
+        import_official(&pt, &back).expect("import the export");
+        let mut imported = WorldModel::new(&config, Device::Cpu).expect("model");
+        imported.load(&back).expect("load");
+        for (name, tensor) in imported.named_tensors() {
+            let original = model
+                .named_tensors()
+                .into_iter()
+                .find(|(n, _)| *n == name)
+                .expect("same names");
+            assert!(tensor.equal(&original.1), "{fixture}: {name} changed");
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_a_model = dir.path().join("other.safetensors");
+    Tensor::write_safetensors(
+        &[("x", Tensor::zeros([2], (Kind::Float, Device::Cpu)))],
+        &not_a_model,
+    )
+    .expect("write");
+    let err = tdmpc2::agent::export_official(&not_a_model, &dir.path().join("x.pt")).unwrap_err();
+    assert!(
+        err.to_string().contains("not a TD-MPC2 state dict"),
+        "{err}"
+    );
+    assert!(!dir.path().join("x.pt").exists(), "nothing written");
+}
+
 fn imports_an_official_checkpoint_of(fixture: &str) {
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyDict};
+    use pyo3::types::PyDict;
 
     let config = config_of(fixture);
     let weights = read_from(fixture, "weights.safetensors");
@@ -741,15 +837,8 @@ fn imports_an_official_checkpoint_of(fixture: &str) {
     let pt = dir.path().join("final.pt");
     let out = dir.path().join("imported.safetensors");
     embedded_python::with_python(|py| {
-        let tensors = PyDict::new(py);
-        for (name, tensor) in &weights {
-            let t = tensor.to_kind(Kind::Float).contiguous();
-            let mut bytes = vec![0u8; t.numel() * 4];
-            t.copy_data_u8(&mut bytes, t.numel());
-            tensors.set_item(name, (PyBytes::new(py, &bytes), t.size()))?;
-        }
         let globals = PyDict::new(py);
-        globals.set_item("tensors", tensors)?;
+        globals.set_item("tensors", python_tensors(py, &weights)?)?;
         globals.set_item("path", pt.to_string_lossy().to_string())?;
         let code = c"
 import torch

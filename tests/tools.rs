@@ -1,5 +1,5 @@
 //! The tools around a run, through the real binary: `plot` on real runs, `train --multirun`,
-//! and `doctor`.
+//! `doctor`, and `export` (with `import` back).
 mod common;
 
 use std::path::Path;
@@ -397,4 +397,59 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
         std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
         "{rest}"
     );
+}
+
+/// `export` writes a run's latest checkpoint as an official one (torch's zip format), whose
+/// `import` gives back the same tensors; a missing or damaged input and an unwritable output are
+/// named errors, and nothing is left behind.
+#[test]
+fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(&run, "seed=1");
+    let pt = dir.path().join("final.pt");
+    let out = tdmpc2(&["export", &run.to_string_lossy(), &pt.to_string_lossy()]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("step_000000000400/model.safetensors"),
+        "{}",
+        text(&out)
+    );
+    let bytes = std::fs::read(&pt).unwrap();
+    assert_eq!(&bytes[..2], b"PK", "torch.save writes a zip archive");
+
+    let back = dir.path().join("back.safetensors");
+    let out = tdmpc2(&["import", &pt.to_string_lossy(), &back.to_string_lossy()]);
+    assert!(out.status.success(), "{}", text(&out));
+    let model = run.join("checkpoints/step_000000000400/model.safetensors");
+    let (ours, imported) = (common::tensors(&model), common::tensors(&back));
+    assert_eq!(ours.len(), imported.len());
+    for ((name, a), (other, b)) in ours.iter().zip(&imported) {
+        assert_eq!(name, other);
+        assert!(a.equal(b), "{name} changed on the way");
+    }
+
+    let missing = dir.path().join("nothing-here");
+    let out = tdmpc2(&["export", &missing.to_string_lossy(), &pt.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nothing-here"), "{}", text(&out));
+
+    let unwritable = dir.path().join("no-such-dir/final.pt");
+    let out = tdmpc2(&[
+        "export",
+        &run.to_string_lossy(),
+        &unwritable.to_string_lossy(),
+    ]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("no-such-dir"), "{}", text(&out));
+
+    let mut damaged = std::fs::read(&model).unwrap();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0xff;
+    std::fs::write(&model, damaged).unwrap();
+    let again = dir.path().join("again.pt");
+    let out = tdmpc2(&["export", &run.to_string_lossy(), &again.to_string_lossy()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("is damaged"), "{}", text(&out));
+    assert!(!again.exists(), "nothing written from a damaged checkpoint");
 }

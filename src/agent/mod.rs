@@ -10,11 +10,11 @@ pub mod adam;
 pub mod bench;
 pub mod config;
 pub mod encoder;
-pub mod import;
 pub mod kernels;
 pub mod layers;
 pub mod math;
 pub mod noise;
+pub mod official_checkpoint;
 pub mod op_count;
 pub mod params;
 pub mod planner;
@@ -30,10 +30,10 @@ use tch::Tensor;
 
 pub use adam::{clip_grad_norm, Adam, AdamState};
 pub use config::AgentConfig;
-pub use import::import_official;
 pub use noise::{
     HostNoise, Noise, NoiseKind, PreparedPermutations, RecordingNoise, ReplayNoise, TorchNoise,
 };
+pub use official_checkpoint::{export_official, import_official};
 pub use planner::{LatentModel, PlanInputs, Planner, TaskModel};
 pub use scale::RunningScale;
 pub use update::{PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};

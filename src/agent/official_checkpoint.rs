@@ -1,9 +1,10 @@
-//! Converts an official TD-MPC2 checkpoint (`torch.save({"model": state_dict})`) into our
-//! safetensors file, reading it with `torch.load(weights_only=True)` in the embedded Python.
+//! The official TD-MPC2 checkpoint (`torch.save({"model": state_dict})`) and our safetensors
+//! state dict, both ways: an import reads one with `torch.load(weights_only=True)` in the
+//! embedded Python, an export writes one with `torch.save` there, for the official `TDMPC2.load`.
 use std::path::Path;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyAnyMethods, PyDict, PyDictMethods};
+use pyo3::types::{PyAnyMethods, PyBytes, PyDict, PyDictMethods};
 use tch::{Kind, Tensor};
 
 use super::world_model::{Q_DETACHED, Q_ONLINE, Q_TARGET};
@@ -127,6 +128,72 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     Tensor::write_safetensors(&named, &tmp).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string()))?;
     Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+/// Writes the official checkpoint of our safetensors state dict at `model_path` to `out_path`:
+/// our tensors under their names (the official keys), the online Q parameters once more as the
+/// official detached view, and each Q ensemble's bookkeeping entries (a tensordict's batch size
+/// and device, without which the official `load_state_dict` refuses the file). The file appears
+/// whole or not at all. Returns the number of tensors written.
+pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
+    let fail = |path: &Path, message: String| Error::Checkpoint {
+        path: path.display().to_string(),
+        message,
+    };
+    let named =
+        Tensor::read_safetensors(model_path).map_err(|e| fail(model_path, e.to_string()))?;
+    let first_q = format!("{Q_ONLINE}.0.weight");
+    let num_q = named
+        .iter()
+        .find(|(name, _)| *name == first_q)
+        .map(|(_, weight)| weight.size()[0])
+        .ok_or_else(|| {
+            fail(
+                model_path,
+                format!("no `{first_q}`: not a TD-MPC2 state dict"),
+            )
+        })?;
+    let written = embedded_python::with_python(|py| {
+        let tensors = PyDict::new(py);
+        for (name, tensor) in &named {
+            let tensor = tensor.to_kind(Kind::Float).contiguous();
+            let mut bytes = vec![0u8; tensor.numel() * 4];
+            tensor.copy_data_u8(&mut bytes, tensor.numel());
+            tensors.set_item(name, (PyBytes::new(py, &bytes), tensor.size()))?;
+        }
+        let globals = PyDict::new(py);
+        globals.set_item("tensors", tensors)?;
+        globals.set_item("path", out_path.to_string_lossy().to_string())?;
+        globals.set_item("num_q", num_q)?;
+        globals.set_item("online", Q_ONLINE)?;
+        globals.set_item("detached", Q_DETACHED)?;
+        globals.set_item("ensembles", [Q_ONLINE, Q_DETACHED, Q_TARGET])?;
+        py.run(
+            c"
+import os, torch
+state = {
+    name: torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
+    for name, (raw, shape) in tensors.items()
+}
+for name in [n for n in state if n.startswith(online + '.')]:
+    state[detached + name[len(online):]] = state[name]
+for prefix in ensembles:
+    state[prefix + '.__batch_size'] = torch.Size([num_q])
+    state[prefix + '.__device'] = None
+partial = path + '.partial'
+torch.save({'model': state}, partial)
+os.replace(partial, path)
+written = sum(isinstance(v, torch.Tensor) for v in state.values())
+",
+            Some(&globals),
+            None,
+        )?;
+        globals
+            .get_item("written")?
+            .map_or(Ok(0), |n| n.extract::<usize>())
+    })
+    .map_err(|e| fail(out_path, e.to_string()))?;
+    Ok(written)
 }
 
 #[cfg(test)]
