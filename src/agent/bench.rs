@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
-use super::noise::{HostNoise, TorchNoise};
+use super::noise::{HostNoise, Noise, TorchNoise};
 use super::op_count::{count_ops, OpCount};
 use super::planner::Planner;
 use super::update::Updater;
@@ -321,28 +321,12 @@ fn bench_case(
         let update = || learner.update(&mut model, &batch, &mut sample_noise, &mut batch_noise);
         update_ops = Some(count_ops(update)?.1);
     }
-    let min = |times: &[f64]| times.iter().copied().fold(f64::INFINITY, f64::min);
-    let mut batched_plans = Vec::new();
-    for &envs in &options.plan_envs {
-        let mut planner = Planner::new(config, device, envs)?;
-        let obs = Tensor::randn([envs as i64, config.obs_dim as i64], options_f);
-        let mut first = true;
-        let times = time_ms(device, options.plan_repeats, || {
-            let t0 = vec![std::mem::take(&mut first); envs];
-            planner
-                .plan_batch(&model, &obs, &t0, false, &mut sample_noise)
-                .map(|_| ())
-        })?;
-        let plan_ms_min = min(&times);
-        let plan_ms = median(times);
-        batched_plans.push(BatchedPlanTime {
-            num_envs: envs,
-            plan_ms,
-            plan_ms_min,
-            plan_ms_per_env: plan_ms / envs as f64,
-        });
-    }
-    let (plan_ms_min, update_ms_min) = (min(&plan_times), min(&update_times));
+    let batched_plans = options
+        .plan_envs
+        .iter()
+        .map(|&envs| time_batched_plan(config, &model, envs, options, &mut sample_noise))
+        .collect::<Result<Vec<_>>>()?;
+    let (plan_ms_min, update_ms_min) = (fastest(&plan_times), fastest(&update_times));
     let plan_ms = median(plan_times);
     let update_ms = median(update_times);
     let (plan_flop, update_flop) = flop_counts(config, options.batch_size);
@@ -368,6 +352,38 @@ fn bench_case(
         batched_plans,
         plan_ops,
         update_ops,
+    })
+}
+
+fn fastest(times: &[f64]) -> f64 {
+    times.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// One plan for `envs` environments at once.
+fn time_batched_plan(
+    config: &AgentConfig,
+    model: &WorldModel,
+    envs: usize,
+    options: &BenchOptions,
+    noise: &mut dyn Noise,
+) -> Result<BatchedPlanTime> {
+    let device = model.device();
+    let mut planner = Planner::new(config, device, envs)?;
+    let obs = Tensor::randn([envs as i64, config.obs_dim as i64], (Kind::Float, device));
+    let mut first = true;
+    let times = time_ms(device, options.plan_repeats, || {
+        let t0 = vec![std::mem::take(&mut first); envs];
+        planner
+            .plan_batch(model, &obs, &t0, false, noise)
+            .map(|_| ())
+    })?;
+    let plan_ms_min = fastest(&times);
+    let plan_ms = median(times);
+    Ok(BatchedPlanTime {
+        num_envs: envs,
+        plan_ms,
+        plan_ms_min,
+        plan_ms_per_env: plan_ms / envs as f64,
     })
 }
 

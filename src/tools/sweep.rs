@@ -175,30 +175,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         overrides,
         ..sweep.clone()
     };
-    // Where the job directories go: under run_dir when given, else runs/<task>/<exp_name>.
-    let mut first: Vec<String> = expand(&sweep.overrides, Path::new("."))?[0]
-        .overrides
-        .iter()
-        .filter(|o| !is_key(o, "run_dir"))
-        .cloned()
-        .collect();
-    first.extend(
-        sweep
-            .overrides
-            .iter()
-            .filter(|o| is_key(o, "run_dir"))
-            .cloned(),
-    );
-    // A first job that does not load is reported by `validate`, naming the job.
-    let base = match Config::load(&source(first)) {
-        Ok(Config {
-            run_dir: Some(dir), ..
-        }) => PathBuf::from(dir),
-        Ok(first) => PathBuf::from("runs")
-            .join(&first.task)
-            .join(&first.exp_name),
-        Err(_) => PathBuf::from("runs"),
-    };
+    let base = jobs_dir(sweep)?;
     let jobs = expand(&sweep.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
     if list_only {
@@ -233,12 +210,50 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+    let statuses = run_all(&spawner, &jobs, &configs);
+    summarize(&jobs, &statuses, &base)
+}
+
+/// Where the job directories go: under run_dir when given, else runs/<task>/<exp_name> of the
+/// first job.
+fn jobs_dir(sweep: &Source) -> Result<PathBuf> {
+    let mut first: Vec<String> = expand(&sweep.overrides, Path::new("."))?[0]
+        .overrides
+        .iter()
+        .filter(|o| !is_key(o, "run_dir"))
+        .cloned()
+        .collect();
+    first.extend(
+        sweep
+            .overrides
+            .iter()
+            .filter(|o| is_key(o, "run_dir"))
+            .cloned(),
+    );
+    let first = Source {
+        overrides: first,
+        ..sweep.clone()
+    };
+    // A first job that does not load is reported by `validate`, naming the job.
+    Ok(match Config::load(&first) {
+        Ok(Config {
+            run_dir: Some(dir), ..
+        }) => PathBuf::from(dir),
+        Ok(first) => PathBuf::from("runs")
+            .join(&first.task)
+            .join(&first.exp_name),
+        Err(_) => PathBuf::from("runs"),
+    })
+}
+
+/// Runs the jobs, `spawner.parallel` at a time, each slot taking the next job until none is
+/// left or a stop was asked for; the status of each.
+fn run_all(spawner: &Spawner, jobs: &[Job], configs: &[Config]) -> Vec<Status> {
     let statuses: Mutex<Vec<Status>> = Mutex::new(vec![Status::NotStarted; jobs.len()]);
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
-        for slot in 0..parallel.min(jobs.len()) {
-            let (spawner, jobs, configs, next, statuses) =
-                (&spawner, &jobs, &configs, &next, &statuses);
+        for slot in 0..spawner.parallel.min(jobs.len()) {
+            let (next, statuses) = (&next, &statuses);
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= jobs.len() || STOP.load(Ordering::SeqCst) {
@@ -251,8 +266,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
             });
         }
     });
-    let statuses = statuses.into_inner().unwrap_or_default();
-    summarize(&jobs, &statuses, &base)
+    statuses.into_inner().unwrap_or_default()
 }
 
 /// How the jobs' processes are started.

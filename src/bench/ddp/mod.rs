@@ -170,6 +170,8 @@ fn read_all(mut pipe: impl Read + Send + 'static) -> JoinHandle<String> {
     })
 }
 
+/// One measurement: `ranks` workers of `threads` threads each, in a group or independent; the
+/// report of each.
 fn measure(
     program: &Path,
     ranks: usize,
@@ -177,8 +179,60 @@ fn measure(
     layout: Layout,
     options: &DdpOptions,
 ) -> Result<Vec<WorkerReport>> {
+    let mut workers = spawn_workers(program, ranks, threads, layout, options)?;
+    let mut exited = vec![false; ranks];
+    while exited.contains(&false) {
+        let mut failed = None;
+        for (rank, child) in workers.children.iter_mut().enumerate() {
+            if exited[rank] {
+                continue;
+            }
+            let status = child
+                .try_wait()
+                .map_err(|e| Error::io(format!("wait for bench worker rank {rank}"), e))?;
+            if let Some(status) = status {
+                exited[rank] = true;
+                if !status.success() {
+                    failed = Some((rank, status));
+                    break;
+                }
+            }
+        }
+        if let Some((rank, status)) = failed {
+            return Err(worker_failed(workers, rank, ranks, threads, status));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outputs = std::mem::take(&mut workers.outputs);
+    outputs
+        .into_iter()
+        .enumerate()
+        .map(|(rank, (out, err))| {
+            let stdout = out.join().unwrap_or_default();
+            let stderr = err.join().unwrap_or_default();
+            let last = stdout.lines().rev().find(|l| !l.trim().is_empty());
+            last.and_then(|l| serde_json::from_str::<WorkerReport>(l).ok())
+                .ok_or_else(|| {
+                    Error::Other(format!(
+                        "bench worker rank {rank} of {ranks} printed no report; its output:\n{}{}",
+                        tail(&stdout),
+                        tail(&stderr)
+                    ))
+                })
+        })
+        .collect()
+}
+
+/// Starts the workers of one measurement, each of several ranks on its own slice of the CPUs
+/// (as the launcher does), their output read on threads of their own.
+fn spawn_workers(
+    program: &Path,
+    ranks: usize,
+    threads: usize,
+    layout: Layout,
+    options: &DdpOptions,
+) -> Result<Workers> {
     let group_port = free_port()?;
-    // As the launcher does: each of several ranks on its own slice of the CPUs.
     let cpu_slices = match ranks {
         1 => None,
         _ => affinity::split(&affinity::allowed_cpus()?, ranks),
@@ -226,47 +280,7 @@ fn measure(
             _ => return Err(Error::Other("bench worker pipes missing".into())),
         }
     }
-    let mut exited = vec![false; ranks];
-    while exited.contains(&false) {
-        let mut failed = None;
-        for (rank, child) in workers.children.iter_mut().enumerate() {
-            if exited[rank] {
-                continue;
-            }
-            let status = child
-                .try_wait()
-                .map_err(|e| Error::io(format!("wait for bench worker rank {rank}"), e))?;
-            if let Some(status) = status {
-                exited[rank] = true;
-                if !status.success() {
-                    failed = Some((rank, status));
-                    break;
-                }
-            }
-        }
-        if let Some((rank, status)) = failed {
-            return Err(worker_failed(workers, rank, ranks, threads, status));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let outputs = std::mem::take(&mut workers.outputs);
-    let mut reports = Vec::with_capacity(ranks);
-    for (rank, (out, err)) in outputs.into_iter().enumerate() {
-        let stdout = out.join().unwrap_or_default();
-        let stderr = err.join().unwrap_or_default();
-        let last = stdout.lines().rev().find(|l| !l.trim().is_empty());
-        let report = last
-            .and_then(|l| serde_json::from_str::<WorkerReport>(l).ok())
-            .ok_or_else(|| {
-                Error::Other(format!(
-                    "bench worker rank {rank} of {ranks} printed no report; its output:\n{}{}",
-                    tail(&stdout),
-                    tail(&stderr)
-                ))
-            })?;
-        reports.push(report);
-    }
-    Ok(reports)
+    Ok(workers)
 }
 
 /// Stops the other workers and describes the failed one with the tail of its stderr.
