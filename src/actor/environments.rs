@@ -45,6 +45,8 @@ pub struct ActorTasks {
     pub names: Vec<String>,
     pub padding: Padding,
     pub assignment: TaskAssignment,
+    /// Each task's own action size, by task id (the padding's is the largest).
+    pub action_dims: Vec<usize>,
 }
 
 impl ActorTasks {
@@ -116,6 +118,7 @@ impl ActorSettings {
                 action_dim,
             },
             assignment,
+            action_dims: config.action_dims.clone().ok_or_else(unresolved)?,
         }))
     }
 
@@ -123,7 +126,7 @@ impl ActorSettings {
     pub fn make_actor(&self, policy: super::Policy) -> Result<super::Actor> {
         let actor = super::Actor::new(self.make_envs()?, policy, self.episodic)?;
         match &self.tasks {
-            Some(tasks) => actor.with_tasks(tasks.assignment.clone()),
+            Some(tasks) => actor.with_tasks(tasks.assignment.clone(), tasks.action_dims.clone()),
             None => Ok(actor),
         }
     }

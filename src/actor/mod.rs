@@ -55,6 +55,8 @@ pub struct Actor {
     tasks: Option<TaskAssignment>,
     /// The task each environment plays now (multitask).
     task_of: Vec<u32>,
+    /// Each task's own action size, by task id (multitask).
+    action_dims: Vec<usize>,
 }
 
 /// How a step chooses its actions.
@@ -89,18 +91,50 @@ impl Actor {
             slots,
             tasks: None,
             task_of: Vec::new(),
+            action_dims: Vec::new(),
         })
     }
 
     /// A multitask run's actor: each environment plays the tasks `assignment` gives it (its
-    /// environment holds exactly those, in that order).
-    pub fn with_tasks(mut self, assignment: TaskAssignment) -> Result<Self> {
+    /// environment holds exactly those, in that order); `action_dims` are the tasks' own action
+    /// sizes, by task id.
+    pub fn with_tasks(
+        mut self,
+        assignment: TaskAssignment,
+        action_dims: Vec<usize>,
+    ) -> Result<Self> {
         self.task_of = (0..self.slots.len())
             .map(|i| assignment.cycle(i)[0])
             .collect();
+        let padded = self.envs.spec().action_dim;
+        let held = (0..self.slots.len())
+            .flat_map(|i| assignment.cycle(i).iter().map(|&t| t as usize))
+            .max()
+            .unwrap_or(0);
+        if action_dims.len() <= held || action_dims.iter().any(|&own| own == 0 || own > padded) {
+            return Err(Error::Config(format!(
+                "task action sizes {action_dims:?}: one of 1..={padded} for each task the \
+                 environments play"
+            )));
+        }
+        self.action_dims = action_dims;
         self.policy.set_tasks(&self.task_of)?;
         self.tasks = Some(assignment);
         Ok(self)
+    }
+
+    /// Zeroes the components of `actions` (one row per environment of `running`) past each
+    /// environment's task's own action size: what the environment ignores is stored as zero,
+    /// as the policy's masked actions have it, not as noise the model would learn from.
+    fn zero_padding(&self, running: &[usize], actions: &mut [f32]) {
+        if self.tasks.is_none() {
+            return;
+        }
+        let a = self.envs.spec().action_dim;
+        for (row, &env) in actions.chunks_mut(a).zip(running) {
+            let own = self.action_dims[self.task_of[env] as usize];
+            row[own..].fill(0.0);
+        }
     }
 
     /// Episodes started in each environment (what a resumed run continues from).
@@ -214,9 +248,13 @@ impl Actor {
         }
         let a = self.envs.spec().action_dim;
         let actions: Vec<f32> = match acting {
-            Acting::Random(rng) => (0..running.len() * a)
-                .map(|_| rng.random_range(-1.0f32..=1.0))
-                .collect(),
+            Acting::Random(rng) => {
+                let mut actions: Vec<f32> = (0..running.len() * a)
+                    .map(|_| rng.random_range(-1.0f32..=1.0))
+                    .collect();
+                self.zero_padding(&running, &mut actions);
+                actions
+            }
             Acting::Policy => {
                 // One batched plan for every environment; a paused one plans from its last
                 // observation (fixed shapes) and its action is dropped.
@@ -498,6 +536,95 @@ mod tests {
         assert_eq!(lengths(2), vec![(10, false)]);
         let (_, _, _, flags) = finished.iter().find(|f| f.0 == 1).unwrap();
         assert_eq!(flags, &vec![0.0, 0.0, 0.0, 0.0, 1.0]);
+    }
+
+    /// Random seeding actions keep only each task's own components; the padding is stored as
+    /// zero (what a masked policy action holds there). Two environments of two tasks with one
+    /// and three actions.
+    #[test]
+    fn random_actions_of_a_multitask_actor_are_zero_past_the_tasks_own_size() {
+        let countdown = |action_dim| {
+            Box::new(Countdown {
+                spec: EnvSpec {
+                    obs_shape: vec![2],
+                    action_dim,
+                    episode_length: 10,
+                },
+                ends_after: 100,
+                t: 0,
+                resets: 0,
+            }) as Box<dyn Env>
+        };
+        let names = ["one".to_string(), "three".to_string()];
+        let padding = envs::Padding {
+            obs_dim: 2,
+            action_dim: 3,
+        };
+        let env = |_| {
+            let tasks = vec![countdown(1), countdown(3)];
+            Box::new(
+                envs::multitask::Multitask::new(&names, tasks, padding, envs::ObsKind::State)
+                    .unwrap(),
+            ) as Box<dyn Env>
+        };
+        let envs = envs::VectorEnv::from_envs("mixed", (0..2).map(env).collect()).unwrap();
+        let tasks = crate::agent::task::Tasks {
+            task_dim: 4,
+            action_dims: vec![1, 3],
+            discounts: vec![0.9, 0.9],
+        };
+        let config = AgentConfig {
+            num_samples: 16,
+            num_elites: 4,
+            num_pi_trajs: 2,
+            iterations: 1,
+            tasks: Some(tasks),
+            ..AgentConfig::defaults(Some(1), 2, 3).unwrap()
+        };
+        let policy = Policy::new(
+            &config,
+            tch::Device::Cpu,
+            2,
+            Box::new(TorchNoise::seeded(0)),
+        )
+        .unwrap();
+        let assignment = TaskAssignment::new(2, 1, 0, 2);
+        let bad = Actor::new(envs, policy, false)
+            .unwrap()
+            .with_tasks(assignment.clone(), vec![1]);
+        let err = bad
+            .err()
+            .expect("a task without its action size is refused");
+        assert!(err.to_string().contains("task action sizes [1]"), "{err}");
+
+        let envs = envs::VectorEnv::from_envs("mixed", (0..2).map(env).collect()).unwrap();
+        let policy = Policy::new(
+            &config,
+            tch::Device::Cpu,
+            2,
+            Box::new(TorchNoise::seeded(0)),
+        )
+        .unwrap();
+        let mut actor = Actor::new(envs, policy, false)
+            .unwrap()
+            .with_tasks(assignment, vec![1, 3])
+            .unwrap();
+        let mut rng = Pcg64::seed_from_u64(3);
+        actor.reset(0, 0).unwrap();
+        actor.reset(1, 1).unwrap();
+        for _ in 0..4 {
+            actor.step(Acting::Random(&mut rng)).unwrap();
+        }
+        actor.step(Acting::Policy).unwrap();
+        let actions = |env: usize| actor.slots[env].episode.action.clone();
+        for row in actions(0).chunks(3) {
+            assert!(row[0] != 0.0 && row[1..] == [0.0, 0.0], "task one: {row:?}");
+        }
+        assert!(
+            actions(1).iter().all(|&a| a != 0.0),
+            "task three: {:?}",
+            actions(1)
+        );
     }
 
     #[test]
