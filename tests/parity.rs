@@ -10,8 +10,8 @@ use tdmpc2::agent::layers::Heads;
 use tdmpc2::agent::task::Tasks;
 use tdmpc2::agent::world_model::QParams;
 use tdmpc2::agent::{
-    import_official, AgentConfig, NoiseKind, Planner, ReplayNoise, TaskModel, UpdateStats, Updater,
-    WorldModel,
+    import_official, python_tensors, AgentConfig, NoiseKind, Planner, ReplayNoise, TaskModel,
+    UpdateStats, Updater, WorldModel,
 };
 use tdmpc2::buffer::Batch;
 
@@ -158,24 +158,12 @@ impl Report {
         expected: &Tensor,
         flip_size: Option<f64>,
     ) {
-        let magnitude = expected.to_device(Device::Cpu).to_kind(Kind::Double).abs();
+        let magnitude = expected.abs();
         self.compare_to_magnitude(category, name, got, expected, &magnitude, flip_size);
     }
 
-    /// Like [`Self::compare`] for a sum whose terms may cancel: its rounding is relative to the
-    /// size of its terms, `magnitude` (same shape), not to the sum.
-    fn compare_sum(
-        &mut self,
-        category: &str,
-        name: &str,
-        got: &Tensor,
-        expected: &Tensor,
-        magnitude: &Tensor,
-    ) {
-        let magnitude = magnitude.to_device(Device::Cpu).to_kind(Kind::Double);
-        self.compare_to_magnitude(category, name, got, expected, &magnitude, None);
-    }
-
+    /// Like [`Self::compare`], with the relative tolerance taken of `magnitude` (same shape)
+    /// instead of the expected values: for a sum whose terms may cancel, the size of its terms.
     fn compare_to_magnitude(
         &mut self,
         category: &str,
@@ -187,6 +175,7 @@ impl Report {
     ) {
         let got = got.to_device(Device::Cpu).to_kind(Kind::Double);
         let expected = expected.to_device(Device::Cpu).to_kind(Kind::Double);
+        let magnitude = magnitude.to_device(Device::Cpu).to_kind(Kind::Double);
         if got.size() != expected.size() {
             self.failures.push(format!(
                 "{name}: shape {:?} vs expected {:?}",
@@ -198,7 +187,7 @@ impl Report {
         let diff = (&got - &expected).abs();
         let outside = diff
             .gt(ABS_TOL)
-            .logical_and(&diff.gt_tensor(&(magnitude * REL_TOL)));
+            .logical_and(&diff.gt_tensor(&(&magnitude * REL_TOL)));
         let failures = outside.sum(Kind::Int64).int64_value(&[]);
         let sign_flips = match flip_size {
             Some(size) => outside
@@ -210,7 +199,7 @@ impl Report {
         let (max_abs, worst_vs_tolerance) = if diff.numel() == 0 {
             (0.0, 0.0)
         } else {
-            let allowed = magnitude * REL_TOL + ABS_TOL;
+            let allowed = &magnitude * REL_TOL + ABS_TOL;
             (
                 diff.max().double_value(&[]),
                 (&diff / allowed).max().double_value(&[]),
@@ -324,13 +313,8 @@ fn compare_components(report: &mut Report, model: &WorldModel, fixture: &HashMap
         (eps.square() * 0.5 + policy.log_std.abs() + 0.92).sum_dim_intlist(-1, true, Kind::Float)
             * model.action_dim as f64;
     let key = "out.pi_scaled_entropy";
-    report.compare_sum(
-        "components",
-        key,
-        &policy.scaled_entropy,
-        get(fixture, key),
-        &terms,
-    );
+    let (got, expected) = (&policy.scaled_entropy, get(fixture, key));
+    report.compare_to_magnitude("components", key, got, expected, &terms, None);
     if let Some(expected) = fixture.get("out.termination_logits") {
         let got = model
             .termination_logits(&z0)
@@ -731,20 +715,12 @@ fn imports_an_official_pixel_checkpoint() {
     imports_an_official_checkpoint_of(PIXELS);
 }
 
-/// `tensors` for Python: name → (float32 bytes, shape); `torch.frombuffer` rebuilds them.
-fn python_tensors<'py>(
+/// `tensors` for Python (see [`python_tensors`]).
+fn to_python<'py>(
     py: pyo3::Python<'py>,
     tensors: &HashMap<String, Tensor>,
 ) -> pyo3::PyResult<pyo3::Bound<'py, pyo3::types::PyDict>> {
-    use pyo3::types::{PyBytes, PyDict, PyDictMethods};
-    let out = PyDict::new(py);
-    for (name, tensor) in tensors {
-        let t = tensor.to_kind(Kind::Float).contiguous();
-        let mut bytes = vec![0u8; t.numel() * 4];
-        t.copy_data_u8(&mut bytes, t.numel());
-        out.set_item(name, (PyBytes::new(py, &bytes), t.size()))?;
-    }
-    Ok(out)
+    python_tensors(py, tensors.iter().map(|(name, t)| (name.as_str(), t)))
 }
 
 /// An export of a fixture's model is the official state dict it was recorded from: the same
@@ -769,7 +745,7 @@ fn exports_the_official_state_dict() {
 
         let problems: Vec<String> = embedded_python::with_python(|py| {
             let globals = PyDict::new(py);
-            globals.set_item("expected", python_tensors(py, &weights)?)?;
+            globals.set_item("expected", to_python(py, &weights)?)?;
             globals.set_item("path", pt.to_string_lossy().to_string())?;
             globals.set_item("num_q", config.num_q)?;
             py.run(
@@ -838,7 +814,7 @@ fn imports_an_official_checkpoint_of(fixture: &str) {
     let out = dir.path().join("imported.safetensors");
     embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
-        globals.set_item("tensors", python_tensors(py, &weights)?)?;
+        globals.set_item("tensors", to_python(py, &weights)?)?;
         globals.set_item("path", pt.to_string_lossy().to_string())?;
         let code = c"
 import torch

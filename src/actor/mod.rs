@@ -567,7 +567,6 @@ mod tests {
                     .unwrap(),
             ) as Box<dyn Env>
         };
-        let envs = envs::VectorEnv::from_envs("mixed", (0..2).map(env).collect()).unwrap();
         let tasks = crate::agent::task::Tasks {
             task_dim: 4,
             action_dims: vec![1, 3],
@@ -581,34 +580,21 @@ mod tests {
             tasks: Some(tasks),
             ..AgentConfig::defaults(Some(1), 2, 3).unwrap()
         };
-        let policy = Policy::new(
-            &config,
-            tch::Device::Cpu,
-            2,
-            Box::new(TorchNoise::seeded(0)),
-        )
-        .unwrap();
-        let assignment = TaskAssignment::new(2, 1, 0, 2);
-        let bad = Actor::new(envs, policy, false)
-            .unwrap()
-            .with_tasks(assignment.clone(), vec![1]);
-        let err = bad
+        let with_action_dims = |action_dims: Vec<usize>| {
+            let envs = envs::VectorEnv::from_envs("mixed", (0..2).map(env).collect()).unwrap();
+            let noise = Box::new(TorchNoise::seeded(0));
+            let policy = Policy::new(&config, tch::Device::Cpu, 2, noise).unwrap();
+            let assignment = TaskAssignment::new(2, 1, 0, 2);
+            Actor::new(envs, policy, false)
+                .unwrap()
+                .with_tasks(assignment, action_dims)
+        };
+        let err = with_action_dims(vec![1])
             .err()
             .expect("a task without its action size is refused");
         assert!(err.to_string().contains("task action sizes [1]"), "{err}");
 
-        let envs = envs::VectorEnv::from_envs("mixed", (0..2).map(env).collect()).unwrap();
-        let policy = Policy::new(
-            &config,
-            tch::Device::Cpu,
-            2,
-            Box::new(TorchNoise::seeded(0)),
-        )
-        .unwrap();
-        let mut actor = Actor::new(envs, policy, false)
-            .unwrap()
-            .with_tasks(assignment, vec![1, 3])
-            .unwrap();
+        let mut actor = with_action_dims(vec![1, 3]).unwrap();
         let mut rng = Pcg64::seed_from_u64(3);
         actor.reset(0, 0).unwrap();
         actor.reset(1, 1).unwrap();

@@ -33,7 +33,7 @@ pub use config::AgentConfig;
 pub use noise::{
     HostNoise, Noise, NoiseKind, PreparedPermutations, RecordingNoise, ReplayNoise, TorchNoise,
 };
-pub use official_checkpoint::{export_official, import_official};
+pub use official_checkpoint::{export_official, import_official, python_tensors};
 pub use planner::{LatentModel, PlanInputs, Planner, TaskModel};
 pub use scale::RunningScale;
 pub use update::{PolicyPass, UpdateInfo, UpdateStats, Updater, WorldModelPass};

@@ -130,6 +130,22 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     Ok(named.into_iter().map(|(n, _)| n).collect())
 }
 
+/// Tensors for the embedded Python, name → (float32 bytes, shape), which
+/// `torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)` rebuilds.
+pub fn python_tensors<'py, 't>(
+    py: Python<'py>,
+    tensors: impl IntoIterator<Item = (&'t str, &'t Tensor)>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    for (name, tensor) in tensors {
+        let tensor = tensor.to_kind(Kind::Float).contiguous();
+        let mut bytes = vec![0u8; tensor.numel() * 4];
+        tensor.copy_data_u8(&mut bytes, tensor.numel());
+        out.set_item(name, (PyBytes::new(py, &bytes), tensor.size()))?;
+    }
+    Ok(out)
+}
+
 /// Writes the official checkpoint of our safetensors state dict at `model_path` to `out_path`:
 /// our tensors under their names (the official keys), the online Q parameters once more as the
 /// official detached view, and each Q ensemble's bookkeeping entries (a tensordict's batch size
@@ -154,15 +170,9 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
             )
         })?;
     let written = embedded_python::with_python(|py| {
-        let tensors = PyDict::new(py);
-        for (name, tensor) in &named {
-            let tensor = tensor.to_kind(Kind::Float).contiguous();
-            let mut bytes = vec![0u8; tensor.numel() * 4];
-            tensor.copy_data_u8(&mut bytes, tensor.numel());
-            tensors.set_item(name, (PyBytes::new(py, &bytes), tensor.size()))?;
-        }
         let globals = PyDict::new(py);
-        globals.set_item("tensors", tensors)?;
+        let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));
+        globals.set_item("tensors", python_tensors(py, tensors)?)?;
         globals.set_item("path", out_path.to_string_lossy().to_string())?;
         globals.set_item("num_q", num_q)?;
         globals.set_item("online", Q_ONLINE)?;
