@@ -182,6 +182,10 @@ impl Actor {
         self.slots.len()
     }
 
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     pub fn policy_mut(&mut self) -> &mut Policy {
         &mut self.policy
     }

@@ -135,6 +135,37 @@ impl Policy {
         self.planner.num_envs()
     }
 
+    /// The planner's warm start (the means its next plans shift), flattened: what a checkpoint
+    /// keeps for a resumed run to plan as the uninterrupted one.
+    pub fn warm_start(&self) -> crate::error::Result<Vec<f32>> {
+        let means = self.planner.prev_mean().f_to_device(Device::Cpu)?;
+        Ok(Vec::<f32>::try_from(means.f_reshape([-1])?)?)
+    }
+
+    /// Values in [`Self::warm_start`].
+    pub fn warm_start_len(&self) -> usize {
+        self.planner.prev_mean().numel()
+    }
+
+    /// Continues from a saved [`Self::warm_start`].
+    pub fn set_warm_start(&mut self, values: &[f32]) -> crate::error::Result<()> {
+        let shape = self.planner.prev_mean().size();
+        if values.len() != self.warm_start_len() {
+            let got = vec![values.len() as i64];
+            let what = "saved planner warm start".into();
+            return Err(Error::Shape {
+                what,
+                expected: shape,
+                got,
+            }
+            .into());
+        }
+        let means = Tensor::from_slice(values).view(shape.as_slice());
+        Ok(self
+            .planner
+            .set_prev_mean(&means.to_device(self.model.device()))?)
+    }
+
     /// Draws from torch's default generator from now on, as it stands (a stream that
     /// [`crate::agent::TorchNoise::seeded`] started).
     pub fn draw_from_torch(&mut self) {
@@ -287,6 +318,27 @@ mod tests {
             mpc,
             ..AgentConfig::defaults(None, 5, 3).unwrap()
         }
+    }
+
+    /// The warm start a plan leaves is what a checkpoint keeps; set on another policy it is
+    /// that policy's next warm start; a warm start of another size is refused, unchanged.
+    #[test]
+    fn the_warm_start_carries_over_to_another_policy() {
+        let config = config(true);
+        let noise = || Box::new(TorchNoise::seeded(0));
+        let mut planned = Policy::new(&config, Device::Cpu, 2, noise()).unwrap();
+        assert_eq!(planned.warm_start_len(), 2 * config.horizon * 3);
+        let obs = [0.1f32, -0.2, 0.3, 0.0, 1.0, 0.5, 0.5, -0.5, 0.0, 0.2];
+        planned.act(&obs, &[true, true], false).unwrap();
+        let left = planned.warm_start().unwrap();
+        assert!(left.iter().any(|&v| v != 0.0));
+
+        let mut resumed = Policy::new(&config, Device::Cpu, 2, noise()).unwrap();
+        resumed.set_warm_start(&left).unwrap();
+        assert_eq!(resumed.warm_start().unwrap(), left);
+        let err = resumed.set_warm_start(&left[1..]).unwrap_err();
+        assert!(err.to_string().contains("warm start"), "{err}");
+        assert_eq!(resumed.warm_start().unwrap(), left);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Checkpoints: rank 0 writes the plain model (`model.safetensors`, official state-dict keys,
 //! loadable at any world size) and the learner state (`state.safetensors`: Adam moments and the
-//! Q scale; `meta.json`: counters). With `save_buffer=true` every rank also saves its replay
+//! Q scale, and every rank's planner warm start; `meta.json`: counters). With `save_buffer=true` every rank also saves its replay
 //! buffer. Each checkpoint directory is written atomically (see [`store`]).
 //!
 //! Integrity: `meta.json` records the crc32c of each file's bytes and of every part of the
@@ -38,6 +38,9 @@ pub struct CheckpointSettings {
     pub resume: Option<String>,
     /// Environments per rank (`num_envs`): how many episode counts each rank continues from.
     pub num_envs: usize,
+    /// Values in each rank's planner warm start (environments × horizon × action size); 0 for
+    /// runs that do not plan online.
+    pub warm_start_len: usize,
     /// Offline runs count updates, which every rank makes together; online runs count each
     /// rank's agent steps, world_size of them per local step.
     pub counts_updates: bool,
@@ -51,7 +54,16 @@ impl CheckpointSettings {
             save_buffer: config.save_buffer,
             resume: config.resume.clone(),
             num_envs: config.num_envs,
+            warm_start_len: 0,
             counts_updates: config.offline(),
+        }
+    }
+
+    /// With the size of each rank's planner warm start, which checkpoints then keep.
+    pub fn with_warm_start(self, warm_start_len: usize) -> Self {
+        Self {
+            warm_start_len,
+            ..self
         }
     }
 
@@ -84,6 +96,10 @@ pub struct TrainState {
     pub pretrain_updates: u64,
     /// Episodes started in each of this rank's environments (empty when not known).
     pub env_episodes: Vec<u64>,
+    /// This rank's planner warm start, the means its next plans shift (empty when not known).
+    /// An environment whose policy acting begins mid-episode (the step after seeding ends)
+    /// plans from it, so a resumed run needs it to plan as the uninterrupted one.
+    pub warm_start: Vec<f32>,
 }
 
 /// `meta.json`'s format: 2 since checksums are crc32c of bytes and files carry hashes (format
@@ -122,6 +138,8 @@ const MODEL: &str = "model.safetensors";
 const STATE: &str = "state.safetensors";
 /// In `STATE`, a multitask model's task-embedding gradient carried to the next update.
 const CARRIED_TASK_GRAD: &str = "model_optim.carried_task_grad";
+/// In `STATE`, every rank's planner warm start, (world size, values per rank).
+const WARM_START: &str = "warm_start";
 const META: &str = "meta.json";
 
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {

@@ -7,6 +7,7 @@ use tch::Tensor;
 use super::{
     buffers_dir, checkpoints_dir, fail, integrity, read_meta, store, verify_files,
     CheckpointSettings, Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
+    WARM_START,
 };
 use crate::agent::AdamState;
 use crate::buffer::BufferMeta;
@@ -63,13 +64,13 @@ pub fn resume(
     // What rank 0 found: status (0 fresh, 1 resumed, 2 failed), then the counters.
     let (status, counters) = match &loaded {
         Ok(None) => (0.0, Counters::default()),
-        Ok(Some(meta)) => (1.0, Counters::of(meta)),
+        Ok(Some((meta, _))) => (1.0, Counters::of(meta)),
         Err(_) => (2.0, Counters::default()),
     };
     let mut header = Tensor::from_slice(&counters.header(status));
     group.broadcast_from_root(&mut header)?;
     let header = Vec::<f64>::try_from(header)?;
-    let (meta, env_episodes) = match (loaded, header[0] as u8) {
+    let (meta, env_episodes, warm_starts) = match (loaded, header[0] as u8) {
         (Err(e), _) => return Err(e),
         (_, 2) => {
             return Err(Error::Checkpoint(
@@ -77,10 +78,11 @@ pub fn resume(
             ))
         }
         (_, 0) => return Ok(None),
-        (Ok(Some(meta)), _) => (Counters::of(&meta), meta.env_episodes),
-        (Ok(None), _) => (Counters::from_header(&header), Vec::new()),
+        (Ok(Some((meta, warm_starts))), _) => (Counters::of(&meta), meta.env_episodes, warm_starts),
+        (Ok(None), _) => (Counters::from_header(&header), Vec::new(), None),
     };
     let env_episodes = share_env_episodes(&env_episodes, settings.num_envs, group)?;
+    let warm_start = share_warm_start(warm_starts.as_ref(), settings.warm_start_len, group)?;
     share_learner_state(
         learner,
         group,
@@ -123,7 +125,30 @@ pub fn resume(
         elapsed: meta.elapsed,
         pretrain_updates: meta.pretrain_updates,
         env_episodes,
+        warm_start,
     }))
+}
+
+/// This rank's planner warm start of `len` values, sent by rank 0 from the checkpoint's `saved`
+/// (world size, values per rank); empty when the checkpoint has none of that shape (an older
+/// checkpoint, another world size or number of environments).
+fn share_warm_start(saved: Option<&Tensor>, len: usize, group: &ProcessGroup) -> Result<Vec<f32>> {
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let world = group.world_size();
+    let mut shared = match saved {
+        Some(saved) if saved.size() == [world as i64, len as i64] => {
+            saved.to_kind(tch::Kind::Float).reshape([-1])
+        }
+        _ => Tensor::full([(world * len) as i64], f64::NAN, tch::kind::FLOAT_CPU),
+    };
+    group.broadcast_from_root(&mut shared)?;
+    let row = Vec::<f32>::try_from(&shared.narrow(0, (group.rank() * len) as i64, len as i64))?;
+    Ok(match row.iter().any(|v| v.is_nan()) {
+        true => Vec::new(),
+        false => row,
+    })
 }
 
 /// This rank's row of the checkpoint's episodes per environment, sent by rank 0 (which alone
@@ -202,8 +227,12 @@ impl Counters {
     }
 }
 
-/// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`.
-fn load_on_root(settings: &CheckpointSettings, learner: &mut Learner) -> Result<Option<Meta>> {
+/// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`; returns
+/// its counters and every rank's planner warm start, where it has them.
+fn load_on_root(
+    settings: &CheckpointSettings,
+    learner: &mut Learner,
+) -> Result<Option<(Meta, Option<Tensor>)>> {
     let Some(dir) = resume_source(settings)? else {
         return Ok(None);
     };
@@ -245,6 +274,10 @@ fn load_on_root(settings: &CheckpointSettings, learner: &mut Learner) -> Result<
         exp_avg_sq: get("policy_optim.exp_avg_sq")?,
     };
     let scale = get("scale")?;
+    let warm_starts = tensors
+        .iter()
+        .find(|(n, _)| n == WARM_START)
+        .map(|(_, t)| t.shallow_clone());
     if let Ok(carried) = get(CARRIED_TASK_GRAD) {
         learner.restore_carried_task_grad(&carried)?;
     }
@@ -270,7 +303,7 @@ fn load_on_root(settings: &CheckpointSettings, learner: &mut Learner) -> Result<
         }
     }
     eprintln!("Resumed from {} (step {})", dir.display(), meta.global_step);
-    Ok(Some(meta))
+    Ok(Some((meta, warm_starts)))
 }
 
 /// Makes every rank's learner state rank 0's: parameters, target Qs, Adam moments and step
@@ -332,5 +365,25 @@ mod tests {
         let header = counters.header(1.0);
         assert_eq!(header[0], 1.0);
         assert_eq!(Counters::from_header(&header), counters);
+    }
+
+    /// A saved warm start of this world size and length comes back exactly; any other shape,
+    /// or none, gives none (the run plans from zeros, as a fresh one).
+    #[test]
+    fn a_warm_start_resumes_only_where_its_shape_fits() {
+        let config = crate::config::Config::load(&crate::config::Source::default()).unwrap();
+        let group = ProcessGroup::alone(crate::ddp::RankInfo::single(&config));
+        let values = [0.25f32, -1.0, 1e-7, 3.0, 0.0, -0.5];
+        let saved = Tensor::from_slice(&values).view([1, 6]);
+        assert_eq!(share_warm_start(Some(&saved), 6, &group).unwrap(), values);
+        for other in [saved.view([2, 3]), saved.narrow(1, 0, 4)] {
+            assert!(share_warm_start(Some(&other), 6, &group)
+                .unwrap()
+                .is_empty());
+        }
+        assert!(share_warm_start(None, 6, &group).unwrap().is_empty());
+        assert!(share_warm_start(Some(&saved), 0, &group)
+            .unwrap()
+            .is_empty());
     }
 }

@@ -6,7 +6,7 @@ use tch::Tensor;
 
 use super::{
     buffers_dir, checkpoints_dir, integrity, store, write_json, CheckpointSettings, Meta,
-    TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
+    TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE, WARM_START,
 };
 use crate::agent::AdamState;
 use crate::ddp::ProcessGroup;
@@ -25,6 +25,7 @@ pub fn save(
     crate::learner::finite::check_parameters(learner, global_step)?;
     let (parts, checksums) = rank_checksums(learner, group)?;
     let env_episodes = gather_env_episodes(&state.env_episodes, group)?;
+    let warm_starts = gather_warm_starts(&state.warm_start, group)?;
     if settings.save_buffer {
         let (tensors, meta) = learner.buffer().export();
         store::save(
@@ -71,6 +72,9 @@ pub fn save(
         "scale".into(),
         learner.updater().scale.value().to_device(tch::Device::Cpu),
     ));
+    if let Some(warm_starts) = warm_starts {
+        tensors.push((WARM_START.into(), warm_starts));
+    }
     let tensors: Vec<(String, Tensor)> = tensors
         .into_iter()
         .map(|(n, t)| (n, t.to_device(tch::Device::Cpu)))
@@ -98,6 +102,18 @@ fn gather_env_episodes(local: &[u64], group: &ProcessGroup) -> Result<Vec<Vec<u6
         .chunks(local.len().max(1))
         .map(|row| row.iter().map(|&n| n as u64).collect())
         .collect())
+}
+
+/// Every rank's planner warm start, (world size, values per rank); `None` where the run does
+/// not plan online (all ranks have as many).
+fn gather_warm_starts(local: &[f32], group: &ProcessGroup) -> Result<Option<Tensor>> {
+    if local.is_empty() {
+        return Ok(None);
+    }
+    let all = group.all_gather(&Tensor::from_slice(local))?;
+    Ok(Some(
+        all.reshape([group.world_size() as i64, local.len() as i64]),
+    ))
 }
 
 /// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ

@@ -56,7 +56,8 @@ pub(super) fn start<'g>(
         Box::new(TorchNoise::global()),
     )?;
     let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
-    let checkpoints = CheckpointSettings::from_config(config);
+    let checkpoints =
+        CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());
     let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
         Some(resumed) => resumed,
         None => {
@@ -66,6 +67,9 @@ pub(super) fn start<'g>(
     };
     if !state.env_episodes.is_empty() {
         actor.set_env_episodes(&state.env_episodes)?;
+    }
+    if !state.warm_start.is_empty() {
+        actor.policy_mut().set_warm_start(&state.warm_start)?;
     }
     actor.policy_mut().load_weights(learner.model())?;
     if config.compile && device.is_cuda() {

@@ -219,8 +219,7 @@ impl<'g> Training<'g> {
         if !self.schedule.save_due() {
             return Ok(());
         }
-        self.state.elapsed = self.clock.elapsed();
-        self.state.env_episodes = self.actor.env_episodes();
+        self.note_actor_state()?;
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         let global = self.global_step();
         self.streams
@@ -370,8 +369,7 @@ impl<'g> Training<'g> {
             report.close()?;
         }
         self.state.step = self.settings.local_steps;
-        self.state.elapsed = self.clock.elapsed();
-        self.state.env_episodes = self.actor.env_episodes();
+        self.note_actor_state()?;
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if self.group.rank() == 0 {
             let dir = self.checkpoints.run_dir.display();
@@ -382,6 +380,15 @@ impl<'g> Training<'g> {
                 None => eprintln!("Training finished: {dir}"),
             }
         }
+        Ok(())
+    }
+
+    /// What a checkpoint keeps of the run beside the learner: time, episodes per environment
+    /// and the planner's warm start.
+    fn note_actor_state(&mut self) -> Result<()> {
+        self.state.elapsed = self.clock.elapsed();
+        self.state.env_episodes = self.actor.env_episodes();
+        self.state.warm_start = self.actor.policy().warm_start()?;
         Ok(())
     }
 

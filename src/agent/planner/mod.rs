@@ -113,6 +113,14 @@ impl Planner {
         &self.prev_mean
     }
 
+    /// Continues from saved warm-start means (E, H, A), in place: a captured plan reads them
+    /// where they are.
+    pub fn set_prev_mean(&mut self, means: &Tensor) -> Result<()> {
+        expect_shape("planner warm start", means, &self.prev_mean.size())?;
+        self.prev_mean.f_copy_(means)?;
+        Ok(())
+    }
+
     /// Plans for one environment (a planner made for one): observation (1, obs_dim), action
     /// (A). See [`Self::plan_batch`].
     pub fn plan(
