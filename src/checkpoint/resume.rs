@@ -2,10 +2,10 @@
 //! state to every other rank; each rank restores its own replay buffer when it was saved.
 use std::path::{Path, PathBuf};
 
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::{
-    buffers_dir, checkpoints_dir, fail, integrity, read_meta, store, verify_files,
+    buffers_dir, checkpoints_dir, fail, integrity, rank_rows, read_meta, store, verify_files,
     CheckpointSettings, Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
     WARM_START,
 };
@@ -136,19 +136,10 @@ fn share_warm_start(saved: Option<&Tensor>, len: usize, group: &ProcessGroup) ->
     if len == 0 {
         return Ok(Vec::new());
     }
-    let world = group.world_size();
-    let mut shared = match saved {
-        Some(saved) if saved.size() == [world as i64, len as i64] => {
-            saved.to_kind(tch::Kind::Float).reshape([-1])
-        }
-        _ => Tensor::full([(world * len) as i64], f64::NAN, tch::kind::FLOAT_CPU),
-    };
-    group.broadcast_from_root(&mut shared)?;
-    let row = Vec::<f32>::try_from(&shared.narrow(0, (group.rank() * len) as i64, len as i64))?;
-    Ok(match row.iter().any(|v| v.is_nan()) {
-        true => Vec::new(),
-        false => row,
-    })
+    match rank_rows::share(saved, len, Kind::Float, group)? {
+        Some(row) => Ok(Vec::<f32>::try_from(&row)?),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// This rank's row of the checkpoint's episodes per environment, sent by rank 0 (which alone
@@ -158,20 +149,20 @@ fn share_env_episodes(
     num_envs: usize,
     group: &ProcessGroup,
 ) -> Result<Vec<u64>> {
-    let world = group.world_size();
-    let fits = saved.len() == world && saved.iter().all(|row| row.len() == num_envs);
-    let flat: Vec<i64> = match fits {
-        true => saved.iter().flatten().map(|&n| n as i64).collect(),
-        false => vec![-1; world * num_envs],
+    let rows = match saved.iter().all(|row| row.len() == num_envs) && !saved.is_empty() {
+        true => {
+            let flat: Vec<i64> = saved.iter().flatten().map(|&n| n as i64).collect();
+            Some(Tensor::from_slice(&flat).view([saved.len() as i64, num_envs as i64]))
+        }
+        false => None,
     };
-    let mut shared = Tensor::from_slice(&flat);
-    group.broadcast_from_root(&mut shared)?;
-    let flat = Vec::<i64>::try_from(&shared)?;
-    let row = &flat[group.rank() * num_envs..(group.rank() + 1) * num_envs];
-    Ok(match row.iter().any(|&n| n < 0) {
-        true => Vec::new(),
-        false => row.iter().map(|&n| n as u64).collect(),
-    })
+    match rank_rows::share(rows.as_ref(), num_envs, Kind::Int64, group)? {
+        Some(row) => Ok(Vec::<i64>::try_from(&row)?
+            .into_iter()
+            .map(|n| n as u64)
+            .collect()),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The counters a resumed run continues from, as rank 0 sends them to the others.

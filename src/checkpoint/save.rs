@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use tch::Tensor;
 
 use super::{
-    buffers_dir, checkpoints_dir, integrity, store, write_json, CheckpointSettings, Meta,
-    TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE, WARM_START,
+    buffers_dir, checkpoints_dir, integrity, rank_rows, store, write_json, CheckpointSettings,
+    Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE, WARM_START,
 };
 use crate::agent::AdamState;
 use crate::ddp::ProcessGroup;
@@ -97,10 +97,10 @@ fn gather_env_episodes(local: &[u64], group: &ProcessGroup) -> Result<Vec<Vec<u6
         return Ok(Vec::new());
     }
     let local: Vec<i64> = local.iter().map(|&n| n as i64).collect();
-    let all = Vec::<i64>::try_from(&group.all_gather(&Tensor::from_slice(&local))?)?;
-    Ok(all
-        .chunks(local.len().max(1))
-        .map(|row| row.iter().map(|&n| n as u64).collect())
+    let rows = Vec::<Vec<i64>>::try_from(rank_rows::gather(&Tensor::from_slice(&local), group)?)?;
+    Ok(rows
+        .into_iter()
+        .map(|row| row.into_iter().map(|n| n as u64).collect())
         .collect())
 }
 
@@ -110,10 +110,7 @@ fn gather_warm_starts(local: &[f32], group: &ProcessGroup) -> Result<Option<Tens
     if local.is_empty() {
         return Ok(None);
     }
-    let all = group.all_gather(&Tensor::from_slice(local))?;
-    Ok(Some(
-        all.reshape([group.world_size() as i64, local.len() as i64]),
-    ))
+    rank_rows::gather(&Tensor::from_slice(local), group).map(Some)
 }
 
 /// Every rank's [`integrity::learner_parts`], gathered; an error naming the parts that differ
