@@ -24,9 +24,12 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 const BUILD_SITE_PACKAGES: &str = env!("TDMPC2_SITE_PACKAGES");
 
+/// The variable that points the interpreter at another site-packages than the venv's.
+pub const SITE_PACKAGES_VAR: &str = "TDMPC2_SITE_PACKAGES";
+
 /// The site-packages directory the interpreter is pointed at.
 pub fn site_packages() -> PathBuf {
-    if let Ok(dir) = std::env::var("TDMPC2_SITE_PACKAGES") {
+    if let Ok(dir) = std::env::var(SITE_PACKAGES_VAR) {
         return PathBuf::from(dir);
     }
     if let Ok(venv) = std::env::var("TDMPC2_VENV") {
@@ -44,6 +47,41 @@ pub fn site_packages() -> PathBuf {
     PathBuf::from(BUILD_SITE_PACKAGES)
 }
 
+/// The project's venv: `TDMPC2_VENV`, else the venv whose site-packages was recorded at
+/// build time (`<venv>/lib/pythonX.Y/site-packages`).
+pub fn venv_dir() -> PathBuf {
+    if let Some(venv) = std::env::var_os("TDMPC2_VENV") {
+        return PathBuf::from(venv);
+    }
+    let site = PathBuf::from(BUILD_SITE_PACKAGES);
+    site.ancestors()
+        .nth(3)
+        .map_or_else(|| site.clone(), PathBuf::from)
+}
+
+/// Where a venv made with this interpreter's Python keeps its packages, relative to the venv
+/// (`lib/python3.12/site-packages`).
+pub fn site_packages_in_venv() -> PathBuf {
+    let site = PathBuf::from(BUILD_SITE_PACKAGES);
+    let python = site
+        .parent()
+        .and_then(|lib| lib.file_name())
+        .map_or_else(|| "python3".into(), PathBuf::from);
+    PathBuf::from("lib").join(python).join("site-packages")
+}
+
+/// Keeps `ours` as the only site-packages on `sys.path`. An embedded interpreter looks for
+/// `python3` on PATH to find its prefix, and adopts the venv it finds there (an activated
+/// one, or the one the scripts put first): its packages must not shadow those of the venv
+/// chosen here (a task family's venv pins other versions of the same packages).
+const ONLY_OURS: &str = "\
+import os, site, sys
+ours = os.path.realpath(OURS)
+sys.path[:] = [p for p in sys.path if os.path.basename(os.path.normpath(p)) not in
+               ('site-packages', 'dist-packages') or os.path.realpath(p) == ours]
+site.addsitedir(OURS)
+";
+
 /// Starts the interpreter once and makes the venv importable. Cheap after the first call.
 pub fn init() -> Result<()> {
     static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
@@ -51,9 +89,9 @@ pub fn init() -> Result<()> {
         .get_or_init(|| {
             let dir = site_packages();
             Python::attach(|py| -> PyResult<()> {
-                py.import("site")?
-                    .call_method1("addsitedir", (dir.to_string_lossy(),))?;
-                Ok(())
+                let globals = pyo3::types::PyDict::new(py);
+                globals.set_item("OURS", dir.to_string_lossy())?;
+                py.run(&std::ffi::CString::new(ONLY_OURS)?, Some(&globals), None)
             })
             .map_err(|e| format!("cannot use site-packages {}: {e}", dir.display()))
         })
