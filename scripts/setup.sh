@@ -9,7 +9,31 @@
 #   TDMPC2_TORCH_INDEX_URL install torch from this package index instead of PyPI, e.g. PyTorch's
 #                          own CUDA 12.x wheel index for drivers that predate CUDA 13
 #   TDMPC2_SKIP_BUILD=1    only the venv
+#   TDMPC2_VENV_<FAMILY>   a family's venv (default: the venv's path with -<family> appended)
+#
+# Options:
+#   --family NAME          also make the venv of a task family whose simulator cannot share the
+#                          project's venv: metaworld, myosuite, or all (repeatable). Their
+#                          environments step in worker processes that use it.
 set -euo pipefail
+
+families=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        --family) families+=("${2:?--family needs a name: metaworld, myosuite or all}"); shift 2 ;;
+        --family=*) families+=("${1#--family=}"); shift ;;
+        *) echo "setup.sh: unknown argument $1 (allowed: --family metaworld|myosuite|all)" >&2; exit 2 ;;
+    esac
+done
+known_families=(metaworld myosuite)
+selected=()
+for family in "${families[@]}"; do
+    case $family in
+        all) selected+=("${known_families[@]}") ;;
+        metaworld|myosuite) selected+=("$family") ;;
+        *) echo "setup.sh: --family $family is not a family with a venv of its own (allowed: metaworld, myosuite, all)" >&2; exit 2 ;;
+    esac
+done
 
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 root=$tdmpc2_root
@@ -51,6 +75,32 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
 else
     say "venv up to date: $venv"
 fi
+
+# A family's venv: the same Python as the project's venv (the binary embeds that one), its own
+# pinned requirements, a stamp like the project's.
+install_family() {
+    local family=$1 var dir requirements stamp base
+    var="TDMPC2_VENV_$(echo "$family" | tr '[:lower:]' '[:upper:]')"
+    dir=${!var:-$venv-$family}
+    requirements=$root/requirements-$family.txt
+    if [ ! -x "$dir/bin/python" ]; then
+        base=$("$venv/bin/python" -c 'import sys; print(sys._base_executable)')
+        say "creating the $family venv $dir with $base"
+        "$base" -m venv "$dir"
+    fi
+    stamp=$(cat "$requirements")
+    if [ "$(cat "$dir/.tdmpc2-requirements" 2>/dev/null)" != "$stamp" ]; then
+        say "installing the $family requirements into $dir"
+        "$dir/bin/python" -m pip install --quiet --upgrade pip
+        "$dir/bin/python" -m pip install --quiet -r "$requirements"
+        printf '%s' "$stamp" > "$dir/.tdmpc2-requirements"
+    else
+        say "$family venv up to date: $dir"
+    fi
+}
+for family in "${selected[@]}"; do
+    install_family "$family"
+done
 
 # Rendering (pixel observations, `tdmpc2 doctor`) goes through EGL headless: libEGL and a Mesa
 # or GPU driver, system packages this script cannot install. State runs do not need them.

@@ -57,6 +57,17 @@ pub enum Error {
         asked: &'static str,
         limit: String,
     },
+    /// A task's family steps with a venv of its own, and there is none.
+    #[error(
+        "{family} tasks step with a Python environment of their own, and there is none at \
+         {venv}: run `{install}` (or point {venv_var} at one)"
+    )]
+    FamilyMissing {
+        family: &'static str,
+        venv: String,
+        install: String,
+        venv_var: String,
+    },
     #[error("cannot start the environment worker `{program}`: {reason}")]
     WorkerStart { program: String, reason: String },
     /// The worker side's own channel failed (`serve_worker`).
@@ -74,7 +85,10 @@ struct SuggestionList<'a>(&'a [String]);
 impl fmt::Display for SuggestionList<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            [] => write!(f, " (not a native, DMControl or gymnasium task)"),
+            [] => write!(
+                f,
+                " (not a native, DMControl, Meta-World, MyoSuite or gymnasium task)"
+            ),
             names => write!(f, "; did you mean: {}?", names.join(", ")),
         }
     }

@@ -1,27 +1,81 @@
-//! Any gymnasium env with a Box action space, driven through pyo3.
-use numpy::PyArray1;
-use pyo3::intern;
+//! Any gymnasium env with a Box action space, and the four gymnasium tasks the official code
+//! names itself (its `envs/mujoco.py`), driven through pyo3.
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
-use pyo3::types::PyBytes;
-
+use crate::adapter::{self, AdapterEnv};
 use crate::wrappers::wrap_observed;
-use crate::{ActionBox, BoxEnv, Env, EnvOptions, EnvSpec, Error, Frame, Result, Step};
+use crate::{Env, EnvOptions, Result};
 use embedded_python as python;
 
 /// Prefix that forces the gymnasium implementation of a task that also exists natively.
 pub const PREFIX: &str = "gym:";
 
+/// A task the official code names itself, on the current gymnasium version of its env.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Official {
+    pub name: &'static str,
+    /// The gymnasium id (the official code used the v4 MuJoCo and v2 LunarLander ids, which
+    /// gymnasium 1.x replaced).
+    pub id: &'static str,
+    /// The official time limit, in agent steps (no action repeat).
+    pub episode_length: usize,
+    /// `LunarLander` made with `continuous=True`.
+    pub continuous: bool,
+    /// Success: the episode's return so far is above this (LunarLander: 200).
+    pub success_above: Option<f64>,
+    /// Whether the env ends episodes early (falls, crashes): such a task trains with
+    /// `episodic=true`, as the official code requires.
+    pub terminates: bool,
+}
+
+/// The official gymnasium tasks. The official code also sets `discount_max=0.99` and
+/// `rho=0.7` for them (the config applies that, see `tdmpc2::config`).
+pub const OFFICIAL: [Official; 4] = [
+    Official {
+        name: "mujoco-walker",
+        id: "Walker2d-v5",
+        episode_length: 1000,
+        continuous: false,
+        success_above: None,
+        terminates: true,
+    },
+    Official {
+        name: "mujoco-halfcheetah",
+        id: "HalfCheetah-v5",
+        episode_length: 1000,
+        continuous: false,
+        success_above: None,
+        terminates: false,
+    },
+    Official {
+        name: "bipedal-walker",
+        id: "BipedalWalker-v3",
+        episode_length: 1600,
+        continuous: false,
+        success_above: None,
+        terminates: true,
+    },
+    Official {
+        name: "lunarlander-continuous",
+        id: "LunarLander-v3",
+        episode_length: 500,
+        continuous: true,
+        success_above: Some(200.0),
+        terminates: true,
+    },
+];
+
+/// The official task of this name.
+pub fn official(name: &str) -> Option<&'static Official> {
+    OFFICIAL.iter().find(|task| task.name == name)
+}
+
 const SOURCE: &str = include_str!("py/gym_adapter.py");
 
 fn module(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
     static MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
-    MODULE
-        .get_or_try_init(py, || {
-            python::load_module(py, SOURCE, "tdmpc2_gym_adapter").map(Bound::unbind)
-        })
-        .map(|m| m.bind(py))
+    adapter::load_once(&MODULE, py, SOURCE, "tdmpc2_gym_adapter")
 }
 
 /// All ids in gymnasium's registry.
@@ -29,127 +83,36 @@ pub fn registered_ids() -> Result<Vec<String>> {
     python::attach_exclusive(|py| Ok(module(py)?.call_method0("registered_ids")?.extract()?))
 }
 
-/// A gymnasium env, unwrapped: actions in its own Box, observations flattened to f32.
-pub struct GymEnv {
-    adapter: Py<PyAny>,
-    spec: EnvSpec,
-    bounds: ActionBox,
-    /// Seed for the first `reset(None)`, so `make(task, seed)` is reproducible.
-    pending_seed: Option<u64>,
-}
-
-impl GymEnv {
-    /// `renders`: made with `render_mode="rgb_array"` (pixel observations, videos).
-    pub fn new(id: &str, seed: u64, renders: bool) -> Result<Self> {
-        python::attach_exclusive(|py| {
-            let module = module(py)?;
-            let adapter = module
-                .getattr("GymAdapter")?
-                .call1((id, renders))
-                .map_err(|err| {
-                    if module
-                        .getattr("Unsupported")
-                        .is_ok_and(|t| err.is_instance(py, &t))
-                    {
-                        Error::Unsupported {
-                            task: id.into(),
-                            reason: err.value(py).to_string(),
-                        }
-                    } else {
-                        Error::from(err)
-                    }
-                })?;
-            let obs_shape: Vec<usize> = adapter.getattr("obs_shape")?.extract()?;
-            let low: Vec<f64> = adapter.getattr("action_low")?.extract()?;
-            let high: Vec<f64> = adapter.getattr("action_high")?.extract()?;
-            let episode_length: usize = adapter.getattr("episode_length")?.extract()?;
-            Ok(Self {
-                spec: EnvSpec {
-                    obs_shape,
-                    action_dim: low.len(),
-                    episode_length,
-                },
-                bounds: ActionBox { low, high },
-                adapter: adapter.unbind(),
-                pending_seed: Some(seed),
-            })
-        })
-    }
-}
-
-impl Env for GymEnv {
-    fn spec(&self) -> &EnvSpec {
-        &self.spec
-    }
-
-    fn reset(&mut self, seed: Option<u64>) -> Result<Vec<f32>> {
-        let seed = seed.or(self.pending_seed.take());
-        python::attach(|py| {
-            python::f32_vec(
-                &self
-                    .adapter
-                    .bind(py)
-                    .call_method1(intern!(py, "reset"), (seed,))?,
-            )
-        })
-    }
-
-    fn step(&mut self, action: &[f32]) -> Result<Step> {
-        self.spec.check_action(action)?;
-        python::attach(|py| {
-            let action = PyArray1::from_slice(py, action);
-            let out = self
-                .adapter
-                .bind(py)
-                .call_method1(intern!(py, "step"), (action,))?;
-            let (obs, reward, terminated, truncated, success): (
-                Bound<'_, PyAny>,
-                f64,
-                bool,
-                bool,
-                Option<f64>,
-            ) = out.extract()?;
-            Ok(Step {
-                obs: python::f32_vec::<Error>(&obs)?,
-                reward,
-                terminated,
-                truncated,
-                success,
-            })
-        })
-    }
-
-    /// The env's own `rgb_array` frame, whatever its size (`size` is not the env's to choose).
-    fn render(&mut self, _size: usize) -> Result<Frame> {
-        python::attach_exclusive(|py| {
-            let out = self.adapter.bind(py).call_method0(intern!(py, "render"))?;
-            let (bytes, height, width): (Bound<'_, PyBytes>, usize, usize) = out.extract()?;
-            Ok(Frame {
-                height,
-                width,
-                rgb: bytes.as_bytes().to_vec(),
-            })
-        })
-    }
-}
-
-impl BoxEnv for GymEnv {
-    fn action_box(&self) -> &ActionBox {
-        &self.bounds
-    }
-}
-
-impl Drop for GymEnv {
-    fn drop(&mut self) {
-        // Closing releases renderers and simulator handles; errors at teardown are moot.
-        let _: Result<()> =
-            python::attach(|py| Ok(self.adapter.bind(py).call_method0("close").map(drop)?));
-    }
+/// A gymnasium env, unwrapped. `renders`: made with `render_mode="rgb_array"` (pixel
+/// observations, videos); `official`: made as that official task is.
+fn adapter_env(
+    id: &str,
+    seed: u64,
+    renders: bool,
+    official: Option<&Official>,
+) -> Result<AdapterEnv> {
+    let continuous = official.is_some_and(|o| o.continuous);
+    let success_above = official.and_then(|o| o.success_above);
+    python::attach_exclusive(|py| {
+        AdapterEnv::new(
+            module(py)?,
+            "GymAdapter",
+            (id, renders, continuous, success_above),
+            id,
+            seed,
+        )
+    })
 }
 
 /// Fully wrapped gymnasium env (no action repeat; the env's own episode length).
 pub fn make(id: &str, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> {
-    let env = GymEnv::new(id, seed, options.renders())?;
-    let episode_length = env.spec.episode_length;
+    let env = adapter_env(id, seed, options.renders(), None)?;
+    let episode_length = env.spec().episode_length;
     wrap_observed(env, 1, episode_length, options.obs)
+}
+
+/// Fully wrapped official gymnasium task: its env, its time limit, no action repeat.
+pub fn make_official(task: &Official, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> {
+    let env = adapter_env(task.id, seed, options.renders(), Some(task))?;
+    wrap_observed(env, 1, task.episode_length, options.obs)
 }

@@ -1,12 +1,17 @@
-//! Environments for tdmpc2: native Rust tasks, gymnasium and dm_control through pyo3.
+//! Environments for tdmpc2: native Rust tasks; gymnasium, dm_control, Meta-World and MyoSuite
+//! through pyo3 (the last two in worker processes with venvs of their own, see [`family`]).
 //!
 //! [`make`] returns a fully wrapped environment whose actions live in `[-1, 1]^action_dim`.
+mod adapter;
 pub mod bench;
 pub mod dmc;
 mod env;
 mod error;
+pub mod family;
 pub mod gym;
+pub mod metaworld;
 pub mod multitask;
+pub mod myosuite;
 pub mod native;
 pub mod np_random;
 mod registry;
@@ -18,6 +23,10 @@ pub use env::{
     VIDEO_SIZE,
 };
 pub use error::{Error, Result};
+pub use family::Family;
 pub use multitask::{Padding, TaskMix};
 pub use registry::{known_tasks, make, make_observed};
-pub use vector::{serve_worker, Placement, ReplyLimit, VectorEnv, WorkerCommand};
+pub use vector::{
+    serve_worker, set_default_worker, specs_in_worker, Placement, RemoteEnv, ReplyLimit, VectorEnv,
+    WorkerCommand,
+};

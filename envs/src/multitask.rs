@@ -1,6 +1,11 @@
 //! One environment slot of a multitask run: it holds an environment per task it may run and
 //! plays one of them per episode, as the official multitask wrapper does. Observations are
 //! zero-padded to the run's largest observation, and actions cut to the task's own size.
+//!
+//! Tasks whose simulator lives in another Python environment than this process's (see
+//! [`crate::family`]) are held by one worker process per family, which pads them itself.
+use crate::family::Family;
+use crate::vector::RemoteEnv;
 use crate::{make_observed, Env, EnvOptions, EnvSpec, Error, Frame, ObsKind, Result, Step};
 
 /// The shapes every task of a multitask run is padded to.
@@ -37,21 +42,48 @@ impl TaskMix {
 
     /// The slot's environment: each task made with `seed` and `options`, then padded.
     pub fn make(&self, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> {
-        match (self.tasks.as_slice(), self.padding) {
-            ([task], None) => make_observed(task, seed, options),
-            (_, None) => Err(Error::VectorInput(format!(
+        let groups = self.groups();
+        match (self.tasks.as_slice(), self.padding, groups.as_slice()) {
+            ([task], None, _) => make_observed(task, seed, options),
+            (_, None, _) => Err(Error::VectorInput(format!(
                 "{}: several tasks in one environment need a padding",
                 self.name()
             ))),
-            (tasks, Some(padding)) => {
+            (_, Some(_), [(Some(_), _)]) => Ok(Box::new(RemoteEnv::new(self, seed, options)?)),
+            (tasks, Some(padding), _) => {
                 refuse_images(tasks, options.obs)?;
-                let envs = tasks
-                    .iter()
-                    .map(|task| make_observed(task, seed, options))
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(Box::new(Multitask::new(tasks, envs, padding, options.obs)?))
+                let mut members = Vec::with_capacity(groups.len());
+                for (away, indices) in groups {
+                    if away.is_some() {
+                        let mix = TaskMix {
+                            tasks: indices.iter().map(|&i| tasks[i].clone()).collect(),
+                            padding: Some(padding),
+                        };
+                        members
+                            .push((Box::new(RemoteEnv::new(&mix, seed, options)?) as _, indices));
+                    } else {
+                        for i in indices {
+                            members.push((make_observed(&tasks[i], seed, options)?, vec![i]));
+                        }
+                    }
+                }
+                Ok(Box::new(Multitask::grouped(tasks, members, padding)?))
             }
         }
+    }
+
+    /// The family each task must step in a worker of (None: here), with the indices of its
+    /// tasks, in the order the families first appear.
+    pub fn groups(&self) -> Vec<(Option<Family>, Vec<usize>)> {
+        let mut groups: Vec<(Option<Family>, Vec<usize>)> = Vec::new();
+        for (i, task) in self.tasks.iter().enumerate() {
+            let away = Family::of(task).filter(|f| !f.steps_here());
+            match groups.iter_mut().find(|(family, _)| *family == away) {
+                Some((_, indices)) => indices.push(i),
+                None => groups.push((away, vec![i])),
+            }
+        }
+        groups
     }
 }
 
@@ -59,6 +91,9 @@ impl TaskMix {
 /// reset starts.
 pub struct Multitask {
     envs: Vec<Box<dyn Env>>,
+    /// Task i is `envs[routes[i].0]`'s task `routes[i].1`.
+    routes: Vec<(usize, usize)>,
+    /// The env of the current task.
     current: usize,
     spec: EnvSpec,
 }
@@ -73,13 +108,44 @@ impl Multitask {
         obs: ObsKind,
     ) -> Result<Self> {
         refuse_images(tasks, obs)?;
+        if envs.len() != tasks.len() {
+            return Err(Error::VectorInput(format!(
+                "{} environments for {} tasks: give one per task",
+                envs.len(),
+                tasks.len()
+            )));
+        }
+        let members = envs.into_iter().enumerate().map(|(i, e)| (e, vec![i]));
+        Self::grouped(tasks, members.collect(), padding)
+    }
+
+    /// Environments that each run some of `tasks`: `members[m] = (env, task indices)`, the
+    /// env's own task j being `tasks[indices[j]]`.
+    fn grouped(
+        tasks: &[String],
+        members: Vec<(Box<dyn Env>, Vec<usize>)>,
+        padding: Padding,
+    ) -> Result<Self> {
+        let mut routes = vec![None; tasks.len()];
+        for (m, (_, indices)) in members.iter().enumerate() {
+            for (local, &i) in indices.iter().enumerate() {
+                if let Some(route) = routes.get_mut(i) {
+                    *route = Some((m, local));
+                }
+            }
+        }
+        let routes = routes
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::VectorInput("a task of the mix has no environment".into()))?;
+        let envs: Vec<Box<dyn Env>> = members.into_iter().map(|(env, _)| env).collect();
         if envs.is_empty() {
             return Err(Error::VectorInput(
                 "a multitask environment needs a task".into(),
             ));
         }
-        for (task, env) in tasks.iter().zip(&envs) {
-            let spec = env.spec();
+        for (task, &(env, _)) in tasks.iter().zip(&routes) {
+            let spec = envs[env].spec();
             if spec.obs_shape.len() != 1
                 || spec.obs_dim() > padding.obs_dim
                 || spec.action_dim > padding.action_dim
@@ -99,9 +165,11 @@ impl Multitask {
                 .max()
                 .unwrap_or(0),
         };
+        let current = routes.first().map_or(0, |&(env, _)| env);
         Ok(Self {
             envs,
-            current: 0,
+            routes,
+            current,
             spec,
         })
     }
@@ -149,14 +217,15 @@ impl Env for Multitask {
     }
 
     fn switch_task(&mut self, task: usize) -> Result<()> {
-        if task >= self.envs.len() {
+        let Some(&(env, local)) = self.routes.get(task) else {
             return Err(Error::VectorInput(format!(
                 "task {task} of an environment that runs {} tasks (0..{})",
-                self.envs.len(),
-                self.envs.len()
+                self.routes.len(),
+                self.routes.len()
             )));
-        }
-        self.current = task;
+        };
+        self.envs[env].switch_task(local)?;
+        self.current = env;
         Ok(())
     }
 }

@@ -1,7 +1,9 @@
 //! Task name -> fully wrapped environment.
+use crate::family::{Family, MANISKILL2_TASKS};
 use crate::native::{mountain_car, pendulum, MountainCarContinuous, Pendulum};
 use crate::wrappers::wrap;
-use crate::{dmc, gym, native, Env, EnvOptions, Error, ObsKind, Result};
+use crate::{dmc, gym, metaworld, myosuite, native, Env, EnvOptions, Error, ObsKind, Result};
+use crate::{RemoteEnv, TaskMix};
 
 const MAX_SUGGESTIONS: usize = 5;
 const MIN_SIMILARITY: f64 = 0.5;
@@ -22,6 +24,29 @@ pub fn make_observed(
     options: impl Into<EnvOptions>,
 ) -> Result<Box<dyn Env>> {
     let options = options.into();
+    if let Some(family) = Family::of(task) {
+        if let Some(reason) = family.refusal() {
+            return Err(Error::Unsupported {
+                task: task.into(),
+                reason: reason.into(),
+            });
+        }
+        if !family.steps_here() {
+            return Ok(Box::new(RemoteEnv::new(
+                &TaskMix::single(task),
+                seed,
+                options,
+            )?));
+        }
+        match family {
+            Family::MetaWorld => return metaworld::make(task, seed, options),
+            Family::MyoSuite => return myosuite::make(task, seed, options),
+            _ => {}
+        }
+        if let Some(official) = gym::official(task) {
+            return gym::make_official(official, seed, options);
+        }
+    }
     if let Some(id) = task.strip_prefix(gym::PREFIX) {
         let ids = gym::registered_ids()?;
         if ids.iter().any(|known| known == id) {
@@ -80,9 +105,18 @@ fn draws_nothing(task: &str, options: EnvOptions) -> Error {
     }
 }
 
-/// Names of all built-in tasks (native + the 39 DMC tasks), for listing/suggestions.
+/// Names of all tasks known by name (native, the 39 DMC tasks, Meta-World's 50, MyoSuite's 10,
+/// the official gymnasium names and the refused ManiSkill2 ones), for listing and suggestions.
 pub fn known_tasks() -> Vec<&'static str> {
-    native::TASKS.iter().copied().chain(dmc::tasks()).collect()
+    native::TASKS
+        .iter()
+        .copied()
+        .chain(dmc::tasks())
+        .chain(metaworld::TASKS)
+        .chain(myosuite::tasks())
+        .chain(gym::OFFICIAL.iter().map(|task| task.name))
+        .chain(MANISKILL2_TASKS)
+        .collect()
 }
 
 /// gymnasium ids carry a version suffix (`-v4`) and are usually CamelCase.
@@ -132,10 +166,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn known_tasks_lists_native_and_dmc() {
+    fn known_tasks_list_every_family() {
         let tasks = known_tasks();
-        assert_eq!(tasks.len(), 41);
-        assert!(tasks.contains(&"Pendulum-v1") && tasks.contains(&"dog-run"));
+        assert_eq!(tasks.len(), 2 + 39 + 50 + 10 + 4 + 5);
+        for task in [
+            "Pendulum-v1",
+            "dog-run",
+            "mw-reach",
+            "myo-key-turn",
+            "bipedal-walker",
+        ] {
+            assert!(tasks.contains(&task), "{task}");
+        }
+        assert!(tasks.iter().all(|task| Family::of(task).is_some()));
+    }
+
+    #[test]
+    fn maniskill2_is_refused_with_the_reason_and_typos_find_every_family() {
+        let err = make("lift-cube", 0).err().map(|e| e.to_string()).unwrap();
+        assert!(err.contains("SAPIEN 2.2"), "{err}");
+        assert_eq!(closest("mw-rech", known_tasks())[0], "mw-reach");
+        assert_eq!(closest("myo-reach-hrd", known_tasks())[0], "myo-reach-hard");
+        assert_eq!(closest("mujoco-walkr", known_tasks())[0], "mujoco-walker");
+        assert_eq!(closest("lift-cub", known_tasks())[0], "lift-cube");
     }
 
     #[test]

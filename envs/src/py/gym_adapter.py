@@ -1,5 +1,6 @@
 """Per-step glue between Rust and a gymnasium env: one call per step, float32 observations."""
 import os
+import sys
 
 import gymnasium
 import numpy as np
@@ -14,13 +15,37 @@ def registered_ids():
     return list(gymnasium.envs.registry.keys())
 
 
+def report_warning(message):
+    """MuJoCo's warnings go to stderr instead of a MUJOCO_LOG.TXT in the working directory."""
+    print(f"mujoco: {message}", file=sys.stderr)
+
+
+# gymnasium's MuJoCo environments, whose models load when made.
+MUJOCO_IDS = {name for name, spec in gymnasium.envs.registry.items()
+              if "mujoco" in str(getattr(spec, "entry_point", ""))}
+
+
 class GymAdapter:
-    def __init__(self, env_id, renders=False):
+    """`continuous`: made with continuous=True (LunarLander). `success_above`: success is the
+    episode's return so far above this (the official LunarLander rule), else the env's own
+    `success` or `is_success` info."""
+
+    def __init__(self, env_id, renders=False, continuous=False, success_above=None):
         if renders:
             # MuJoCo envs render headless through EGL unless the user chose a backend.
             os.environ.setdefault("MUJOCO_GL", "egl")
+        kwargs = {"continuous": True} if continuous else {}
         # Only when rendering: envs whose constructor takes no render_mode refuse even None.
-        env = gymnasium.make(env_id, **({"render_mode": "rgb_array"} if renders else {}))
+        if renders:
+            kwargs["render_mode"] = "rgb_array"
+        if "mujoco" in sys.modules or env_id in MUJOCO_IDS:
+            import mujoco
+
+            mujoco.set_mju_user_warning(report_warning)
+        try:
+            env = gymnasium.make(env_id, **kwargs)
+        except gymnasium.error.DependencyNotInstalled as e:
+            raise Unsupported(f"{e} (scripts/setup.sh installs gymnasium[mujoco,box2d])") from None
         if env.spec is None or env.spec.max_episode_steps is None:
             env.close()
             raise Unsupported("the env has no max_episode_steps in its spec")
@@ -30,6 +55,8 @@ class GymAdapter:
             raise Unsupported(f"only Box action spaces are supported, got {act}")
         obs_space = env.observation_space
         self.env = env
+        self.success_above = success_above
+        self.episode_return = 0.0
         self.episode_length = int(env.spec.max_episode_steps)
         self.action_shape = act.shape
         self.action_dtype = act.dtype
@@ -46,12 +73,17 @@ class GymAdapter:
 
     def reset(self, seed):
         obs, _info = self.env.reset(seed=seed)
+        self.episode_return = 0.0
         return self._flatten(obs)
 
     def step(self, action):
         action = action.reshape(self.action_shape).astype(self.action_dtype, copy=False)
         obs, reward, terminated, truncated, info = self.env.step(action)
-        success = info.get("success", info.get("is_success"))
+        self.episode_return += float(reward)
+        if self.success_above is None:
+            success = info.get("success", info.get("is_success"))
+        else:
+            success = self.episode_return > self.success_above
         return (
             self._flatten(obs),
             float(reward),

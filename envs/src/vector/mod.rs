@@ -9,6 +9,7 @@
 //! their stdin, and are reaped when the [`VectorEnv`] is dropped.
 mod process;
 mod protocol;
+mod remote;
 mod worker;
 
 use std::path::PathBuf;
@@ -16,8 +17,10 @@ use std::time::Duration;
 
 use self::process::WorkerProcess;
 use self::protocol::{Encoder, Layout};
+use crate::family::{Family, HOSTED_FAMILY_VAR};
 use crate::{Env, EnvOptions, EnvSpec, Error, Frame, ObsKind, Result, Step, TaskMix};
 
+pub use self::remote::{set_default_worker, specs_in_worker, RemoteEnv};
 pub use self::worker::serve_worker;
 
 /// Where a vector env's environments run.
@@ -41,6 +44,8 @@ pub struct WorkerCommand {
     pub reply_limit: Option<ReplyLimit>,
     /// Who runs the workers, named first in their errors (`rank 1`); empty for no one.
     pub owner: String,
+    /// Variables set for the worker (those that point it at a family's venv).
+    pub env: Vec<(String, String)>,
 }
 
 /// How long a worker may take to answer, and the setting that says so (for its error).
@@ -58,8 +63,37 @@ impl WorkerCommand {
             args: args.iter().map(|a| a.to_string()).collect(),
             reply_limit: None,
             owner: String::new(),
+            env: Vec::new(),
         }
     }
+
+    /// The same worker, its embedded interpreter pointed at `family`'s venv: it makes that
+    /// family's environments itself. An error names the command that installs the venv.
+    pub fn for_family(&self, family: Family) -> Result<WorkerCommand> {
+        let site = family.site_packages()?;
+        let mut command = self.clone();
+        command.env.retain(|(key, _)| {
+            key != HOSTED_FAMILY_VAR && key != embedded_python::SITE_PACKAGES_VAR
+        });
+        command.env.push((
+            embedded_python::SITE_PACKAGES_VAR.into(),
+            site.display().to_string(),
+        ));
+        command
+            .env
+            .push((HOSTED_FAMILY_VAR.into(), family.name().into()));
+        Ok(command)
+    }
+}
+
+/// The family with a venv of its own that every one of `tasks` needs and this process is not
+/// (a worker of such a family has to make them); None if some task can step here.
+fn away_family<'a>(tasks: impl IntoIterator<Item = &'a String>) -> Option<Family> {
+    let mut families = tasks
+        .into_iter()
+        .map(|task| Family::of(task).filter(|f| !f.steps_here()));
+    let first = families.next()??;
+    families.all(|f| f == Some(first)).then_some(first)
 }
 
 pub struct VectorEnv {
@@ -392,7 +426,12 @@ fn start_workers(
     for w in 0..k {
         let envs = w * n / k..(w + 1) * n / k;
         owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
-        let mut process = WorkerProcess::spawn(worker, task, envs.clone())?;
+        let family = away_family(mixes[envs.clone()].iter().flat_map(|m| &m.tasks));
+        let command = match family {
+            Some(family) => worker.for_family(family)?,
+            None => worker.clone(),
+        };
+        let mut process = WorkerProcess::spawn(&command, task, envs.clone())?;
         // Worker 0 holds env 0, the one that films.
         let mut init = Encoder::default()
             .u8(options.obs as u8)

@@ -55,6 +55,7 @@ impl WorkerProcess {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        command.envs(worker.env.iter().map(|(key, value)| (key, value)));
         for var in ONE_THREAD {
             if std::env::var_os(var).is_none() {
                 command.env(var, "1");

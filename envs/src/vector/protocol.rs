@@ -22,6 +22,9 @@ pub const STEP: u8 = 4;
 pub const RENDER: u8 = 5;
 /// Parent -> worker: which task of its mix one env's next reset starts.
 pub const SWITCH: u8 = 6;
+/// Parent -> worker (instead of INIT): observation kind, videos, a seed and task names; the
+/// worker makes each task's environment in turn and replies with their specs, keeping none.
+pub const SPECS: u8 = 7;
 /// Worker -> parent: done (after INIT: the spec).
 pub const OK: u8 = 0x80;
 /// Worker -> parent: an env failed: its local index (or [`NO_ENV`]) and the error text.
@@ -38,6 +41,7 @@ pub fn command_name(tag: u8) -> &'static str {
         STEP => "step",
         RENDER => "render",
         SWITCH => "switch task",
+        SPECS => "make each task's environment",
         _ => "an unknown command",
     }
 }
@@ -181,7 +185,11 @@ pub fn encode_spec(spec: &EnvSpec) -> Vec<u8> {
 }
 
 pub fn decode_spec(payload: &[u8]) -> io::Result<EnvSpec> {
-    let mut d = Decoder(payload);
+    read_spec(&mut Decoder(payload))
+}
+
+/// The next spec [`encode_spec`] wrote.
+pub fn read_spec(d: &mut Decoder<'_>) -> io::Result<EnvSpec> {
     let rank = d.u32()?;
     let obs_shape = (0..rank)
         .map(|_| d.u64().map(|v| v as usize))

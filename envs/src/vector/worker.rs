@@ -17,6 +17,13 @@ const MAX_ERROR_BYTES: usize = 64 * 1024;
 /// Replies go to the process's original stdout; stdout itself is pointed at stderr first,
 /// so whatever the environments print cannot corrupt the channel.
 pub fn serve_worker() -> Result<()> {
+    // Environments of another family's venv (a multitask slot's) step in workers of this
+    // same program.
+    if let Ok(program) = std::env::current_exe() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        super::set_default_worker(super::WorkerCommand::new(program, &args));
+    }
     let replies = protocol_output().map_err(|e| io_error("redirect stdout", e))?;
     let mut worker = Worker {
         replies,
@@ -75,6 +82,7 @@ impl Worker {
             protocol::STEP => self.step(&mut d).map(|()| Vec::new()),
             protocol::RENDER => self.render(&mut d),
             protocol::SWITCH => self.switch_task(&mut d).map(|()| Vec::new()),
+            protocol::SPECS => specs(&mut d),
             other => Err((None, format!("unknown command {other}"))),
         };
         match outcome {
@@ -96,12 +104,7 @@ impl Worker {
     }
 
     fn init(&mut self, d: &mut Decoder<'_>) -> std::result::Result<Vec<u8>, Failure> {
-        let obs = match d.u8().map_err(malformed)? {
-            0 => ObsKind::State,
-            1 => ObsKind::Rgb,
-            other => return Err((None, format!("INIT names observation kind {other}"))),
-        };
-        let videos = d.u8().map_err(malformed)? != 0;
+        let EnvOptions { obs, videos } = read_options(d)?;
         let count = d.u32().map_err(malformed)?;
         let envs: Vec<(u64, TaskMix)> = (0..count)
             .map(|_| Ok((d.u64()?, protocol::decode_mix(d)?)))
@@ -211,6 +214,32 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// What the agent observes and whether videos are filmed, as INIT and SPECS begin.
+fn read_options(d: &mut Decoder<'_>) -> std::result::Result<EnvOptions, Failure> {
+    let obs = match d.u8().map_err(malformed)? {
+        0 => ObsKind::State,
+        1 => ObsKind::Rgb,
+        other => return Err((None, format!("the command names observation kind {other}"))),
+    };
+    let videos = d.u8().map_err(malformed)? != 0;
+    Ok(EnvOptions { obs, videos })
+}
+
+/// Each named task's spec; the environments are dropped at once.
+fn specs(d: &mut Decoder<'_>) -> std::result::Result<Vec<u8>, Failure> {
+    let options = read_options(d)?;
+    let seed = d.u64().map_err(malformed)?;
+    let count = d.u32().map_err(malformed)?;
+    let mut reply = Vec::new();
+    for i in 0..count as usize {
+        let task = d.str().map_err(malformed)?;
+        let env = crate::make_observed(&task, seed, options)
+            .map_err(|e| (Some(i), format!("{task}: {e}")))?;
+        reply.extend(protocol::encode_spec(env.spec()));
+    }
+    Ok(reply)
 }
 
 fn malformed(e: io::Error) -> Failure {
