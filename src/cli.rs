@@ -205,33 +205,54 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     Ok(config)
 }
 
-/// Each task's environment spec, in task-id order; a task that cannot be made is named with
-/// its place in the list.
+/// Each task's environment spec, in task-id order: the tasks of the project's venv made here
+/// one by one, those of a family with a venv of its own by one worker of that family. A task
+/// that cannot be made is named with its place in the list.
 fn multitask_specs(config: &Config, options: envs::EnvOptions) -> Result<Vec<envs::EnvSpec>> {
     let tasks = config.tasks()?;
-    tasks
-        .iter()
-        .enumerate()
-        .map(|(i, task)| {
-            envs::make_observed(task, config.seed, options)
-                .map(|env| env.spec().clone())
-                .map_err(|e| {
-                    let why = if crate::config::METAWORLD.contains(&task.as_str()) {
-                        "it is a Meta-World task, which this build does not have yet".to_string()
-                    } else {
-                        e.to_string()
-                    };
-                    Error::Config(format!(
-                        "task={}: task {i} of {} ({task}) cannot be made: {why}",
-                        config.task,
-                        tasks.len()
-                    ))
-                })
-        })
+    let cannot = |i: usize, e: envs::Error| {
+        Error::Config(format!(
+            "task={}: task {i} of {} ({}) cannot be made: {e}",
+            config.task,
+            tasks.len(),
+            tasks[i]
+        ))
+    };
+    let mut specs = vec![None; tasks.len()];
+    let mix = envs::TaskMix {
+        tasks: tasks.clone(),
+        padding: None,
+    };
+    for (away, indices) in mix.groups() {
+        if away.is_none() {
+            for i in indices {
+                let env = envs::make_observed(&tasks[i], config.seed, options)
+                    .map_err(|e| cannot(i, e))?;
+                specs[i] = Some(env.spec().clone());
+            }
+            continue;
+        }
+        let names: Vec<String> = indices.iter().map(|&i| tasks[i].clone()).collect();
+        let made = envs::specs_in_worker(&names, config.seed, options).map_err(|e| match e {
+            envs::Error::WorkerEnv { index, .. } => {
+                cannot(indices[index.min(indices.len() - 1)], e)
+            }
+            e => cannot(indices[0], e),
+        })?;
+        for (i, spec) in indices.into_iter().zip(made) {
+            specs[i] = Some(spec);
+        }
+    }
+    specs
+        .into_iter()
+        .map(|spec| spec.ok_or_else(|| Error::Config("a task has no spec".into())))
         .collect()
 }
 
 pub fn run(cli: Cli) -> Result<()> {
+    // An environment whose simulator lives in a task family's own venv steps in a worker
+    // process of this binary (`envs::make("mw-reach", …)` anywhere in this process).
+    envs::set_default_worker(crate::actor::env_worker_command()?);
     match cli.command {
         Command::Train(args) if args.multirun => {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)

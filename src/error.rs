@@ -72,7 +72,11 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) => 2,
-            Error::Env(envs::Error::UnknownTask { .. }) => 2,
+            Error::Env(
+                envs::Error::UnknownTask { .. }
+                | envs::Error::Unsupported { .. }
+                | envs::Error::FamilyMissing { .. },
+            ) => 2,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
             _ => 1,
         }

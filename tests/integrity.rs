@@ -7,11 +7,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, TINY};
+use common::{checkpoint, free_port, TINY};
 
 fn command(verb: &str, run_dir: &Path, extra: &[String]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
@@ -31,10 +31,6 @@ fn assert_ok(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(out.status.success(), "{stderr}");
     stderr
-}
-
-fn checkpoint(run_dir: &Path, step: u64) -> PathBuf {
-    run_dir.join("checkpoints").join(format!("step_{step:012}"))
 }
 
 fn meta(dir: &Path) -> serde_json::Value {

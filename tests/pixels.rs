@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::tensors;
+use common::{checkpoint, tensors};
 
 /// Small planning and batches; 500-step episodes, so seeding takes one episode an env.
 const PIXELS: &[&str] = &[
@@ -37,10 +37,6 @@ fn tdmpc2(command: &str, run_dir: &Path, extra: &[impl AsRef<std::ffi::OsStr>]) 
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn checkpoint(run_dir: &Path, step: u64) -> std::path::PathBuf {
-    run_dir.join("checkpoints").join(format!("step_{step:012}"))
 }
 
 #[test]

@@ -3,11 +3,11 @@
 //! writer killed at any moment, and one dm_control task.
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{tensors, TINY};
+use common::{assert_same_tensors, checkpoint, tensors, TINY};
 
 /// The tiny settings with two planning iterations, a small buffer and one thread.
 fn tiny() -> Vec<&'static str> {
@@ -33,19 +33,6 @@ fn train(run_dir: &Path, extra: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
-}
-
-fn checkpoint(run_dir: &Path, step: u64) -> PathBuf {
-    run_dir.join("checkpoints").join(format!("step_{step:012}"))
-}
-
-fn assert_same_tensors(a: &Path, b: &Path) {
-    let (a, b) = (tensors(a), tensors(b));
-    assert_eq!(a.len(), b.len());
-    for ((name_a, ta), (name_b, tb)) in a.iter().zip(&b) {
-        assert_eq!(name_a, name_b);
-        assert!(ta.equal(tb), "{name_a} differs");
-    }
 }
 
 #[test]

@@ -77,8 +77,18 @@ impl ActorSettings {
         let native = names
             .iter()
             .all(|task| envs::native::TASKS.contains(&task.as_str()));
+        // Tasks whose simulator lives in a family's own venv always step in a worker.
+        let away = envs::TaskMix {
+            tasks: names.clone(),
+            padding: None,
+        }
+        .groups()
+        .iter()
+        .any(|(family, _)| family.is_some());
         let workers = match config.env_workers {
-            _ if n == 1 || native => 0,
+            _ if native => 0,
+            _ if n == 1 && !away => 0,
+            Some(0) if away => 1,
             Some(k) => k,
             None => crate::device::threads(config.num_threads, 1).min(n),
         };
@@ -186,6 +196,16 @@ mod tests {
             "native tasks step in process"
         );
         assert_eq!(s.env_timeout, Duration::from_secs(300));
+        for overrides in [
+            &["task=mw-reach"][..],
+            &["task=mw-reach", "num_envs=3", "env_workers=0"],
+        ] {
+            assert_eq!(
+                settings(overrides, 0).placement,
+                Placement::Workers(1),
+                "{overrides:?}: a family with its own venv steps in a worker"
+            );
+        }
         assert_eq!(s.owner, "rank 0");
         assert!(!s.env.videos);
         let videos = |rank| settings(&["save_video=true"], rank).env.videos;

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
-pub use tasks::{family, is_multitask, task_list, TaskFamily, METAWORLD, MT30};
+pub use tasks::{is_multitask, task_list, MT30};
 
 /// Every setting of a run. Field names follow the official TD-MPC2 config.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -158,25 +158,50 @@ pub struct Source {
 impl Config {
     /// Builds a config from the compiled-in defaults, an optional named file laid over them,
     /// then `key=value` overrides. Validates everything that does not need the environment.
+    /// The task's own settings (see [`tasks::task_settings`]) come between the defaults and
+    /// the file.
     pub fn load(source: &Source) -> Result<Config> {
+        let file = match source.file()? {
+            Some(file) => {
+                let text = std::fs::read_to_string(&file)
+                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+                let layer: Value = serde_yaml_ng::from_str(&text)
+                    .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+                Some((file, layer))
+            }
+            None => None,
+        };
+        let config = Self::layered(&[], file.clone(), &source.overrides)?;
+        let task_settings = tasks::task_settings(&config.task);
+        let config = match task_settings.is_empty() {
+            true => config,
+            false => Self::layered(&task_settings, file, &source.overrides)?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The defaults, then `settings`, the file and the overrides, each laid over the last.
+    fn layered(
+        settings: &[String],
+        file: Option<(PathBuf, Value)>,
+        overrides: &[String],
+    ) -> Result<Config> {
         let mut tree = defaults::tree()?;
-        if let Some(file) = source.file()? {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
-            let layer: Value = serde_yaml_ng::from_str(&text)
-                .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+        for setting in settings {
+            apply_override(&mut tree, setting)?;
+        }
+        if let Some((file, layer)) = file {
             overrides::merge_file(&mut tree, layer, &file)?;
         }
         let mut raw = BTreeMap::new();
-        for arg in &source.overrides {
+        for arg in overrides {
             apply_override(&mut tree, arg)?;
             if let Some((key, value)) = arg.split_once('=') {
                 raw.insert(key.trim().trim_start_matches('+'), value.trim());
             }
         }
-        let config = overrides::from_tree(tree, &raw)?;
-        config.validate()?;
-        Ok(config)
+        overrides::from_tree(tree, &raw)
     }
 
     /// The resolved config as YAML (what `--cfg job` prints and each run saves).

@@ -36,60 +36,6 @@ pub const MT30: [&str; 30] = [
     "pendulum-spin",
 ];
 
-/// The official mt80 list after mt30's tasks: Meta-World's 50, in task-id order.
-pub const METAWORLD: [&str; 50] = [
-    "mw-assembly",
-    "mw-basketball",
-    "mw-button-press-topdown",
-    "mw-button-press-topdown-wall",
-    "mw-button-press",
-    "mw-button-press-wall",
-    "mw-coffee-button",
-    "mw-coffee-pull",
-    "mw-coffee-push",
-    "mw-dial-turn",
-    "mw-disassemble",
-    "mw-door-open",
-    "mw-door-close",
-    "mw-drawer-close",
-    "mw-drawer-open",
-    "mw-faucet-open",
-    "mw-faucet-close",
-    "mw-hammer",
-    "mw-handle-press-side",
-    "mw-handle-press",
-    "mw-handle-pull-side",
-    "mw-handle-pull",
-    "mw-lever-pull",
-    "mw-peg-insert-side",
-    "mw-peg-unplug-side",
-    "mw-pick-out-of-hole",
-    "mw-pick-place",
-    "mw-pick-place-wall",
-    "mw-plate-slide",
-    "mw-plate-slide-side",
-    "mw-plate-slide-back",
-    "mw-plate-slide-back-side",
-    "mw-push-back",
-    "mw-push",
-    "mw-push-wall",
-    "mw-reach",
-    "mw-reach-wall",
-    "mw-shelf-place",
-    "mw-soccer",
-    "mw-stick-push",
-    "mw-stick-pull",
-    "mw-sweep-into",
-    "mw-sweep",
-    "mw-window-open",
-    "mw-window-close",
-    "mw-bin-picking",
-    "mw-box-close",
-    "mw-door-lock",
-    "mw-door-unlock",
-    "mw-hand-insert",
-];
-
 /// The tasks of `task`: the official lists by name, a bracketed list, or the one task.
 pub fn task_list(task: &str) -> Result<Vec<String>> {
     let owned = |names: &[&str]| names.iter().map(|n| n.to_string()).collect();
@@ -97,7 +43,7 @@ pub fn task_list(task: &str) -> Result<Vec<String>> {
         "mt30" => Ok(owned(&MT30)),
         "mt80" => Ok(MT30
             .iter()
-            .chain(&METAWORLD)
+            .chain(&envs::metaworld::TASKS)
             .map(|n| n.to_string())
             .collect()),
         list if list.starts_with('[') => {
@@ -126,27 +72,24 @@ pub fn task_list(task: &str) -> Result<Vec<String>> {
     }
 }
 
+/// Settings the official code sets for a task itself, as `key=value`: `discount_max=0.99` and
+/// `rho=0.7` for its gymnasium tasks (its envs/mujoco.py), and `episodic=true` for those that
+/// end episodes early (the official trainer refuses their terminations otherwise). A config
+/// file or an override still wins.
+pub fn task_settings(task: &str) -> Vec<String> {
+    let Some(official) = envs::gym::official(task) else {
+        return Vec::new();
+    };
+    let mut settings = vec!["discount_max=0.99".to_string(), "rho=0.7".to_string()];
+    if official.terminates {
+        settings.push("episodic=true".into());
+    }
+    settings
+}
+
 /// Whether `task` names several tasks (one multitask model).
 pub fn is_multitask(task: &str) -> bool {
     matches!(task, "mt30" | "mt80") || task.starts_with('[')
-}
-
-/// Which benchmark a task is from, for the averages a multitask evaluation reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskFamily {
-    DmControl,
-    MetaWorld,
-    Other,
-}
-
-pub fn family(task: &str) -> TaskFamily {
-    if MT30.contains(&task) || envs::dmc::is_task(task) {
-        TaskFamily::DmControl
-    } else if METAWORLD.contains(&task) {
-        TaskFamily::MetaWorld
-    } else {
-        TaskFamily::Other
-    }
 }
 
 /// The official task-embedding width: 96 for mt80 or model sizes 1 and 317, else 64.
@@ -193,6 +136,20 @@ mod tests {
         assert!(err("[walker-run,walker-run]").contains("twice"));
         assert!(err("[walker-run,").contains("not a closed list"));
         assert!(err("[a,,b]").contains("two or more"));
+    }
+
+    #[test]
+    fn the_official_gymnasium_tasks_bring_their_settings() {
+        assert_eq!(
+            task_settings("lunarlander-continuous"),
+            ["discount_max=0.99", "rho=0.7", "episodic=true"]
+        );
+        assert_eq!(
+            task_settings("mujoco-halfcheetah"),
+            ["discount_max=0.99", "rho=0.7"]
+        );
+        assert!(task_settings("walker-run").is_empty());
+        assert!(task_settings("HalfCheetah-v5").is_empty());
     }
 
     #[test]

@@ -31,6 +31,18 @@ fn defaults_match_the_official_values() {
 }
 
 #[test]
+fn a_task_brings_its_official_settings_below_the_users() {
+    let c = load(&["task=mujoco-walker"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.7, true));
+    let c = load(&["task=mujoco-walker", "rho=0.5", "episodic=false"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.5, false));
+    let c = load(&["task=mujoco-halfcheetah"]).unwrap();
+    assert_eq!((c.rho, c.episodic), (0.7, false));
+    let c = load(&["task=walker-run"]).unwrap();
+    assert_eq!((c.discount_max, c.rho), (0.995, 0.5));
+}
+
+#[test]
 fn overrides_parse_yaml_scalars_and_lists() {
     let c = load(&[
         "steps=1000",

@@ -10,9 +10,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::evaluate::{EvalSummary, Evaluation};
 use crate::actor::EpisodeStats;
 use crate::agent::UpdateStats;
-use crate::config::{family, Config, TaskFamily};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
+use envs::Family;
 
 pub(super) struct Report {
     logger: Logger,
@@ -200,18 +201,18 @@ fn by_task(tasks: &[String], summaries: &[EvalSummary]) -> Vec<(String, f64)> {
         if let Some(success) = s.success {
             values.push((format!("episode_success+{task}"), success));
         }
-        match family(task) {
-            TaskFamily::DmControl => {
+        match Family::of(task) {
+            Some(Family::DmControl) => {
                 dmc.push(s.mean);
                 scores.push(s.mean / 10.0);
             }
-            TaskFamily::MetaWorld => {
+            Some(Family::MetaWorld) => {
                 mw_reward.push(s.mean);
                 let success = s.success.unwrap_or(0.0);
                 mw_success.push(success);
                 scores.push(success * 100.0);
             }
-            TaskFamily::Other => {}
+            _ => {}
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;

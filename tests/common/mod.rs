@@ -63,6 +63,21 @@ pub fn tensors(file: &std::path::Path) -> Vec<(String, tch::Tensor)> {
     t
 }
 
+/// The checkpoint a run writes at global step `step`.
+pub fn checkpoint(run_dir: &std::path::Path, step: u64) -> std::path::PathBuf {
+    run_dir.join("checkpoints").join(format!("step_{step:012}"))
+}
+
+/// Two safetensors files hold the same tensors, bit for bit.
+pub fn assert_same_tensors(a: &std::path::Path, b: &std::path::Path) {
+    let (a, b) = (tensors(a), tensors(b));
+    assert_eq!(a.len(), b.len());
+    for ((name_a, ta), (name_b, tb)) in a.iter().zip(&b) {
+        assert_eq!(name_a, name_b);
+        assert!(ta.equal(tb), "{name_a} differs");
+    }
+}
+
 /// The pids of `parent`'s children.
 pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {

@@ -1,0 +1,187 @@
+//! The task families with venvs of their own through the real binary: Meta-World trains on
+//! several ranks and resumes bit for bit, the 80-task mt80 resolves and runs, a multitask run
+//! spans DMControl, Meta-World and MyoSuite, and a missing family venv is one clear line.
+//! The family venvs come from `scripts/setup.sh --family all` (scripts/test.sh runs it).
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{assert_same_tensors, checkpoint, free_port, metrics, TINY};
+
+fn tdmpc2(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(args)
+        .output()
+        .expect("the tdmpc2 binary runs")
+}
+
+/// `tdmpc2 train` with the tiny model, 2 ranks, `settings` and the run directory; it must
+/// succeed.
+fn train(run_dir: &Path, settings: &[&str]) -> Output {
+    let port = format!("master_port={}", free_port());
+    let dir = format!("run_dir={}", run_dir.display());
+    let mut args = vec!["train"];
+    args.extend(&TINY[1..]);
+    args.extend(["world_size=2", "num_threads=1", &port, &dir]);
+    args.extend(settings);
+    let out = tdmpc2(&args);
+    assert!(
+        out.status.success(),
+        "training failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn metaworld_trains_on_two_ranks_logs_success_and_resumes_bit_for_bit() {
+    // Episodes of 100 steps on 2 environments per rank end together every 400 global steps;
+    // seeding ends at the first checkpoint, so the resume also carries the planners' warm start.
+    // buffer_size below the shorter run's 400 steps a rank: both runs keep the same buffer.
+    let settings = [
+        "task=mw-reach",
+        "num_envs=2",
+        "seed_steps=200",
+        "save_freq=400",
+        "eval_freq=400",
+        "save_buffer=true",
+        "buffer_size=300",
+    ];
+    let whole = tempfile::tempdir().unwrap();
+    train(whole.path(), &[&settings[..], &["steps=1200"]].concat());
+    let rows = metrics(whole.path());
+    let train_rows: Vec<_> = rows.iter().filter(|r| r["phase"] == "train").collect();
+    assert!(!train_rows.is_empty());
+    assert!(
+        train_rows
+            .iter()
+            .all(|r| r["episode_success"].is_number() && r["episode_length"] == 100.0),
+        "every Meta-World episode logs its success and lasts 100 steps: {train_rows:?}"
+    );
+    let config = std::fs::read_to_string(whole.path().join("config.yaml")).unwrap();
+    assert!(config.contains("discount: 0.95") && config.contains("episode_length: 100"));
+
+    let split = tempfile::tempdir().unwrap();
+    train(split.path(), &[&settings[..], &["steps=800"]].concat());
+    let resume = format!("resume={}", checkpoint(split.path(), 400).display());
+    train(
+        split.path(),
+        &[&settings[..], &["steps=1200", resume.as_str()]].concat(),
+    );
+    for step in [800, 1200] {
+        let (a, b) = (
+            checkpoint(whole.path(), step),
+            checkpoint(split.path(), step),
+        );
+        assert_same_tensors(&a.join("model.safetensors"), &b.join("model.safetensors"));
+        assert_same_tensors(&a.join("state.safetensors"), &b.join("state.safetensors"));
+    }
+}
+
+#[test]
+fn a_multitask_run_spans_dmcontrol_metaworld_and_myosuite() {
+    // Two slots of three tasks each; slot 0 plays walker-run, myo-reach, then mw-push.
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        dir.path(),
+        &[
+            "task=[walker-run,mw-reach,myo-reach,cartpole-swingup,mw-push,myo-key-turn]",
+            "mpc=false",
+            "seed_steps=500",
+            "eval_episodes=1",
+            "steps=1400",
+            "eval_freq=1400",
+        ],
+    );
+    let rows = metrics(dir.path());
+    let trained: Vec<f64> = rows
+        .iter()
+        .filter(|r| r["phase"] == "train")
+        .filter_map(|r| r["episode_length"].as_f64())
+        .collect();
+    assert!(
+        trained.contains(&500.0) && trained.contains(&100.0),
+        "episodes of DMControl and of the other families were trained on: {trained:?}"
+    );
+    let evals: Vec<_> = rows.iter().filter(|r| r["phase"] == "eval").collect();
+    let last = evals.last().expect("an evaluation");
+    for key in [
+        "episode_reward+walker-run",
+        "episode_reward+myo-key-turn",
+        "episode_success+mw-push",
+        "episode_success+myo-reach",
+        "episode_reward+avg_dmcontrol",
+        "episode_success+avg_metaworld",
+        "episode_score+normalized",
+    ] {
+        assert!(last[key].is_number(), "{key} in {last}");
+    }
+}
+
+#[test]
+fn mt80_resolves_and_runs_every_task_on_two_ranks() {
+    let job = tdmpc2(&["train", "task=mt80", "--cfg", "job"]);
+    assert!(
+        job.status.success(),
+        "{}",
+        String::from_utf8_lossy(&job.stderr)
+    );
+    let config: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&job.stdout).unwrap();
+    assert_eq!(config["task_dim"], 96);
+    assert_eq!(
+        config["obs_shape"][0], 39,
+        "Meta-World's observation is the widest"
+    );
+    let lengths = config["episode_lengths"].as_sequence().unwrap();
+    assert_eq!(lengths.len(), 80);
+    assert_eq!(lengths.iter().filter(|l| **l == 100).count(), 50);
+
+    // The evaluation at step 0 plays every task once; training only seeds and pretrains.
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        dir.path(),
+        &[
+            "task=mt80",
+            "mpc=false",
+            "seed_steps=500",
+            "eval_episodes=1",
+            "steps=1002",
+            "eval_freq=100000",
+        ],
+    );
+    let rows = metrics(dir.path());
+    let eval = rows
+        .iter()
+        .find(|r| r["phase"] == "eval")
+        .expect("an evaluation at step 0");
+    let played = eval
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("episode_reward+") && !k.contains("avg"))
+        .count();
+    assert_eq!(played, 80, "{eval}");
+    assert!(eval["episode_success+avg_metaworld"].is_number());
+}
+
+#[test]
+fn a_missing_family_venv_is_one_line_naming_the_command_that_installs_it() {
+    for task in ["mw-reach", "mt80"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(["train", &format!("task={task}"), "--cfg", "job"])
+            .env("TDMPC2_VENV_METAWORLD", "/nonexistent/venv")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{task}: {stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "{task}: {stderr}");
+        assert!(
+            errors[0].contains("scripts/setup.sh --family metaworld")
+                && errors[0].contains("/nonexistent/venv"),
+            "{task}: {stderr}"
+        );
+        assert!(!stderr.contains("Traceback"), "{task}: {stderr}");
+    }
+}
