@@ -1,6 +1,7 @@
 //! The task families with venvs of their own through the real binary: Meta-World trains on
-//! several ranks and resumes bit for bit, the 80-task mt80 resolves and runs, a multitask run
-//! spans DMControl, Meta-World and MyoSuite, and a missing family venv is one clear line.
+//! several ranks and resumes bit for bit, the 80-task mt80 resolves and runs, multitask runs
+//! online and offline span DMControl, Meta-World and MyoSuite, and a missing family venv is
+//! one clear line.
 //! The family venvs come from `scripts/setup.sh --family all` (scripts/test.sh runs it).
 mod common;
 
@@ -163,6 +164,47 @@ fn mt80_resolves_and_runs_every_task_on_two_ranks() {
         .count();
     assert_eq!(played, 80, "{eval}");
     assert!(eval["episode_success+avg_metaworld"].is_number());
+}
+
+#[test]
+fn offline_training_runs_on_a_dataset_that_spans_families() {
+    let tasks = "task=[reacher-easy,mw-reach,myo-reach]";
+    let data = tempfile::tempdir().unwrap();
+    let collected = tdmpc2(&[
+        "collect",
+        "--episodes",
+        "3",
+        "--episodes-per-file",
+        "1",
+        "--out",
+        &data.path().display().to_string(),
+        tasks,
+        "model_size=1",
+    ]);
+    let said = String::from_utf8_lossy(&collected.stdout);
+    assert!(said.contains("wrote 3 episodes in 3 files"), "{said}");
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = format!("data_dir={}", data.path().display());
+    train(
+        dir.path(),
+        &[
+            tasks,
+            &data_dir,
+            "eval_episodes=1",
+            "steps=21",
+            "eval_freq=20",
+        ],
+    );
+    let rows = metrics(dir.path());
+    let last = rows.iter().rfind(|r| r["phase"] == "eval").unwrap();
+    assert_eq!(last["step"], 20);
+    for key in [
+        "episode_reward+reacher-easy",
+        "episode_success+mw-reach",
+        "episode_success+myo-reach",
+    ] {
+        assert!(last[key].is_number(), "{key} in {last}");
+    }
 }
 
 #[test]
