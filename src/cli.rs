@@ -470,7 +470,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 &mut |line| println!("{line}"),
             )?,
             "agent" => {
-                let options = crate::agent::bench::BenchOptions {
+                let options = crate::bench::agent::BenchOptions {
                     model_sizes: args.model_sizes.clone(),
                     tasks: args.tasks.clone(),
                     plan_envs: args.plan_envs.clone(),
@@ -483,7 +483,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 if args.device != "cpu" && tch::Cuda::is_available() {
                     crate::bench::trainer_precision(tch::Device::Cuda(0))?;
                 }
-                let report = crate::agent::bench::bench(&options)?;
+                let report = crate::bench::agent::bench(&options)?;
                 for case in &report.cases {
                     let mut line =
                         serde_json::to_value(case).map_err(|e| Error::Other(e.to_string()))?;

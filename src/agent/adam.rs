@@ -8,9 +8,9 @@
 //! frozen into it.
 use tch::{Kind, Tensor};
 
+use super::error::{Error, Result};
 use super::kernels::{self, AdamCoefficients};
 use super::params::ParamEntry;
-use super::{Error, Result};
 
 /// A contiguous slice of the flat buffer sharing one learning rate (a torch param group).
 #[derive(Debug, Clone, PartialEq)]
@@ -409,7 +409,7 @@ mod tests {
     /// operators with the same scalar arguments: a captured step replays the next one.
     #[test]
     fn tensor_operation_steps_are_replayable() {
-        use crate::agent::op_count::{count_ops, trace_ops};
+        use crate::bench::op_count::{count_ops, trace_ops};
         let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
         let mut adam = adam(&params, 3);
         let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));

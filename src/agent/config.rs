@@ -2,8 +2,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::encoder::IMAGE_SIZE;
+use super::error::{Error, Result};
 use super::task::Tasks;
-use super::{Error, Result};
 use crate::config::PIXEL_FEATURES;
 
 /// Everything the agent needs, with the official TD-MPC2 names. Built directly by tests, or

@@ -5,10 +5,10 @@
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::error::Result;
 use super::layers::{simnorm, Activation, Mlp};
 use super::noise::Noise;
 use super::params::ParamVisitor;
-use super::Result;
 
 /// Observations → latents.
 #[derive(Debug)]

@@ -1,10 +1,10 @@
 //! Building blocks: NormedLinear MLPs and the stacked Q ensemble.
 use tch::{Device, Kind, Tensor};
 
+use super::error::{Error, Result};
 use super::kernels;
 use super::noise::Noise;
 use super::params::ParamVisitor;
-use super::{Error, Result};
 
 /// LayerNorm epsilon of `nn.LayerNorm`.
 const LAYER_NORM_EPS: f64 = 1e-5;

@@ -12,8 +12,8 @@ use rand::rngs::{SmallRng, StdRng};
 use rand::{Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 
+use super::error::{Error, Result};
 use super::kernels;
-use super::{Error, Result};
 
 /// The kind of a random draw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyAnyMethods, PyBytes, PyDict, PyDictMethods};
 use tch::{Kind, Tensor};
 
+use super::error::{Error, Result};
 use super::world_model::{Q_DETACHED, Q_ONLINE, Q_TARGET};
-use super::{Error, Result};
 
 /// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
 const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];

@@ -6,7 +6,7 @@
 //! updates and collective operations run on the whole buffer at once.
 use tch::{Device, Kind, Tensor};
 
-use super::{Error, Result};
+use super::error::{Error, Result};
 
 /// Something that owns named parameters.
 pub trait ParamVisitor {

@@ -4,11 +4,11 @@
 use tch::{Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::error::Result;
 use super::layers::{Heads, Mlp};
 use super::math;
 use super::noise::Noise;
 use super::world_model::{QParams, QReduce, WorldModel};
-use super::Result;
 
 fn is_shared(z: &Tensor, a: &Tensor) -> bool {
     z.size()[0] == 1 && a.size()[0] > 1

@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
+use super::error::{Error, Result};
 use super::params::ParamVisitor;
-use super::{Error, Result};
 
 /// The embedding table's state-dict prefix (`_task_emb.weight`).
 pub const TASK_EMB: &str = "_task_emb";

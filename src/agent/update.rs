@@ -14,13 +14,13 @@ use tch::{Kind, Reduction, Tensor};
 
 use super::adam::{clip_grad_norm, parameter_views, Adam, ParamGroup};
 use super::config::AgentConfig;
+use super::error::{expect_shape, Result};
 use super::layers::Heads;
 use super::noise::Noise;
 use super::scale::RunningScale;
 use super::task::TaskRows;
 pub use super::update_stats::{UpdateInfo, UpdateStats};
 use super::world_model::{QParams, QReduce, WorldModel};
-use super::{expect_shape, Result};
 use crate::buffer::Batch;
 
 const BETAS: (f64, f64) = (0.9, 0.999);
@@ -434,7 +434,7 @@ impl Updater {
         let (start, end) = model
             .model_params
             .range_of(super::task::TASK_EMB)
-            .ok_or_else(|| super::Error::Config("the model has no task embedding".into()))?;
+            .ok_or_else(|| super::error::Error::Config("the model has no task embedding".into()))?;
         tch::no_grad(|| {
             if !self.model_grads_pending {
                 let _ = self.model_grads.zero_();
@@ -463,9 +463,9 @@ impl Updater {
         let (start, end) = model
             .model_params
             .range_of(super::task::TASK_EMB)
-            .ok_or_else(|| super::Error::Config("the model has no task embedding".into()))?;
+            .ok_or_else(|| super::error::Error::Config("the model has no task embedding".into()))?;
         if grad.numel() as i64 != end - start {
-            return Err(super::Error::Config(format!(
+            return Err(super::error::Error::Config(format!(
                 "a carried task-embedding gradient of {} numbers for a table of {}",
                 grad.numel(),
                 end - start

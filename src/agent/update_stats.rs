@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-use super::Result;
+use super::error::Result;
 
 /// The logged statistics of one update, kept on the device until [`UpdateInfo::fetch`].
 #[derive(Debug)]

@@ -12,12 +12,12 @@ use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
 use super::encoder::Encoder;
+use super::error::{Error, Result};
 use super::layers::{Activation, Ensemble, Heads, Mlp};
 use super::math::{self, TwoHot};
 use super::noise::Noise;
 use super::params::FlatParams;
 use super::task::{self, TaskEmbedding, TaskRows, ACTION_MASKS, TASK_EMB};
-use super::{Error, Result};
 
 pub const DYNAMICS: &str = "_dynamics";
 pub const REWARD: &str = "_reward";

@@ -4,9 +4,9 @@
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
+use super::agent::{median, time_ms};
+use super::op_count::{kernel_times, KernelTime};
 use crate::actor::Policy;
-use crate::agent::bench::{median, time_ms};
-use crate::agent::op_count::{kernel_times, KernelTime};
 use crate::agent::{AgentConfig, TorchNoise};
 use crate::buffer::Batch;
 use crate::config::Config;

@@ -1,9 +1,12 @@
-//! Benchmarks of the trainer as a whole (the agent's own are in `agent::bench`).
+//! Benchmarks: the agent's plan and update (`agent`, with the operator counts of `op_count`),
+//! and the trainer's parts and whole.
+pub mod agent;
 pub mod buffer;
 pub mod dataset;
 pub mod ddp;
 pub mod env;
 pub mod graphs;
+pub mod op_count;
 pub mod train_loop;
 pub mod video;
 

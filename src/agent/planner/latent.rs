@@ -2,11 +2,11 @@
 //! the rollouts the planner scores candidates with.
 use tch::{Device, Kind, Tensor};
 
+use crate::agent::error::{Error, Result};
 use crate::agent::layers::Heads;
 use crate::agent::noise::Noise;
 use crate::agent::task::{self, TaskRows};
 use crate::agent::world_model::{QParams, QReduce, WorldModel};
-use crate::agent::{Error, Result};
 
 /// What planning needs from a model. Latent arguments are (N, Z), or (G, Z) with G < N for G
 /// latents each shared by N/G consecutive rows of the other argument (the first planning step

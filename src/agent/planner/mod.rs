@@ -15,11 +15,11 @@ mod tests;
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::error::{expect_shape, Error, Result};
 use super::layers::Heads;
 use super::noise::Noise;
 use super::task::TaskRows;
 use super::world_model::WorldModel;
-use super::{expect_shape, Error, Result};
 use latent::Rollout;
 pub use latent::{LatentModel, TaskModel};
 

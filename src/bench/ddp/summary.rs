@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::DdpOptions;
-use crate::agent::bench::median;
+use crate::bench::agent::median;
 use crate::error::{Error, Result};
 
 /// One rank's timings, printed by the worker as its last stdout line.

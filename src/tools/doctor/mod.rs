@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use crate::config::{Config, Source};
 use crate::error::{Error, Result};
 
+mod families;
 mod group;
 mod render;
 
@@ -80,8 +81,8 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     let torch_ok = check_python(&mut report);
     check_gpus(&mut report, torch_ok);
     if torch_ok {
-        check_dm_control(&mut report);
-        check_families(&mut report, &config);
+        families::check_dm_control(&mut report);
+        families::check_families(&mut report, &config);
         render::check_rendering(&mut report, chosen_renderer.as_deref());
     }
     check_port(&mut report, config.master_port);
@@ -349,95 +350,6 @@ fn yes(b: bool) -> &'static str {
 }
 
 /// dm_control imports and one task resets and steps.
-fn check_dm_control(report: &mut Report) {
-    let task = "cartpole-swingup";
-    let stepped = (|| {
-        let mut env = envs::make(task, 0)?;
-        env.reset(Some(0))?;
-        let action = vec![0.0f32; env.spec().action_dim];
-        env.step(&action)?;
-        Ok::<_, Error>(())
-    })();
-    match stepped {
-        Ok(()) => report.line(Mark::Pass, "dm_control", format!("{task} resets and steps")),
-        Err(e) => report.line(
-            Mark::Fail,
-            "dm_control",
-            format!(
-                "{task} does not step ({e}); install the pinned dm_control and mujoco \
-                 (scripts/setup.sh); headless machines need MUJOCO_GL=egl for pixels"
-            ),
-        ),
-    }
-}
-
-/// Resets and steps a task once: in this process, or in a worker with its family's venv.
-fn reset_and_step(task: &str) -> Result<()> {
-    let mut env = envs::make(task, 0)?;
-    env.reset(Some(0))?;
-    env.step(&vec![0.0f32; env.spec().action_dim])?;
-    Ok(())
-}
-
-/// Each task family with a venv of its own: installed or not, and one task reset and stepped
-/// in its worker; the official gymnasium tasks (box2d) in this process. A family the run's
-/// task needs must be there.
-fn check_families(report: &mut Report, config: &Config) {
-    let needed: Vec<envs::Family> = config
-        .tasks()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|task| envs::Family::of(task))
-        .collect();
-    for (family, task) in [
-        (envs::Family::MetaWorld, "mw-reach"),
-        (envs::Family::MyoSuite, "myo-reach"),
-    ] {
-        let name = family.name();
-        if let Err(e) = family.site_packages() {
-            let mark = match needed.contains(&family) {
-                true => Mark::Fail,
-                false => Mark::Note,
-            };
-            report.line(mark, name, format!("not installed: {e}"));
-            continue;
-        }
-        match reset_and_step(task) {
-            Ok(()) => report.line(
-                Mark::Pass,
-                name,
-                format!(
-                    "{task} resets and steps in a worker with {}",
-                    family.venv().display()
-                ),
-            ),
-            Err(e) => report.line(
-                Mark::Fail,
-                name,
-                format!(
-                    "{task} does not step ({e}); reinstall with `{}`",
-                    family.install_command()
-                ),
-            ),
-        }
-    }
-    let task = "lunarlander-continuous";
-    match reset_and_step(task) {
-        Ok(()) => report.line(
-            Mark::Pass,
-            "gymnasium",
-            format!("{task} resets and steps (box2d)"),
-        ),
-        Err(e) => report.line(
-            Mark::Fail,
-            "gymnasium",
-            format!(
-                "{task} does not step ({e}); install the pinned requirements (scripts/setup.sh)"
-            ),
-        ),
-    }
-}
-
 fn check_port(report: &mut Report, port: u16) {
     match std::net::TcpListener::bind(("0.0.0.0", port)) {
         Ok(_) => report.line(Mark::Pass, "master_port", format!("{port} is free")),

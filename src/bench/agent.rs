@@ -4,13 +4,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
-use super::config::AgentConfig;
-use super::noise::{HostNoise, Noise, TorchNoise};
 use super::op_count::{count_ops, OpCount};
-use super::planner::Planner;
-use super::update::Updater;
-use super::world_model::WorldModel;
-use super::{Error, Result};
+use crate::agent::noise::{HostNoise, Noise, TorchNoise};
+use crate::agent::{AgentConfig, Error, Planner, Result, Updater, WorldModel};
 use crate::buffer::Batch;
 
 /// What to measure.
@@ -254,17 +250,17 @@ pub fn bench(options: &BenchOptions) -> Result<BenchReport> {
         tch::set_num_threads(threads as i32);
     }
     let device = parse_device(&options.device)?;
-    super::kernels::retain_freed_memory();
+    crate::agent::kernels::retain_freed_memory();
     let load_before = load_average();
     let matmul = matmul_gflops(device, 2048);
     let mut cases = Vec::new();
     for &size in &options.model_sizes {
         for task in &options.tasks {
             let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
-                super::Error::Config(format!("unknown bench task `{task}` (walker-run, dog-run)"))
+                Error::Config(format!("unknown bench task `{task}` (walker-run, dog-run)"))
             })?;
             let config = AgentConfig::defaults(Some(size), obs_dim, action_dim)
-                .map_err(|e| super::Error::Config(e.to_string()))?;
+                .map_err(|e| Error::Config(e.to_string()))?;
             cases.push(bench_case(&config, size, task, options, device, matmul)?);
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use pyo3::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::{Error, Result};
+use crate::agent::{Error, Result};
 
 const RULE: &str = include_str!("../../scripts/op_count.py");
 
