@@ -1,6 +1,6 @@
 //! Offline multitask training through the real binary: `tdmpc2 collect` writes a dataset of
 //! three tasks in the official format (checked by loading it as the official trainer does),
-//! and two ranks train on it, sharing its files, evaluate each task, checkpoint and resume bit
+//! and two ranks train on it, each sampling from every file, evaluate each task, checkpoint and resume bit
 //! for bit.
 mod common;
 
@@ -92,8 +92,9 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
     let whole = tempfile::tempdir().unwrap();
     let console = train(data.path(), whole.path(), &["steps=40".into()]);
     assert!(
-        console.contains("rank 0 reads 4 episodes") && console.contains("Training finished"),
-        "rank 0 holds files 0 and 2: {console}"
+        console.contains("each of the 2 ranks samples from all 6 episodes")
+            && console.contains("Training finished"),
+        "every rank samples from every file: {console}"
     );
     let records = metrics(whole.path());
     let evals: Vec<_> = records.iter().filter(|r| r["phase"] == "eval").collect();

@@ -5,7 +5,9 @@
 //! A file is indexed once, without running pickled code (`official_format.py`): where each
 //! tensor's bytes lie in the file. Batches are then read straight from disk, a few rows per
 //! sample, so that a dataset larger than memory trains; only each episode's task id is held.
-//! Ranks share the files out (file i to rank i mod world_size), as the official trainer does.
+//! Every rank samples from every file, uniformly over all episodes from its own stream: a run's
+//! batches are the official single-process sampling split across ranks, whatever the world
+//! size and the number of files.
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -55,25 +57,6 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     Ok(files)
-}
-
-/// This rank's files: every world_size-th, from its rank.
-pub fn shard(files: &[PathBuf], rank: usize, world_size: usize) -> Result<Vec<PathBuf>> {
-    if files.len() < world_size {
-        return Err(Error::Config(format!(
-            "data_dir holds {} dataset files and world_size={world_size}: ranks share the \
-             files out, so each needs at least one; use world_size <= {} or split the data \
-             into more files",
-            files.len(),
-            files.len()
-        )));
-    }
-    Ok(files
-        .iter()
-        .skip(rank)
-        .step_by(world_size)
-        .cloned()
-        .collect())
 }
 
 #[derive(Debug, Deserialize)]
@@ -314,11 +297,11 @@ fn index(path: &Path) -> std::result::Result<Index, String> {
     serde_json::from_str(&text).map_err(|e| format!("index: {e}"))
 }
 
-/// One rank's share of a dataset, sampled as the replay buffer is: an episode uniformly, then
+/// A dataset, sampled as the replay buffer is: an episode uniformly among all the files', then
 /// a slice of horizon + 1 rows uniformly within it.
 pub struct Dataset {
     chunks: Vec<Chunk>,
-    /// Index of each chunk's first episode among all of the shard's.
+    /// Index of each chunk's first episode among all of the dataset's.
     first_episode: Vec<usize>,
     episodes: usize,
     bytes: u64,
@@ -360,7 +343,7 @@ impl Dataset {
         self.bytes
     }
 
-    /// How many episodes of each task the shard holds.
+    /// How many episodes of each task the dataset holds.
     pub fn episodes_per_task(&self, num_tasks: usize) -> Vec<usize> {
         let mut counts = vec![0; num_tasks];
         for task in self.chunks.iter().flat_map(|c| &c.tasks) {
@@ -533,6 +516,43 @@ mod tests {
         }
     }
 
+    /// Every episode is drawn as often, whichever file holds it and however many the file
+    /// holds: files of 1, 3 and 6 episodes, 60,000 draws, 6,000 expected of each episode.
+    #[test]
+    fn episodes_are_drawn_uniformly_across_files_of_unequal_sizes() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let mut files = Vec::new();
+        let mut id = 0;
+        for (i, count) in [1, 3, 6].into_iter().enumerate() {
+            let mut writer =
+                ChunkWriter::new(&dir.path().join(i.to_string()), 2, 3, vec![2, 1]).unwrap();
+            for _ in 0..count {
+                writer.add(episode(id, 5, 0, 3, 2)).unwrap();
+                id += 1;
+            }
+            files.extend(writer.finish().unwrap());
+        }
+        let data = Dataset::open(&files, &expected(2)).unwrap();
+        assert_eq!(data.episodes(), 10);
+        let mut counts = [0usize; 10];
+        let mut rng = Pcg64::seed_from_u64(3);
+        for _ in 0..60 {
+            let batch = data.sample(1000, &mut rng).unwrap();
+            let first = Vec::<f32>::try_from(batch.obs.get(0).select(1, 0)).unwrap();
+            first
+                .iter()
+                .for_each(|v| counts[(v / 1000.0) as usize] += 1);
+        }
+        // Binomial(60,000, 1/10): a standard deviation of 73; five of them either way.
+        for (episode, &n) in counts.iter().enumerate() {
+            assert!(
+                (5_635..=6_365).contains(&n),
+                "episode {episode}: {n} of 60,000"
+            );
+        }
+    }
+
     /// Prefetched batches are the stream's batches in its order, whatever the thread's timing.
     #[test]
     fn prefetched_batches_are_those_drawn_in_order() {
@@ -577,9 +597,6 @@ mod tests {
         };
         let e = Dataset::open(&written, &long).err().unwrap().to_string();
         assert!(e.contains("episodes of 6 rows"), "{e}");
-        let e = shard(&written, 0, 4).err().unwrap().to_string();
-        assert!(e.contains("3 dataset files and world_size=4"), "{e}");
-        assert_eq!(shard(&written, 1, 2).unwrap(), vec![written[1].clone()]);
         let empty = tempfile::tempdir().unwrap();
         let e = files(empty.path()).err().unwrap().to_string();
         assert!(

@@ -92,8 +92,9 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     }
     let files = writer.finish()?;
     println!(
-        "wrote {finished} episodes in {} files to {}",
+        "wrote {finished} episodes in {} file{} to {}",
         files.len(),
+        if files.len() == 1 { "" } else { "s" },
         args.out.display()
     );
     Ok(())

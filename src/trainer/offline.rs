@@ -1,6 +1,7 @@
 //! Offline training on a dataset (the official offline trainer): `steps` updates on batches
-//! read from this rank's dataset files, evaluated every `eval_freq` updates (each task on its
-//! own), checkpointed every `save_freq` updates and at the end. Steps count updates, which
+//! sampled from every dataset file (uniformly over all episodes, from each rank's own stream),
+//! evaluated every `eval_freq` updates (each task on its own), checkpointed every `save_freq`
+//! updates and at the end. Steps count updates, which
 //! every rank makes together, so the step is the same number on every rank.
 use std::sync::Arc;
 
@@ -73,7 +74,7 @@ struct Offline<'g> {
 }
 
 impl<'g> Offline<'g> {
-    /// Sets up or resumes: this rank's share of the dataset, the learner (identical on every
+    /// Sets up or resumes: the dataset, the learner (identical on every
     /// rank), the actor whose environments evaluate, the streams and rank 0's report.
     fn start(
         config: &Config,
@@ -81,7 +82,7 @@ impl<'g> Offline<'g> {
         device: Device,
         group: &'g ProcessGroup,
     ) -> Result<Self> {
-        let dataset = Arc::new(open_shard(config, group)?);
+        let dataset = Arc::new(open_dataset(config)?);
         let setup::Start {
             mut learner,
             mut actor,
@@ -194,7 +195,7 @@ impl<'g> Offline<'g> {
         }
     }
 
-    /// One synchronised update on `sync_freq` batches of this rank's files.
+    /// One synchronised update on `sync_freq` batches of this rank's stream.
     fn update(&mut self) -> Result<()> {
         let batches = (0..self.settings.sync_freq)
             .map(|_| Ok(self.batches.next()?.to_device(self.device)))
@@ -246,11 +247,11 @@ impl<'g> Offline<'g> {
     }
 }
 
-/// This rank's files of `data_dir`, indexed and checked against the run's model.
-fn open_shard(config: &Config, group: &ProcessGroup) -> Result<Dataset> {
+/// Every file of `data_dir`, indexed and checked against the run's model (each rank samples
+/// from all of them).
+fn open_dataset(config: &Config) -> Result<Dataset> {
     let dir = config.data_dir.as_deref().unwrap_or_default();
     let files = dataset::files(std::path::Path::new(dir))?;
-    let mine = dataset::shard(&files, group.rank(), group.world_size())?;
     let expected = Expected {
         obs_dim: config.resolved_obs_dim()?,
         action_dim: config.resolved_action_dim()?,
@@ -258,13 +259,13 @@ fn open_shard(config: &Config, group: &ProcessGroup) -> Result<Dataset> {
         multitask: config.multitask(),
         slice: config.horizon + 1,
     };
-    Dataset::open(&mine, &expected).map_err(|e| match e {
+    Dataset::open(&files, &expected).map_err(|e| match e {
         Error::Config(message) => Error::Config(format!("data_dir={dir}: {message}")),
         other => other,
     })
 }
 
-/// Rank 0's account of its share of the data.
+/// Rank 0's account of the data.
 fn describe(config: &Config, dataset: &Dataset, world_size: usize) {
     let tasks = config.tasks().unwrap_or_default();
     let per_task = dataset.episodes_per_task(tasks.len());
@@ -275,8 +276,8 @@ fn describe(config: &Config, dataset: &Dataset, world_size: usize) {
         .map(|(task, n)| format!("{task} {n}"))
         .collect();
     eprintln!(
-        "Offline training for {} updates on {} ({} ranks share its files): rank 0 reads {} \
-         episodes ({:.1} MB) from disk as it samples: {}",
+        "Offline training for {} updates on {}: each of the {} ranks samples from all {} \
+         episodes ({:.1} MB of files), read from disk as it samples: {}",
         config.steps,
         config.data_dir.as_deref().unwrap_or_default(),
         world_size,
