@@ -140,7 +140,7 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
 }
 
 /// A dataset that does not fit the run is refused before training, naming the file and what
-/// differs; more ranks than files too.
+/// differs.
 #[test]
 fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
     let data = tempfile::tempdir().unwrap();
@@ -162,21 +162,93 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
         stderr.contains("chunk_0.pt") && stderr.contains("observations of 6 numbers"),
         "{stderr}"
     );
-    let out = Command::new(common::tdmpc2_bin())
-        .arg("train")
-        .args(TINY)
-        .args([
-            format!("task={TASKS}"),
-            format!("data_dir={}", data.path().display()),
-            "world_size=4".into(),
-            format!("master_port={}", free_port()),
-            format!("run_dir={}", run.path().display()),
-        ])
-        .output()
-        .unwrap();
+}
+
+/// Flips 64 bytes in the middle of the largest entry's data, the zip headers intact.
+fn damage(file: &Path) {
+    let (start, size) = {
+        let mut archive = zip::ZipArchive::new(std::fs::File::open(file).unwrap()).unwrap();
+        (0..archive.len())
+            .map(|i| {
+                let entry = archive.by_index(i).unwrap();
+                (entry.data_start().unwrap(), entry.size())
+            })
+            .max_by_key(|&(_, size)| size)
+            .unwrap()
+    };
+    let mut bytes = std::fs::read(file).unwrap();
+    let at = (start + size / 2) as usize;
+    bytes[at..at + 64].iter_mut().for_each(|b| *b ^= 0x5a);
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// A file whose data was damaged after it was written (the headers intact, so it indexes) stops
+/// the run before any update, naming the file and the entry; the doctor finds it too, and
+/// verify_data=false is the way past the check.
+#[test]
+fn a_damaged_dataset_file_stops_the_run_before_any_update_and_the_doctor_finds_it() {
+    let data = tempfile::tempdir().unwrap();
+    collect(data.path());
+    let data_dir = format!("data_dir={}", data.path().display());
+    let doctor = |dir: &str| {
+        Command::new(common::tdmpc2_bin())
+            .args(["doctor", dir])
+            .output()
+            .unwrap()
+    };
+    let healthy = doctor(&data_dir);
+    let said = String::from_utf8_lossy(&healthy.stdout);
+    assert!(said.contains("✓ dataset: 3 files"), "{said}");
+    damage(&data.path().join("chunk_1.pt"));
+    let run = tempfile::tempdir().unwrap();
+    let train = |extra: &[&str]| {
+        Command::new(common::tdmpc2_bin())
+            .arg("train")
+            .args(TINY)
+            .args([
+                format!("task={TASKS}"),
+                data_dir.clone(),
+                "steps=2".into(),
+                format!("run_dir={}", run.path().display()),
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = train(&[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.starts_with("error"))
+        .unwrap_or("");
     assert!(
-        !out.status.success() && stderr.contains("3 dataset files and world_size=4"),
+        error.contains("chunk_1.pt")
+            && error.contains("CRC-32")
+            && error.contains("/data/")
+            && error.contains("download or copy it again"),
+        "{stderr}"
+    );
+    assert!(
+        metrics(run.path()).iter().all(|r| r["phase"] != "train"),
+        "no update ran"
+    );
+    let damaged = doctor(&data_dir);
+    let said = String::from_utf8_lossy(&damaged.stdout);
+    assert!(!damaged.status.success(), "{said}");
+    assert!(
+        said.contains("✗ dataset") && said.contains("chunk_1.pt"),
+        "{said}"
+    );
+    // Unchecked, the run goes on to its evaluation (kept short).
+    let unchecked = train(&["verify_data=false", "mpc=false", "eval_episodes=1"]);
+    let stderr = String::from_utf8_lossy(&unchecked.stderr);
+    assert!(
+        !stderr.contains("verifying dataset file") && !stderr.contains("CRC-32"),
+        "{stderr}"
+    );
+    assert!(
+        metrics(run.path()).iter().any(|r| r["phase"] == "eval"),
         "{stderr}"
     );
 }

@@ -56,6 +56,7 @@ pub struct Config {
     pub buffer_size: usize,
     pub exp_name: String,
     pub data_dir: Option<String>,
+    pub verify_data: bool,
     // planning
     pub mpc: bool,
     pub iterations: usize,

@@ -20,6 +20,7 @@ use tch::Tensor;
 use crate::buffer::Batch;
 use crate::error::{Error, Result};
 
+pub mod integrity;
 mod prefetch;
 mod writer;
 

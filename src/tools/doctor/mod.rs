@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use crate::config::{Config, Source};
 use crate::error::{Error, Result};
 
+mod dataset;
 mod families;
 mod group;
 mod render;
@@ -28,7 +29,8 @@ pub struct DoctorArgs {
     /// Render frames in this process (started by the doctor itself with MUJOCO_GL=egl).
     #[arg(long, hide = true)]
     pub render_check: bool,
-    /// `key=value` settings of the run to check for (master_port, num_threads, run_dir, ...).
+    /// `key=value` settings of the run to check for (master_port, num_threads, run_dir, a
+    /// data_dir whose files to read back, ...).
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
 }
@@ -84,6 +86,9 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         families::check_dm_control(&mut report);
         families::check_families(&mut report, &config);
         render::check_rendering(&mut report, chosen_renderer.as_deref());
+    }
+    if let Some(dir) = &config.data_dir {
+        dataset::check_dataset(&mut report, dir);
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);

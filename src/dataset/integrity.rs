@@ -1,0 +1,198 @@
+//! Whether a dataset file's bytes are those that were written: every entry of its zip archive
+//! (`torch.save`'s format) read to its end against the CRC-32 the archive keeps for it.
+//!
+//! Reading a whole dataset takes minutes at mt80's size, so each file is checked once: a stamp
+//! of its size and modification time is kept in `.tdmpc2-verified/` beside the files, or, where
+//! the dataset's directory is read-only, in `$XDG_CACHE_HOME/tdmpc2/verified/` (default
+//! `~/.cache`). A file changed since its stamp is checked again. Ranks that share a machine take
+//! the stamp's lock, so that one of them reads the file and the others find the stamp.
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// What checking one file found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checked {
+    /// Every entry read back with its CRC-32; the bytes read.
+    Read(u64),
+    /// A stamp says the file, as it is, was read back before.
+    Stamped,
+}
+
+/// Reads every entry of `path` to its end, checking its CRC-32; the bytes read. The error
+/// names the file and the entry, and what to do.
+pub fn verify(path: &Path) -> Result<u64> {
+    let damaged = |what: String| {
+        Error::Config(format!(
+            "dataset file {}: {what}; the file is not what was written (a damaged copy or an \
+             interrupted download): download or copy it again",
+            path.display()
+        ))
+    };
+    let file = File::open(path)
+        .map_err(|e| Error::Config(format!("dataset file {}: {e}", path.display())))?;
+    let mut archive = zip::ZipArchive::new(file)
+        .map_err(|e| damaged(format!("not a readable zip archive ({e})")))?;
+    let mut bytes = 0;
+    let mut buffer = vec![0u8; 1 << 20];
+    for i in 0..archive.len() {
+        let mut entry = archive
+            .by_index(i)
+            .map_err(|e| damaged(format!("entry {i} cannot be read ({e})")))?;
+        let name = entry
+            .name()
+            .map_or_else(|_| format!("entry {i}"), |n| n.into_owned());
+        loop {
+            match entry.read(&mut buffer) {
+                Ok(0) => break,
+                Ok(n) => bytes += n as u64,
+                Err(e) => {
+                    return Err(damaged(format!(
+                        "entry `{name}` does not match the CRC-32 the archive keeps for it ({e})"
+                    )))
+                }
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+/// [`verify`], unless a stamp says this file (same size and modification time) was verified
+/// before; a successful read leaves a stamp where one can be kept.
+pub fn verify_once(path: &Path) -> Result<Checked> {
+    let Some(mut stamp) = Stamp::open(path) else {
+        return verify(path).map(Checked::Read);
+    };
+    if stamp.matches() {
+        return Ok(Checked::Stamped);
+    }
+    let bytes = verify(path)?;
+    stamp.record();
+    Ok(Checked::Read(bytes))
+}
+
+/// A file's stamp, locked while held.
+struct Stamp {
+    file: File,
+    expected: String,
+}
+
+impl Stamp {
+    /// The stamp of `path`, locked; None where none can be kept (nor read).
+    fn open(path: &Path) -> Option<Self> {
+        let meta = std::fs::metadata(path).ok()?;
+        let expected = format!("{} {} {}\n", meta.len(), meta.mtime(), meta.mtime_nsec());
+        let file = stamp_paths(path).into_iter().find_map(|stamp| {
+            std::fs::create_dir_all(stamp.parent()?).ok()?;
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(stamp)
+                .ok()
+        })?;
+        // SAFETY: flock on a descriptor this File owns; released when the File closes.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return None;
+        }
+        Some(Self { file, expected })
+    }
+
+    fn matches(&mut self) -> bool {
+        let mut text = String::new();
+        self.file.read_to_string(&mut text).is_ok() && text == self.expected
+    }
+
+    /// Best effort: a stamp that cannot be written only means the next run reads the file again.
+    fn record(&mut self) {
+        let _ = self.file.set_len(0).and_then(|()| {
+            self.file.seek(SeekFrom::Start(0))?;
+            self.file.write_all(self.expected.as_bytes())
+        });
+    }
+}
+
+/// Where a file's stamp may be kept, in order: beside the dataset, then in the user's cache.
+fn stamp_paths(path: &Path) -> Vec<PathBuf> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut paths = Vec::new();
+    if let Some(dir) = path.parent() {
+        paths.push(dir.join(".tdmpc2-verified").join(name.as_ref()));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")));
+    if let Some(cache) = cache {
+        let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+        let key = crc32c::crc32c(absolute.to_string_lossy().as_bytes());
+        paths.push(
+            cache
+                .join("tdmpc2")
+                .join("verified")
+                .join(format!("{key:08x}-{name}")),
+        );
+    }
+    paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small archive as torch.save writes them: stored entries.
+    fn archive(path: &Path) {
+        let mut zip = zip::ZipWriter::new(File::create(path).unwrap());
+        let stored = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored);
+        zip.start_file("archive/data.pkl", stored).unwrap();
+        zip.write_all(b"pickle").unwrap();
+        zip.start_file("archive/data/0", stored).unwrap();
+        zip.write_all(&[7u8; 4096]).unwrap();
+        zip.finish().unwrap();
+    }
+
+    /// Flips bytes inside entry `archive/data/0`'s data, the headers intact.
+    fn damage(path: &Path) {
+        let mut bytes = std::fs::read(path).unwrap();
+        let at = bytes.windows(4).position(|w| w == [7, 7, 7, 7]).unwrap() + 100;
+        for b in &mut bytes[at..at + 64] {
+            *b ^= 0xff;
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_entry_is_named_and_an_intact_file_is_read_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chunk_0.pt");
+        archive(&path);
+        assert_eq!(verify(&path).unwrap(), 6 + 4096);
+        assert_eq!(verify_once(&path).unwrap(), Checked::Read(4102));
+        assert!(dir.path().join(".tdmpc2-verified/chunk_0.pt").is_file());
+        assert_eq!(verify_once(&path).unwrap(), Checked::Stamped);
+
+        damage(&path);
+        let e = verify(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("chunk_0.pt") && e.contains("archive/data/0") && e.contains("again"),
+            "{e}"
+        );
+        // The damage changed the modification time: the stamp no longer vouches for it.
+        let e = verify_once(&path).unwrap_err().to_string();
+        assert!(e.contains("CRC-32"), "{e}");
+    }
+
+    #[test]
+    fn a_file_that_is_no_zip_archive_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chunk_0.pt");
+        std::fs::write(&path, b"not an archive at all").unwrap();
+        let e = verify(&path).unwrap_err().to_string();
+        assert!(e.contains("not a readable zip archive"), "{e}");
+    }
+}
