@@ -75,7 +75,8 @@ impl Error {
             Error::Env(
                 envs::Error::UnknownTask { .. }
                 | envs::Error::Unsupported { .. }
-                | envs::Error::FamilyMissing { .. },
+                | envs::Error::FamilyMissing { .. }
+                | envs::Error::Renderer { .. },
             ) => 2,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
             _ => 1,

@@ -151,3 +151,83 @@ fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
     let mean = json["mean"].as_f64().unwrap();
     assert!((0.0..=500.0).contains(&mean), "a cartpole return: {stdout}");
 }
+
+/// `tdmpc2 train` with `settings` and the variables `env` (a `None` value removed from it): its
+/// exit code and stderr.
+fn train_with(env: &[(&str, Option<&str>)], settings: &[&str]) -> (Option<i32>, String) {
+    let mut command = Command::new(common::tdmpc2_bin());
+    command.arg("train").args(settings);
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    let out = command.output().expect("the tdmpc2 binary runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The one error line of `stderr`, which holds no traceback.
+fn one_error_line(stderr: &str) -> &str {
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    errors[0]
+}
+
+/// A renderer that cannot work here is one line naming it, what failed and the renderers this
+/// machine has (exit 2), never a traceback: a backend whose display is missing, one MuJoCo does
+/// not know (which fails state runs too: MuJoCo's packages load it with themselves), and one
+/// that fails as it starts (an EGL device that does not exist), in the rank and in a worker.
+#[test]
+fn an_unusable_renderer_is_one_line_naming_what_this_machine_has() {
+    let job = ["task=cartpole-swingup", "obs=rgb", "--cfg", "job"];
+    let headless = [
+        ("MUJOCO_GL", Some("glfw")),
+        ("DISPLAY", None),
+        ("WAYLAND_DISPLAY", None),
+    ];
+    let (code, stderr) = train_with(&headless, &job);
+    let line = one_error_line(&stderr);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        line.contains("MUJOCO_GL=glfw cannot render: there is no display")
+            && line.contains("this machine has"),
+        "{line}"
+    );
+
+    let (code, stderr) = train_with(
+        &[("MUJOCO_GL", Some("bogus"))],
+        &["task=cartpole-swingup", "--cfg", "job"],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(one_error_line(&stderr).contains("not a backend MuJoCo knows (egl, osmesa, glfw)"));
+
+    let no_device = [
+        ("MUJOCO_GL", Some("egl")),
+        ("MUJOCO_EGL_DEVICE_ID", Some("99")),
+    ];
+    let (code, stderr) = train_with(&no_device, &job);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        one_error_line(&stderr).contains("MUJOCO_GL=egl cannot render"),
+        "{stderr}"
+    );
+
+    // The evaluation at step 0 films in the Meta-World worker, which fails to start EGL there.
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let mut settings = vec!["task=mw-reach", "save_video=true", "steps=1000", &run_dir];
+    settings.extend(&PIXELS[2..]);
+    let (code, stderr) = train_with(&no_device, &settings);
+    let line = one_error_line(&stderr);
+    assert_ne!(code, Some(0), "{stderr}");
+    assert!(
+        line.contains("failed in its worker process")
+            && line.contains("MUJOCO_GL=egl cannot render"),
+        "{stderr}"
+    );
+}

@@ -144,7 +144,11 @@ impl Env for AdapterEnv {
     /// The env's own `rgb_array` frame, whatever its size (`size` is not the env's to choose).
     fn render(&mut self, _size: usize) -> Result<Frame> {
         python::attach_exclusive(|py| {
-            let out = self.adapter.bind(py).call_method0(intern!(py, "render"))?;
+            let out = self
+                .adapter
+                .bind(py)
+                .call_method0(intern!(py, "render"))
+                .map_err(crate::renderer::failure)?;
             let (bytes, height, width): (Bound<'_, PyBytes>, usize, usize) = out.extract()?;
             Ok(Frame {
                 height,

@@ -157,9 +157,12 @@ impl DmcEnv {
         let seed = check_seed(name, seed)?;
         let camera = if domain == "quadruped" { 2 } else { 0 };
         python::attach_exclusive(|py| {
-            let adapter = module(py, renders)?
-                .getattr("DmcAdapter")?
-                .call1((domain, task, seed))?;
+            // With a renderer, loading dm_control starts the OpenGL backend.
+            let module = module(py, renders).map_err(|e| match (renders, e) {
+                (true, Error::Python(e)) => crate::renderer::failure(e),
+                (_, e) => e,
+            })?;
+            let adapter = module.getattr("DmcAdapter")?.call1((domain, task, seed))?;
             let obs_dim: usize = adapter.getattr("obs_dim")?.extract()?;
             let low: Vec<f64> = adapter.getattr("action_low")?.extract()?;
             let high: Vec<f64> = adapter.getattr("action_high")?.extract()?;
@@ -221,7 +224,8 @@ impl Env for DmcEnv {
             let frame = self
                 .adapter
                 .bind(py)
-                .call_method1(intern!(py, "render"), (size, self.camera))?;
+                .call_method1(intern!(py, "render"), (size, self.camera))
+                .map_err(crate::renderer::failure)?;
             let bytes = frame.cast::<PyBytes>().map_err(PyErr::from)?;
             Ok(Frame {
                 height: size,

@@ -68,6 +68,14 @@ pub enum Error {
         install: String,
         venv_var: String,
     },
+    /// MuJoCo cannot render with the chosen backend (`MUJOCO_GL`): what failed, and the
+    /// backends this machine has.
+    #[error("MUJOCO_GL={backend} cannot render: {what}; {}", Renderers(available))]
+    Renderer {
+        backend: String,
+        what: String,
+        available: Vec<String>,
+    },
     #[error("cannot start the environment worker `{program}`: {reason}")]
     WorkerStart { program: String, reason: String },
     /// The worker side's own channel failed (`serve_worker`).
@@ -90,6 +98,25 @@ impl fmt::Display for SuggestionList<'_> {
                 " (not a native, DMControl, Meta-World, MyoSuite or gymnasium task)"
             ),
             names => write!(f, "; did you mean: {}?", names.join(", ")),
+        }
+    }
+}
+
+struct Renderers<'a>(&'a [String]);
+
+impl fmt::Display for Renderers<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            [] => write!(
+                f,
+                "this machine has no renderer MuJoCo can use: install libegl1 and \
+                 libgl1-mesa-dri (apt), or your GPU driver's EGL"
+            ),
+            names => write!(
+                f,
+                "this machine has: {} (set MUJOCO_GL to one of them)",
+                names.join(", ")
+            ),
         }
     }
 }

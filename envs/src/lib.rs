@@ -15,6 +15,7 @@ pub mod myosuite;
 pub mod native;
 pub mod np_random;
 mod registry;
+pub mod renderer;
 pub mod vector;
 pub mod wrappers;
 

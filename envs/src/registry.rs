@@ -2,7 +2,8 @@
 use crate::family::{Family, MANISKILL2_TASKS};
 use crate::native::{mountain_car, pendulum, MountainCarContinuous, Pendulum};
 use crate::wrappers::wrap;
-use crate::{dmc, gym, metaworld, myosuite, native, Env, EnvOptions, Error, ObsKind, Result};
+use crate::Result;
+use crate::{dmc, gym, metaworld, myosuite, native, renderer, Env, EnvOptions, Error, ObsKind};
 use crate::{RemoteEnv, TaskMix};
 
 const MAX_SUGGESTIONS: usize = 5;
@@ -24,6 +25,10 @@ pub fn make_observed(
     options: impl Into<EnvOptions>,
 ) -> Result<Box<dyn Env>> {
     let options = options.into();
+    let native = native::TASKS.contains(&task);
+    if !native {
+        renderer::check_for(options.renders())?;
+    }
     if let Some(family) = Family::of(task) {
         if let Some(reason) = family.refusal() {
             return Err(Error::Unsupported {

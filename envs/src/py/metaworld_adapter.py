@@ -3,8 +3,18 @@ Meta-World's v3 environments: goal observable, a zero action stepped after each 
 observation returned is the one before it), float32 observations, and the corner2 camera moved
 where the official code puts it. Action repeat and the time limit are the Rust wrappers'."""
 import os
+import sys
 
 import numpy as np
+
+
+def report_unraisable(unraisable):
+    """An exception Python cannot raise (a half-made renderer's `__del__`) in one line on stderr,
+    not a traceback: the failure that matters reaches the parent as this worker's error."""
+    print(f"ignored: {unraisable.exc_type.__name__}: {unraisable.exc_value}", file=sys.stderr)
+
+
+sys.unraisablehook = report_unraisable
 
 
 class Unsupported(Exception):

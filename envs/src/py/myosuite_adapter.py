@@ -9,6 +9,15 @@ import warnings
 import numpy as np
 
 
+def report_unraisable(unraisable):
+    """An exception Python cannot raise (a half-made renderer's `__del__`) in one line on stderr,
+    not a traceback: the failure that matters reaches the parent as this worker's error."""
+    print(f"ignored: {unraisable.exc_type.__name__}: {unraisable.exc_value}", file=sys.stderr)
+
+
+sys.unraisablehook = report_unraisable
+
+
 class Unsupported(Exception):
     """The task exists but cannot be used here."""
 

@@ -169,6 +169,14 @@ impl VectorEnv {
             )));
         }
         let task = run_name(mixes);
+        // A backend that cannot render here fails in every worker: say so once, here.
+        let native = mixes
+            .iter()
+            .flat_map(|m| &m.tasks)
+            .all(|t| crate::native::TASKS.contains(&t.as_str()));
+        if !native {
+            crate::renderer::check_for(options.renders())?;
+        }
         let (spec, backend) = match placement {
             Placement::InProcess => {
                 let envs = mixes

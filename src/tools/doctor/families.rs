@@ -6,32 +6,13 @@ use crate::error::{Error, Result};
 
 pub(super) fn check_dm_control(report: &mut Report) {
     let task = "cartpole-swingup";
-    let stepped = (|| {
-        let mut env = envs::make(task, 0)?;
-        env.reset(Some(0))?;
-        let action = vec![0.0f32; env.spec().action_dim];
-        env.step(&action)?;
-        Ok::<_, Error>(())
-    })();
-    match stepped {
-        Ok(()) => report.line(Mark::Pass, "dm_control", format!("{task} resets and steps")),
-        Err(e) => report.line(
-            Mark::Fail,
-            "dm_control",
-            format!(
-                "{task} does not step ({e}); install the pinned dm_control and mujoco \
-                 (scripts/setup.sh); headless machines need MUJOCO_GL=egl for pixels"
-            ),
-        ),
-    }
-}
-
-/// Resets and steps a task once: in this process, or in a worker with its family's venv.
-fn reset_and_step(task: &str) -> Result<()> {
-    let mut env = envs::make(task, 0)?;
-    env.reset(Some(0))?;
-    env.step(&vec![0.0f32; env.spec().action_dim])?;
-    Ok(())
+    step_line(
+        report,
+        "dm_control",
+        task,
+        format!("{task} resets and steps"),
+        "install the pinned dm_control and mujoco (scripts/setup.sh)",
+    );
 }
 
 /// Each task family with a venv of its own: installed or not, and one task reset and stepped
@@ -57,38 +38,43 @@ pub(super) fn check_families(report: &mut Report, config: &Config) {
             report.line(mark, name, format!("not installed: {e}"));
             continue;
         }
-        match reset_and_step(task) {
-            Ok(()) => report.line(
-                Mark::Pass,
-                name,
-                format!(
-                    "{task} resets and steps in a worker with {}",
-                    family.venv().display()
-                ),
-            ),
-            Err(e) => report.line(
-                Mark::Fail,
-                name,
-                format!(
-                    "{task} does not step ({e}); reinstall with `{}`",
-                    family.install_command()
-                ),
-            ),
-        }
+        let done = format!(
+            "{task} resets and steps in a worker with {}",
+            family.venv().display()
+        );
+        let remedy = format!("reinstall with `{}`", family.install_command());
+        step_line(report, name, task, done, &remedy);
     }
     let task = "lunarlander-continuous";
+    step_line(
+        report,
+        "gymnasium",
+        task,
+        format!("{task} resets and steps (box2d)"),
+        "install the pinned requirements (scripts/setup.sh)",
+    );
+}
+
+/// ✓ `done` when `task` resets and steps once, else ✗ with the error and `remedy` (a renderer
+/// that cannot load says what to do itself).
+fn step_line(report: &mut Report, name: &str, task: &str, done: String, remedy: &str) {
     match reset_and_step(task) {
-        Ok(()) => report.line(
-            Mark::Pass,
-            "gymnasium",
-            format!("{task} resets and steps (box2d)"),
-        ),
+        Ok(()) => report.line(Mark::Pass, name, done),
+        Err(e @ Error::Env(envs::Error::Renderer { .. })) => {
+            report.line(Mark::Fail, name, format!("{task} does not step: {e}"))
+        }
         Err(e) => report.line(
             Mark::Fail,
-            "gymnasium",
-            format!(
-                "{task} does not step ({e}); install the pinned requirements (scripts/setup.sh)"
-            ),
+            name,
+            format!("{task} does not step ({e}); {remedy}"),
         ),
     }
+}
+
+/// Resets and steps a task once: in this process, or in a worker with its family's venv.
+fn reset_and_step(task: &str) -> Result<()> {
+    let mut env = envs::make(task, 0)?;
+    env.reset(Some(0))?;
+    env.step(&vec![0.0f32; env.spec().action_dim])?;
+    Ok(())
 }

@@ -85,7 +85,8 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if torch_ok {
         families::check_dm_control(&mut report);
         families::check_families(&mut report, &config);
-        render::check_rendering(&mut report, chosen_renderer.as_deref());
+        let renders = config.obs == "rgb" || config.save_video;
+        render::check_rendering(&mut report, chosen_renderer.as_deref(), renders);
     }
     if let Some(dir) = &config.data_dir {
         dataset::check_dataset(&mut report, dir);

@@ -16,13 +16,18 @@ const RENDER_FRAMES: usize = 20;
 const RENDER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Pixel observations: MuJoCo renders frames headless, in a fresh process with the backend pixel
-/// runs use (`MUJOCO_GL`, default egl), timed. Only a note when it fails: state runs render
-/// nothing.
-pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>) {
+/// runs use (`MUJOCO_GL`, default egl), timed. When it fails, the line names the backend, what
+/// failed and the backends this machine has: a failure where the run renders (`needed`: obs=rgb
+/// or save_video=true), a note otherwise (state runs render nothing).
+pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>, needed: bool) {
+    let failed = match needed {
+        true => Mark::Fail,
+        false => Mark::Note,
+    };
     let backend = chosen
-        .map(str::to_string)
-        .filter(|gl| !["", "disable", "disabled", "off", "0", "false"].contains(&gl.as_str()))
-        .unwrap_or_else(|| "egl".into());
+        .filter(|gl| !gl.is_empty())
+        .unwrap_or(envs::renderer::DEFAULT)
+        .to_string();
     let rendered = std::env::current_exe().and_then(|exe| {
         let child = Command::new(exe)
             .args(["doctor", "--render-check"])
@@ -37,18 +42,11 @@ pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>) {
         Ok(out) if out.status.success() => out,
         Ok(out) => {
             let text = String::from_utf8_lossy(&out.stderr);
-            let last = text.lines().last().unwrap_or("no output").to_string();
-            return report.line(
-                Mark::Note,
-                "rendering",
-                format!(
-                    "MUJOCO_GL={backend} renders no frame ({last}); pixel observations need \
-                     libEGL and a Mesa or GPU driver (apt install libegl1 libgl1-mesa-dri, \
-                     or set MUJOCO_GL=osmesa with libosmesa6)"
-                ),
-            );
+            let last = text.lines().last().unwrap_or("no output");
+            let why = last.strip_prefix("error: ").unwrap_or(last);
+            return report.line(failed, "rendering", format!("no frame: {why}"));
         }
-        Err(e) => return report.line(Mark::Note, "rendering", format!("MUJOCO_GL={backend}: {e}")),
+        Err(e) => return report.line(failed, "rendering", format!("MUJOCO_GL={backend}: {e}")),
     };
     let text = String::from_utf8_lossy(&out.stdout);
     report.line(
@@ -60,6 +58,7 @@ pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>) {
 
 /// The rendering check's process: one frame, then [`RENDER_FRAMES`] timed.
 pub(super) fn render_check() -> Result<()> {
+    envs::renderer::check()?;
     let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0, true)?;
     env.reset(Some(0))?;
     let start = Instant::now();

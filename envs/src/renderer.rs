@@ -1,0 +1,147 @@
+//! Which OpenGL backend MuJoCo renders with (`MUJOCO_GL`), whether this machine has it, and a
+//! rendering failure said in one line: the backend, what failed, and the backends this machine
+//! has, instead of the traceback of whichever library gave up.
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
+
+/// The backends MuJoCo renders with, in the order they are suggested.
+pub const BACKENDS: [&str; 3] = ["egl", "osmesa", "glfw"];
+/// What rendering headless uses when the user chose nothing.
+pub const DEFAULT: &str = "egl";
+/// Values of `MUJOCO_GL` that turn rendering off.
+const OFF: [&str; 5] = ["disable", "disabled", "off", "false", "0"];
+
+/// The backend a process that renders uses: `MUJOCO_GL` when set, else [`DEFAULT`].
+pub fn chosen() -> String {
+    std::env::var("MUJOCO_GL")
+        .ok()
+        .filter(|gl| !gl.is_empty())
+        .unwrap_or_else(|| DEFAULT.to_string())
+}
+
+/// The backends whose libraries (or display) this machine has.
+pub fn available() -> Vec<&'static str> {
+    static FOUND: OnceLock<Vec<&'static str>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            BACKENDS
+                .into_iter()
+                .filter(|&backend| missing(backend).is_none())
+                .collect()
+        })
+        .clone()
+}
+
+/// Why `backend` cannot render on this machine, if it cannot.
+fn missing(backend: &str) -> Option<String> {
+    let has = |names: &[&str]| names.iter().any(|name| library_exists(name));
+    match backend {
+        "egl" if !has(&["libEGL.so.1", "libEGL.so"]) => Some("libEGL.so.1 is not installed".into()),
+        "osmesa" if !has(&["libOSMesa.so.8", "libOSMesa.so.6", "libOSMesa.so"]) => {
+            Some("libOSMesa is not installed".into())
+        }
+        "glfw"
+            if ["DISPLAY", "WAYLAND_DISPLAY"]
+                .iter()
+                .all(|var| !std::env::var(var).is_ok_and(|v| !v.is_empty())) =>
+        {
+            Some("there is no display (DISPLAY and WAYLAND_DISPLAY are unset)".into())
+        }
+        "egl" | "osmesa" | "glfw" => None,
+        other if OFF.contains(&other) => Some("it turns rendering off".into()),
+        _ => Some(format!(
+            "it is not a backend MuJoCo knows ({})",
+            BACKENDS.join(", ")
+        )),
+    }
+}
+
+/// Errors unless the backend a rendering environment would use can render here.
+pub fn check() -> Result<()> {
+    let backend = chosen();
+    match missing(&backend) {
+        None => Ok(()),
+        Some(what) => Err(failure_of(&backend, what)),
+    }
+}
+
+/// [`check`] for an environment that `renders` or not. One that does not still loads the
+/// backend the user chose (MuJoCo's packages import it with themselves), so a chosen backend
+/// must be usable unless it turns rendering off; none chosen needs nothing.
+pub fn check_for(renders: bool) -> Result<()> {
+    let set = std::env::var("MUJOCO_GL").ok().filter(|gl| !gl.is_empty());
+    match set {
+        _ if renders => check(),
+        Some(gl) if !OFF.contains(&gl.as_str()) => check(),
+        _ => Ok(()),
+    }
+}
+
+/// A failure of the chosen backend, from the error a library raised (its last line).
+pub fn failure(cause: impl std::fmt::Display) -> Error {
+    let text = cause.to_string();
+    let line = text
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no reason given")
+        .trim_end_matches('.');
+    failure_of(&chosen(), format!("rendering failed: {line}"))
+}
+
+fn failure_of(backend: &str, what: String) -> Error {
+    Error::Renderer {
+        backend: backend.to_string(),
+        what,
+        available: available().into_iter().map(String::from).collect(),
+    }
+}
+
+/// Whether the dynamic linker would find `name`: in its cache (`ldconfig -p`) or in a
+/// `LD_LIBRARY_PATH` directory. Nothing is loaded.
+fn library_exists(name: &str) -> bool {
+    static CACHE: OnceLock<String> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| {
+        ["ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"]
+            .iter()
+            .find_map(|ldconfig| std::process::Command::new(ldconfig).arg("-p").output().ok())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+            .unwrap_or_default()
+    });
+    let listed = cache
+        .lines()
+        .any(|line| line.split_whitespace().next() == Some(name));
+    listed
+        || std::env::var("LD_LIBRARY_PATH").is_ok_and(|dirs| {
+            dirs.split(':')
+                .filter(|d| !d.is_empty())
+                .any(|d| std::path::Path::new(d).join(name).exists())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_and_off_values_are_named() {
+        assert!(missing("bogus").unwrap().contains("egl, osmesa, glfw"));
+        assert!(missing("disable").unwrap().contains("off"));
+        let e = failure_of("osmesa", "libOSMesa is not installed".into()).to_string();
+        assert!(
+            e.starts_with("MUJOCO_GL=osmesa cannot render: libOSMesa is not installed; "),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
+    fn a_library_error_becomes_its_last_line() {
+        let e = failure("Traceback (most recent call last):\n  File x\nAttributeError: boom\n")
+            .to_string();
+        assert!(e.contains("rendering failed: AttributeError: boom"), "{e}");
+        assert!(!e.contains("Traceback"), "{e}");
+    }
+}
