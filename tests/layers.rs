@@ -1,5 +1,5 @@
 //! The crate's layers hold: every `crate::module` a source file of `src/` names is allowed by
-//! the layers table in README.md (its Layout section), the one place the rules live. Test code
+//! the layers table in docs/layout.md, the one place the rules live. Test code
 //! (`#[cfg(test)]` modules and the files of test-only modules) is not held to them.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,9 +14,14 @@ struct Rules {
 }
 
 impl Rules {
-    fn from_readme(text: &str) -> Rules {
-        let start = text.find(BEGIN).expect("README.md has the layers table") + BEGIN.len();
-        let end = text.find(END).expect("README.md closes the layers table");
+    fn from_table(text: &str) -> Rules {
+        let start = text
+            .find(BEGIN)
+            .expect("docs/layout.md has the layers table")
+            + BEGIN.len();
+        let end = text
+            .find(END)
+            .expect("docs/layout.md closes the layers table");
         let mut rules = Rules {
             layer: BTreeMap::new(),
             exceptions: BTreeSet::new(),
@@ -183,7 +188,9 @@ fn violations(root: &Path, rules: &Rules) -> Vec<String> {
 }
 
 fn readme_rules(root: &Path) -> Rules {
-    Rules::from_readme(&std::fs::read_to_string(root.join("README.md")).expect("read README.md"))
+    Rules::from_table(
+        &std::fs::read_to_string(root.join("docs/layout.md")).expect("read docs/layout.md"),
+    )
 }
 
 #[test]
@@ -192,7 +199,7 @@ fn every_module_uses_only_what_the_layers_table_allows() {
     let found = violations(root, &readme_rules(root));
     assert!(
         found.is_empty(),
-        "{} use(s) break the layers table in README.md:\n{}",
+        "{} use(s) break the layers table in docs/layout.md:\n{}",
         found.len(),
         found.join("\n")
     );
