@@ -81,6 +81,31 @@ fn metaworld_trains_on_two_ranks_logs_success_and_resumes_bit_for_bit() {
 }
 
 #[test]
+fn myosuite_trains_end_to_end_with_its_success() {
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        dir.path(),
+        &[
+            "task=myo-reach",
+            "seed_steps=200",
+            "steps=600",
+            "eval_freq=600",
+            "eval_episodes=1",
+        ],
+    );
+    let rows = metrics(dir.path());
+    assert!(rows
+        .iter()
+        .any(|r| r["phase"] == "train" && r["step"].as_u64() > Some(200)));
+    assert!(
+        rows.iter().all(|r| r["episode_success"].is_number()),
+        "every episode, trained or evaluated, logs its success: {rows:?}"
+    );
+    let evals: Vec<_> = rows.iter().filter(|r| r["phase"] == "eval").collect();
+    assert!(evals.len() >= 2, "{evals:?}");
+}
+
+#[test]
 fn a_multitask_run_spans_dmcontrol_metaworld_and_myosuite() {
     // Two slots of three tasks each; slot 0 plays walker-run, myo-reach, then mw-push.
     let dir = tempfile::tempdir().unwrap();
