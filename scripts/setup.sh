@@ -37,7 +37,7 @@ done
 
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 root=$tdmpc2_root
-venv=$TDMPC2_VENV
+venv=${TDMPC2_VENV%/}
 say() { printf '[setup] %s\n' "$*" >&2; }
 
 # The first interpreter that actually runs (a pyenv shim for a version that is not selected

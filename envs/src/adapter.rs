@@ -57,6 +57,8 @@ pub struct AdapterEnv {
     bounds: ActionBox,
     /// Seed for the first `reset(None)`, so that making an env with a seed is reproducible.
     pending_seed: Option<u64>,
+    /// Whether it renders through MuJoCo (whose backend `MUJOCO_GL` chooses).
+    mujoco: bool,
 }
 
 impl AdapterEnv {
@@ -95,7 +97,15 @@ impl AdapterEnv {
             bounds: ActionBox { low, high },
             adapter: adapter.unbind(),
             pending_seed: Some(seed),
+            mujoco: false,
         })
+    }
+
+    /// Marks the env as one that renders through MuJoCo: a failure to render then names the
+    /// backend and what this machine has (see [`crate::renderer`]).
+    pub fn rendering_with_mujoco(mut self, mujoco: bool) -> Self {
+        self.mujoco = mujoco;
+        self
     }
 }
 
@@ -148,7 +158,10 @@ impl Env for AdapterEnv {
                 .adapter
                 .bind(py)
                 .call_method0(intern!(py, "render"))
-                .map_err(crate::renderer::failure)?;
+                .map_err(|e| match self.mujoco {
+                    true => crate::renderer::failure(e),
+                    false => Error::from(e),
+                })?;
             let (bytes, height, width): (Bound<'_, PyBytes>, usize, usize) = out.extract()?;
             Ok(Frame {
                 height,

@@ -59,12 +59,12 @@ pub enum Error {
     },
     /// A task's family steps with a venv of its own, and there is none.
     #[error(
-        "{family} tasks step with a Python environment of their own, and there is none at \
-         {venv}: run `{install}` (or point {venv_var} at one)"
+        "{family} tasks step with a Python environment of their own, and {problem}: run \
+         `{install}` (or point {venv_var} at one)"
     )]
     FamilyMissing {
         family: &'static str,
-        venv: String,
+        problem: String,
         install: String,
         venv_var: String,
     },

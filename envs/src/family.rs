@@ -132,13 +132,21 @@ impl Family {
     /// an error naming the command that installs it when there is none.
     pub fn site_packages(self) -> Result<PathBuf> {
         let venv = self.venv();
-        let site = venv.join(embedded_python::site_packages_in_venv());
-        if site.is_dir() && venv.join("pyvenv.cfg").is_file() {
-            return Ok(site);
-        }
+        let inside = embedded_python::site_packages_in_venv();
+        let site = venv.join(&inside);
+        let problem = match (venv.join("pyvenv.cfg").is_file(), site.is_dir()) {
+            (true, true) => return Ok(site),
+            (true, false) => format!(
+                "the one at {} was made for another Python than this binary's (it has no {}; \
+                 remove it)",
+                venv.display(),
+                inside.display()
+            ),
+            (false, _) => format!("there is none at {}", venv.display()),
+        };
         Err(Error::FamilyMissing {
             family: self.title(),
-            venv: venv.display().to_string(),
+            problem,
             install: self.install_command(),
             venv_var: self.venv_var(),
         })

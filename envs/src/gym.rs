@@ -93,6 +93,7 @@ fn adapter_env(
 ) -> Result<AdapterEnv> {
     let continuous = official.is_some_and(|o| o.continuous);
     let success_above = official.and_then(|o| o.success_above);
+    let mujoco = is_mujoco(id);
     python::attach_exclusive(|py| {
         AdapterEnv::new(
             module(py)?,
@@ -102,6 +103,16 @@ fn adapter_env(
             seed,
         )
     })
+    .map(|env| env.rendering_with_mujoco(mujoco))
+}
+
+/// Whether gymnasium's env `id` is one of its MuJoCo environments (which render through
+/// MuJoCo); false where gymnasium cannot say.
+pub fn is_mujoco(id: &str) -> bool {
+    python::attach_exclusive(|py| -> Result<bool> {
+        Ok(module(py)?.getattr("MUJOCO_IDS")?.contains(id)?)
+    })
+    .unwrap_or(false)
 }
 
 /// Fully wrapped gymnasium env (no action repeat; the env's own episode length).

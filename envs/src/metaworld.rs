@@ -98,6 +98,7 @@ pub fn make(task: &str, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> 
             u64::from(seed),
         )
     })?;
+    let env = env.rendering_with_mujoco(true);
     wrap_observed(env, ACTION_REPEAT, EPISODE_LENGTH, options.obs)
 }
 

@@ -77,7 +77,7 @@ impl TaskMix {
     pub fn groups(&self) -> Vec<(Option<Family>, Vec<usize>)> {
         let mut groups: Vec<(Option<Family>, Vec<usize>)> = Vec::new();
         for (i, task) in self.tasks.iter().enumerate() {
-            let away = Family::of(task).filter(|f| !f.steps_here());
+            let away = Family::of(task).filter(|f| f.has_own_venv() && !f.steps_here());
             match groups.iter_mut().find(|(family, _)| *family == away) {
                 Some((_, indices)) => indices.push(i),
                 None => groups.push((away, vec![i])),

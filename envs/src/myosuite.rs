@@ -65,5 +65,6 @@ pub fn make(task: &str, seed: u64, options: EnvOptions) -> Result<Box<dyn Env>> 
             u64::from(seed),
         )
     })?;
+    let env = env.rendering_with_mujoco(true);
     wrap_observed(env, 1, EPISODE_LENGTH, options.obs)
 }

@@ -25,8 +25,7 @@ pub fn make_observed(
     options: impl Into<EnvOptions>,
 ) -> Result<Box<dyn Env>> {
     let options = options.into();
-    let native = native::TASKS.contains(&task);
-    if !native {
+    if uses_mujoco(task) {
         renderer::check_for(options.renders())?;
     }
     if let Some(family) = Family::of(task) {
@@ -91,6 +90,21 @@ pub fn make_observed(
         return Err(unknown(task, names));
     }
     Err(unknown(task, known_tasks()))
+}
+
+/// Whether `task` renders through MuJoCo, whose backend `MUJOCO_GL` chooses (and MuJoCo's
+/// packages load as they load): DMControl, Meta-World, MyoSuite and gymnasium's MuJoCo
+/// environments.
+pub(crate) fn uses_mujoco(task: &str) -> bool {
+    match Family::of(task) {
+        Some(Family::DmControl | Family::MetaWorld | Family::MyoSuite) => true,
+        Some(Family::Gymnasium) => gym::official(task).is_some_and(|o| gym::is_mujoco(o.id)),
+        Some(Family::Native | Family::ManiSkill2) => false,
+        None => match task.strip_prefix(gym::PREFIX) {
+            Some(id) => gym::is_mujoco(id),
+            None => looks_like_gym_id(task) && gym::is_mujoco(task),
+        },
+    }
 }
 
 /// Why a native task cannot serve `options`, which ask for images.

@@ -173,7 +173,7 @@ impl Config {
             None => None,
         };
         let config = Self::layered(&[], file.clone(), &source.overrides)?;
-        let task_settings = tasks::task_settings(&config.task);
+        let task_settings = tasks::task_settings(&config.task, config.offline());
         let config = match task_settings.is_empty() {
             true => config,
             false => Self::layered(&task_settings, file, &source.overrides)?,

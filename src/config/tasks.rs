@@ -73,15 +73,15 @@ pub fn task_list(task: &str) -> Result<Vec<String>> {
 }
 
 /// Settings the official code sets for a task itself, as `key=value`: `discount_max=0.99` and
-/// `rho=0.7` for its gymnasium tasks (its envs/mujoco.py), and `episodic=true` for those that
-/// end episodes early (the official trainer refuses their terminations otherwise). A config
-/// file or an override still wins.
-pub fn task_settings(task: &str) -> Vec<String> {
+/// `rho=0.7` for its gymnasium tasks (its envs/mujoco.py), and, online, `episodic=true` for
+/// those that end episodes early (the official trainer refuses their terminations otherwise;
+/// datasets hold none). A config file or an override still wins.
+pub fn task_settings(task: &str, offline: bool) -> Vec<String> {
     let Some(official) = envs::gym::official(task) else {
         return Vec::new();
     };
     let mut settings = vec!["discount_max=0.99".to_string(), "rho=0.7".to_string()];
-    if official.terminates {
+    if official.terminates && !offline {
         settings.push("episodic=true".into());
     }
     settings
@@ -141,15 +141,20 @@ mod tests {
     #[test]
     fn the_official_gymnasium_tasks_bring_their_settings() {
         assert_eq!(
-            task_settings("lunarlander-continuous"),
+            task_settings("lunarlander-continuous", false),
             ["discount_max=0.99", "rho=0.7", "episodic=true"]
         );
         assert_eq!(
-            task_settings("mujoco-halfcheetah"),
+            task_settings("lunarlander-continuous", true),
+            ["discount_max=0.99", "rho=0.7"],
+            "offline: a dataset holds no terminations"
+        );
+        assert_eq!(
+            task_settings("mujoco-halfcheetah", false),
             ["discount_max=0.99", "rho=0.7"]
         );
-        assert!(task_settings("walker-run").is_empty());
-        assert!(task_settings("HalfCheetah-v5").is_empty());
+        assert!(task_settings("walker-run", false).is_empty());
+        assert!(task_settings("HalfCheetah-v5", false).is_empty());
     }
 
     #[test]

@@ -40,6 +40,17 @@ fn a_task_brings_its_official_settings_below_the_users() {
     assert_eq!((c.rho, c.episodic), (0.7, false));
     let c = load(&["task=walker-run"]).unwrap();
     assert_eq!((c.discount_max, c.rho), (0.995, 0.5));
+    let c = load(&["task=lunarlander-continuous", "data_dir=d"]).unwrap();
+    assert_eq!(
+        (c.rho, c.episodic),
+        (0.7, false),
+        "offline: no terminations"
+    );
+    let e = error(&["task=[walker-run,mujoco-walker]"]);
+    assert!(
+        e.contains("mujoco-walker ends episodes early") && e.contains("train mujoco-walker alone"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -234,6 +234,17 @@ impl Config {
                     tasks.len()
                 )));
             }
+            let ends_early = tasks
+                .iter()
+                .find(|task| envs::gym::official(task).is_some_and(|o| o.terminates));
+            if let Some(task) = ends_early {
+                return Err(Error::Config(format!(
+                    "task={}: {task} ends episodes early (it falls or crashes), and a model of \
+                     several tasks takes no terminations (as the official); train {task} alone \
+                     (task={task}, which sets episodic=true)",
+                    self.task
+                )));
+            }
         }
         // The model-size presets leave latent_dim alone with pixels (see `resolve`), so the
         // rule holds as loaded.

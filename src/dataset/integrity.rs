@@ -2,7 +2,8 @@
 //! (`torch.save`'s format) read to its end against the CRC-32 the archive keeps for it.
 //!
 //! Reading a whole dataset takes minutes at mt80's size, so each file is checked once: a stamp
-//! of its size and modification time is kept in `.tdmpc2-verified/` beside the files, or, where
+//! of its identity (device, inode, size, modification and status-change times: a copy that
+//! keeps the modification time still changes the status-change time) is kept in `.tdmpc2-verified/` beside the files, or, where
 //! the dataset's directory is read-only, in `$XDG_CACHE_HOME/tdmpc2/verified/` (default
 //! `~/.cache`). A file changed since its stamp is checked again. Ranks that share a machine take
 //! the stamp's lock, so that one of them reads the file and the others find the stamp.
@@ -50,10 +51,19 @@ pub fn verify(path: &Path) -> Result<u64> {
             match entry.read(&mut buffer) {
                 Ok(0) => break,
                 Ok(n) => bytes += n as u64,
-                Err(e) => {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::InvalidData
+                        || e.to_string().contains("checksum") =>
+                {
                     return Err(damaged(format!(
                         "entry `{name}` does not match the CRC-32 the archive keeps for it ({e})"
                     )))
+                }
+                Err(e) => {
+                    return Err(Error::io(
+                        format!("read entry `{name}` of dataset file {}", path.display()),
+                        e,
+                    ))
                 }
             }
         }
@@ -85,7 +95,16 @@ impl Stamp {
     /// The stamp of `path`, locked; None where none can be kept (nor read).
     fn open(path: &Path) -> Option<Self> {
         let meta = std::fs::metadata(path).ok()?;
-        let expected = format!("{} {} {}\n", meta.len(), meta.mtime(), meta.mtime_nsec());
+        let expected = format!(
+            "{} {} {} {} {} {} {}\n",
+            meta.dev(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            meta.ctime(),
+            meta.ctime_nsec()
+        );
         let file = stamp_paths(path).into_iter().find_map(|stamp| {
             std::fs::create_dir_all(stamp.parent()?).ok()?;
             OpenOptions::new()
@@ -176,13 +195,32 @@ mod tests {
         assert!(dir.path().join(".tdmpc2-verified/chunk_0.pt").is_file());
         assert_eq!(verify_once(&path).unwrap(), Checked::Stamped);
 
+        // Damaged, with its modification time put back (as `cp -p` keeps it): the status-change
+        // time still tells the stamp the file changed.
+        let modified = std::fs::metadata(&path).unwrap();
         damage(&path);
+        let times = [
+            libc::timespec {
+                tv_sec: modified.atime(),
+                tv_nsec: modified.atime_nsec(),
+            },
+            libc::timespec {
+                tv_sec: modified.mtime(),
+                tv_nsec: modified.mtime_nsec(),
+            },
+        ];
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a valid path and two timespecs, as utimensat takes them.
+        assert_eq!(
+            unsafe { libc::utimensat(libc::AT_FDCWD, c_path.as_ptr(), times.as_ptr(), 0) },
+            0
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().mtime(), modified.mtime());
         let e = verify(&path).unwrap_err().to_string();
         assert!(
             e.contains("chunk_0.pt") && e.contains("archive/data/0") && e.contains("again"),
             "{e}"
         );
-        // The damage changed the modification time: the stamp no longer vouches for it.
         let e = verify_once(&path).unwrap_err().to_string();
         assert!(e.contains("CRC-32"), "{e}");
     }

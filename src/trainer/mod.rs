@@ -35,6 +35,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         0 => Some(lock::RunLock::acquire(&config.run_dir())?),
         _ => None,
     };
+    if config.offline() {
+        offline::verify_dataset(&config, rank.rank, rank.world_size)?;
+    }
     let (device, group) = setup::join_group(&config, &rank)?;
     if config.offline() {
         return offline::train(&config, &rank, device, &group);

@@ -82,7 +82,7 @@ impl<'g> Offline<'g> {
         device: Device,
         group: &'g ProcessGroup,
     ) -> Result<Self> {
-        let dataset = Arc::new(open_dataset(config, group)?);
+        let dataset = Arc::new(open_dataset(config)?);
         let setup::Start {
             mut learner,
             mut actor,
@@ -247,14 +247,11 @@ impl<'g> Offline<'g> {
     }
 }
 
-/// Every file of `data_dir`, its bytes verified (`verify_data`), indexed and checked against
-/// the run's model (each rank samples from all of them).
-fn open_dataset(config: &Config, group: &ProcessGroup) -> Result<Dataset> {
+/// Every file of `data_dir`, indexed and checked against the run's model (each rank samples
+/// from all of them).
+fn open_dataset(config: &Config) -> Result<Dataset> {
     let dir = config.data_dir.as_deref().unwrap_or_default();
     let files = dataset::files(std::path::Path::new(dir))?;
-    if config.verify_data {
-        verify_files(&files, group.rank(), group.world_size())?;
-    }
     let expected = Expected {
         obs_dim: config.resolved_obs_dim()?,
         action_dim: config.resolved_action_dim()?,
@@ -268,10 +265,16 @@ fn open_dataset(config: &Config, group: &ProcessGroup) -> Result<Dataset> {
     })
 }
 
-/// Reads every file back against its CRC-32s (once: see `dataset::integrity`). Rank r starts at
-/// file r, so that the ranks of a machine read different files at once and find each other's
-/// stamps; rank 0 says what it does.
-fn verify_files(files: &[std::path::PathBuf], rank: usize, world_size: usize) -> Result<()> {
+/// Reads every file of `data_dir` back against its CRC-32s (`verify_data`; once per file: see
+/// `dataset::integrity`), before the ranks meet: reading takes as long as it takes, and no
+/// collective waits on it. Rank r starts at its share of the files, so that the ranks of a
+/// machine read different files at once and find each other's stamps; rank 0 says what it does.
+pub(super) fn verify_dataset(config: &Config, rank: usize, world_size: usize) -> Result<()> {
+    if !config.verify_data {
+        return Ok(());
+    }
+    let dir = config.data_dir.as_deref().unwrap_or_default();
+    let files = dataset::files(std::path::Path::new(dir))?;
     let started = std::time::Instant::now();
     let (mut read, mut stamped) = (0u64, 0usize);
     for k in 0..files.len() {

@@ -91,7 +91,7 @@ impl WorkerCommand {
 fn away_family<'a>(tasks: impl IntoIterator<Item = &'a String>) -> Option<Family> {
     let mut families = tasks
         .into_iter()
-        .map(|task| Family::of(task).filter(|f| !f.steps_here()));
+        .map(|task| Family::of(task).filter(|f| f.has_own_venv() && !f.steps_here()));
     let first = families.next()??;
     families.all(|f| f == Some(first)).then_some(first)
 }
@@ -169,12 +169,12 @@ impl VectorEnv {
             )));
         }
         let task = run_name(mixes);
-        // A backend that cannot render here fails in every worker: say so once, here.
-        let native = mixes
+        // A MuJoCo backend that cannot render here fails in every worker: say so once, here.
+        if mixes
             .iter()
             .flat_map(|m| &m.tasks)
-            .all(|t| crate::native::TASKS.contains(&t.as_str()));
-        if !native {
+            .any(|t| crate::registry::uses_mujoco(t))
+        {
             crate::renderer::check_for(options.renders())?;
         }
         let (spec, backend) = match placement {
