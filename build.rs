@@ -33,6 +33,25 @@ fn main() {
         u8::from(cuda_wheel)
     );
     shim(&python, Path::new(site), cuda_wheel);
+    let nvrtc_dirs: Vec<String> = nvidia_dirs(Path::new(site))
+        .into_iter()
+        .map(|dir| dir.join("lib"))
+        .filter(|lib| has_library(lib, "libnvrtc.so."))
+        .map(|lib| lib.display().to_string())
+        .collect();
+    // Where src/cuda/nvrtc.rs looks for CUDA's run-time compiler if torch's CUDA runtime is not
+    // loaded (a CPU-only process still compiles kernels).
+    println!("cargo:rustc-env=TDMPC2_NVRTC_DIRS={}", nvrtc_dirs.join(":"));
+}
+
+fn has_library(dir: &Path, prefix: &str) -> bool {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        })
+        .unwrap_or(false)
 }
 
 fn run_python(python: &str, script: &str) -> String {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the tests that need a CUDA GPU (ignored by the normal suite): tests/cuda_graphs.rs (the
-# CUDA-graph shim), tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
+# Runs the tests that need a CUDA GPU (ignored by the normal suite): tests/fused_kernels.rs (our
+# NVRTC-compiled kernels against torch's operations), tests/cuda_graphs.rs (the CUDA-graph shim), tests/device_paths.rs (one rank through NCCL in a forced group, two ranks
 # sharing one GPU through gloo, runs with graphs stopped and resumed) and the official parity
 # fixtures on CUDA (tests/parity.rs).
 #
@@ -34,7 +34,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # Test binaries with ignored tests that need a GPU; "binary test" runs only that test of it.
-tests=(cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda")
+tests=(fused_kernels cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda")
 names=("${tests[@]%% *}")
 
 # The arguments that run entry $1 of `tests` after `--ignored`.

@@ -42,7 +42,7 @@ pub enum Command {
         output: PathBuf,
     },
     /// Environment and agent benchmarks, printed as JSON lines.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// One rank of `bench --cases ddp` (started by the bench itself).
     #[command(hide = true)]
     BenchWorker(crate::bench::ddp::WorkerArgs),
@@ -174,6 +174,10 @@ pub struct BenchArgs {
     /// device ran and their device time (torch's profiler with CUDA activity).
     #[arg(long)]
     pub kernels: bool,
+    /// graphs: the plan's `fused_kernels` settings to measure (our fused CUDA kernels, or
+    /// torch's operations).
+    #[arg(long, value_delimiter = ',', default_value = "false,true")]
+    pub fused_kernels: Vec<bool>,
 }
 
 impl RunArgs {
@@ -501,6 +505,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     repeats: args.agent_repeats as usize,
                     device: args.device.clone(),
                     kernels: args.kernels,
+                    fused_kernels: args.fused_kernels.clone(),
                 };
                 crate::bench::graphs::run(&options, &mut |line| println!("{line}"))?;
             }

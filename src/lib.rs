@@ -3,6 +3,7 @@ pub mod actor;
 pub mod agent;
 pub mod bench;
 pub mod buffer;
+pub mod cache;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -21,6 +21,9 @@ pub enum Error {
     /// A call through the C++ shim (src/cuda/shim.cpp) failed.
     #[error(transparent)]
     Shim(#[from] crate::cuda::GraphError),
+    /// One of our fused CUDA kernels (src/cuda/fused/) failed to compile, load or launch.
+    #[error(transparent)]
+    Fused(#[from] crate::cuda::fused::FusedError),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
     #[error("embedded Python: {0}")]

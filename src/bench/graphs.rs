@@ -23,6 +23,8 @@ pub struct GraphOptions {
     pub device: String,
     /// Also profile one call of each: the kernels the device ran and their device time.
     pub kernels: bool,
+    /// The plan's `fused_kernels` settings to measure.
+    pub fused_kernels: Vec<bool>,
 }
 
 /// The CUDA device graphs need, or why there is none.
@@ -147,8 +149,12 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
         let graph_update = measure(device, options, || update(&mut learner))?;
         let what = json!({"model_size": size, "call": "update", "tf32": tf32});
         print_kernels(what, &eager_update, &graph_update, print);
-        for num_envs in [1usize, 16] {
+        let plans = [1usize, 16]
+            .into_iter()
+            .flat_map(|n| options.fused_kernels.iter().map(move |&f| (n, f)));
+        for (num_envs, fused) in plans {
             let mut policy = Policy::new(&agent, device, num_envs, Box::new(TorchNoise::global()))?;
+            policy.use_fused_kernels(fused);
             policy.load_weights(learner.model())?;
             let obs: Vec<f32> = (0..num_envs * agent.obs_dim)
                 .map(|i| (i as f32 * 0.37).sin())
@@ -168,6 +174,7 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                 "device": format!("{device:?}"),
                 "model_size": size,
                 "num_envs": num_envs,
+                "fused_kernels": fused,
                 "tf32": tf32,
                 "plan_ms": {"eager": eager_plan.median, "graph": graph_plan.median,
                             "eager_min": eager_plan.fastest, "graph_min": graph_plan.fastest},
@@ -176,8 +183,8 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                 "plan_speedup": eager_plan.median / graph_plan.median,
                 "update_speedup": eager_update.median / graph_update.median,
             }));
-            let what =
-                json!({"model_size": size, "num_envs": num_envs, "call": "plan", "tf32": tf32});
+            let what = json!({"model_size": size, "num_envs": num_envs, "call": "plan",
+                              "fused_kernels": fused, "tf32": tf32});
             print_kernels(what, &eager_plan, &graph_plan, print);
         }
     }

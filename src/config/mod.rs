@@ -97,6 +97,7 @@ pub struct Config {
     pub save_csv: bool,
     // misc
     pub compile: bool,
+    pub fused_kernels: bool,
     pub save_video: bool,
     pub save_agent: bool,
     pub seed: u64,

@@ -1,8 +1,11 @@
 //! Machinery that tch does not offer, through a C++ shim built against a CUDA torch wheel:
-//! CUDA-graph capture and replay, torch random generators of our own, and many norms in one call.
+//! CUDA-graph capture and replay, torch random generators of our own, and many norms in one call;
+//! and our own fused kernels, compiled at run time by NVRTC.
+pub mod fused;
 mod generator;
 mod graph;
 mod norms;
+pub mod nvrtc;
 mod replayed;
 
 pub use generator::{Draw, Generator, SharedGenerator};

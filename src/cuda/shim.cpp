@@ -1,5 +1,6 @@
 // C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs),
-// torch generators of our own (src/cuda/generator.rs) and at::_foreach_norm (src/cuda/norms.rs).
+// torch generators of our own (src/cuda/generator.rs), at::_foreach_norm (src/cuda/norms.rs), and
+// loading and launching our NVRTC-compiled kernels on torch's stream (src/cuda/fused/).
 //
 // Every function returns nullptr on success, or a malloc'd error message that the caller frees
 // with tdmpc2_cuda_free_error. No C++ exception crosses this boundary.
@@ -14,6 +15,7 @@
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <cuda_runtime_api.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -242,6 +244,55 @@ char* tdmpc2_cuda_graph_register_generator(Tdmpc2CudaGraph* graph, Tdmpc2Generat
 // Launches the graph on the caller's current stream of the graph's device.
 char* tdmpc2_cuda_graph_replay(Tdmpc2CudaGraph* graph) {
   return guarded([&] { graph->graph.replay(); });
+}
+
+// The compute capability of `device`, which NVRTC compiles for.
+char* tdmpc2_cuda_device_arch(int64_t device, int32_t* major, int32_t* minor) {
+  return guarded([&] {
+    int value = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(
+        &value, cudaDevAttrComputeCapabilityMajor, static_cast<int>(device)));
+    *major = value;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(
+        &value, cudaDevAttrComputeCapabilityMinor, static_cast<int>(device)));
+    *minor = value;
+  });
+}
+
+// Loads a compiled image (cubin) for `device`; its kernels stay loaded for the process's life.
+char* tdmpc2_cuda_library_load(int64_t device, const void* image, void** library) {
+  *library = nullptr;
+  return guarded([&] {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaLibrary_t loaded = nullptr;
+    C10_CUDA_CHECK(
+        cudaLibraryLoadData(&loaded, image, nullptr, nullptr, 0, nullptr, nullptr, 0));
+    *library = loaded;
+  });
+}
+
+char* tdmpc2_cuda_library_kernel(void* library, const char* name, void** kernel) {
+  *kernel = nullptr;
+  return guarded([&] {
+    cudaKernel_t found = nullptr;
+    C10_CUDA_CHECK(cudaLibraryGetKernel(&found, static_cast<cudaLibrary_t>(library), name));
+    *kernel = found;
+  });
+}
+
+// Launches `kernel` on the current torch stream of `device`, so that a graph being captured on
+// that stream records it. `args` points at each argument's value, in order.
+char* tdmpc2_cuda_launch(
+    int64_t device, void* kernel, const uint32_t* grid, const uint32_t* block,
+    uint32_t shared_bytes, void** args) {
+  return guarded([&] {
+    auto index = static_cast<c10::DeviceIndex>(device);
+    c10::cuda::CUDAGuard guard(index);
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index).stream();
+    C10_CUDA_CHECK(cudaLaunchKernel(
+        static_cast<const void*>(kernel), dim3(grid[0], grid[1], grid[2]),
+        dim3(block[0], block[1], block[2]), args, shared_bytes, stream));
+  });
 }
 
 }  // extern "C"

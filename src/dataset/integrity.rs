@@ -143,18 +143,10 @@ fn stamp_paths(path: &Path) -> Vec<PathBuf> {
     if let Some(dir) = path.parent() {
         paths.push(dir.join(".tdmpc2-verified").join(name.as_ref()));
     }
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")));
-    if let Some(cache) = cache {
+    if let Some(cache) = crate::cache::user_cache() {
         let absolute = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
         let key = crc32c::crc32c(absolute.to_string_lossy().as_bytes());
-        paths.push(
-            cache
-                .join("tdmpc2")
-                .join("verified")
-                .join(format!("{key:08x}-{name}")),
-        );
+        paths.push(cache.join("verified").join(format!("{key:08x}-{name}")));
     }
     paths
 }

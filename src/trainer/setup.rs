@@ -49,12 +49,13 @@ pub(super) fn start<'g>(
     group: &'g ProcessGroup,
 ) -> Result<Start<'g>> {
     let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
-    let policy = Policy::new(
+    let mut policy = Policy::new(
         &AgentConfig::from_config(config)?,
         device,
         config.num_envs,
         Box::new(TorchNoise::global()),
     )?;
+    policy.use_fused_kernels(config.fused_kernels);
     let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
     let checkpoints =
         CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());

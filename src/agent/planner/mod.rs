@@ -44,6 +44,8 @@ pub struct Planner {
     candidates: Tensor,
     /// γ^t for t = 0..H, (H, 1, 1): the weights of a rollout's rewards.
     discounts: Tensor,
+    /// Selection, refit and resampling through one fused kernel an iteration on CUDA.
+    fused_kernels: bool,
 }
 
 /// What a plan reads, on the model's device: the observations (E, obs_dim) and whether each
@@ -100,10 +102,18 @@ impl Planner {
             prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
             candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
             discounts: discounts(config.discount, h, device),
+            fused_kernels: false,
         })
     }
 
     /// The number of environments planned for at once.
+    /// Whether plans on CUDA select, refit and resample through our fused kernel
+    /// (`cuda::fused::mppi_refit`) instead of torch operations: the same numbers within
+    /// rounding, the same draws in the same order. The CPU always uses torch operations.
+    pub fn use_fused_kernels(&mut self, on: bool) {
+        self.fused_kernels = on;
+    }
+
     pub fn num_envs(&self) -> usize {
         self.num_envs as usize
     }
@@ -222,10 +232,24 @@ impl Planner {
         let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, model.device()));
         // A task's missing action components stay zero (the official masks them).
         let mask = model.action_mask().map(|m| m.view([e, 1, a]));
-        for _ in 0..self.iterations {
-            self.sample_candidates(&mean, &std, mask.as_ref(), model.device(), noise)?;
-            let value = self
-                .estimate_value(model, &z, &mut policy_rollout, noise)?
+        let fused = self.fused_kernels && model.device().is_cuda();
+        for i in 0..self.iterations {
+            if !fused || i == 0 {
+                self.sample_candidates(&mean, &std, mask.as_ref(), model.device(), noise)?;
+            }
+            let value = self.estimate_value(model, &z, &mut policy_rollout, noise)?;
+            if fused {
+                let last = i + 1 == self.iterations;
+                let refit = self.fused_refit(&value, mask.as_ref(), last, noise)?;
+                (score, elite_actions, mean, std) = (
+                    refit.score.unsqueeze(2),
+                    refit.elites,
+                    refit.mean,
+                    refit.std,
+                );
+                continue;
+            }
+            let value = value
                 .nan_to_num(0.0, None, None)
                 .view([e, self.num_samples]);
             let (_, elite_idxs) = value.topk(k, 1, true, true);
@@ -291,6 +315,49 @@ impl Planner {
                 .copy_(&shifted.where_scalarother(continuing, 0.0));
         }
         (mean, std)
+    }
+
+    /// Selection and refit as one kernel (`cuda::fused::mppi_refit`), which also writes the next
+    /// iteration's candidates from draws taken where [`Self::sample_candidates`] would take
+    /// them: after this iteration's value draws.
+    fn fused_refit(
+        &self,
+        value: &Tensor,
+        mask: Option<&Tensor>,
+        last: bool,
+        noise: &mut dyn Noise,
+    ) -> Result<crate::cuda::fused::Refit> {
+        let (e, h, n, p, a) = (
+            self.num_envs,
+            self.horizon,
+            self.num_samples,
+            self.num_pi_trajs,
+            self.action_dim,
+        );
+        let device = self.candidates.device();
+        let draws = match last {
+            true => None,
+            false => Some(
+                noise
+                    .randn(&[e * h, n - p, a], device)?
+                    .view([e, h, n - p, a]),
+            ),
+        };
+        let settings = crate::cuda::fused::MppiSettings {
+            elites: self.num_elites,
+            policy_rows: p,
+            temperature: self.temperature,
+            min_std: self.min_std,
+            max_std: self.max_std,
+        };
+        let mask = mask.map(|m| m.view([e, a]).contiguous());
+        Ok(crate::cuda::fused::mppi_refit(
+            &value.view([e, n]).contiguous(),
+            &self.candidates,
+            mask.as_ref(),
+            draws.as_ref().map(Tensor::contiguous).as_ref(),
+            settings,
+        )?)
     }
 
     /// Gaussian candidates P..N of every environment around `mean` with `std`, clamped, and

@@ -1,0 +1,374 @@
+//! The fused kernels as tensor functions: each checks its inputs (float32, contiguous, on one
+//! CUDA device, the shapes it documents) and launches on torch's current stream.
+use tch::{Kind, Tensor};
+
+use super::module::{kernel, Arg, Launch};
+use super::FusedError;
+
+/// Rows per block for the kernels that give each row a warp.
+const WARPS_PER_BLOCK: i64 = 4;
+const THREADS: u32 = 128;
+
+fn input(kernel: &'static str, what: &str, t: &Tensor, shape: &[i64]) -> Result<(), FusedError> {
+    let problem = if t.kind() != Kind::Float {
+        Some(format!("is {:?}, not float32", t.kind()))
+    } else if !t.is_contiguous() {
+        Some("is not contiguous".into())
+    } else if !t.device().is_cuda() {
+        Some(format!("is on {:?}", t.device()))
+    } else if t.size() != shape {
+        Some(format!("has shape {:?}, not {shape:?}", t.size()))
+    } else {
+        None
+    };
+    match problem {
+        Some(message) => Err(FusedError::Input {
+            kernel,
+            message: format!("{what} {message}"),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn warp_rows(rows: i64) -> Launch {
+    Launch {
+        blocks: ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK) as u32,
+        threads: THREADS,
+        shared_bytes: 0,
+    }
+}
+
+/// Mish(LayerNorm(x)·weight + bias) over the last dim of x [rows, width].
+pub fn layer_norm_mish(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+) -> Result<Tensor, FusedError> {
+    const NAME: &str = "layer_norm_mish";
+    let (rows, width) = x.size2().map_err(|e| FusedError::Input {
+        kernel: NAME,
+        message: format!("x: {e}"),
+    })?;
+    input(NAME, "x", x, &[rows, width])?;
+    input(NAME, "weight", weight, &[width])?;
+    input(NAME, "bias", bias, &[width])?;
+    let y = x.empty_like();
+    kernel(x.device(), NAME)?.launch(
+        warp_rows(rows),
+        &[
+            Arg::tensor(Some(x)),
+            Arg::tensor(Some(&y)),
+            Arg::tensor(Some(weight)),
+            Arg::tensor(Some(bias)),
+            Arg::I64(rows),
+            Arg::I32(width as i32),
+            Arg::F32(eps as f32),
+        ],
+    )?;
+    Ok(y)
+}
+
+/// SimNorm(LayerNorm(x)·weight + bias): a softmax within each group of `group` features.
+pub fn layer_norm_simnorm(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    group: i64,
+) -> Result<Tensor, FusedError> {
+    const NAME: &str = "layer_norm_simnorm";
+    let (rows, width) = x.size2().map_err(|e| FusedError::Input {
+        kernel: NAME,
+        message: format!("x: {e}"),
+    })?;
+    if group < 1 || width % group != 0 {
+        return Err(FusedError::Input {
+            kernel: NAME,
+            message: format!("width {width} is not a multiple of the group {group}"),
+        });
+    }
+    input(NAME, "x", x, &[rows, width])?;
+    input(NAME, "weight", weight, &[width])?;
+    input(NAME, "bias", bias, &[width])?;
+    let y = x.empty_like();
+    kernel(x.device(), NAME)?.launch(
+        warp_rows(rows),
+        &[
+            Arg::tensor(Some(x)),
+            Arg::tensor(Some(&y)),
+            Arg::tensor(Some(weight)),
+            Arg::tensor(Some(bias)),
+            Arg::I64(rows),
+            Arg::I32(width as i32),
+            Arg::F32(eps as f32),
+            Arg::I32(group as i32),
+        ],
+    )?;
+    Ok(y)
+}
+
+/// tanh(μ + ε·exp(log σ)) from the policy head's output [rows, 2A] (μ, raw log σ squashed into
+/// [low, low + dif]) and ε [rows, A]; masked by `mask` [rows / rows_per_mask, A] where given.
+pub fn policy_action(
+    head: &Tensor,
+    eps: &Tensor,
+    mask: Option<(&Tensor, i64)>,
+    low: f64,
+    dif: f64,
+) -> Result<Tensor, FusedError> {
+    const NAME: &str = "policy_action";
+    let (rows, actions) = eps.size2().map_err(|e| FusedError::Input {
+        kernel: NAME,
+        message: format!("eps: {e}"),
+    })?;
+    input(NAME, "head", head, &[rows, 2 * actions])?;
+    input(NAME, "eps", eps, &[rows, actions])?;
+    let rows_per_mask = match mask {
+        Some((m, per)) => {
+            if per < 1 || rows % per != 0 {
+                return Err(FusedError::Input {
+                    kernel: NAME,
+                    message: format!("{rows} rows do not split into groups of {per}"),
+                });
+            }
+            input(NAME, "mask", m, &[rows / per, actions])?;
+            per
+        }
+        None => 1,
+    };
+    let out = eps.empty_like();
+    let total = rows * actions;
+    kernel(eps.device(), NAME)?.launch(
+        Launch {
+            blocks: ((total + 255) / 256) as u32,
+            threads: 256,
+            shared_bytes: 0,
+        },
+        &[
+            Arg::tensor(Some(head)),
+            Arg::tensor(Some(eps)),
+            Arg::tensor(mask.map(|(m, _)| m)),
+            Arg::tensor(Some(&out)),
+            Arg::I64(rows),
+            Arg::I32(actions as i32),
+            Arg::F32(low as f32),
+            Arg::F32(dif as f32),
+            Arg::I64(rows_per_mask),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// returns + factor·(Q₁ + Q₂)/2 [rows], the Qᵢ decoded from the pair's two-hot logits
+/// [2, rows, bins] over `support` [bins]; `factor` has one value or one per row.
+pub fn q_bootstrap(
+    logits: &Tensor,
+    support: &Tensor,
+    returns: &Tensor,
+    factor: &Tensor,
+) -> Result<Tensor, FusedError> {
+    const NAME: &str = "q_bootstrap";
+    let size = logits.size();
+    let [2, rows, bins] = size[..] else {
+        return Err(FusedError::Input {
+            kernel: NAME,
+            message: format!("logits have shape {size:?}, not [2, rows, bins]"),
+        });
+    };
+    input(NAME, "logits", logits, &[2, rows, bins])?;
+    input(NAME, "support", support, &[bins])?;
+    input(NAME, "returns", returns, &[rows])?;
+    let stride = if factor.numel() == 1 { 0 } else { 1 };
+    input(
+        NAME,
+        "factor",
+        factor,
+        &[if stride == 0 { 1 } else { rows }],
+    )?;
+    let out = returns.empty_like();
+    kernel(logits.device(), NAME)?.launch(
+        warp_rows(rows),
+        &[
+            Arg::tensor(Some(logits)),
+            Arg::tensor(Some(support)),
+            Arg::tensor(Some(returns)),
+            Arg::tensor(Some(factor)),
+            Arg::I64(stride),
+            Arg::tensor(Some(&out)),
+            Arg::I64(rows),
+            Arg::I32(bins as i32),
+        ],
+    )?;
+    Ok(out)
+}
+
+/// MPPI's constants.
+#[derive(Debug, Clone, Copy)]
+pub struct MppiSettings {
+    pub elites: i64,
+    pub policy_rows: i64,
+    pub temperature: f64,
+    pub min_std: f64,
+    pub max_std: f64,
+}
+
+/// What one refit gives: the elites' weights [E, K], the elites [E, H, K, A], and the new
+/// mean and std [E, H, A].
+#[derive(Debug)]
+pub struct Refit {
+    pub score: Tensor,
+    pub elites: Tensor,
+    pub mean: Tensor,
+    pub std: Tensor,
+}
+
+fn candidates_shape(kernel: &'static str, candidates: &Tensor) -> Result<[i64; 4], FusedError> {
+    let size = candidates.size();
+    match size[..] {
+        [e, h, n, a] => Ok([e, h, n, a]),
+        _ => Err(FusedError::Input {
+            kernel,
+            message: format!("candidates have shape {size:?}, not [E, H, N, A]"),
+        }),
+    }
+}
+
+/// candidates[:, :, P:] = clamp(mean + std·draws, −1, 1)·mask (draws [E, H, N − P, A]).
+pub fn mppi_sample(
+    candidates: &Tensor,
+    mean: &Tensor,
+    std: &Tensor,
+    mask: Option<&Tensor>,
+    draws: &Tensor,
+    policy_rows: i64,
+) -> Result<(), FusedError> {
+    const NAME: &str = "mppi_sample";
+    let [e, h, n, a] = candidates_shape(NAME, candidates)?;
+    input(NAME, "candidates", candidates, &[e, h, n, a])?;
+    input(NAME, "mean", mean, &[e, h, a])?;
+    input(NAME, "std", std, &[e, h, a])?;
+    input(NAME, "draws", draws, &[e, h, n - policy_rows, a])?;
+    if let Some(mask) = mask {
+        input(NAME, "mask", mask, &[e, a])?;
+    }
+    kernel(candidates.device(), NAME)?.launch(
+        Launch {
+            blocks: e as u32,
+            threads: 512,
+            shared_bytes: 0,
+        },
+        &[
+            Arg::tensor(Some(mean)),
+            Arg::tensor(Some(std)),
+            Arg::tensor(mask),
+            Arg::tensor(Some(draws)),
+            Arg::tensor(Some(candidates)),
+            Arg::I32(n as i32),
+            Arg::I32(h as i32),
+            Arg::I32(a as i32),
+            Arg::I32(policy_rows as i32),
+        ],
+    )
+}
+
+/// Selection and refit from the candidates' values [E, N]; with `next_draws`, also the next
+/// iteration's candidates (as [`mppi_sample`] from the new mean and std).
+pub fn mppi_refit(
+    values: &Tensor,
+    candidates: &Tensor,
+    mask: Option<&Tensor>,
+    next_draws: Option<&Tensor>,
+    settings: MppiSettings,
+) -> Result<Refit, FusedError> {
+    const NAME: &str = "mppi_refit";
+    let [e, h, n, a] = candidates_shape(NAME, candidates)?;
+    let k = settings.elites;
+    let p = settings.policy_rows;
+    if !(1..=n).contains(&k) || !(0..n).contains(&p) {
+        return Err(FusedError::Input {
+            kernel: NAME,
+            message: format!("{k} elites and {p} policy rows do not fit {n} candidates"),
+        });
+    }
+    input(NAME, "values", values, &[e, n])?;
+    input(NAME, "candidates", candidates, &[e, h, n, a])?;
+    if let Some(mask) = mask {
+        input(NAME, "mask", mask, &[e, a])?;
+    }
+    if let Some(draws) = next_draws {
+        input(NAME, "draws", draws, &[e, h, n - p, a])?;
+    }
+    let options = (Kind::Float, candidates.device());
+    let refit = Refit {
+        score: Tensor::empty([e, k], options),
+        elites: Tensor::empty([e, h, k, a], options),
+        mean: Tensor::empty([e, h, a], options),
+        std: Tensor::empty([e, h, a], options),
+    };
+    let shared = (n + k) * 4 + k * 4;
+    kernel(candidates.device(), NAME)?.launch(
+        Launch {
+            blocks: e as u32,
+            threads: 512,
+            shared_bytes: shared as u32,
+        },
+        &[
+            Arg::tensor(Some(values)),
+            Arg::tensor(Some(candidates)),
+            Arg::tensor(mask),
+            Arg::tensor(next_draws),
+            Arg::tensor(Some(&refit.score)),
+            Arg::tensor(Some(&refit.elites)),
+            Arg::tensor(Some(&refit.mean)),
+            Arg::tensor(Some(&refit.std)),
+            Arg::I32(n as i32),
+            Arg::I32(h as i32),
+            Arg::I32(a as i32),
+            Arg::I32(k as i32),
+            Arg::I32(p as i32),
+            Arg::F32(settings.temperature as f32),
+            Arg::F32(settings.min_std as f32),
+            Arg::F32(settings.max_std as f32),
+        ],
+    )?;
+    Ok(refit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::Device;
+
+    /// Bad inputs are refused before anything launches, naming the kernel and the input.
+    #[test]
+    fn inputs_off_the_gpu_or_misshapen_are_refused_by_name() {
+        let x = Tensor::zeros([4, 8], (Kind::Float, Device::Cpu));
+        let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
+        let e = layer_norm_mish(&x, &w, &w, 1e-5).unwrap_err().to_string();
+        assert!(
+            e.contains("layer_norm_mish") && e.contains("x is on Cpu"),
+            "{e}"
+        );
+        let e = layer_norm_simnorm(&x, &w, &w, 1e-5, 3)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a multiple of the group 3"), "{e}");
+        let logits = Tensor::zeros([3, 4, 5], (Kind::Float, Device::Cpu));
+        let e = q_bootstrap(&logits, &w, &w, &w).unwrap_err().to_string();
+        assert!(e.contains("not [2, rows, bins]"), "{e}");
+        let candidates = Tensor::zeros([1, 3, 8, 2], (Kind::Float, Device::Cpu));
+        let values = Tensor::zeros([1, 8], (Kind::Float, Device::Cpu));
+        let settings = MppiSettings {
+            elites: 9,
+            policy_rows: 2,
+            temperature: 0.5,
+            min_std: 0.05,
+            max_std: 2.0,
+        };
+        let e = mppi_refit(&values, &candidates, None, None, settings)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("9 elites"), "{e}");
+    }
+}

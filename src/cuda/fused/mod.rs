@@ -1,0 +1,44 @@
+//! Fused CUDA kernels for the planner's and the update's small-kernel chains (a plan is about a
+//! thousand kernels of a few microseconds each). Their CUDA C sources live beside this file and
+//! are compiled at run time by NVRTC for the GPU at hand (the build needs no nvcc), then kept
+//! per architecture in the user's cache (`kernels/` of [`crate::cache::user_cache`]). Every
+//! source compiles in the test suite on the CPU, so a broken kernel fails CI; what they compute
+//! is tested on a GPU against the torch operations they replace (tests/fused_kernels.rs).
+mod catalogue;
+mod kernels;
+mod module;
+
+pub use catalogue::{cubin, Source, SOURCES};
+pub use kernels::{
+    layer_norm_mish, layer_norm_simnorm, mppi_refit, mppi_sample, policy_action, q_bootstrap,
+    MppiSettings, Refit,
+};
+
+use tch::Device;
+
+use super::nvrtc::NvrtcError;
+use super::GraphError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FusedError {
+    #[error("fused kernels are not built into this binary: {0}")]
+    NotBuilt(&'static str),
+    #[error("fused kernels run on a CUDA device, not {0:?}")]
+    NotCuda(Device),
+    #[error("no fused kernel is named {0}")]
+    UnknownKernel(&'static str),
+    #[error("fused kernel {kernel}: {message}")]
+    Input {
+        kernel: &'static str,
+        message: String,
+    },
+    #[error("fused kernel {kernel} did not launch: {message}")]
+    Launch {
+        kernel: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Compiler(#[from] NvrtcError),
+    #[error(transparent)]
+    Cuda(#[from] GraphError),
+}

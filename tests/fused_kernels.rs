@@ -1,0 +1,277 @@
+//! The fused CUDA kernels against the torch operations they replace, eager and inside a CUDA
+//! graph. Ignored by default (they need a GPU); `scripts/gpu_check.sh` runs them. Each fails, not
+//! passes, when asked to run without a GPU. Tolerance: 1e-5 absolute or 1e-4 relative.
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tch::{Device, Kind, Tensor};
+use tdmpc2::agent::layers::simnorm;
+use tdmpc2::agent::math::TwoHot;
+use tdmpc2::cuda::fused::{self, FusedError, MppiSettings, Refit};
+use tdmpc2::cuda::{cuda_graphs_available, CudaGraph};
+
+static GPU: Mutex<()> = Mutex::new(());
+
+fn gpu() -> (MutexGuard<'static, ()>, Device) {
+    let guard = GPU.lock().unwrap_or_else(PoisonError::into_inner);
+    assert!(cuda_graphs_available(), "no CUDA GPU (or no shim) here");
+    (guard, Device::Cuda(0))
+}
+
+fn assert_close(what: &str, ours: &Tensor, theirs: &Tensor) {
+    assert_eq!(ours.size(), theirs.size(), "{what}: shapes");
+    let diff = (ours - theirs).abs();
+    let allowed = theirs.abs() * 1e-4 + 1e-5;
+    let over = diff.gt_tensor(&allowed).sum(Kind::Int64).int64_value(&[]);
+    assert_eq!(
+        over,
+        0,
+        "{what}: {over} entries differ by more than 1e-5 + 1e-4·|x| (largest {})",
+        diff.max().double_value(&[])
+    );
+}
+
+/// `f` run eagerly, then captured and replayed: both must equal `expected`, and a replay must
+/// give the same numbers bit for bit (no atomics).
+fn eager_and_captured(what: &str, expected: &Tensor, mut f: impl FnMut() -> Tensor) {
+    let device = expected.device();
+    assert_close(&format!("{what}, eager"), &f(), expected);
+    let (graph, out) = CudaGraph::capture(device, None, 1, || Ok::<_, FusedError>(f()))
+        .unwrap_or_else(|e| panic!("{what}: capture failed: {e}"));
+    graph.replay().expect("replay");
+    let first = out.copy();
+    assert_close(&format!("{what}, captured"), &first, expected);
+    graph.replay().expect("replay");
+    assert!(out.equal(&first), "{what}: two replays differ");
+}
+
+fn mish(x: &Tensor) -> Tensor {
+    x * x.softplus().tanh()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn layer_norm_then_mish_or_simnorm_equal_torchs() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(1);
+    for (rows, width) in [(512, 512), (7, 1024), (4096, 256), (3, 96)] {
+        let x = Tensor::randn([rows, width], (Kind::Float, device)) * 3.0;
+        let w = Tensor::randn([width], (Kind::Float, device));
+        let b = Tensor::randn([width], (Kind::Float, device));
+        let normed = Tensor::native_layer_norm(&x, [width], Some(&w), Some(&b), 1e-5).0;
+        eager_and_captured(&format!("LN+Mish {rows}x{width}"), &mish(&normed), || {
+            fused::layer_norm_mish(&x, &w, &b, 1e-5).unwrap()
+        });
+        eager_and_captured(
+            &format!("LN+SimNorm {rows}x{width}"),
+            &simnorm(&normed, 8),
+            || fused::layer_norm_simnorm(&x, &w, &b, 1e-5, 8).unwrap(),
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn the_policy_action_equals_torchs_with_and_without_masks() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(2);
+    let (rows, a, per) = (6 * 512, 6, 512);
+    let head = Tensor::randn([rows, 2 * a], (Kind::Float, device)) * 2.0;
+    let eps = Tensor::randn([rows, a], (Kind::Float, device));
+    let (low, dif) = (-10.0, 12.0);
+    let parts = head.split(a, 1);
+    let log_std = (parts[1].tanh() + 1.0) * (0.5 * dif) + low;
+    let expected = (&parts[0] + &eps * log_std.exp()).tanh();
+    eager_and_captured("policy action", &expected, || {
+        fused::policy_action(&head, &eps, None, low, dif).unwrap()
+    });
+    let mask = Tensor::randint(2, [rows / per, a], (Kind::Float, device));
+    let masked = &expected * mask.repeat_interleave_self_int(per, 0, None);
+    eager_and_captured("masked policy action", &masked, || {
+        fused::policy_action(&head, &eps, Some((&mask, per)), low, dif).unwrap()
+    });
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn the_q_bootstrap_equals_two_decoded_heads_averaged() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(3);
+    let two_hot = TwoHot::new(101, -10.0, 10.0, device);
+    let rows = 16 * 512;
+    let logits = Tensor::randn([2, rows, 101], (Kind::Float, device)) * 4.0;
+    let returns = Tensor::randn([rows], (Kind::Float, device)) * 50.0;
+    let q = (two_hot.decode(&logits.get(0)) + two_hot.decode(&logits.get(1))) / 2.0;
+    let q = q.view([rows]);
+    let scalar = Tensor::from_slice(&[0.99f32.powi(3)]).to_device(device);
+    eager_and_captured(
+        "q bootstrap, one factor",
+        &(&returns + &q * &scalar),
+        || fused::q_bootstrap(&logits, &two_hot.support, &returns, &scalar).unwrap(),
+    );
+    let per_row = Tensor::rand([rows], (Kind::Float, device));
+    eager_and_captured(
+        "q bootstrap, a factor a row",
+        &(&returns + &q * &per_row),
+        || fused::q_bootstrap(&logits, &two_hot.support, &returns, &per_row).unwrap(),
+    );
+}
+
+/// The planner's selection and refit as torch operations (src/agent/planner/mod.rs).
+fn refit_with_torch(
+    values: &Tensor,
+    candidates: &Tensor,
+    mask: Option<&Tensor>,
+    s: MppiSettings,
+) -> Refit {
+    let [e, h, _, a] = candidates.size()[..] else {
+        unreachable!()
+    };
+    let k = s.elites;
+    let value = values.nan_to_num(0.0, None, None);
+    let (_, idx) = value.topk(k, 1, true, true);
+    let elite_value = value.gather(1, &idx, false).unsqueeze(2);
+    let elites = candidates.gather(
+        2,
+        &idx.view([e, 1, k, 1]).expand([e, h, k, a], false),
+        false,
+    );
+    let (max_value, _) = elite_value.max_dim(1, true);
+    let mut score = ((&elite_value - max_value) * s.temperature).exp();
+    score = &score / score.sum_dim_intlist(1, true, Kind::Float);
+    let weights = score.unsqueeze(1);
+    let total = score.sum_dim_intlist(1, true, Kind::Float) + 1e-9;
+    let mut mean = (&weights * &elites).sum_dim_intlist(2, false, Kind::Float) / &total;
+    let mut std = ((&weights * (&elites - mean.unsqueeze(2)).square()).sum_dim_intlist(
+        2,
+        false,
+        Kind::Float,
+    ) / &total)
+        .sqrt()
+        .clamp(s.min_std, s.max_std);
+    if let Some(mask) = mask {
+        mean *= mask.view([e, 1, a]);
+        std *= mask.view([e, 1, a]);
+    }
+    Refit {
+        score: score.squeeze_dim(2),
+        elites,
+        mean,
+        std,
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(4);
+    let settings = MppiSettings {
+        elites: 64,
+        policy_rows: 24,
+        temperature: 0.5,
+        min_std: 0.05,
+        max_std: 2.0,
+    };
+    for (e, h, n, a, masked) in [
+        (1, 3, 512, 6, false),
+        (16, 3, 512, 38, true),
+        (3, 5, 100, 1, false),
+    ] {
+        let what = format!("E={e} H={h} N={n} A={a} mask={masked}");
+        let candidates =
+            (Tensor::randn([e, h, n, a], (Kind::Float, device)) * 0.6).clamp(-1.0, 1.0);
+        let values = Tensor::randn([e, n], (Kind::Float, device)) * 30.0;
+        // A diverged candidate or two: NaN counts as 0, +inf as the largest float.
+        let _ = values.get(0).get(5).fill_(f64::NAN);
+        let _ = values.get(0).get(9).fill_(f64::INFINITY);
+        let mask = masked.then(|| {
+            let m = Tensor::ones([e, a], (Kind::Float, device));
+            let _ = m.narrow(1, a / 2, a - a / 2).fill_(0.0);
+            m
+        });
+        let expected = refit_with_torch(&values, &candidates, mask.as_ref(), settings);
+        let draws = Tensor::randn([e, h, n - settings.policy_rows, a], (Kind::Float, device));
+        let next = candidates.copy();
+        let mut sampled =
+            (expected.mean.unsqueeze(2) + expected.std.unsqueeze(2) * &draws).clamp(-1.0, 1.0);
+        if let Some(m) = &mask {
+            sampled *= m.view([e, 1, 1, a]);
+        }
+        next.narrow(2, settings.policy_rows, n - settings.policy_rows)
+            .copy_(&sampled);
+
+        let ours = fused::mppi_refit(&values, &candidates, mask.as_ref(), None, settings).unwrap();
+        assert!(
+            ours.elites.equal(&expected.elites),
+            "{what}: other elites or order"
+        );
+        assert_close(&format!("{what} score"), &ours.score, &expected.score);
+        assert_close(&format!("{what} mean"), &ours.mean, &expected.mean);
+        assert_close(&format!("{what} std"), &ours.std, &expected.std);
+
+        let resampled = candidates.copy();
+        let refit =
+            fused::mppi_refit(&values, &resampled, mask.as_ref(), Some(&draws), settings).unwrap();
+        assert!(
+            refit.elites.equal(&expected.elites),
+            "{what}: elites after resampling"
+        );
+        assert_close(&format!("{what} next candidates"), &resampled, &next);
+
+        let fresh = candidates.copy();
+        fused::mppi_sample(
+            &fresh,
+            &expected.mean,
+            &expected.std,
+            mask.as_ref(),
+            &draws,
+            settings.policy_rows,
+        )
+        .unwrap();
+        assert_close(&format!("{what} first samples"), &fresh, &next);
+
+        eager_and_captured(&format!("{what} mean, captured"), &expected.mean, || {
+            fused::mppi_refit(&values, &candidates, mask.as_ref(), None, settings)
+                .unwrap()
+                .mean
+        });
+    }
+}
+
+/// Plans with the fused refit equal plans with torch's operations from the same draws: the
+/// same actions and warm starts within rounding, at model sizes 1 and 5, over two plans (the
+/// second warm-started) for several environments.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn plans_with_the_fused_refit_equal_plans_with_torch_operations() {
+    use tdmpc2::agent::{AgentConfig, Planner, TorchNoise, WorldModel};
+    let (_gpu, device) = gpu();
+    for size in [1, 5] {
+        let config = AgentConfig::defaults(Some(size), 24, 6).unwrap();
+        tch::manual_seed(5);
+        let model = WorldModel::new(&config, device).unwrap();
+        let obs = Tensor::randn([4, 24], (Kind::Float, device));
+        let plan = |fused: bool| {
+            let mut planner = Planner::new(&config, device, 4).unwrap();
+            planner.use_fused_kernels(fused);
+            let mut noise = TorchNoise::seeded(11);
+            let first = planner
+                .plan_batch(&model, &obs, &[true; 4], false, &mut noise)
+                .unwrap();
+            let second = planner
+                .plan_batch(
+                    &model,
+                    &obs,
+                    &[false, true, false, false],
+                    false,
+                    &mut noise,
+                )
+                .unwrap();
+            (first, second, planner.prev_mean().copy())
+        };
+        let (torch, fused) = (plan(false), plan(true));
+        assert_close(&format!("size {size}: first actions"), &fused.0, &torch.0);
+        assert_close(&format!("size {size}: second actions"), &fused.1, &torch.1);
+        assert_close(&format!("size {size}: warm start"), &fused.2, &torch.2);
+    }
+}
