@@ -34,7 +34,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # Test binaries with ignored tests that need a GPU; "binary test" runs only that test of it.
-tests=(fused_kernels cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda")
+tests=(fused_kernels cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda"
+    "parity matches_the_official_implementation_on_cuda_with_fused_kernels")
 names=("${tests[@]%% *}")
 
 # The arguments that run entry $1 of `tests` after `--ignored`.

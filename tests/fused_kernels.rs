@@ -238,8 +238,8 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations() {
     }
 }
 
-/// Plans with the fused refit equal plans with torch's operations from the same draws: the
-/// same actions and warm starts within rounding, at model sizes 1 and 5, over two plans (the
+/// Plans with the fused kernels (refit, LayerNorm and activations, policy action) equal plans
+/// with torch's operations from the same draws: the same actions and warm starts within rounding, at model sizes 1 and 5, over two plans (the
 /// second warm-started) for several environments.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
@@ -252,8 +252,8 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations() {
         let model = WorldModel::new(&config, device).unwrap();
         let obs = Tensor::randn([4, 24], (Kind::Float, device));
         let plan = |fused: bool| {
+            fused::set_enabled(fused);
             let mut planner = Planner::new(&config, device, 4).unwrap();
-            planner.use_fused_kernels(fused);
             let mut noise = TorchNoise::seeded(11);
             let first = planner
                 .plan_batch(&model, &obs, &[true; 4], false, &mut noise)
@@ -270,6 +270,7 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations() {
             (first, second, planner.prev_mean().copy())
         };
         let (torch, fused) = (plan(false), plan(true));
+        fused::set_enabled(false);
         assert_close(&format!("size {size}: first actions"), &fused.0, &torch.0);
         assert_close(&format!("size {size}: second actions"), &fused.1, &torch.1);
         assert_close(&format!("size {size}: warm start"), &fused.2, &torch.2);

@@ -615,15 +615,37 @@ fn matches_the_official_implementation_with_dropout() {
     check_fixture(DROPOUT);
 }
 
-/// Every fixture's components, updates and plans, eager on a GPU (full float32: TF32 off).
-#[test]
-#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
-fn matches_the_official_implementation_on_cuda() {
+/// The CUDA checks one at a time: `fused_kernels` is one switch for the process.
+static CUDA_PARITY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Every fixture's components, updates and plans, eager on a GPU (full float32: TF32 off),
+/// with torch's operations or with our fused kernels.
+fn matches_on_cuda(fused_kernels: bool) {
+    let _one = CUDA_PARITY
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let device = Device::Cuda(0);
     tdmpc2::device::set_tf32(device, false).expect("tf32 off");
+    tdmpc2::cuda::fused::set_enabled(fused_kernels);
+    if fused_kernels {
+        tdmpc2::cuda::fused::prepare(device).expect("fused kernels load");
+    }
     for (name, updates, plans) in FIXTURES {
         check_fixture_on(device, name, updates, plans);
     }
+    tdmpc2::cuda::fused::set_enabled(false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn matches_the_official_implementation_on_cuda() {
+    matches_on_cuda(false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn matches_the_official_implementation_on_cuda_with_fused_kernels() {
+    matches_on_cuda(true);
 }
 
 /// A fixture recorded at full size by `scripts/check_parity.sh` (too large for the repository),

@@ -66,12 +66,6 @@ impl Policy {
         })
     }
 
-    /// Plans on CUDA through our fused kernels where they exist (see
-    /// [`Planner::use_fused_kernels`]).
-    pub fn use_fused_kernels(&mut self, on: bool) {
-        self.planner.use_fused_kernels(on);
-    }
-
     /// Draws from a torch generator of its own on the policy's device, seeded with `seed` (in
     /// place once made, so that captured plans keep drawing from it): for an acting thread
     /// that runs beside the learner. A build without such generators draws from a host stream.

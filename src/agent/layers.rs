@@ -40,6 +40,34 @@ fn layer_norm(x: &Tensor, features: i64, affine: Option<(&Tensor, &Tensor)>) -> 
     Tensor::native_layer_norm(x, [features], weight, bias, LAYER_NORM_EPS).0
 }
 
+/// LayerNorm of the last dim with affine `weight` and `bias` (1-D), then `activation`: one fused
+/// kernel where [`crate::cuda::fused::applies_to`] the input, torch's operations elsewhere.
+fn normed(x: Tensor, weight: &Tensor, bias: &Tensor, activation: Option<Activation>) -> Tensor {
+    let features = *x.size().last().expect("a layer's output has features");
+    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_to(&x)) {
+        let shape = x.size();
+        let rows = x.contiguous().view([-1, features]);
+        let fused = match activation {
+            Activation::Mish => {
+                crate::cuda::fused::layer_norm_mish(&rows, weight, bias, LAYER_NORM_EPS)
+            }
+            Activation::SimNorm(group) => {
+                crate::cuda::fused::layer_norm_simnorm(&rows, weight, bias, LAYER_NORM_EPS, group)
+            }
+        };
+        // A kernel that cannot run is a broken installation: torch's errors surface as panics
+        // in tch, and so does this one, with its cause.
+        return fused
+            .unwrap_or_else(|e| panic!("{e} (set fused_kernels=false to run without)"))
+            .view(shape.as_slice());
+    }
+    let y = layer_norm(&x, features, Some((weight, bias)));
+    match activation {
+        Some(activation) => activation.apply(&y),
+        None => y,
+    }
+}
+
 /// Simplicial normalisation: softmax over groups of `group` features of the last dim.
 pub fn simnorm(x: &Tensor, group: i64) -> Tensor {
     let shape = x.size();
@@ -109,13 +137,12 @@ impl Layer {
 
     /// LayerNorm and activation of a linear output.
     pub fn finish(&self, linear: Tensor) -> Tensor {
-        let mut y = linear;
-        if let Some(norm) = &self.norm {
-            y = layer_norm(&y, self.output_dim(), Some((&norm.weight, &norm.bias)));
-        }
-        match self.activation {
-            Some(activation) => activation.apply(&y),
-            None => y,
+        match &self.norm {
+            Some(norm) => normed(linear, &norm.weight, &norm.bias, self.activation),
+            None => match self.activation {
+                Some(activation) => activation.apply(&linear),
+                None => linear,
+            },
         }
     }
 }
@@ -446,19 +473,22 @@ impl Ensemble {
                 h *= mask;
             }
         }
-        if let Some((weight, bias)) = norm {
-            let out = *h.size().last().expect("features");
-            h = if weight.dim() == 1 {
-                layer_norm(&h, out, Some((&weight, &bias)))
-            } else {
-                // Per-member affine parameters broadcast over the rows.
-                bias.addcmul(&layer_norm(&h, out, None), &weight)
-            };
+        match norm {
+            Some((weight, bias)) if weight.dim() == 1 => {
+                Ok(normed(h, &weight, &bias, layer.activation))
+            }
+            norm => {
+                if let Some((weight, bias)) = norm {
+                    // Per-member affine parameters broadcast over the rows.
+                    let out = *h.size().last().expect("features");
+                    h = bias.addcmul(&layer_norm(&h, out, None), &weight);
+                }
+                Ok(match layer.activation {
+                    Some(activation) => activation.apply(&h),
+                    None => h,
+                })
+            }
         }
-        Ok(match layer.activation {
-            Some(activation) => activation.apply(&h),
-            None => h,
-        })
     }
 }
 

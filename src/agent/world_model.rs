@@ -263,6 +263,17 @@ impl WorldModel {
     /// Only the sampled action of the policy prior (skips the entropy terms).
     pub fn pi_action(&self, z: &Tensor, eps: &Tensor, task: Option<&TaskRows>) -> Tensor {
         let out = self.policy.forward(&task::with_task(z, task));
+        if task.is_none() && out.dim() == 2 && crate::cuda::fused::applies_to(&out) {
+            let (low, dif) = (self.log_std_min, self.log_std_dif);
+            return crate::cuda::fused::policy_action(
+                &out.contiguous(),
+                &eps.contiguous(),
+                None,
+                low,
+                dif,
+            )
+            .unwrap_or_else(|e| panic!("{e} (set fused_kernels=false to run without)"));
+        }
         let parts = out.chunk(2, -1);
         let log_std = math::squash_log_std(&parts[1], self.log_std_min, self.log_std_dif);
         let action = (&parts[0] + eps * log_std.exp()).tanh();

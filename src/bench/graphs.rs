@@ -153,8 +153,11 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
             .into_iter()
             .flat_map(|n| options.fused_kernels.iter().map(move |&f| (n, f)));
         for (num_envs, fused) in plans {
+            crate::cuda::fused::set_enabled(fused);
+            if fused {
+                crate::cuda::fused::prepare(device).map_err(|e| Error::Config(e.to_string()))?;
+            }
             let mut policy = Policy::new(&agent, device, num_envs, Box::new(TorchNoise::global()))?;
-            policy.use_fused_kernels(fused);
             policy.load_weights(learner.model())?;
             let obs: Vec<f32> = (0..num_envs * agent.obs_dim)
                 .map(|i| (i as f32 * 0.37).sin())

@@ -49,13 +49,17 @@ pub(super) fn start<'g>(
     group: &'g ProcessGroup,
 ) -> Result<Start<'g>> {
     let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
-    let mut policy = Policy::new(
+    crate::cuda::fused::set_enabled(config.fused_kernels);
+    if config.fused_kernels && device.is_cuda() {
+        crate::cuda::fused::prepare(device)
+            .map_err(|e| Error::Config(format!("fused_kernels=true: {e}")))?;
+    }
+    let policy = Policy::new(
         &AgentConfig::from_config(config)?,
         device,
         config.num_envs,
         Box::new(TorchNoise::global()),
     )?;
-    policy.use_fused_kernels(config.fused_kernels);
     let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
     let checkpoints =
         CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());

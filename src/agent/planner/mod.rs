@@ -44,8 +44,6 @@ pub struct Planner {
     candidates: Tensor,
     /// γ^t for t = 0..H, (H, 1, 1): the weights of a rollout's rewards.
     discounts: Tensor,
-    /// Selection, refit and resampling through one fused kernel an iteration on CUDA.
-    fused_kernels: bool,
 }
 
 /// What a plan reads, on the model's device: the observations (E, obs_dim) and whether each
@@ -102,18 +100,10 @@ impl Planner {
             prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
             candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
             discounts: discounts(config.discount, h, device),
-            fused_kernels: false,
         })
     }
 
     /// The number of environments planned for at once.
-    /// Whether plans on CUDA select, refit and resample through our fused kernel
-    /// (`cuda::fused::mppi_refit`) instead of torch operations: the same numbers within
-    /// rounding, the same draws in the same order. The CPU always uses torch operations.
-    pub fn use_fused_kernels(&mut self, on: bool) {
-        self.fused_kernels = on;
-    }
-
     pub fn num_envs(&self) -> usize {
         self.num_envs as usize
     }
@@ -232,7 +222,9 @@ impl Planner {
         let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, model.device()));
         // A task's missing action components stay zero (the official masks them).
         let mask = model.action_mask().map(|m| m.view([e, 1, a]));
-        let fused = self.fused_kernels && model.device().is_cuda();
+        // With fused kernels on (CUDA only), selection, refit and resampling are one kernel an
+        // iteration: the same numbers within rounding, the same draws in the same order.
+        let fused = crate::cuda::fused::enabled() && model.device().is_cuda();
         for i in 0..self.iterations {
             if !fused || i == 0 {
                 self.sample_candidates(&mean, &std, mask.as_ref(), model.device(), noise)?;

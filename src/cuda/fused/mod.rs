@@ -14,10 +14,36 @@ pub use kernels::{
     MppiSettings, Refit,
 };
 
-use tch::Device;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tch::{Device, Kind, Tensor};
 
 use super::nvrtc::NvrtcError;
 use super::GraphError;
+
+/// The `fused_kernels` setting: one switch for the process, as torch's own precision flags.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns the fused kernels on or off for work on CUDA (`fused_kernels`).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Compiles (or reads from the cache) and loads every kernel on `device`, so that a broken
+/// installation is an error at start-up rather than in the middle of a plan.
+pub fn prepare(device: Device) -> Result<(), FusedError> {
+    module::kernel(device, SOURCES[0].kernels[0]).map(|_| ())
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Whether work on `x` takes a fused kernel: switched on, on CUDA, float32, and no gradient
+/// wanted (the kernels have no backward; the update's forward passes keep torch's operations).
+pub fn applies_to(x: &Tensor) -> bool {
+    enabled() && x.device().is_cuda() && x.kind() == Kind::Float && !x.requires_grad()
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum FusedError {
