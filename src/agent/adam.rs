@@ -5,7 +5,8 @@
 //! tensor operations whose scalars (step count, bias corrections, warmed-up rates) are device
 //! tensors advanced by device operations, as torch's `capturable=True` (the official optimiser
 //! on CUDA): a CUDA graph that replays the step sees them change, where host scalars would be
-//! frozen into it.
+//! frozen into it. With `fused_kernels` on, CUDA takes torch's fused Adam instead (one kernel a
+//! group, the same device scalars).
 use tch::{Kind, Tensor};
 
 use super::error::{Error, Result};
@@ -133,7 +134,10 @@ impl Adam {
 
     /// One Adam step of `params` (flat) with `grads` (flat, same layout):
     /// m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², p ← p − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + ε).
-    pub fn step(&mut self, params: &Tensor, grads: &Tensor) {
+    pub fn step(&mut self, params: &Tensor, grads: &Tensor) -> Result<()> {
+        if crate::cuda::fused::enabled() && params.device().is_cuda() {
+            return self.step_with_torch_fused(params, grads);
+        }
         let buffers = [params, grads, &self.exp_avg, &self.exp_avg_sq];
         let len = self.exp_avg.numel();
         if !kernels::adam_step_applies(buffers, len)
@@ -141,7 +145,7 @@ impl Adam {
             || grads.numel() != len
         {
             self.step_with_tensor_ops(params, grads);
-            return;
+            return Ok(());
         }
         self.step += 1;
         let t = self.step as i32;
@@ -163,13 +167,12 @@ impl Adam {
                 coefficients,
             );
         }
+        Ok(())
     }
 
-    /// The same step as tensor operations over whole buffers (any device), with the order of
-    /// operations of torch's capturable multi-tensor Adam; reads no host value.
-    fn step_with_tensor_ops(&mut self, params: &Tensor, grads: &Tensor) {
-        let (beta1, beta2, eps, warmup) = (self.beta1, self.beta2, self.eps, self.warmup_steps);
-        let (taken, groups) = (self.step, &self.groups);
+    /// Advances the device step count; returns it and each group's rate for this step ([groups]).
+    fn advance_device_scalars(&mut self, params: &Tensor) -> (Tensor, Tensor) {
+        let (taken, groups, warmup) = (self.step, &self.groups, self.warmup_steps);
         self.step += 1;
         let scalars = self
             .on_device
@@ -180,6 +183,40 @@ impl Adam {
                 0 => scalars.base_lrs.shallow_clone(),
                 steps => &scalars.base_lrs * (&step / steps as f64).clamp_max(1.0),
             };
+            (step, lrs)
+        })
+    }
+
+    /// The step through torch's fused Adam, one call a group, reading the device scalars.
+    fn step_with_torch_fused(&mut self, params: &Tensor, grads: &Tensor) -> Result<()> {
+        let (step, lrs) = self.advance_device_scalars(params);
+        let step = step.view([]);
+        for (index, group) in self.groups.iter().enumerate() {
+            let len = group.end - group.start;
+            let slice = |t: &Tensor| t.narrow(0, group.start, len);
+            let (p, g) = (slice(params), slice(grads));
+            let (m, v) = (slice(&self.exp_avg), slice(&self.exp_avg_sq));
+            let lr = lrs.get(index as i64);
+            let slices = [crate::cuda::AdamSlice {
+                params: &p,
+                grads: &g,
+                exp_avg: &m,
+                exp_avg_sq: &v,
+            }];
+            tch::no_grad(|| {
+                crate::cuda::fused_adam(&slices, &step, &lr, (self.beta1, self.beta2), self.eps)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The same step as tensor operations over whole buffers (any device), with the order of
+    /// operations of torch's capturable multi-tensor Adam; reads no host value.
+    fn step_with_tensor_ops(&mut self, params: &Tensor, grads: &Tensor) {
+        let (beta1, beta2, eps) = (self.beta1, self.beta2, self.eps);
+        let (step, lrs) = self.advance_device_scalars(params);
+        let (groups, scalars) = (&self.groups, self.on_device.as_ref().expect("made above"));
+        tch::no_grad(|| {
             // −lr/(1 − β₁ᵗ) per group, and √(1 − β₂ᵗ).
             let neg_step_sizes = ((Tensor::pow_scalar(beta1, &step) - 1.0) / lrs).reciprocal();
             let bias_correction2_sqrt = (1.0f64 - Tensor::pow_scalar(beta2, &step)).sqrt();
@@ -318,7 +355,7 @@ mod tests {
                 expected[i] -= group_lr / (1.0 - b1.powi(step)) * m[i] / denom;
             }
             let g: Vec<f32> = g.iter().map(|&x| x as f32).collect();
-            adam.step(&params, &Tensor::from_slice(&g));
+            adam.step(&params, &Tensor::from_slice(&g)).unwrap();
         }
         let got = to_vec(&params);
         for i in 0..3 {
@@ -367,7 +404,7 @@ mod tests {
         let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) < 2e-6;
         for _ in 1..=3 {
             let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
-            fused.step(&params, &grads);
+            fused.step(&params, &grads).unwrap();
             tensor_ops.step_with_tensor_ops(&reference, &grads);
         }
         // Within rounding: parameters reach |x| ≈ 4, where one f32 ulp is 4.8e-7 (a wrong
@@ -383,8 +420,43 @@ mod tests {
         restored.load_state(&fused.state()).unwrap();
         let (restored_params, fused_params) = (params.copy(), params.copy());
         restored.step_with_tensor_ops(&restored_params, &grads);
-        fused.step(&fused_params, &grads);
+        fused.step(&fused_params, &grads).unwrap();
         assert!(close(&restored_params, &fused_params));
+    }
+
+    /// torch's fused Adam (`_fused_adam_` through the shim; on the CPU here, as CUDA takes it with
+    /// `fused_kernels`) takes the steps ours takes, per group and through the warm-up, reading
+    /// the same device scalars, and resumes from a restored state the same way.
+    #[test]
+    fn torchs_fused_adam_equals_ours() {
+        if env!("TDMPC2_TORCH_CUDA_WHEEL") == "0" {
+            eprintln!("SKIPPED: the shim (and with it torch's fused Adam) needs the CUDA wheel");
+            return;
+        }
+        let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu)) * 3.0;
+        let reference = params.copy();
+        let mut ours = adam(&params, 2);
+        let mut torchs = adam(&reference, 2);
+        let close = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]) < 2e-6;
+        for _ in 1..=4 {
+            let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+            ours.step(&params, &grads).unwrap();
+            torchs.step_with_torch_fused(&reference, &grads).unwrap();
+            // A wrong rate or bias correction would be off by about the rate, 1e-4.
+            assert!(close(&params, &reference));
+            assert!(close(&ours.exp_avg, &torchs.exp_avg));
+            assert!(close(&ours.exp_avg_sq, &torchs.exp_avg_sq));
+        }
+        assert_eq!(torchs.step_count(), 4);
+        let grads = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu));
+        let mut restored = adam(&reference, 2);
+        restored.load_state(&ours.state()).unwrap();
+        let (restored_params, our_params) = (params.copy(), params.copy());
+        restored
+            .step_with_torch_fused(&restored_params, &grads)
+            .unwrap();
+        ours.step(&our_params, &grads).unwrap();
+        assert!(close(&restored_params, &our_params));
     }
 
     /// The warm-up scales each step's rates: step t of T uses t/T of them.
@@ -394,12 +466,12 @@ mod tests {
         let mut adam = adam(&params, 4);
         assert_eq!(adam.learning_rates(), vec![1e-3, 3e-4]);
         let grads = params.ones_like();
-        adam.step(&params, &grads);
+        adam.step(&params, &grads).unwrap();
         assert_eq!(adam.learning_rates(), vec![1e-3 / 4.0, 3e-4 / 4.0]);
         // Adam's first step moves every parameter by its rate (m̂ = ĝ, √v̂ = |g|).
         assert!((params.double_value(&[0]) + 1e-3 / 4.0).abs() < 1e-9);
         for _ in 0..4 {
-            adam.step(&params, &grads);
+            adam.step(&params, &grads).unwrap();
         }
         assert_eq!(adam.learning_rates(), vec![1e-3, 3e-4]);
     }

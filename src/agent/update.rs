@@ -317,7 +317,7 @@ impl Updater {
             self.config.grad_clip_norm,
         )?;
         self.model_optim
-            .step(&model.model_params.flat, &self.model_grads);
+            .step(&model.model_params.flat, &self.model_grads)?;
         self.model_grads_pending = false;
         Ok(norm)
     }
@@ -399,7 +399,7 @@ impl Updater {
             self.config.grad_clip_norm,
         )?;
         self.policy_optim
-            .step(&model.policy_params.flat, &self.policy_grads);
+            .step(&model.policy_params.flat, &self.policy_grads)?;
         self.policy_grads_pending = false;
         Ok(norm)
     }

@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
 #include <cuda_runtime_api.h>
@@ -142,6 +143,27 @@ char* tdmpc2_foreach_norms(at::Tensor** tensors, int64_t count, at::Tensor** out
       list.push_back(*tensors[i]);
     }
     *out = new at::Tensor(at::stack(at::_foreach_norm(list, 2), 0));
+  });
+}
+
+// torch's fused Adam (no AMSGrad, no weight decay) over `count` tensors and their moments, all
+// reading the step counts `steps` (already advanced by the caller, as torch's optimiser does) and
+// the rate `lr` (a tensor: a CUDA graph replaying the step sees it change). One kernel on CUDA.
+char* tdmpc2_fused_adam(
+    at::Tensor** params, at::Tensor** grads, at::Tensor** exp_avgs, at::Tensor** exp_avg_sqs,
+    at::Tensor** steps, int64_t count, at::Tensor* lr, double beta1, double beta2, double eps) {
+  return guarded([&] {
+    auto list = [count](at::Tensor** tensors) {
+      std::vector<at::Tensor> out;
+      out.reserve(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        out.push_back(*tensors[i]);
+      }
+      return out;
+    };
+    at::_fused_adam_(
+        list(params), list(grads), list(exp_avgs), list(exp_avg_sqs), {}, list(steps), *lr, beta1,
+        beta2, /*weight_decay=*/0.0, eps, /*amsgrad=*/false, /*maximize=*/false);
   });
 }
 
