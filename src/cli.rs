@@ -120,7 +120,7 @@ pub struct BenchArgs {
     /// video: frames rendered at each size, and encoded.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     pub video_frames: u64,
-    /// agent: model sizes to time (1 and/or 5).
+    /// agent, graphs: model sizes to time (official presets: 1, 5, 19, 48, 317).
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     pub model_sizes: Vec<u32>,
     /// agent: task dimensions to time (walker-run and/or dog-run).
