@@ -21,6 +21,12 @@
 #                                        the tests, --bench and --learn in one call, learning
 #                                        until SECONDS (default 540) have passed since the
 #                                        start: one 10-minute device call; logs in $OUT
+#   scripts/gpu_check.sh --run DIR --compare [SIZES]
+#                                        the official code compiled as it runs by default beside
+#                                        ours on this GPU (scripts/compare_official.sh --device
+#                                        cuda; SIZES default 1,5), with the official checkout and
+#                                        wheels that --build carried when TDMPC2_OFFICIAL_CHECKOUT
+#                                        named a checkout; lines in $OUT/compare.jsonl
 #   scripts/gpu_check.sh --run DIR --learn [SECONDS]
 #                                        instead of the tests, cartpole-swingup at model size 1
 #                                        with graphs for 50k agent steps (at most SECONDS,
@@ -45,7 +51,7 @@ only() {
 }
 
 usage() {
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --learn [SECONDS] | --all [SECONDS]]]" >&2
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --compare [SIZES] | --learn [SECONDS] | --all [SECONDS]]]" >&2
     exit 2
 }
 
@@ -73,6 +79,23 @@ run_bench() {
     bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
         --pipeline false,true --loop-steps 60
     return $failed
+}
+
+# The official compiled code beside ours (sizes $1), from what --build carried; the GPU machine
+# has no venv, so its python3 stands in for one.
+run_compare() {
+    [[ -d $dir/official/tdmpc2 && -d $dir/official-wheels ]] || {
+        echo "[gpu_check] no official checkout or wheels in $dir: build with TDMPC2_OFFICIAL_CHECKOUT set" >&2
+        return 2
+    }
+    local venv
+    venv=$(mktemp -d)
+    mkdir -p "$venv/bin"
+    ln -s "$(command -v "$python")" "$venv/bin/python"
+    echo "[gpu_check] official vs ours on CUDA, model sizes $1: $out/compare.jsonl"
+    TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
+        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) "$here/compare_official.sh" "$dir/official" \
+        --device cuda --rounds 1 --model-sizes "$1" --bin "$dir/tdmpc2" --out "$out/compare.jsonl"
 }
 
 # cartpole-swingup at model size 1 with graphs, for at most $1 seconds, with the dm_control
@@ -140,6 +163,15 @@ for line in sys.stdin:
     else
         echo "[gpu_check] no dm_control in $site: --learn will not run" >&2
     fi
+    # The official code and the wheels it needs there, for --compare.
+    if [[ -n ${TDMPC2_OFFICIAL_CHECKOUT:-} ]]; then
+        rm -rf "$dir/official"
+        mkdir -p "$dir/official"
+        cp -r "$TDMPC2_OFFICIAL_CHECKOUT/tdmpc2" "$TDMPC2_OFFICIAL_CHECKOUT/docker" "$dir/official/"
+        "$here/compare_official.sh" "$TDMPC2_OFFICIAL_CHECKOUT" --download-wheels "$dir/official-wheels"
+    else
+        echo "[gpu_check] TDMPC2_OFFICIAL_CHECKOUT is not set: --compare will not run" >&2
+    fi
     echo "[gpu_check] binaries in $dir (run them with: scripts/gpu_check.sh --run $dir)"
     ;;
 --run)
@@ -169,6 +201,7 @@ print(":".join(dirs))')
     case "${3:-}" in
     "") run_tests ;;
     --bench) run_bench ;;
+    --compare) run_compare "${4:-1,5}" || status=1 ;;
     --learn) run_learn "${4:-420}" ;;
     --all)
         # One device call does it all: the tests, the figures, then learning until SECONDS.
