@@ -91,7 +91,9 @@ run_compare() {
     local venv
     venv=$(mktemp -d)
     mkdir -p "$venv/bin"
-    ln -s "$(command -v "$python")" "$venv/bin/python"
+    # A wrapper, not a link: a link would hide the venv (or the installation) the Python is in.
+    printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" >"$venv/bin/python"
+    chmod +x "$venv/bin/python"
     echo "[gpu_check] official vs ours on CUDA, model sizes $1: $out/compare.jsonl"
     TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
         TDMPC2_OFFICIAL_DEPS=$(mktemp -d) "$here/compare_official.sh" "$dir/official" \
