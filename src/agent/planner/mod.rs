@@ -319,25 +319,14 @@ impl Planner {
         last: bool,
         noise: &mut dyn Noise,
     ) -> Result<crate::cuda::fused::Refit> {
-        let (e, h, n, p, a) = (
-            self.num_envs,
-            self.horizon,
-            self.num_samples,
-            self.num_pi_trajs,
-            self.action_dim,
-        );
-        let device = self.candidates.device();
+        let (e, n, a) = (self.num_envs, self.num_samples, self.action_dim);
         let draws = match last {
             true => None,
-            false => Some(
-                noise
-                    .randn(&[e * h, n - p, a], device)?
-                    .view([e, h, n - p, a]),
-            ),
+            false => Some(self.candidate_draws(self.candidates.device(), noise)?),
         };
         let settings = crate::cuda::fused::MppiSettings {
             elites: self.num_elites,
-            policy_rows: p,
+            policy_rows: self.num_pi_trajs,
             temperature: self.temperature,
             min_std: self.min_std,
             max_std: self.max_std,
@@ -352,6 +341,20 @@ impl Planner {
         )?)
     }
 
+    /// The standard-normal draws for candidates P..N of every environment, (E, H, N − P, A).
+    fn candidate_draws(&self, device: Device, noise: &mut dyn Noise) -> Result<Tensor> {
+        let (e, h, n, p, a) = (
+            self.num_envs,
+            self.horizon,
+            self.num_samples,
+            self.num_pi_trajs,
+            self.action_dim,
+        );
+        Ok(noise
+            .randn(&[e * h, n - p, a], device)?
+            .view([e, h, n - p, a]))
+    }
+
     /// Gaussian candidates P..N of every environment around `mean` with `std`, clamped, and
     /// masked (`mask` (E, 1, A)) where tasks have fewer actions.
     fn sample_candidates(
@@ -362,16 +365,8 @@ impl Planner {
         device: Device,
         noise: &mut dyn Noise,
     ) -> Result<()> {
-        let (e, h, n, p, a) = (
-            self.num_envs,
-            self.horizon,
-            self.num_samples,
-            self.num_pi_trajs,
-            self.action_dim,
-        );
-        let r = noise
-            .randn(&[e * h, n - p, a], device)?
-            .view([e, h, n - p, a]);
+        let (n, p) = (self.num_samples, self.num_pi_trajs);
+        let r = self.candidate_draws(device, noise)?;
         let mut samples = (mean.unsqueeze(2) + std.unsqueeze(2) * r).clamp(-1.0, 1.0);
         if let Some(mask) = mask {
             samples *= mask.unsqueeze(2);

@@ -22,12 +22,19 @@ fn input(kernel: &'static str, what: &str, t: &Tensor, shape: &[i64]) -> Result<
         None
     };
     match problem {
-        Some(message) => Err(FusedError::Input {
-            kernel,
-            message: format!("{what} {message}"),
-        }),
+        Some(message) => Err(refused(kernel, format!("{what} {message}"))),
         None => Ok(()),
     }
+}
+
+fn refused(kernel: &'static str, message: String) -> FusedError {
+    FusedError::Input { kernel, message }
+}
+
+/// The (rows, columns) of a 2-D input.
+fn matrix(kernel: &'static str, what: &str, t: &Tensor) -> Result<(i64, i64), FusedError> {
+    t.size2()
+        .map_err(|e| refused(kernel, format!("{what}: {e}")))
 }
 
 fn warp_rows(rows: i64) -> Launch {
@@ -45,28 +52,7 @@ pub fn layer_norm_mish(
     bias: &Tensor,
     eps: f64,
 ) -> Result<Tensor, FusedError> {
-    const NAME: &str = "layer_norm_mish";
-    let (rows, width) = x.size2().map_err(|e| FusedError::Input {
-        kernel: NAME,
-        message: format!("x: {e}"),
-    })?;
-    input(NAME, "x", x, &[rows, width])?;
-    input(NAME, "weight", weight, &[width])?;
-    input(NAME, "bias", bias, &[width])?;
-    let y = x.empty_like();
-    kernel(x.device(), NAME)?.launch(
-        warp_rows(rows),
-        &[
-            Arg::tensor(Some(x)),
-            Arg::tensor(Some(&y)),
-            Arg::tensor(Some(weight)),
-            Arg::tensor(Some(bias)),
-            Arg::I64(rows),
-            Arg::I32(width as i32),
-            Arg::F32(eps as f32),
-        ],
-    )?;
-    Ok(y)
+    layer_norm_then("layer_norm_mish", x, weight, bias, eps, &[])
 }
 
 /// SimNorm(LayerNorm(x)·weight + bias): a softmax within each group of `group` features.
@@ -78,33 +64,41 @@ pub fn layer_norm_simnorm(
     group: i64,
 ) -> Result<Tensor, FusedError> {
     const NAME: &str = "layer_norm_simnorm";
-    let (rows, width) = x.size2().map_err(|e| FusedError::Input {
-        kernel: NAME,
-        message: format!("x: {e}"),
-    })?;
+    let (_, width) = matrix(NAME, "x", x)?;
     if group < 1 || width % group != 0 {
-        return Err(FusedError::Input {
-            kernel: NAME,
-            message: format!("width {width} is not a multiple of the group {group}"),
-        });
+        return Err(refused(
+            NAME,
+            format!("width {width} is not a multiple of the group {group}"),
+        ));
     }
-    input(NAME, "x", x, &[rows, width])?;
-    input(NAME, "weight", weight, &[width])?;
-    input(NAME, "bias", bias, &[width])?;
+    layer_norm_then(NAME, x, weight, bias, eps, &[Arg::I32(group as i32)])
+}
+
+/// A LayerNorm row kernel `name`, given its arguments after the common ones.
+fn layer_norm_then(
+    name: &'static str,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    eps: f64,
+    extra: &[Arg],
+) -> Result<Tensor, FusedError> {
+    let (rows, width) = matrix(name, "x", x)?;
+    input(name, "x", x, &[rows, width])?;
+    input(name, "weight", weight, &[width])?;
+    input(name, "bias", bias, &[width])?;
     let y = x.empty_like();
-    kernel(x.device(), NAME)?.launch(
-        warp_rows(rows),
-        &[
-            Arg::tensor(Some(x)),
-            Arg::tensor(Some(&y)),
-            Arg::tensor(Some(weight)),
-            Arg::tensor(Some(bias)),
-            Arg::I64(rows),
-            Arg::I32(width as i32),
-            Arg::F32(eps as f32),
-            Arg::I32(group as i32),
-        ],
-    )?;
+    let mut args = vec![
+        Arg::tensor(Some(x)),
+        Arg::tensor(Some(&y)),
+        Arg::tensor(Some(weight)),
+        Arg::tensor(Some(bias)),
+        Arg::I64(rows),
+        Arg::I32(width as i32),
+        Arg::F32(eps as f32),
+    ];
+    args.extend_from_slice(extra);
+    kernel(x.device(), name)?.launch(warp_rows(rows), &args)?;
     Ok(y)
 }
 
@@ -118,19 +112,16 @@ pub fn policy_action(
     dif: f64,
 ) -> Result<Tensor, FusedError> {
     const NAME: &str = "policy_action";
-    let (rows, actions) = eps.size2().map_err(|e| FusedError::Input {
-        kernel: NAME,
-        message: format!("eps: {e}"),
-    })?;
+    let (rows, actions) = matrix(NAME, "eps", eps)?;
     input(NAME, "head", head, &[rows, 2 * actions])?;
     input(NAME, "eps", eps, &[rows, actions])?;
     let rows_per_mask = match mask {
         Some((m, per)) => {
             if per < 1 || rows % per != 0 {
-                return Err(FusedError::Input {
-                    kernel: NAME,
-                    message: format!("{rows} rows do not split into groups of {per}"),
-                });
+                return Err(refused(
+                    NAME,
+                    format!("{rows} rows do not split into groups of {per}"),
+                ));
             }
             input(NAME, "mask", m, &[rows / per, actions])?;
             per
@@ -171,10 +162,10 @@ pub fn q_bootstrap(
     const NAME: &str = "q_bootstrap";
     let size = logits.size();
     let [2, rows, bins] = size[..] else {
-        return Err(FusedError::Input {
-            kernel: NAME,
-            message: format!("logits have shape {size:?}, not [2, rows, bins]"),
-        });
+        return Err(refused(
+            NAME,
+            format!("logits have shape {size:?}, not [2, rows, bins]"),
+        ));
     };
     input(NAME, "logits", logits, &[2, rows, bins])?;
     input(NAME, "support", support, &[bins])?;
@@ -227,10 +218,10 @@ fn candidates_shape(kernel: &'static str, candidates: &Tensor) -> Result<[i64; 4
     let size = candidates.size();
     match size[..] {
         [e, h, n, a] => Ok([e, h, n, a]),
-        _ => Err(FusedError::Input {
+        _ => Err(refused(
             kernel,
-            message: format!("candidates have shape {size:?}, not [E, H, N, A]"),
-        }),
+            format!("candidates have shape {size:?}, not [E, H, N, A]"),
+        )),
     }
 }
 
@@ -286,10 +277,10 @@ pub fn mppi_refit(
     let k = settings.elites;
     let p = settings.policy_rows;
     if !(1..=n).contains(&k) || !(0..n).contains(&p) {
-        return Err(FusedError::Input {
-            kernel: NAME,
-            message: format!("{k} elites and {p} policy rows do not fit {n} candidates"),
-        });
+        return Err(refused(
+            NAME,
+            format!("{k} elites and {p} policy rows do not fit {n} candidates"),
+        ));
     }
     input(NAME, "values", values, &[e, n])?;
     input(NAME, "candidates", candidates, &[e, h, n, a])?;
