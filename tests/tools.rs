@@ -92,6 +92,38 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
         "{svg}"
     );
 
+    // Against agent steps and wall time side by side, the official reference on the first only
+    // (its results have no wall time).
+    let reference = dir.path().join("walker-run.csv");
+    std::fs::write(
+        &reference,
+        "step,reward,seed\n0,1,1\n1000,50,1\n0,2,2\n1000,60,2\n",
+    )
+    .unwrap();
+    let axes = dir.path().join("axes.svg");
+    let out = plot(&[
+        &a_s,
+        "--x",
+        "both",
+        "--reference",
+        reference.to_str().unwrap(),
+        "--out",
+        axes.to_str().unwrap(),
+        "--width",
+        "640",
+        "--height",
+        "400",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let axes = std::fs::read_to_string(&axes).unwrap();
+    assert!(
+        axes.contains("width=\"1280\""),
+        "not two panels side by side"
+    );
+    assert!(axes.contains("agent steps") && axes.contains("wall time (s)"));
+    assert!(axes.contains("against wall time"));
+    assert_eq!(axes.matches("official TD-MPC2 (walker-run)").count(), 1);
+
     // Another data set (seed 1 alone, its rewards shifted) gives another picture.
     let shifted = dir.path().join("shifted");
     std::fs::create_dir(&shifted).unwrap();
@@ -136,7 +168,7 @@ fn plot_says_what_is_wrong() {
     )
     .unwrap();
     let run = dir.path().to_str().unwrap();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&[run, "--metric", "reward"], "available: episode_reward"),
         (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
         (&["/nonexistent/run"], "holds no metrics.jsonl"),
@@ -149,6 +181,16 @@ fn plot_says_what_is_wrong() {
                 "/tmp/x.png",
             ],
             "read the reference",
+        ),
+        (
+            &[
+                run,
+                "--x",
+                "elapsed_time",
+                "--reference",
+                "/nonexistent.csv",
+            ],
+            "use it with --x step or --x both",
         ),
     ];
     for (args, expected) in cases {

@@ -22,8 +22,8 @@ pub struct PlotArgs {
     /// The metric on the y axis (any numeric field of the records).
     #[arg(long, default_value = "episode_reward")]
     pub metric: String,
-    /// The x axis: global agent steps or seconds since the run started.
-    #[arg(long, default_value = "step", value_parser = ["step", "elapsed_time"])]
+    /// The x axis: global agent steps, seconds since the run started, or both side by side.
+    #[arg(long, default_value = "step", value_parser = ["step", "elapsed_time", "both"])]
     pub x: String,
     /// Which records to draw: evaluations, training episodes, or both.
     #[arg(long, default_value = "eval", value_parser = ["eval", "train", "both"])]
@@ -64,23 +64,27 @@ pub fn run(args: &PlotArgs) -> Result<()> {
             args.width, args.height
         )));
     }
+    if args.reference.is_some() && args.x == "elapsed_time" {
+        return Err(Error::Config(
+            "--reference is drawn against agent steps; use it with --x step or --x both".into(),
+        ));
+    }
     let title = args.title.clone().unwrap_or_else(|| default_title(args));
-    let x_label = match args.x.as_str() {
-        "step" => "agent steps",
-        _ => "wall time (s)",
-    };
     let panels = panels(args, &title)?;
     let series = panels
         .iter()
-        .map(|(_, metric)| series(args, metric))
+        .map(|panel| series(args, &panel.metric, panel.x))
         .collect::<Result<Vec<_>>>()?;
     let figures: Vec<Figure> = panels
         .iter()
         .zip(&series)
-        .map(|((title, metric), series)| Figure {
-            title,
-            x_label,
-            y_label: metric,
+        .map(|(panel, series)| Figure {
+            title: &panel.title,
+            x_label: match panel.x {
+                "step" => "agent steps",
+                _ => "wall time (s)",
+            },
+            y_label: &panel.metric,
             series,
         })
         .collect();
@@ -134,20 +138,46 @@ fn default_title(args: &PlotArgs) -> String {
     }
 }
 
-/// The panels to draw, (title, metric): `--metric`, then, when the first run is a multitask
-/// one that logs it per task (`episode_reward+walker-run`), one panel per task.
-fn panels(args: &PlotArgs, title: &str) -> Result<Vec<(String, String)>> {
-    let mut panels = vec![(title.to_string(), args.metric.clone())];
+/// One chart of the picture.
+struct Panel {
+    title: String,
+    metric: String,
+    /// The x axis: "step" or "elapsed_time".
+    x: &'static str,
+}
+
+/// The panels to draw: `--metric`, then, when the first run is a multitask one that logs it per
+/// task (`episode_reward+walker-run`), one panel per task; each against `--x`, or against
+/// agent steps and then wall time with `--x both`.
+fn panels(args: &PlotArgs, title: &str) -> Result<Vec<Panel>> {
+    let mut metrics = vec![(title.to_string(), args.metric.clone())];
     let first = Metrics::read(&args.runs[0])?;
     let prefix = format!("{}+", args.metric);
     for name in first.metric_names("eval") {
         if let Some(task) = name.strip_prefix(&prefix) {
             if !task.starts_with("avg_") {
-                panels.push((task.to_string(), name.clone()));
+                metrics.push((task.to_string(), name.clone()));
             }
         }
     }
-    Ok(panels)
+    let axes: &[&'static str] = match args.x.as_str() {
+        "both" => &["step", "elapsed_time"],
+        "elapsed_time" => &["elapsed_time"],
+        _ => &["step"],
+    };
+    Ok(metrics
+        .into_iter()
+        .flat_map(|(title, metric)| {
+            axes.iter().map(move |&x| Panel {
+                title: match (axes.len(), x) {
+                    (2, "elapsed_time") => format!("{title}, against wall time"),
+                    _ => title.clone(),
+                },
+                metric: metric.clone(),
+                x,
+            })
+        })
+        .collect())
 }
 
 fn draw_grid<DB: DrawingBackend>(
@@ -172,8 +202,8 @@ fn grid(n: usize) -> (usize, usize) {
 }
 
 /// The runs grouped by configuration (seed aside), one series per group and phase, then the
-/// reference.
-fn series(args: &PlotArgs, metric: &str) -> Result<Vec<Series>> {
+/// reference (against agent steps only: the official results have no wall time).
+fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
     let phases: &[&str] = match args.phase.as_str() {
         "both" => &["eval", "train"],
         "train" => &["train"],
@@ -208,7 +238,7 @@ fn series(args: &PlotArgs, metric: &str) -> Result<Vec<Series>> {
         for (members, label) in groups.iter().zip(&labels) {
             let curves: Vec<Curve> = members
                 .iter()
-                .map(|&i| runs[i].curve(phase, &args.x, metric))
+                .map(|&i| runs[i].curve(phase, x, metric))
                 .filter(|c| !c.is_empty())
                 .collect();
             if curves.is_empty() {
@@ -226,12 +256,7 @@ fn series(args: &PlotArgs, metric: &str) -> Result<Vec<Series>> {
             });
         }
     }
-    if let Some(reference) = &args.reference {
-        if args.x != "step" {
-            return Err(Error::Config(
-                "--reference is drawn against agent steps; use it with --x step".into(),
-            ));
-        }
+    if let Some(reference) = args.reference.as_ref().filter(|_| x == "step") {
         let samples = curves::read_reference(reference)?;
         let stem = reference.file_stem().unwrap_or_default().to_string_lossy();
         let seeds = samples.iter().filter(|s| s.0 == samples[0].0).count();
@@ -246,7 +271,7 @@ fn series(args: &PlotArgs, metric: &str) -> Result<Vec<Series>> {
         return Err(Error::Config(format!(
             "no {} records with both {} and {} in {}",
             args.phase,
-            args.x,
+            x,
             metric,
             args.runs
                 .iter()
