@@ -224,6 +224,22 @@ pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
 }
 
 /// A run's `config.yaml` without the settings that tell seeds apart.
+/// The reference's samples (step, value) over the runs' steps: up to the first of its steps at
+/// or past `last` (all of them without runs), so a 4M-step official curve does not dwarf a
+/// 100k-step run.
+pub fn up_to(samples: Vec<(f64, f64)>, last: Option<f64>) -> Vec<(f64, f64)> {
+    let Some(last) = last else {
+        return samples;
+    };
+    let reach = samples
+        .iter()
+        .map(|s| s.0)
+        .filter(|&step| step >= last)
+        .reduce(f64::min)
+        .unwrap_or(f64::INFINITY);
+    samples.into_iter().filter(|s| s.0 <= reach).collect()
+}
+
 pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
     let text = std::fs::read_to_string(run.join("config.yaml")).ok()?;
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
@@ -238,6 +254,25 @@ pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_stops_just_past_the_runs() {
+        let samples: Vec<(f64, f64)> = [0.0, 100.0, 200.0, 300.0, 0.0, 100.0, 200.0]
+            .into_iter()
+            .map(|step| (step, 1.0))
+            .collect();
+        let steps = |kept: Vec<(f64, f64)>| kept.iter().map(|s| s.0).collect::<Vec<_>>();
+        assert_eq!(
+            steps(up_to(samples.clone(), Some(150.0))),
+            [0.0, 100.0, 200.0, 0.0, 100.0, 200.0]
+        );
+        assert_eq!(
+            steps(up_to(samples.clone(), Some(100.0))),
+            [0.0, 100.0, 0.0, 100.0]
+        );
+        assert_eq!(up_to(samples.clone(), Some(900.0)).len(), 7);
+        assert_eq!(up_to(samples, None).len(), 7);
+    }
 
     #[test]
     fn bands_follow_the_spread_asked_for() {

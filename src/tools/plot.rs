@@ -257,7 +257,11 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
         }
     }
     if let Some(reference) = args.reference.as_ref().filter(|_| x == "step") {
-        let samples = curves::read_reference(reference)?;
+        let last_step = series
+            .iter()
+            .flat_map(|s| s.band.x.iter().copied())
+            .reduce(f64::max);
+        let samples = curves::up_to(curves::read_reference(reference)?, last_step);
         let stem = reference.file_stem().unwrap_or_default().to_string_lossy();
         let seeds = samples.iter().filter(|s| s.0 == samples[0].0).count();
         series.push(Series {
@@ -608,13 +612,13 @@ mod tests {
             title: Some("all".into()),
         };
         let panels = panels(&args, "all").unwrap();
-        let titles: Vec<&str> = panels.iter().map(|(t, _)| t.as_str()).collect();
+        let titles: Vec<&str> = panels.iter().map(|p| p.title.as_str()).collect();
         assert_eq!(
             titles,
             ["all", "cup-catch", "walker-run"],
             "no panel for averages"
         );
-        assert_eq!(panels[2].1, "episode_reward+walker-run");
+        assert_eq!(panels[2].metric, "episode_reward+walker-run");
         run(&args).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         assert!(svg.contains("width=\"800\"") && svg.contains("height=\"600\""));
