@@ -238,7 +238,8 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations() {
     }
 }
 
-/// Plans with the fused kernels (refit, LayerNorm and activations, policy action) equal plans
+/// Plans with the fused kernels (refit, LayerNorm and activations, policy action, Q bootstrap)
+/// equal plans
 /// with torch's operations from the same draws: the same actions and warm starts within rounding, at model sizes 1 and 5, over two plans (the
 /// second warm-started) for several environments.
 #[test]

@@ -32,6 +32,18 @@ pub trait LatentModel {
     fn policy_action(&self, z: &Tensor, eps: &Tensor) -> Tensor;
     /// Mean of the two Q heads of `pair` (N, 1), without dropout.
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor>;
+    /// A candidate's value, `returns + factor·q_avg(z, a, pair)` (N, 1): `returns` (N, 1),
+    /// `factor` (N, 1) or one value (the discount over the horizon, zero past a terminal step).
+    fn bootstrapped(
+        &self,
+        z: &Tensor,
+        a: &Tensor,
+        pair: &Heads,
+        returns: &Tensor,
+        factor: &Tensor,
+    ) -> Result<Tensor> {
+        Ok(returns + factor * self.q_avg(z, a, pair)?)
+    }
     /// Each environment's action mask (E, A) where its task has fewer actions than the model.
     fn action_mask(&self) -> Option<&Tensor> {
         None
@@ -96,6 +108,28 @@ impl LatentModel for WorldModel {
     }
     fn q_avg(&self, z: &Tensor, a: &Tensor, pair: &Heads) -> Result<Tensor> {
         self.q_value(z, a, None, QParams::Online, pair, QReduce::Avg, None)
+    }
+    /// With the fused kernels, the pair's decoding, their mean and the bootstrap are one kernel.
+    fn bootstrapped(
+        &self,
+        z: &Tensor,
+        a: &Tensor,
+        pair: &Heads,
+        returns: &Tensor,
+        factor: &Tensor,
+    ) -> Result<Tensor> {
+        if !(matches!(pair, Heads::Pair(_)) && crate::cuda::fused::applies_to(z)) {
+            return Ok(returns + factor * self.q_avg(z, a, pair)?);
+        }
+        let logits = self.q_logits(z, a, None, QParams::Online, pair, None)?;
+        let rows = returns.numel() as i64;
+        let value = crate::cuda::fused::q_bootstrap(
+            &logits,
+            &self.two_hot.support,
+            &returns.reshape([rows]),
+            &factor.reshape([-1]),
+        )?;
+        Ok(value.view([rows, 1]))
     }
     fn unusable(&self) -> Option<&'static str> {
         self.task

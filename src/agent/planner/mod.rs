@@ -504,25 +504,26 @@ impl Planner {
             }
         };
         let rows = |t: &Tensor| t.reshape([e * n, -1]);
-        // γ^H, the environment's own with tasks.
-        let discounted = |x: Tensor| match model.discount() {
-            Some(discount) => {
-                x * discount
-                    .pow_tensor_scalar(self.horizon)
-                    .repeat_interleave_self_int(n, 0, None)
-            }
-            None => x * (0..self.horizon).fold(1.0, |d, _| d * self.discount),
-        };
         let z = rows(&rollout.latents);
+        // γ^H (the environment's own with tasks), zero past a terminal step.
+        let horizon_discount = match model.discount() {
+            Some(discount) => discount
+                .pow_tensor_scalar(self.horizon)
+                .repeat_interleave_self_int(n, 0, None),
+            None => Tensor::full(
+                [1],
+                (0..self.horizon).fold(1.0, |d, _| d * self.discount),
+                (Kind::Float, z.device()),
+            ),
+        };
+        let factor = match &rollout.terminated {
+            Some(done) => (1.0f64 - rows(done)) * horizon_discount,
+            None => horizon_discount,
+        };
         let eps = noise.randn(&[e * n, self.action_dim], z.device())?;
         let action = model.policy_action(&z, &eps);
         let pair = Heads::random_pair(noise, model.num_q(), z.device())?;
-        let q = model.q_avg(&z, &action, &pair)?;
-        let bootstrap = match &rollout.terminated {
-            Some(done) => discounted(1.0f64 - rows(done)) * q,
-            None => discounted(q),
-        };
-        Ok(rows(&rollout.returns) + bootstrap)
+        model.bootstrapped(&z, &action, &pair, &rows(&rollout.returns), &factor)
     }
 
     /// Acting without planning (`mpc = false`) for one environment: observation (1, obs_dim),
