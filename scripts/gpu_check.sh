@@ -8,7 +8,7 @@
 #   scripts/gpu_check.sh --build [DIR]   build the test binaries and tdmpc2 only and copy them to
 #                                        DIR (default target/gpu-check), for a GPU machine
 #                                        without Rust; with them dm_control and MuJoCo from the
-#                                        venv (dmc.tar.xz, for --learn)
+#                                        venv (dmc.tar.xz, for --learn and --walker)
 #   scripts/gpu_check.sh --run [DIR]     run those prebuilt binaries on the GPU machine
 #   scripts/gpu_check.sh --run DIR --bench
 #                                        instead of the tests, the GPU figures: plan and update
@@ -27,6 +27,13 @@
 #                                        cuda; SIZES default 1,5), with the official checkout and
 #                                        wheels that --build carried when TDMPC2_OFFICIAL_CHECKOUT
 #                                        named a checkout; lines in $OUT/compare.jsonl
+#   scripts/gpu_check.sh --run DIR --walker RUNS [SECONDS] [KEY=VALUE ...]
+#                                        instead of the tests, walker-run at model size 5 with
+#                                        graphs: the named runs of scripts/time_to_return.py
+#                                        (official-ratio, spu4, spu16; comma-separated) one after
+#                                        another until SECONDS (default 540) have passed, each
+#                                        watched for its first evaluation at 700; KEY=VALUE go to
+#                                        every run; metrics, summaries and logs land in $OUT
 #   scripts/gpu_check.sh --run DIR --learn [SECONDS]
 #                                        instead of the tests, cartpole-swingup at model size 1
 #                                        with graphs for 50k agent steps (at most SECONDS,
@@ -51,7 +58,7 @@ only() {
 }
 
 usage() {
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --compare [SIZES] | --learn [SECONDS] | --all [SECONDS]]]" >&2
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --compare [SIZES] | --learn [SECONDS] | --walker RUNS [SECONDS] [KEY=VALUE ...] | --all [SECONDS]]]" >&2
     exit 2
 }
 
@@ -100,16 +107,34 @@ run_compare() {
         --device cuda --rounds 1 --model-sizes "$1" --bin "$dir/tdmpc2" --out "$out/compare.jsonl"
 }
 
+# Puts the dm_control that --build packed on PYTHONPATH, for the DMControl tasks.
+with_dm_control() {
+    [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; return 2; }
+    local extra
+    extra=$(mktemp -d)
+    tar -xJf "$dir/dmc.tar.xz" -C "$extra"
+    export PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable
+}
+
+# The walker-run runs $1 of scripts/time_to_return.py until $2 seconds have passed, the rest of
+# the arguments as overrides for every run.
+run_walker() {
+    with_dm_control || return 2
+    local runs=$1 seconds=$2
+    shift 2
+    echo "[gpu_check] walker-run $runs, $seconds s at most: $out/walker.jsonl"
+    "$python" "$here/time_to_return.py" --bin "$dir/tdmpc2" --out "$out" --runs "$runs" \
+        --seconds "$seconds" "$@"
+}
+
 # cartpole-swingup at model size 1 with graphs, for at most $1 seconds, with the dm_control
 # that --build packed; the log and eval.csv in $out.
 run_learn() {
-    [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; return 2; }
-    local extra run failed=0
-    extra=$(mktemp -d)
-    tar -xJf "$dir/dmc.tar.xz" -C "$extra"
+    with_dm_control || return 2
+    local run failed=0
     run=$(mktemp -d)/cartpole
     echo "[gpu_check] cartpole-swingup, model size 1, graphs, $1 s at most: $out/cartpole.log"
-    PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable timeout -s INT "$1" \
+    timeout -s INT "$1" \
         "$dir/tdmpc2" train task=cartpole-swingup model_size=1 steps=50000 eval_freq=10000 \
         eval_episodes=4 save_freq=1000000 device=cuda compile=true run_dir="$run" \
         >"$out/cartpole.log" 2>&1 || failed=1
@@ -205,6 +230,10 @@ print(":".join(dirs))')
     --bench) run_bench ;;
     --compare) run_compare "${4:-1,5}" || status=1 ;;
     --learn) run_learn "${4:-420}" ;;
+    --walker)
+        [[ -n ${4:-} ]] || usage
+        run_walker "$4" "${5:-540}" "${@:6}" || status=1
+        ;;
     --all)
         # One device call does it all: the tests, the figures, then learning until SECONDS.
         deadline=$((SECONDS + ${4:-540}))

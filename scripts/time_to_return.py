@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Time to return: walker-run at model size 5 with graphs, one named run after another within one
+deadline, each watched for its first evaluation at or above the target return.
+
+    time_to_return.py --bin TDMPC2 --out DIR --runs official-ratio,spu16 [--seconds 540]
+                      [--target 700] [KEY=VALUE ...]
+
+The runs (RUNS below) differ in how many updates each agent step pays for. A run that stops at
+the target is interrupted (SIGINT: the trainer saves and ends) once an evaluation reaches it;
+every run is interrupted at the shared deadline. Trailing KEY=VALUE overrides go to every run
+after its own settings (device=cpu model_size=1 ... for a check without a GPU).
+
+Into DIR: walker-NAME/metrics.jsonl and walker-NAME/config.yaml (for `tdmpc2 plot`), one summary
+line a run in walker.jsonl (returns at 25k/50k/100k/200k agent steps, agent steps/s after
+seeding, the first evaluation at the target: its step, the trainer's clock and the wall time
+since the process started) and every run's log in walker.log.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+# name: (settings, whether the run ends at the target return)
+RUNS = {
+    # The official update-to-data ratio: one update per agent step, to 100k agent steps.
+    "official-ratio": (
+        "num_envs=4 steps_per_update=1 steps=100000 eval_freq=25000 eval_episodes=10",
+        False,
+    ),
+    # One update per 4 and per 16 agent steps, until the target or 300k agent steps.
+    "spu4": (
+        "num_envs=16 steps_per_update=4 steps=300000 eval_freq=25000 eval_episodes=16",
+        True,
+    ),
+    "spu16": (
+        "num_envs=16 steps_per_update=16 steps=300000 eval_freq=25000 eval_episodes=16",
+        True,
+    ),
+}
+COMMON = "task=walker-run model_size=5 seed=1 device=cuda compile=true save_freq=100000000"
+MILESTONES = (25_000, 50_000, 100_000, 200_000)
+RATE_LINE = re.compile(r"\(([0-9.]+) agent steps/s after seeding\)")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bin", required=True, help="the tdmpc2 binary")
+    parser.add_argument("--out", required=True, help="where the metrics and summaries go")
+    parser.add_argument("--runs", required=True, help=f"comma-separated, of: {', '.join(RUNS)}")
+    parser.add_argument("--seconds", type=float, default=540, help="deadline for all runs")
+    parser.add_argument("--target", type=float, default=700, help="the return to reach")
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every run, after its own")
+    args = parser.parse_args()
+    args.runs = [r for r in args.runs.split(",") if r]
+    unknown = [r for r in args.runs if r not in RUNS]
+    if unknown or not args.runs:
+        parser.error(f"--runs {','.join(unknown) or '(none)'}: allowed: {', '.join(RUNS)}")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        parser.error(f"overrides are KEY=VALUE, not: {' '.join(bad)}")
+    if args.seconds <= 0:
+        parser.error(f"--seconds {args.seconds}: must be positive")
+    return args
+
+
+class Watch:
+    """The run's metrics.jsonl as it grows: its evaluations and training records."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.partial = path, 0, ""
+        self.evals, self.train = [], []
+
+    def poll(self):
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                text = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return
+        lines = (self.partial + text).split("\n")
+        self.partial = lines.pop()
+        for line in filter(str.strip, lines):
+            record = json.loads(line)
+            (self.evals if record.get("phase") == "eval" else self.train).append(record)
+
+
+def stop(process, grace=90):
+    """SIGINT (the trainer saves and ends), then the whole group killed after `grace` seconds."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def seed_steps(config_path):
+    try:
+        with open(config_path) as f:
+            match = re.search(r"^seed_steps: *([0-9]+)", f.read(), re.M)
+        return int(match.group(1)) if match else 0
+    except FileNotFoundError:
+        return 0
+
+
+def rate_after_seeding(log_text, train, seeded):
+    """The trainer's own figure when it finished; else from the training records after seeding
+    (evaluations included)."""
+    found = RATE_LINE.findall(log_text)
+    if found:
+        return float(found[-1]), "trainer"
+    after = [r for r in train if r["step"] > seeded]
+    if len(after) >= 2 and after[-1]["elapsed_time"] > after[0]["elapsed_time"]:
+        steps = after[-1]["step"] - after[0]["step"]
+        return steps / (after[-1]["elapsed_time"] - after[0]["elapsed_time"]), "records"
+    return None, None
+
+
+def run_one(args, name, deadline, scratch):
+    settings, ends_at_target = RUNS[name]
+    run_dir = os.path.join(scratch, f"walker-{name}")
+    command = [args.bin, "train", *COMMON.split(), *settings.split(), *args.overrides]
+    command.append(f"run_dir={run_dir}")
+    log_path = os.path.join(scratch, f"walker-{name}.log")
+    print(f"[time_to_return] {name}: {' '.join(command[1:])}", flush=True)
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        watch, reached, why = Watch(os.path.join(run_dir, "metrics.jsonl")), None, "finished"
+        try:
+            while process.poll() is None:
+                time.sleep(1)
+                watch.poll()
+                if reached is None:
+                    hit = next((e for e in watch.evals if e["episode_reward"] >= args.target), None)
+                    if hit is not None:
+                        reached = {
+                            "step": hit["step"],
+                            "elapsed_time": hit["elapsed_time"],
+                            "wall_s": round(time.monotonic() - started, 1),
+                        }
+                        print(f"[time_to_return] {name}: {hit['episode_reward']:.1f} at step "
+                              f"{hit['step']}, {reached['wall_s']} s", flush=True)
+                        if ends_at_target:
+                            why = "target"
+                            stop(process)
+                if process.poll() is None and time.monotonic() >= deadline:
+                    why = "deadline"
+                    stop(process)
+        except BaseException:
+            stop(process, grace=10)
+            raise
+    watch.poll()
+    wall = time.monotonic() - started
+    with open(log_path) as f:
+        log_text = f.read()
+    if process.returncode != 0 and why == "finished":
+        why = f"failed (exit {process.returncode})"
+    saved = os.path.join(args.out, f"walker-{name}")
+    os.makedirs(saved, exist_ok=True)
+    for kept in ("metrics.jsonl", "config.yaml"):
+        if os.path.exists(os.path.join(run_dir, kept)):
+            shutil.copy(os.path.join(run_dir, kept), saved)
+    rate, rate_from = rate_after_seeding(
+        log_text, watch.train, seed_steps(os.path.join(run_dir, "config.yaml"))
+    )
+    at = {}
+    for milestone in MILESTONES:
+        hit = next((e for e in watch.evals if e["step"] >= milestone), None)
+        at[str(milestone)] = None if hit is None else round(hit["episode_reward"], 1)
+    summary = {
+        "run": name,
+        "settings": " ".join([COMMON, settings, *args.overrides]),
+        "ended": why,
+        "wall_s": round(wall, 1),
+        "last_logged_step": max([r["step"] for r in watch.evals + watch.train], default=0),
+        "returns_at": at,
+        "target": args.target,
+        "first_at_target": reached,
+        "steps_per_s_after_seeding": None if rate is None else round(rate, 1),
+        "rate_from": rate_from,
+        "evaluations": [
+            [e["step"], round(e["episode_reward"], 1), round(e["elapsed_time"], 1)]
+            for e in watch.evals
+        ],
+    }
+    with open(os.path.join(args.out, "walker.jsonl"), "a") as f:
+        f.write(json.dumps(summary) + "\n")
+    with open(os.path.join(args.out, "walker.log"), "a") as f:
+        f.write(f"===== {name}: {' '.join(command)}\n{log_text}\n")
+    print(f"[time_to_return] {name}: {json.dumps({k: summary[k] for k in list(summary)[2:9]})}",
+          flush=True)
+    return why.startswith("failed")
+
+
+def main():
+    args = parse_args()
+    if not os.access(args.bin, os.X_OK):
+        sys.exit(f"--bin {args.bin}: not an executable")
+    os.makedirs(args.out, exist_ok=True)
+    deadline = time.monotonic() + args.seconds
+    failed = False
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in args.runs:
+            if time.monotonic() >= deadline - 30:
+                print(f"[time_to_return] {name}: skipped, the deadline is near", flush=True)
+                failed = True
+                continue
+            failed |= run_one(args, name, deadline, scratch)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
