@@ -194,12 +194,14 @@ def run_one(args, name, deadline, scratch):
             for e in watch.evals
         ],
     }
+    if why.startswith("failed"):
+        summary["error"] = ([l for l in log_text.splitlines() if l.strip()] or [""])[-1]
     with open(os.path.join(args.out, "walker.jsonl"), "a") as f:
         f.write(json.dumps(summary) + "\n")
     with open(os.path.join(args.out, "walker.log"), "a") as f:
         f.write(f"===== {name}: {' '.join(command)}\n{log_text}\n")
-    print(f"[time_to_return] {name}: {json.dumps({k: summary[k] for k in list(summary)[2:9]})}",
-          flush=True)
+    shown = {k: v for k, v in summary.items() if k not in ("run", "settings", "evaluations")}
+    print(f"[time_to_return] {name}: {json.dumps(shown)}", flush=True)
     return why.startswith("failed")
 
 

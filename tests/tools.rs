@@ -495,3 +495,54 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     assert!(text(&out).contains("is damaged"), "{}", text(&out));
     assert!(!again.exists(), "nothing written from a damaged checkpoint");
 }
+
+/// scripts/time_to_return.py (the runs of `gpu_check.sh --walker`) on tiny CPU runs: a run that
+/// ends at its target stops after its first evaluation there, the shared deadline stops the next,
+/// and each is summarised, its metrics kept for `plot`.
+#[test]
+fn time_to_return_stops_runs_at_the_target_and_at_the_deadline() {
+    let out = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/time_to_return.py");
+    let bin = common::tdmpc2_bin();
+    let result = Command::new("python3")
+        .arg(script)
+        .args(["--bin", bin.to_str().unwrap()])
+        .args(["--out", out.path().to_str().unwrap()])
+        .args(["--runs", "spu16,official-ratio", "--seconds", "75"])
+        .args(["--target", "-100000"])
+        .args(tiny())
+        .args([
+            "device=cpu",
+            "compile=false",
+            "num_envs=1",
+            "steps_per_update=1",
+        ])
+        .args(["steps=1000000", "eval_freq=200"])
+        .output()
+        .expect("python3 runs");
+    assert!(result.status.success(), "{}", text(&result));
+    let summaries: Vec<serde_json::Value> =
+        std::fs::read_to_string(out.path().join("walker.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    assert_eq!(summaries.len(), 2, "{}", text(&result));
+    let (first, second) = (&summaries[0], &summaries[1]);
+    assert_eq!(first["run"], "spu16");
+    assert_eq!(first["ended"], "target", "{first}");
+    assert_eq!(first["first_at_target"]["step"], 0, "{first}");
+    assert_eq!(second["run"], "official-ratio");
+    assert_eq!(second["ended"], "deadline", "{second}");
+    assert!(second["last_logged_step"].as_u64().unwrap() > 0, "{second}");
+    for name in ["walker-spu16", "walker-official-ratio"] {
+        let kept = out.path().join(name);
+        assert!(
+            !common::metrics(&kept).is_empty(),
+            "{name}: no metrics kept"
+        );
+        assert!(kept.join("config.yaml").is_file(), "{name}: no config.yaml");
+    }
+    let log = std::fs::read_to_string(out.path().join("walker.log")).unwrap();
+    assert!(log.contains("===== spu16") && log.contains("===== official-ratio"));
+}
