@@ -13,7 +13,9 @@
 #   scripts/gpu_check.sh --run DIR --bench
 #                                        instead of the tests, the GPU figures: plan and update
 #                                        ms eager and as CUDA graphs, and the kernels of each
-#                                        (bench --cases graphs --kernels), and the training
+#                                        (bench --cases graphs --kernels; at sizes 19 and 48
+#                                        ms, peak memory and the update's share of a large
+#                                        matmul's rate), and the training
 #                                        loop's agent steps/s without and with graphs (bench
 #                                        --cases loop); each JSON line also lands in
 #                                        $OUT/gpu_bench.jsonl when $OUT is set
@@ -81,6 +83,8 @@ run_bench() {
         "$dir/tdmpc2" bench "$@" | tee -a "$out/gpu_bench.jsonl" || failed=1
     }
     bench --cases graphs --device cuda --model-sizes 1,5 --kernels --agent-repeats 20
+    # The seed runs' sizes: ms, peak memory and the update's share of a large matmul's rate.
+    bench --cases graphs --device cuda --model-sizes 19,48 --agent-repeats 20
     bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
         --pipeline false,true --loop-steps 300
     bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \

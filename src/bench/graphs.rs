@@ -1,10 +1,11 @@
 //! `tdmpc2 bench --cases graphs --device cuda`: milliseconds per plan and per update, eager and
 //! as CUDA graphs (`compile=true`), measured in the same run on the same model: the learner's
-//! update at batch 256 and the policy's plan for 1 and 16 environments, walker-run dimensions.
+//! update at batch 256 and the policy's plan for 1 and 16 environments, walker-run dimensions;
+//! per model size, the device's peak memory and the update's matmul rate beside a large matmul's.
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::agent::{median, time_ms};
+use super::agent::{flop_counts, matmul_gflops, median, time_ms};
 use super::op_count::{kernel_times, KernelTime};
 use crate::actor::Policy;
 use crate::agent::{AgentConfig, TorchNoise};
@@ -128,10 +129,16 @@ fn print_kernels(what: Value, eager: &Measured, graph: &Measured, print: &mut dy
     }
 }
 
+/// Side of the square matmul whose rate the update's matmul work is compared with.
+const MATMUL_SIDE: i64 = 8192;
+
 pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let device = cuda_device(&options.device)?;
     let tf32 = super::trainer_precision(device)?;
+    // In the trainer's precision (TF32 where it is on), as the update's matmuls run.
+    let matmul_gflops = matmul_gflops(device, MATMUL_SIDE);
     for &size in &options.model_sizes {
+        peak(device, true)?;
         let config = config(size)?;
         let agent = AgentConfig::from_config(&config)?;
         let group = ProcessGroup::alone(RankInfo::single(&config));
@@ -190,8 +197,30 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
                               "fused_kernels": fused, "tf32": tf32});
             print_kernels(what, &eager_plan, &graph_plan, print);
         }
+        let memory = peak(device, false)?;
+        let (_, update_gflop) = flop_counts(&agent, config.batch_size);
+        let update_gflops = update_gflop / (graph_update.median * 1e-3);
+        print(&json!({
+            "case": "graph_size",
+            "device": format!("{device:?}"),
+            "model_size": size,
+            "tf32": tf32,
+            "update_ms_graph": graph_update.median,
+            "update_gflop": update_gflop,
+            "update_gflops": update_gflops,
+            "matmul_gflops": matmul_gflops,
+            "matmul_side": MATMUL_SIDE,
+            "update_fraction_of_matmul": update_gflops / matmul_gflops,
+            "peak_allocated_mb": memory.allocated as f64 / 1048576.0,
+            "peak_reserved_mb": memory.reserved as f64 / 1048576.0,
+        }));
     }
     Ok(())
+}
+
+/// The device's peak memory (the model size's update and plans, after a reset).
+fn peak(device: Device, reset: bool) -> Result<crate::cuda::MemoryPeak> {
+    crate::cuda::memory_peak(device, reset).map_err(|e| Error::Other(e.to_string()))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod fused;
 mod fused_adam;
 mod generator;
 mod graph;
+mod memory;
 mod norms;
 pub mod nvrtc;
 mod replayed;
@@ -15,5 +16,6 @@ pub use graph::{
     cuda_graphs_available, generator_turn, synchronize, why_no_graphs, CudaGraph, GraphError,
     GraphPool,
 };
+pub use memory::{memory_peak, MemoryPeak};
 pub use norms::norms;
 pub use replayed::Replayed;

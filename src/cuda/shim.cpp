@@ -1,5 +1,6 @@
 // C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs),
-// torch generators of our own (src/cuda/generator.rs), at::_foreach_norm (src/cuda/norms.rs), and
+// torch generators of our own (src/cuda/generator.rs), at::_foreach_norm (src/cuda/norms.rs), the
+// caching allocator's peak memory (src/cuda/memory.rs), and
 // loading and launching our NVRTC-compiled kernels on torch's stream (src/cuda/fused/).
 //
 // Every function returns nullptr on success, or a malloc'd error message that the caller frees
@@ -176,6 +177,21 @@ char* tdmpc2_cuda_synchronize(int64_t device) {
   return guarded([&] {
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     c10::cuda::device_synchronize();
+  });
+}
+
+// The caching allocator's peak bytes on `device` (allocated by tensors, reserved from the
+// driver) since the last reset; with `reset`, a new peak starts.
+char* tdmpc2_cuda_memory_peak(int64_t device, int64_t* allocated, int64_t* reserved, int32_t reset) {
+  return guarded([&] {
+    auto index = static_cast<c10::DeviceIndex>(device);
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *allocated = stats.allocated_bytes[aggregate].peak;
+    *reserved = stats.reserved_bytes[aggregate].peak;
+    if (reset != 0) {
+      c10::cuda::CUDACachingAllocator::resetPeakStats(index);
+    }
   });
 }
 
