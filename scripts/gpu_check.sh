@@ -236,7 +236,11 @@ print(":".join(dirs))')
     --learn) run_learn "${4:-420}" ;;
     --walker)
         [[ -n ${4:-} ]] || usage
-        run_walker "$4" "${5:-540}" "${@:6}" || status=1
+        if [[ ${5:-} == *=* ]]; then
+            run_walker "$4" 540 "${@:5}" || status=1  # no SECONDS, only overrides
+        else
+            run_walker "$4" "${5:-540}" "${@:6}" || status=1
+        fi
         ;;
     --all)
         # One device call does it all: the tests, the figures, then learning until SECONDS.

@@ -3,11 +3,12 @@
 deadline, each watched for its first evaluation at or above the target return.
 
     time_to_return.py --bin TDMPC2 --out DIR --runs official-ratio,spu16 [--seconds 540]
-                      [--target 700] [KEY=VALUE ...]
+                      [--grace 60] [--target 700] [KEY=VALUE ...]
 
 The runs (RUNS below) differ in how many updates each agent step pays for. A run that stops at
 the target is interrupted (SIGINT: the trainer saves and ends) once an evaluation reaches it;
-every run is interrupted at the shared deadline. Trailing KEY=VALUE overrides go to every run
+every run is interrupted `--grace` seconds before the shared deadline and killed at it, so that
+the script ends by then. Trailing KEY=VALUE overrides go to every run
 after its own settings (device=cpu model_size=1 ... for a check without a GPU).
 
 Into DIR: walker-NAME/metrics.jsonl and walker-NAME/config.yaml (for `tdmpc2 plot`), one summary
@@ -54,6 +55,8 @@ def parse_args():
     parser.add_argument("--out", required=True, help="where the metrics and summaries go")
     parser.add_argument("--runs", required=True, help=f"comma-separated, of: {', '.join(RUNS)}")
     parser.add_argument("--seconds", type=float, default=540, help="deadline for all runs")
+    parser.add_argument("--grace", type=float, default=60,
+                        help="seconds a run has to end after SIGINT (within --seconds)")
     parser.add_argument("--target", type=float, default=700, help="the return to reach")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every run, after its own")
     args = parser.parse_args()
@@ -64,8 +67,9 @@ def parse_args():
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         parser.error(f"overrides are KEY=VALUE, not: {' '.join(bad)}")
-    if args.seconds <= 0:
-        parser.error(f"--seconds {args.seconds}: must be positive")
+    if args.grace < 1 or args.seconds <= args.grace:
+        parser.error(f"--seconds {args.seconds} --grace {args.grace}: need "
+                     "1 <= grace < seconds")
     return args
 
 
@@ -91,15 +95,28 @@ class Watch:
             (self.evals if record.get("phase") == "eval" else self.train).append(record)
 
 
-def stop(process, grace=90):
-    """SIGINT (the trainer saves and ends), then the whole group killed after `grace` seconds."""
+def stop(process, grace):
+    """SIGINT (the trainer saves and ends), the process killed after `grace` seconds, and then
+    whatever is left of its group (environment workers)."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
     try:
-        process.wait(timeout=grace)
+        process.wait(timeout=max(grace, 0.1))
     except subprocess.TimeoutExpired:
+        pass
+    reap(process)
+
+
+def reap(process):
+    try:
         os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def first_at(evals, target):
+    return next((e for e in evals if e["episode_reward"] >= target), None)
 
 
 def seed_steps(config_path):
@@ -133,8 +150,10 @@ def run_one(args, name, deadline, scratch):
     print(f"[time_to_return] {name}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
     with open(log_path, "w") as log:
+        # A group of its own (not a session), so that it and its environment workers can be
+        # killed together, and a signal to the caller's group still reaches them.
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command, stdout=log, stderr=subprocess.STDOUT, process_group=0
         )
         watch, reached, why = Watch(os.path.join(run_dir, "metrics.jsonl")), None, "finished"
         try:
@@ -142,7 +161,7 @@ def run_one(args, name, deadline, scratch):
                 time.sleep(1)
                 watch.poll()
                 if reached is None:
-                    hit = next((e for e in watch.evals if e["episode_reward"] >= args.target), None)
+                    hit = first_at(watch.evals, args.target)
                     if hit is not None:
                         reached = {
                             "step": hit["step"],
@@ -153,15 +172,21 @@ def run_one(args, name, deadline, scratch):
                               f"{hit['step']}, {reached['wall_s']} s", flush=True)
                         if ends_at_target:
                             why = "target"
-                            stop(process)
-                if process.poll() is None and time.monotonic() >= deadline:
+                            stop(process, deadline - time.monotonic())
+                if process.poll() is None and time.monotonic() >= deadline - args.grace:
                     why = "deadline"
-                    stop(process)
+                    stop(process, deadline - time.monotonic())
+            reap(process)
         except BaseException:
-            stop(process, grace=10)
+            stop(process, grace=5)
             raise
     watch.poll()
     wall = time.monotonic() - started
+    if reached is None and first_at(watch.evals, args.target) is not None:
+        # Written as the run ended, between two looks: its wall time is the run's at most.
+        hit = first_at(watch.evals, args.target)
+        reached = {"step": hit["step"], "elapsed_time": hit["elapsed_time"],
+                   "wall_s": round(wall, 1)}
     with open(log_path) as f:
         log_text = f.read()
     if process.returncode != 0 and why == "finished":
@@ -174,10 +199,11 @@ def run_one(args, name, deadline, scratch):
     rate, rate_from = rate_after_seeding(
         log_text, watch.train, seed_steps(os.path.join(run_dir, "config.yaml"))
     )
+    # The first evaluation at or past each milestone, with its own step.
     at = {}
     for milestone in MILESTONES:
         hit = next((e for e in watch.evals if e["step"] >= milestone), None)
-        at[str(milestone)] = None if hit is None else round(hit["episode_reward"], 1)
+        at[str(milestone)] = None if hit is None else [hit["step"], round(hit["episode_reward"], 1)]
     summary = {
         "run": name,
         "settings": " ".join([COMMON, settings, *args.overrides]),
@@ -207,6 +233,8 @@ def run_one(args, name, deadline, scratch):
 
 def main():
     args = parse_args()
+    # A SIGTERM (the device's time limit) ends the runs as Ctrl-C would: through the cleanup.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not os.access(args.bin, os.X_OK):
         sys.exit(f"--bin {args.bin}: not an executable")
     os.makedirs(args.out, exist_ok=True)
@@ -214,7 +242,7 @@ def main():
     failed = False
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.runs:
-            if time.monotonic() >= deadline - 30:
+            if time.monotonic() >= deadline - args.grace - 30:
                 print(f"[time_to_return] {name}: skipped, the deadline is near", flush=True)
                 failed = True
                 continue

@@ -239,9 +239,9 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations() {
 }
 
 /// Plans with the fused kernels (refit, LayerNorm and activations, policy action, Q bootstrap)
-/// equal plans
-/// with torch's operations from the same draws: the same actions and warm starts within rounding, at model sizes 1 and 5, over two plans (the
-/// second warm-started) for several environments.
+/// equal plans with torch's operations from the same draws: the same actions and warm starts
+/// within rounding, at model sizes 1 and 5, over two plans (the second warm-started) for several
+/// environments.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn plans_with_the_fused_refit_equal_plans_with_torch_operations() {

@@ -508,7 +508,14 @@ fn time_to_return_stops_runs_at_the_target_and_at_the_deadline() {
         .arg(script)
         .args(["--bin", bin.to_str().unwrap()])
         .args(["--out", out.path().to_str().unwrap()])
-        .args(["--runs", "spu16,official-ratio", "--seconds", "100"])
+        .args([
+            "--runs",
+            "spu16,official-ratio",
+            "--seconds",
+            "100",
+            "--grace",
+            "15",
+        ])
         .args(["--target", "-100000"])
         .args(tiny())
         .args([

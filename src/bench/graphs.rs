@@ -198,7 +198,7 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
             print_kernels(what, &eager_plan, &graph_plan, print);
         }
         let memory = peak(device, false)?;
-        let (_, update_gflop) = flop_counts(&agent, config.batch_size);
+        let update_gflop = flop_counts(&agent, config.batch_size).1 / 1e9;
         let update_gflops = update_gflop / (graph_update.median * 1e-3);
         print(&json!({
             "case": "graph_size",

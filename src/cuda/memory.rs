@@ -13,7 +13,8 @@ pub struct MemoryPeak {
     pub reserved: u64,
 }
 
-/// The peak on `device` since the last reset; with `reset`, a new peak starts from now.
+/// The peak on `device` since the last reset; with `reset`, the allocator's cached free blocks
+/// are released and a new peak starts from now.
 pub fn memory_peak(device: Device, reset: bool) -> Result<MemoryPeak, GraphError> {
     let Device::Cuda(index) = device else {
         return Err(GraphError::NotCuda(device));

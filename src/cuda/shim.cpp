@@ -181,7 +181,8 @@ char* tdmpc2_cuda_synchronize(int64_t device) {
 }
 
 // The caching allocator's peak bytes on `device` (allocated by tensors, reserved from the
-// driver) since the last reset; with `reset`, a new peak starts.
+// driver) since the last reset; with `reset`, the cached free blocks go back to the driver and a
+// new peak starts, so that it counts only what is reserved from then on.
 char* tdmpc2_cuda_memory_peak(int64_t device, int64_t* allocated, int64_t* reserved, int32_t reset) {
   return guarded([&] {
     auto index = static_cast<c10::DeviceIndex>(device);
@@ -190,6 +191,9 @@ char* tdmpc2_cuda_memory_peak(int64_t device, int64_t* allocated, int64_t* reser
     *allocated = stats.allocated_bytes[aggregate].peak;
     *reserved = stats.reserved_bytes[aggregate].peak;
     if (reset != 0) {
+      c10::cuda::CUDAGuard guard(index);
+      c10::cuda::device_synchronize();
+      c10::cuda::CUDACachingAllocator::emptyCache();
       c10::cuda::CUDACachingAllocator::resetPeakStats(index);
     }
   });

@@ -223,7 +223,6 @@ pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
     Ok(samples)
 }
 
-/// A run's `config.yaml` without the settings that tell seeds apart.
 /// The reference's samples (step, value) over the runs' steps: up to the first of its steps at
 /// or past `last` (all of them without runs), so a 4M-step official curve does not dwarf a
 /// 100k-step run.
@@ -240,6 +239,7 @@ pub fn up_to(samples: Vec<(f64, f64)>, last: Option<f64>) -> Vec<(f64, f64)> {
     samples.into_iter().filter(|s| s.0 <= reach).collect()
 }
 
+/// A run's `config.yaml` without the settings that tell seeds apart.
 pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
     let text = std::fs::read_to_string(run.join("config.yaml")).ok()?;
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
