@@ -34,7 +34,6 @@ pub struct Planner {
     min_std: f64,
     max_std: f64,
     temperature: f64,
-    discount: f64,
     action_dim: i64,
     num_envs: i64,
     /// The final means of the previous plan, (E, H, A); shifted by one step for the next plan.
@@ -44,6 +43,9 @@ pub struct Planner {
     candidates: Tensor,
     /// γ^t for t = 0..H, (H, 1, 1): the weights of a rollout's rewards.
     discounts: Tensor,
+    /// γ^H as one value (1): the weight of a rollout's bootstrapped Q, made once so that a plan
+    /// neither allocates nor fills it.
+    horizon_discount: Tensor,
 }
 
 /// What a plan reads, on the model's device: the observations (E, obs_dim) and whether each
@@ -94,12 +96,16 @@ impl Planner {
             min_std: config.min_std,
             max_std: config.max_std,
             temperature: config.temperature,
-            discount: config.discount,
             action_dim: a,
             num_envs: e,
             prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
             candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
             discounts: discounts(config.discount, h, device),
+            horizon_discount: Tensor::full(
+                [1],
+                (0..h).fold(1.0, |d, _| d * config.discount),
+                (Kind::Float, device),
+            ),
         })
     }
 
@@ -510,11 +516,7 @@ impl Planner {
             Some(discount) => discount
                 .pow_tensor_scalar(self.horizon)
                 .repeat_interleave_self_int(n, 0, None),
-            None => Tensor::full(
-                [1],
-                (0..self.horizon).fold(1.0, |d, _| d * self.discount),
-                (Kind::Float, z.device()),
-            ),
+            None => self.horizon_discount.shallow_clone(),
         };
         let factor = match &rollout.terminated {
             Some(done) => (1.0f64 - rows(done)) * horizon_discount,
