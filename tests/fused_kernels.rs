@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use tch::{Device, Kind, Tensor};
 use tdmpc2::agent::layers::simnorm;
 use tdmpc2::agent::math::TwoHot;
-use tdmpc2::cuda::fused::{self, FusedError, MppiSettings, Refit};
+use tdmpc2::cuda::fused::{self, Affine, FusedError, MppiSettings, Refit};
 use tdmpc2::cuda::{cuda_graphs_available, CudaGraph};
 
 static GPU: Mutex<()> = Mutex::new(());
@@ -58,14 +58,52 @@ fn layer_norm_then_mish_or_simnorm_equal_torchs() {
         let w = Tensor::randn([width], (Kind::Float, device));
         let b = Tensor::randn([width], (Kind::Float, device));
         let normed = Tensor::native_layer_norm(&x, [width], Some(&w), Some(&b), 1e-5).0;
+        let affine = Affine::single(&w, &b);
         eager_and_captured(&format!("LN+Mish {rows}x{width}"), &mish(&normed), || {
-            fused::layer_norm_mish(&x, &w, &b, 1e-5).unwrap()
+            fused::layer_norm_mish(&x, affine, 1e-5).unwrap()
         });
         eager_and_captured(
             &format!("LN+SimNorm {rows}x{width}"),
             &simnorm(&normed, 8),
-            || fused::layer_norm_simnorm(&x, &w, &b, 1e-5, 8).unwrap(),
+            || fused::layer_norm_simnorm(&x, affine, 1e-5, 8).unwrap(),
         );
+    }
+}
+
+/// A stack of ensemble members, each row with its member's affine parameters: the members in
+/// blocks of rows (K, n, width), as the batched layers lay them out, and interleaved
+/// (n, K, width), as the first layer's one matmul does.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn layer_norm_of_stacked_members_equals_torchs() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(4);
+    let (members, n, width) = (2, 512, 512);
+    let w = Tensor::randn([members, width], (Kind::Float, device));
+    let b = Tensor::randn([members, width], (Kind::Float, device));
+    for blocks in [true, false] {
+        let shape = if blocks {
+            [members, n, width]
+        } else {
+            [n, members, width]
+        };
+        let x = Tensor::randn(shape, (Kind::Float, device)) * 3.0;
+        let (wb, bb) = if blocks {
+            (w.unsqueeze(1), b.unsqueeze(1))
+        } else {
+            (w.shallow_clone(), b.shallow_clone())
+        };
+        let plain = Tensor::native_layer_norm(&x, [width], None::<Tensor>, None::<Tensor>, 1e-5).0;
+        let expected = mish(&bb.addcmul(&plain, &wb)).view([-1, width]);
+        let rows = x.view([-1, width]);
+        let affine = Affine {
+            member_rows: if blocks { n } else { 1 },
+            ..Affine::single(&w, &b)
+        };
+        let what = if blocks { "blocks" } else { "interleaved" };
+        eager_and_captured(&format!("LN+Mish, members in {what}"), &expected, || {
+            fused::layer_norm_mish(&rows, affine, 1e-5).unwrap()
+        });
     }
 }
 

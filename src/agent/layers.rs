@@ -5,6 +5,7 @@ use super::error::{Error, Result};
 use super::kernels;
 use super::noise::Noise;
 use super::params::ParamVisitor;
+use crate::cuda::fused::Affine;
 
 /// LayerNorm epsilon of `nn.LayerNorm`.
 const LAYER_NORM_EPS: f64 = 1e-5;
@@ -45,27 +46,74 @@ fn layer_norm(x: &Tensor, features: i64, affine: Option<(&Tensor, &Tensor)>) -> 
 fn normed(x: Tensor, weight: &Tensor, bias: &Tensor, activation: Option<Activation>) -> Tensor {
     let features = *x.size().last().expect("a layer's output has features");
     if let (Some(activation), true) = (activation, crate::cuda::fused::applies_to(&x)) {
-        let shape = x.size();
-        let rows = x.contiguous().view([-1, features]);
-        let fused = match activation {
-            Activation::Mish => {
-                crate::cuda::fused::layer_norm_mish(&rows, weight, bias, LAYER_NORM_EPS)
-            }
-            Activation::SimNorm(group) => {
-                crate::cuda::fused::layer_norm_simnorm(&rows, weight, bias, LAYER_NORM_EPS, group)
-            }
-        };
-        // A kernel that cannot run is a broken installation: torch's errors surface as panics
-        // in tch, and so does this one, with its cause.
-        return fused
-            .unwrap_or_else(|e| panic!("{e} (set fused_kernels=false to run without)"))
-            .view(shape.as_slice());
+        return fused_normed(&x, Affine::single(weight, bias), activation);
     }
     let y = layer_norm(&x, features, Some((weight, bias)));
     match activation {
         Some(activation) => activation.apply(&y),
         None => y,
     }
+}
+
+/// How the rows of an ensemble layer's output meet its members' LayerNorm parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Members {
+    /// (rows, out): one member, its parameters (out).
+    One,
+    /// (rows, K, out): the first layer, one matmul over the stacked weights.
+    Interleaved,
+    /// (K, rows, out): the later layers, batched matmuls.
+    Blocks,
+}
+
+/// [`normed`] for a stack of members, each with its affine parameters (K, out).
+fn normed_members(
+    x: Tensor,
+    weight: &Tensor,
+    bias: &Tensor,
+    members: Members,
+    activation: Option<Activation>,
+) -> Tensor {
+    let features = *x.size().last().expect("a layer's output has features");
+    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_to(&x)) {
+        let member_rows = match members {
+            Members::Blocks => x.size()[1],
+            Members::One | Members::Interleaved => 1,
+        };
+        let (weight, bias) = (weight.contiguous(), bias.contiguous());
+        let affine = Affine {
+            member_rows,
+            ..Affine::single(&weight, &bias)
+        };
+        return fused_normed(&x, affine, activation);
+    }
+    let (weight, bias) = match members {
+        Members::Blocks => (weight.unsqueeze(1), bias.unsqueeze(1)),
+        Members::One | Members::Interleaved => (weight.shallow_clone(), bias.shallow_clone()),
+    };
+    let y = bias.addcmul(&layer_norm(&x, features, None), &weight);
+    match activation {
+        Some(activation) => activation.apply(&y),
+        None => y,
+    }
+}
+
+/// LayerNorm and `activation` of the last dim in one fused kernel.
+fn fused_normed(x: &Tensor, affine: Affine, activation: Activation) -> Tensor {
+    let shape = x.size();
+    let features = *shape.last().expect("a layer's output has features");
+    let rows = x.contiguous().view([-1, features]);
+    let fused = match activation {
+        Activation::Mish => crate::cuda::fused::layer_norm_mish(&rows, affine, LAYER_NORM_EPS),
+        Activation::SimNorm(group) => {
+            crate::cuda::fused::layer_norm_simnorm(&rows, affine, LAYER_NORM_EPS, group)
+        }
+    };
+    // A kernel that cannot run is a broken installation: torch's errors surface as panics in
+    // tch, and so does this one, with its cause.
+    fused
+        .unwrap_or_else(|e| panic!("{e} (set fused_kernels=false to run without)"))
+        .view(shape.as_slice())
 }
 
 /// Simplicial normalisation: softmax over groups of `group` features of the last dim.
@@ -387,9 +435,14 @@ impl Ensemble {
             }
         };
         let out = match heads {
-            Heads::All => self.forward_all(&x, &param, dropout)?,
+            Heads::All => self.forward_stacked(&x, self.size, &param, dropout)?,
             Heads::Pair(index) => {
-                self.forward_pair(&x, &|t: &Tensor| param(t).index_select(0, index), dropout)?
+                let pick = |t: &Tensor| param(t).index_select(0, index);
+                if dropout.is_none() && stacks_pairs(&x) {
+                    self.forward_stacked(&x, 2, &pick, None)?
+                } else {
+                    self.forward_pair(&x, &pick, dropout)?
+                }
             }
         };
         let mut shape = vec![out.size()[0]];
@@ -398,25 +451,27 @@ impl Ensemble {
         Ok(out.view(shape.as_slice()))
     }
 
-    /// All members: the first layer as one matmul over the stacked weights (rows, K·out), the
-    /// others as batched matmuls; returns (K, rows, out).
-    fn forward_all(
+    /// `members` stacked members, whose parameters `param` gives (leading dimension `members`):
+    /// the first layer as one matmul over the stacked weights (rows, members·out), the others as
+    /// batched matmuls; returns (members, rows, out).
+    fn forward_stacked(
         &self,
         x: &Tensor,
+        members: i64,
         param: &dyn Fn(&Tensor) -> Tensor,
         mut dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
-        let members = self.size;
         let first = &self.layers[0];
-        let (out, width) = (first.weight.size()[1], first.weight.size()[2]);
+        let weight = param(&first.weight);
+        let (out, width) = (weight.size()[1], weight.size()[2]);
         let bias = param(&first.bias).view([1, members * out]);
         let linear = bias
-            .addmm(x, &param(&first.weight).view([members * out, width]).tr())
+            .addmm(x, &weight.view([members * out, width]).tr())
             .view([-1, members, out]);
         let norm = first
             .norm
             .as_ref()
-            .map(|n| (param(&n.weight), param(&n.bias)));
+            .map(|n| (param(&n.weight), param(&n.bias), Members::Interleaved));
         // (rows, K, out) → (K, rows, out) as a strided view; batched matmul reads it directly.
         let mut h = self
             .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
@@ -427,7 +482,7 @@ impl Ensemble {
             let norm = layer
                 .norm
                 .as_ref()
-                .map(|n| (param(&n.weight).unsqueeze(1), param(&n.bias).unsqueeze(1)));
+                .map(|n| (param(&n.weight), param(&n.bias), Members::Blocks));
             h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
         }
         Ok(h)
@@ -465,7 +520,7 @@ impl Ensemble {
                 let norm = layer
                     .norm
                     .as_ref()
-                    .map(|_| (norm_weight.get(member), norm_bias.get(member)));
+                    .map(|_| (norm_weight.get(member), norm_bias.get(member), Members::One));
                 h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
             }
             outputs.push(h);
@@ -477,7 +532,7 @@ impl Ensemble {
         &self,
         layer: &Layer,
         linear: Tensor,
-        norm: Option<(Tensor, Tensor)>,
+        norm: Option<(Tensor, Tensor, Members)>,
         dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
         let mut h = linear;
@@ -487,23 +542,24 @@ impl Ensemble {
                 h *= mask;
             }
         }
-        match norm {
-            Some((weight, bias)) if weight.dim() == 1 => {
-                Ok(normed(h, &weight, &bias, layer.activation))
+        Ok(match norm {
+            Some((weight, bias, Members::One)) => normed(h, &weight, &bias, layer.activation),
+            Some((weight, bias, members)) => {
+                normed_members(h, &weight, &bias, members, layer.activation)
             }
-            norm => {
-                if let Some((weight, bias)) = norm {
-                    // Per-member affine parameters broadcast over the rows.
-                    let out = *h.size().last().expect("features");
-                    h = bias.addcmul(&layer_norm(&h, out, None), &weight);
-                }
-                Ok(match layer.activation {
-                    Some(activation) => activation.apply(&h),
-                    None => h,
-                })
-            }
-        }
+            None => match layer.activation {
+                Some(activation) => activation.apply(&h),
+                None => h,
+            },
+        })
     }
+}
+
+/// Whether a pair of members is evaluated as a stack of two (batched matmuls, one fused kernel
+/// for both members' norms) rather than member by member: on CUDA with the fused kernels, where
+/// fewer and larger kernels win; on the CPU two plain matmuls are faster.
+fn stacks_pairs(x: &Tensor) -> bool {
+    x.device().is_cuda() && crate::cuda::fused::enabled()
 }
 
 impl ParamVisitor for Ensemble {
@@ -563,6 +619,28 @@ mod tests {
             .unwrap();
         assert!((pair.get(0) - all.get(2)).abs().max().double_value(&[]) < 1e-5);
         assert!((pair.get(1) - all.get(0)).abs().max().double_value(&[]) < 1e-5);
+    }
+
+    /// The pair as a stack of two (batched matmuls, as on CUDA with the fused kernels) gives
+    /// what the member-by-member pair gives, in either order of the two heads.
+    #[test]
+    fn a_stacked_pair_matches_the_pair_member_by_member() {
+        tch::manual_seed(5);
+        let ensemble = Ensemble::new(5, 6, &[8, 8], 4, 0.0);
+        let x = Tensor::randn([7, 6], (Kind::Float, Device::Cpu));
+        for (first, second) in [(3, 1), (0, 4)] {
+            let Heads::Pair(index) = Heads::pair(first, second, Device::Cpu) else {
+                unreachable!()
+            };
+            let pick = |t: &Tensor| t.index_select(0, &index);
+            let stacked = ensemble.forward_stacked(&x, 2, &pick, None).unwrap();
+            let by_member = ensemble.forward_pair(&x, &pick, None).unwrap();
+            assert_eq!(stacked.size(), vec![2, 7, 4]);
+            let diff = (&stacked - &by_member).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "pair ({first}, {second}): {diff}");
+            let single = member(&ensemble, first).forward(&x);
+            assert!((single - stacked.get(0)).abs().max().double_value(&[]) < 1e-5);
+        }
     }
 
     #[test]

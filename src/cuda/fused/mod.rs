@@ -11,7 +11,7 @@ mod module;
 pub use catalogue::{cubin, Source, SOURCES};
 pub use kernels::{
     layer_norm_mish, layer_norm_simnorm, mppi_refit, mppi_sample, policy_action, q_bootstrap,
-    MppiSettings, Refit,
+    Affine, MppiSettings, Refit,
 };
 
 use std::sync::atomic::{AtomicBool, Ordering};
