@@ -438,10 +438,13 @@ impl Ensemble {
             Heads::All => self.forward_stacked(&x, self.size, &param, dropout)?,
             Heads::Pair(index) => {
                 let pick = |t: &Tensor| param(t).index_select(0, index);
-                if dropout.is_none() && stacks_pairs(&x) {
-                    self.forward_stacked(&x, 2, &pick, None)?
-                } else {
+                if dropout.is_some() || !stacks_pairs(&x) {
                     self.forward_pair(&x, &pick, dropout)?
+                } else if self.all_members_are_cheaper(rows) {
+                    self.forward_stacked(&x, self.size, &param, None)?
+                        .index_select(0, index)
+                } else {
+                    self.forward_stacked(&x, 2, &pick, None)?
                 }
             }
         };
@@ -449,6 +452,21 @@ impl Ensemble {
         shape.extend_from_slice(&leading[..leading.len() - 1]);
         shape.push(out.size()[2]);
         Ok(out.view(shape.as_slice()))
+    }
+
+    /// Whether evaluating every member on `rows` rows and keeping a pair costs less than
+    /// picking the pair's parameters first (a copy per parameter tensor, each a kernel): true
+    /// while the other members' arithmetic stays within [`ALL_MEMBERS_FLOP`].
+    fn all_members_are_cheaper(&self, rows: i64) -> bool {
+        let flop_per_row: i64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                let size = l.weight.size();
+                2 * size[1] * size[2]
+            })
+            .sum();
+        ((self.size - 2) * rows * flop_per_row) as f64 <= ALL_MEMBERS_FLOP
     }
 
     /// `members` stacked members, whose parameters `param` gives (leading dimension `members`):
@@ -555,6 +573,13 @@ impl Ensemble {
     }
 }
 
+/// The most extra arithmetic spent on evaluating every member of an ensemble instead of
+/// copying a pair's parameters out first. The ten copies of a Q pair cost about 25 µs on an
+/// H100 (about 2.4 µs a kernel, measured in a captured plan); 5 GFLOP at a TF32 rate of about
+/// 200 TFLOP/s costs the same. So one environment's plan at model size 5 (512 rows, 1.8 GFLOP
+/// more) evaluates all five heads, and 16 environments' (8,192 rows, 28 GFLOP) pick the pair.
+const ALL_MEMBERS_FLOP: f64 = 5e9;
+
 /// Whether a pair of members is evaluated as a stack of two (batched matmuls, one fused kernel
 /// for both members' norms) rather than member by member: on CUDA with the fused kernels, where
 /// fewer and larger kernels win; on the CPU two plain matmuls are faster.
@@ -640,7 +665,25 @@ mod tests {
             assert!(diff < 1e-5, "pair ({first}, {second}): {diff}");
             let single = member(&ensemble, first).forward(&x);
             assert!((single - stacked.get(0)).abs().max().double_value(&[]) < 1e-5);
+            let all_then_kept = ensemble
+                .forward_stacked(&x, 5, &|t: &Tensor| t.shallow_clone(), None)
+                .unwrap()
+                .index_select(0, &index);
+            let diff = (&all_then_kept - &by_member).abs().max().double_value(&[]);
+            assert!(
+                diff < 1e-5,
+                "all heads, pair ({first}, {second}) kept: {diff}"
+            );
         }
+    }
+
+    /// Evaluating all five heads and keeping two is chosen for a plan of one environment at
+    /// model size 5, not for sixteen (see ALL_MEMBERS_FLOP).
+    #[test]
+    fn all_heads_are_evaluated_where_their_arithmetic_is_cheaper_than_picking_two() {
+        let q = Ensemble::new(5, 512 + 6, &[512, 512], 101, 0.0);
+        assert!(q.all_members_are_cheaper(512));
+        assert!(!q.all_members_are_cheaper(16 * 512));
     }
 
     #[test]
