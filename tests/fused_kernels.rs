@@ -154,6 +154,49 @@ fn the_q_bootstrap_equals_two_decoded_heads_averaged() {
     );
 }
 
+/// The update's two-hot cross-entropy: the loss and its gradient with respect to the logits
+/// (torch's autograd through the composition), five heads sharing each target, with targets
+/// beyond the support and non-finite ones among them.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn the_two_hot_cross_entropy_and_its_gradient_equal_torchs() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(5);
+    let two_hot = TwoHot::new(101, -10.0, 10.0, device);
+    let (heads, rows) = (5, 3 * 256);
+    let logits = Tensor::randn([heads, rows, 101], (Kind::Float, device)) * 4.0;
+    let target = Tensor::randn([rows, 1], (Kind::Float, device)) * 300.0;
+    let special = Tensor::from_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, 1e6])
+        .to_device(device)
+        .view([5, 1]);
+    target.narrow(0, 0, 5).copy_(&special);
+    let leaf = logits.copy().set_requires_grad(true);
+    let expected_loss = {
+        let log_probs = leaf.log_softmax(-1, Kind::Float);
+        -(two_hot.encode(&target) * log_probs).sum_dim_intlist(-1, true, Kind::Float)
+    };
+    expected_loss.sum(Kind::Float).backward();
+    let expected = Tensor::cat(
+        &[
+            expected_loss.detach().view([-1, 1]),
+            leaf.grad().view([-1, 101]),
+        ],
+        1,
+    );
+    let bins = fused::Bins {
+        bins: two_hot.num_bins,
+        vmin: two_hot.vmin,
+        vmax: two_hot.vmax,
+        bin_size: two_hot.bin_size,
+    };
+    let flat_logits = logits.view([-1, 101]);
+    let flat_target = target.view([-1]);
+    eager_and_captured("two-hot cross-entropy and gradient", &expected, || {
+        let (loss, grad) = fused::two_hot_soft_ce(&flat_logits, &flat_target, bins).unwrap();
+        Tensor::cat(&[loss.view([-1, 1]), grad], 1)
+    });
+}
+
 /// The planner's selection and refit as torch operations (src/agent/planner/mod.rs).
 fn refit_with_torch(
     values: &Tensor,

@@ -22,7 +22,7 @@ impl Source {
     }
 }
 
-pub const SOURCES: [Source; 4] = [
+pub const SOURCES: [Source; 5] = [
     Source {
         name: "layer_norm_act.cu",
         text: include_str!("layer_norm_act.cu"),
@@ -42,6 +42,11 @@ pub const SOURCES: [Source; 4] = [
         name: "q_bootstrap.cu",
         text: include_str!("q_bootstrap.cu"),
         kernels: &["q_bootstrap"],
+    },
+    Source {
+        name: "two_hot_ce.cu",
+        text: include_str!("two_hot_ce.cu"),
+        kernels: &["two_hot_soft_ce"],
     },
 ];
 

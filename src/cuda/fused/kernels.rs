@@ -228,6 +228,57 @@ pub fn q_bootstrap(
     Ok(out)
 }
 
+/// The two-hot coding's bins: `bins` evenly spaced on [vmin, vmax], `bin_size` apart.
+#[derive(Debug, Clone, Copy)]
+pub struct Bins {
+    pub bins: i64,
+    pub vmin: f64,
+    pub vmax: f64,
+    pub bin_size: f64,
+}
+
+/// The soft cross-entropy [rows] of `logits` [rows, bins] against the two-hot coding of
+/// `target` [target_rows] (row r takes target r % target_rows), and its gradient with respect
+/// to the logits [rows, bins].
+pub fn two_hot_soft_ce(
+    logits: &Tensor,
+    target: &Tensor,
+    bins: Bins,
+) -> Result<(Tensor, Tensor), FusedError> {
+    const NAME: &str = "two_hot_soft_ce";
+    let (rows, width) = matrix(NAME, "logits", logits)?;
+    let target_rows = target.numel() as i64;
+    if width != bins.bins || target_rows < 1 || rows % target_rows != 0 {
+        return Err(refused(
+            NAME,
+            format!(
+                "logits [{rows}, {width}] do not take {} bins and targets for {target_rows} rows",
+                bins.bins
+            ),
+        ));
+    }
+    input(NAME, "logits", logits, &[rows, width])?;
+    input(NAME, "target", target, &[target_rows])?;
+    let loss = Tensor::empty([rows], (Kind::Float, logits.device()));
+    let grad = logits.empty_like();
+    kernel(logits.device(), NAME)?.launch(
+        warp_rows(rows),
+        &[
+            Arg::tensor(Some(logits)),
+            Arg::tensor(Some(target)),
+            Arg::tensor(Some(&loss)),
+            Arg::tensor(Some(&grad)),
+            Arg::I64(rows),
+            Arg::I32(width as i32),
+            Arg::I64(target_rows),
+            Arg::F32(bins.vmin as f32),
+            Arg::F32(bins.vmax as f32),
+            Arg::F32(bins.bin_size as f32),
+        ],
+    )?;
+    Ok((loss, grad))
+}
+
 /// MPPI's constants.
 #[derive(Debug, Clone, Copy)]
 pub struct MppiSettings {
@@ -388,6 +439,17 @@ mod tests {
         };
         let e = layer_norm_mish(&x, stacked, 1e-5).unwrap_err().to_string();
         assert!(e.contains("not whole cycles of 3 members"), "{e}");
+        let bins = Bins {
+            bins: 8,
+            vmin: -10.0,
+            vmax: 10.0,
+            bin_size: 20.0 / 7.0,
+        };
+        let e = two_hot_soft_ce(&x, &three, bins).unwrap_err().to_string();
+        assert!(e.contains("targets for 24 rows"), "{e}");
+        let two = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+        let e = two_hot_soft_ce(&x, &two, bins).unwrap_err().to_string();
+        assert!(e.contains("logits is on Cpu"), "{e}");
         let logits = Tensor::zeros([3, 4, 5], (Kind::Float, Device::Cpu));
         let e = q_bootstrap(&logits, &w, &w, &w).unwrap_err().to_string();
         assert!(e.contains("not [2, rows, bins]"), "{e}");

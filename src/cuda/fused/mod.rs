@@ -11,7 +11,7 @@ mod module;
 pub use catalogue::{cubin, Source, SOURCES};
 pub use kernels::{
     layer_norm_mish, layer_norm_simnorm, mppi_refit, mppi_sample, policy_action, q_bootstrap,
-    Affine, MppiSettings, Refit,
+    two_hot_soft_ce, Affine, Bins, MppiSettings, Refit,
 };
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +42,13 @@ pub fn enabled() -> bool {
 /// Whether work on `x` takes a fused kernel: switched on, on CUDA, float32, and no gradient
 /// wanted (the kernels have no backward; the update's forward passes keep torch's operations).
 pub fn applies_to(x: &Tensor) -> bool {
-    enabled() && x.device().is_cuda() && x.kind() == Kind::Float && !x.requires_grad()
+    applies_with_gradient(x) && !x.requires_grad()
+}
+
+/// Whether work on `x` takes a fused kernel that also gives its own gradient (the two-hot
+/// cross-entropy): switched on, on CUDA, float32.
+pub fn applies_with_gradient(x: &Tensor) -> bool {
+    enabled() && x.device().is_cuda() && x.kind() == Kind::Float
 }
 
 #[derive(Debug, thiserror::Error)]
