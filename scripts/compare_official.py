@@ -517,12 +517,13 @@ def spread(values, digits=0):
 
 def agent_lines(lines):
     """The `agent` lines by (impl, model size); ours timed as CUDA graphs (`bench --cases
-    graphs`, one environment) in the same form."""
+    graphs`, one environment) in the same form, with our fused kernels as impl "ours_fused"."""
     by = {}
     for line in lines:
         if line.get("case") == "graphs" and line.get("num_envs") == 1:
             line = dict(
                 line,
+                impl="ours_fused" if line.get("fused_kernels") else line["impl"],
                 case="agent",
                 plan_ms=line["plan_ms"]["graph"],
                 plan_ms_min=line["plan_ms"]["graph_min"],
@@ -581,17 +582,19 @@ def summary(args):
         )
     )
     header = (
-        f"{'size':>4}  {'call':<6}  {'ours':>17}  {'official':>17}  {'ratio':>6}  "
+        f"{'size':>4}  {'call':<13}  {'ours':>17}  {'official':>17}  {'ratio':>6}  "
         f"{'per round':<22}  {'fastest':>15}  {'ratio':>6}"
         + (f"  {'warm-up s':>16}" if compiled else "")
     )
     print(header)
     print("-" * len(header))
     rows = []
-    for size in sizes:
-        ours, theirs = by.get(("ours", size), []), by.get(("official", size), [])
+    fused = any(impl == "ours_fused" for impl, _ in by)
+    variants = [("ours", "")] + ([("ours_fused", " fused")] if fused else [])
+    for size, (impl, label) in ((size, v) for size in sizes for v in variants):
+        ours, theirs = by.get((impl, size), []), by.get(("official", size), [])
         if not ours or not theirs:
-            print(f"{size:>4}  missing measurements (ours {len(ours)}, official {len(theirs)})")
+            print(f"{size:>4}  missing measurements ({impl} {len(ours)}, official {len(theirs)})")
             continue
         rounds = sorted(set(l["round"] for l in ours) & set(l["round"] for l in theirs))
         for call in ("plan", "update"):
@@ -620,7 +623,7 @@ def summary(args):
                     f"{spread(warmup, 1)} ({spread(calls)} calls)" if warmup else "-"
                 ) + ("!" if unsettled else "")
             print(
-                f"{size:>4}  {call:<6}  {ours_text:>17}  {theirs_text:>17}  {ratio:>5.2f}×  "
+                f"{size:>4}  {call + label:<13}  {ours_text:>17}  {theirs_text:>17}  {ratio:>5.2f}×  "
                 f"{per_round_text:<22}  {fastest_text:>15}  {b_min / a_min:>5.2f}×"
                 + (f"  {warmup_text:>16}" if compiled else "")
             )
@@ -628,6 +631,7 @@ def summary(args):
                 "case": "compare",
                 "model_size": size,
                 "call": call,
+                "fused_kernels": impl == "ours_fused",
                 "device": device,
                 "compile": compiled,
                 "ours_ms": a,

@@ -24,7 +24,7 @@ pub struct GraphOptions {
     pub device: String,
     /// Also profile one call of each: the kernels the device ran and their device time.
     pub kernels: bool,
-    /// The plan's `fused_kernels` settings to measure.
+    /// The `fused_kernels` settings to measure the update and the plans with.
     pub fused_kernels: Vec<bool>,
 }
 
@@ -121,8 +121,8 @@ fn kernels_line(what: &Value, mode: &str, kernels: &[KernelTime]) -> Value {
 const KERNELS_SHOWN: usize = 25;
 
 /// Prints the kernel lines of one call, eager and as a graph, when they were profiled.
-fn print_kernels(what: Value, eager: &Measured, graph: &Measured, print: &mut dyn FnMut(&Value)) {
-    for (mode, measured) in [("eager", eager), ("graph", graph)] {
+fn print_kernels(what: Value, call: &EagerAndGraph, print: &mut dyn FnMut(&Value)) {
+    for (mode, measured) in [("eager", &call.eager), ("graph", &call.graph)] {
         if let Some(kernels) = &measured.kernels {
             print(&kernels_line(&what, mode, kernels));
         }
@@ -141,71 +141,42 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
         peak(device, true)?;
         let config = config(size)?;
         let agent = AgentConfig::from_config(&config)?;
-        let group = ProcessGroup::alone(RankInfo::single(&config));
-        let settings = LearnerSettings::from_config(&config)?.with_capacity(1024);
-        let mut learner = Learner::new(&settings, device, &group)?;
-        let batch = random_batch(&agent, config.batch_size as i64, device);
-        let update = |learner: &mut Learner| {
-            learner
-                .update_on(std::slice::from_ref(&batch))
-                .map(|_| ())
-                .map_err(|e| crate::agent::Error::Config(e.to_string()))
-        };
-        let eager_update = measure(device, options, || update(&mut learner))?;
-        learner.capture_updates().map_err(Error::Config)?;
-        let graph_update = measure(device, options, || update(&mut learner))?;
-        let what = json!({"model_size": size, "call": "update", "tf32": tf32});
-        print_kernels(what, &eager_update, &graph_update, print);
-        let plans = [1usize, 16]
-            .into_iter()
-            .flat_map(|n| options.fused_kernels.iter().map(move |&f| (n, f)));
-        for (num_envs, fused) in plans {
+        let mut last_update = None;
+        for &fused in &options.fused_kernels {
             crate::cuda::fused::set_enabled(fused);
             if fused {
                 crate::cuda::fused::prepare(device).map_err(|e| Error::Config(e.to_string()))?;
             }
-            let mut policy = Policy::new(&agent, device, num_envs, Box::new(TorchNoise::global()))?;
-            policy.load_weights(learner.model())?;
-            let obs: Vec<f32> = (0..num_envs * agent.obs_dim)
-                .map(|i| (i as f32 * 0.37).sin())
-                .collect();
-            let t0 = vec![false; num_envs];
-            let plan = |policy: &mut Policy| {
-                policy
-                    .act(&obs, &t0, false)
-                    .map(|_| ())
-                    .map_err(|e| crate::agent::Error::Config(e.to_string()))
-            };
-            let eager_plan = measure(device, options, || plan(&mut policy))?;
-            policy.capture_plans().map_err(Error::Config)?;
-            let graph_plan = measure(device, options, || plan(&mut policy))?;
-            print(&json!({
-                "case": "graphs",
-                "device": format!("{device:?}"),
-                "model_size": size,
-                "num_envs": num_envs,
-                "fused_kernels": fused,
-                "tf32": tf32,
-                "plan_ms": {"eager": eager_plan.median, "graph": graph_plan.median,
-                            "eager_min": eager_plan.fastest, "graph_min": graph_plan.fastest},
-                "update_ms": {"eager": eager_update.median, "graph": graph_update.median,
-                              "eager_min": eager_update.fastest, "graph_min": graph_update.fastest},
-                "plan_speedup": eager_plan.median / graph_plan.median,
-                "update_speedup": eager_update.median / graph_update.median,
-            }));
-            let what = json!({"model_size": size, "num_envs": num_envs, "call": "plan",
-                              "fused_kernels": fused, "tf32": tf32});
-            print_kernels(what, &eager_plan, &graph_plan, print);
+            let setting = json!({"model_size": size, "fused_kernels": fused, "tf32": tf32});
+            let group = ProcessGroup::alone(RankInfo::single(&config));
+            let (learner, update) = measure_update(&config, &agent, &group, device, options)?;
+            print_kernels(with_call(&setting, "update", None), &update, print);
+            for num_envs in [1usize, 16] {
+                let plan = measure_plan(&agent, &learner, device, num_envs, options)?;
+                let mut line = with_call(&setting, "graphs", Some(num_envs));
+                line["device"] = format!("{device:?}").into();
+                line["plan_ms"] = times(&plan);
+                line["update_ms"] = times(&update);
+                line["plan_speedup"] = (plan.eager.median / plan.graph.median).into();
+                line["update_speedup"] = (update.eager.median / update.graph.median).into();
+                print(&line);
+                print_kernels(with_call(&setting, "plan", Some(num_envs)), &plan, print);
+            }
+            last_update = Some((fused, update.graph.median));
         }
+        let Some((fused, update_ms_graph)) = last_update else {
+            continue;
+        };
         let memory = peak(device, false)?;
         let update_gflop = flop_counts(&agent, config.batch_size).1 / 1e9;
-        let update_gflops = update_gflop / (graph_update.median * 1e-3);
+        let update_gflops = update_gflop / (update_ms_graph * 1e-3);
         print(&json!({
             "case": "graph_size",
             "device": format!("{device:?}"),
             "model_size": size,
+            "fused_kernels": fused,
             "tf32": tf32,
-            "update_ms_graph": graph_update.median,
+            "update_ms_graph": update_ms_graph,
             "update_gflop": update_gflop,
             "update_gflops": update_gflops,
             "matmul_gflops": matmul_gflops,
@@ -216,6 +187,80 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
         }));
     }
     Ok(())
+}
+
+/// One call measured eagerly and as a CUDA graph.
+struct EagerAndGraph {
+    eager: Measured,
+    graph: Measured,
+}
+
+/// `setting` with the line's case (`graphs`) or call (`update`, `plan`) and its environments.
+fn with_call(setting: &Value, call: &str, num_envs: Option<usize>) -> Value {
+    let mut line = setting.clone();
+    match call {
+        "graphs" => line["case"] = "graphs".into(),
+        _ => line["call"] = call.into(),
+    }
+    if let Some(n) = num_envs {
+        line["num_envs"] = n.into();
+    }
+    line
+}
+
+fn times(call: &EagerAndGraph) -> Value {
+    json!({"eager": call.eager.median, "graph": call.graph.median,
+           "eager_min": call.eager.fastest, "graph_min": call.graph.fastest})
+}
+
+/// A fresh learner's update at the config's batch, eager and then captured (with the fused
+/// kernels as they are set now); the learner, for the plans.
+fn measure_update<'g>(
+    config: &Config,
+    agent: &AgentConfig,
+    group: &'g ProcessGroup,
+    device: Device,
+    options: &GraphOptions,
+) -> Result<(Learner<'g>, EagerAndGraph)> {
+    let settings = LearnerSettings::from_config(config)?.with_capacity(1024);
+    let mut learner = Learner::new(&settings, device, group)?;
+    let batch = random_batch(agent, config.batch_size as i64, device);
+    let update = |learner: &mut Learner| {
+        learner
+            .update_on(std::slice::from_ref(&batch))
+            .map(|_| ())
+            .map_err(|e| crate::agent::Error::Config(e.to_string()))
+    };
+    let eager = measure(device, options, || update(&mut learner))?;
+    learner.capture_updates().map_err(Error::Config)?;
+    let graph = measure(device, options, || update(&mut learner))?;
+    Ok((learner, EagerAndGraph { eager, graph }))
+}
+
+/// A plan for `num_envs` environments with the learner's model, eager and then captured.
+fn measure_plan(
+    agent: &AgentConfig,
+    learner: &Learner,
+    device: Device,
+    num_envs: usize,
+    options: &GraphOptions,
+) -> Result<EagerAndGraph> {
+    let mut policy = Policy::new(agent, device, num_envs, Box::new(TorchNoise::global()))?;
+    policy.load_weights(learner.model())?;
+    let obs: Vec<f32> = (0..num_envs * agent.obs_dim)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    let t0 = vec![false; num_envs];
+    let plan = |policy: &mut Policy| {
+        policy
+            .act(&obs, &t0, false)
+            .map(|_| ())
+            .map_err(|e| crate::agent::Error::Config(e.to_string()))
+    };
+    let eager = measure(device, options, || plan(&mut policy))?;
+    policy.capture_plans().map_err(Error::Config)?;
+    let graph = measure(device, options, || plan(&mut policy))?;
+    Ok(EagerAndGraph { eager, graph })
 }
 
 /// The device's peak memory (the model size's update and plans, after a reset).
