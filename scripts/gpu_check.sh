@@ -16,8 +16,9 @@
 #                                        (bench --cases graphs --kernels; at sizes 19 and 48
 #                                        ms, peak memory and the update's share of a large
 #                                        matmul's rate), and the training
-#                                        loop's agent steps/s without and with graphs (bench
-#                                        --cases loop); each JSON line also lands in
+#                                        loop's agent steps/s without and with graphs, and
+#                                        with graphs and the fused kernels (bench --cases
+#                                        loop); each JSON line also lands in
 #                                        $OUT/gpu_bench.jsonl when $OUT is set
 #   scripts/gpu_check.sh --run DIR --all [SECONDS]
 #                                        the tests, --bench and --learn in one call, learning
@@ -89,6 +90,11 @@ run_bench() {
         --pipeline false,true --loop-steps 300
     bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
         --pipeline false,true --loop-steps 60
+    # The same loops with graphs and the fused kernels (issue targets: 300 and 2,000 steps/s).
+    bench --cases loop --device cuda --compile true --model-sizes 1 --num-envs 1 \
+        --pipeline false,true --loop-steps 300 --loop-set fused_kernels=true
+    bench --cases loop --device cuda --compile true --model-sizes 5 --num-envs 16 \
+        --pipeline false,true --loop-steps 60 --loop-set fused_kernels=true
     return $failed
 }
 

@@ -170,12 +170,15 @@ pub struct BenchArgs {
     /// way).
     #[arg(long, value_delimiter = ',', default_value = "true")]
     pub compile: Vec<bool>,
+    /// loop: a `KEY=VALUE` setting for every case's run (repeatable), e.g. fused_kernels=true.
+    #[arg(long = "loop-set", value_name = "KEY=VALUE")]
+    pub loop_settings: Vec<String>,
     /// graphs: also profile one plan and one update, eager and as a graph: the kernels the
     /// device ran and their device time (torch's profiler with CUDA activity).
     #[arg(long)]
     pub kernels: bool,
-    /// graphs: the plan's `fused_kernels` settings to measure (our fused CUDA kernels, or
-    /// torch's operations).
+    /// graphs: the `fused_kernels` settings to measure the update and plans with (our fused
+    /// CUDA kernels, or torch's operations).
     #[arg(long, value_delimiter = ',', default_value = "false,true")]
     pub fused_kernels: Vec<bool>,
 }
@@ -530,6 +533,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     compile: args.compile.clone(),
                     device: args.device.clone(),
                     threads: args.threads,
+                    settings: args.loop_settings.clone(),
                 };
                 crate::bench::train_loop::run(&options, &mut |line| println!("{line}"))?;
             }

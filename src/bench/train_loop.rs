@@ -26,6 +26,8 @@ pub struct LoopOptions {
     pub compile: Vec<bool>,
     pub device: String,
     pub threads: Option<usize>,
+    /// `KEY=VALUE` settings given to every case's run after its own (`fused_kernels=true`).
+    pub settings: Vec<String>,
 }
 
 /// One case: the command line of its run.
@@ -60,6 +62,7 @@ fn train_args(
     if let Some(t) = options.threads {
         args.push(format!("num_threads={t}"));
     }
+    args.extend(options.settings.iter().cloned());
     args
 }
 
@@ -79,6 +82,16 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
             "bench loop needs --loop-steps >= 1, every --num-envs >= 1 and a --compile setting"
                 .into(),
         ));
+    }
+    if let Some(bad) = options
+        .settings
+        .iter()
+        .find(|s| !matches!(s.split_once('='), Some((key, _)) if !key.is_empty()))
+    {
+        return Err(Error::Config(format!(
+            "bench loop: --loop-set {bad:?} is not KEY=VALUE (a setting of `tdmpc2 train`, \
+             e.g. fused_kernels=true)"
+        )));
     }
     let program = std::env::current_exe().map_err(|e| Error::io("locate tdmpc2", e))?;
     let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
@@ -133,6 +146,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
                 "steps_per_update": num_envs,
                 "pipeline": pipeline,
                 "compile": compile,
+                "settings": options.settings,
                 "agent_steps_per_second": rate,
                 "baseline_agent_steps_per_second": base,
                 "speedup_vs_baseline": rate / base,
@@ -159,6 +173,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_setting_that_is_not_key_value_is_refused_before_any_run() {
+        let options = LoopOptions {
+            task: "Pendulum-v1".into(),
+            model_sizes: vec![1],
+            num_envs: vec![1],
+            pipeline: vec![false],
+            vector_steps: 1,
+            compile: vec![true],
+            device: "cpu".into(),
+            threads: None,
+            settings: vec!["fused_kernels".into()],
+        };
+        let err = run(&options, &mut |_| panic!("nothing is measured")).unwrap_err();
+        assert!(
+            err.to_string().contains("--loop-set \"fused_kernels\""),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn the_rate_is_read_from_the_trainers_last_line() {
         let log = "Pretraining...\nTraining finished: /tmp/x (123.5 agent steps/s after seeding)\n";
         assert_eq!(parse_rate(log), Some(123.5));
@@ -176,8 +210,10 @@ mod tests {
             compile: vec![true],
             device: "cpu".into(),
             threads: Some(2),
+            settings: vec!["fused_kernels=true".into()],
         };
         let args = train_args(&options, 200, 5, 4, true, false);
+        assert_eq!(args.last().map(String::as_str), Some("fused_kernels=true"));
         for expected in [
             "model_size=5",
             "num_envs=4",
