@@ -4,8 +4,9 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tch::{Device, Kind, Tensor};
-use tdmpc2::agent::layers::simnorm;
+use tdmpc2::agent::layers::{simnorm, Ensemble, Heads};
 use tdmpc2::agent::math::TwoHot;
+use tdmpc2::agent::params::{FlatParams, ParamVisitor};
 use tdmpc2::cuda::fused::{self, Affine, FusedError, MppiSettings, Refit};
 use tdmpc2::cuda::{cuda_graphs_available, CudaGraph};
 
@@ -195,6 +196,32 @@ fn the_two_hot_cross_entropy_and_its_gradient_equal_torchs() {
         let (loss, grad) = fused::two_hot_soft_ce(&flat_logits, &flat_target, bins).unwrap();
         Tensor::cat(&[loss.view([-1, 1]), grad], 1)
     });
+}
+
+/// A Q pair through the ensemble with the fused kernels on, both ways it can go: at 512 rows all
+/// five heads and then the pair kept, at 8,192 the pair picked and stacked; each against the
+/// member-by-member torch path with the fused kernels off.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn a_q_pair_with_the_fused_kernels_equals_the_member_by_member_pair() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(6);
+    let mut q = Ensemble::new(5, 512 + 6, &[512, 512], 101, 0.01);
+    let _params = FlatParams::pack(&mut [("q", &mut q as &mut dyn ParamVisitor)], device, false);
+    let pair = Heads::pair(3, 1, device);
+    for rows in [512, 16 * 512] {
+        let x = Tensor::randn([rows, 512 + 6], (Kind::Float, device));
+        fused::set_enabled(false);
+        let by_member = q.forward(&x, &pair, false, None).unwrap();
+        fused::set_enabled(true);
+        let fused_pair = q.forward(&x, &pair, false, None);
+        fused::set_enabled(false);
+        assert_close(
+            &format!("Q pair, {rows} rows"),
+            &fused_pair.unwrap(),
+            &by_member,
+        );
+    }
 }
 
 /// The planner's selection and refit as torch operations (src/agent/planner/mod.rs).

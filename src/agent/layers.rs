@@ -434,13 +434,16 @@ impl Ensemble {
                 t.shallow_clone()
             }
         };
+        // The members left out would cost their backward pass as well.
+        let wants_gradient =
+            x.requires_grad() || (!detach && self.layers[0].weight.requires_grad());
         let out = match heads {
             Heads::All => self.forward_stacked(&x, self.size, &param, dropout)?,
             Heads::Pair(index) => {
                 let pick = |t: &Tensor| param(t).index_select(0, index);
                 if dropout.is_some() || !stacks_pairs(&x) {
                     self.forward_pair(&x, &pick, dropout)?
-                } else if self.all_members_are_cheaper(rows) {
+                } else if !wants_gradient && self.all_members_are_cheaper(rows) {
                     self.forward_stacked(&x, self.size, &param, None)?
                         .index_select(0, index)
                 } else {

@@ -81,9 +81,14 @@ impl TwoHot {
 
     /// [`Self::soft_ce`] on CUDA with the fused kernels: the loss and its gradient from one
     /// kernel, joined to autograd by [`with_gradient`] (about 25 torch kernels fewer, forward
-    /// and backward). None where it does not apply.
+    /// and backward); the same numbers to within float rounding (the kernel fuses multiply-adds).
+    /// None where it does not apply: targets that want a gradient, or other shapes.
     fn fused_soft_ce(&self, logits: &Tensor, target: &Tensor) -> Option<Tensor> {
-        if !crate::cuda::fused::applies_with_gradient(logits) {
+        // The kernel gives no gradient for the targets (the update's are constants).
+        let fused = crate::cuda::fused::applies_with_gradient(logits)
+            && crate::cuda::fused::applies_to(target)
+            && target.device() == logits.device();
+        if !fused {
             return None;
         }
         let shape = logits.size();

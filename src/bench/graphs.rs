@@ -133,6 +133,14 @@ fn print_kernels(what: Value, call: &EagerAndGraph, print: &mut dyn FnMut(&Value
 const MATMUL_SIDE: i64 = 8192;
 
 pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
+    let setting = crate::cuda::fused::enabled();
+    let measured = measure_sizes(options, print);
+    // The other cases of the same call run with the setting they were given.
+    crate::cuda::fused::set_enabled(setting);
+    measured
+}
+
+fn measure_sizes(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let device = cuda_device(&options.device)?;
     let tf32 = super::trainer_precision(device)?;
     // In the trainer's precision (TF32 where it is on), as the update's matmuls run.

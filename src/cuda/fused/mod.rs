@@ -46,9 +46,10 @@ pub fn applies_to(x: &Tensor) -> bool {
 }
 
 /// Whether work on `x` takes a fused kernel that also gives its own gradient (the two-hot
-/// cross-entropy): switched on, on CUDA, float32.
+/// cross-entropy): switched on, on CUDA, float32, and not empty (torch's operations take
+/// empty tensors in their stride).
 pub fn applies_with_gradient(x: &Tensor) -> bool {
-    enabled() && x.device().is_cuda() && x.kind() == Kind::Float
+    enabled() && x.device().is_cuda() && x.kind() == Kind::Float && x.numel() > 0
 }
 
 #[derive(Debug, thiserror::Error)]
