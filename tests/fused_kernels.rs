@@ -184,12 +184,7 @@ fn the_two_hot_cross_entropy_and_its_gradient_equal_torchs() {
         ],
         1,
     );
-    let bins = fused::Bins {
-        bins: two_hot.num_bins,
-        vmin: two_hot.vmin,
-        vmax: two_hot.vmax,
-        bin_size: two_hot.bin_size,
-    };
+    let bins = two_hot.bins();
     let flat_logits = logits.view([-1, 101]);
     let flat_target = target.view([-1]);
     eager_and_captured("two-hot cross-entropy and gradient", &expected, || {

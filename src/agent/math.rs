@@ -39,6 +39,16 @@ impl TwoHot {
         }
     }
 
+    /// The bins as the fused kernels take them.
+    pub fn bins(&self) -> crate::cuda::fused::Bins {
+        crate::cuda::fused::Bins {
+            bins: self.num_bins,
+            vmin: self.vmin,
+            vmax: self.vmax,
+            bin_size: self.bin_size,
+        }
+    }
+
     /// Soft two-hot targets for scalars `x` of shape (…, 1); returns (…, num_bins).
     ///
     /// Targets of a diverging run (NaN, ±inf) still give indices inside the support: NaN
@@ -100,15 +110,9 @@ impl TwoHot {
         if !leading.ends_with(target_leading) {
             return None;
         }
-        let bins = crate::cuda::fused::Bins {
-            bins: self.num_bins,
-            vmin: self.vmin,
-            vmax: self.vmax,
-            bin_size: self.bin_size,
-        };
         let rows = logits.detach().contiguous().view([-1, self.num_bins]);
         let target = target.detach().contiguous().view([-1]);
-        let (loss, grad) = crate::cuda::fused::two_hot_soft_ce(&rows, &target, bins)
+        let (loss, grad) = crate::cuda::fused::two_hot_soft_ce(&rows, &target, self.bins())
             .unwrap_or_else(|e| panic!("{e} (set fused_kernels=false to run without)"));
         let mut loss_shape = leading.to_vec();
         loss_shape.push(1);
