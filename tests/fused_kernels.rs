@@ -108,6 +108,77 @@ fn layer_norm_of_stacked_members_equals_torchs() {
     }
 }
 
+/// The LayerNorm kernels' backward (the update's path) against torch's autograd through the
+/// composition: dx and the members' weight and bias gradients in one tensor, for one layer and
+/// for stacks of members in blocks and interleaved, eager and captured with the backward.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn layer_norm_kernels_backward_equals_torchs_autograd() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(6);
+    let (width, n) = (512, 256);
+    for simnorm_group in [None, Some(8)] {
+        for (members, member_rows) in [(1, 1), (2, n), (2, 1)] {
+            let rows = members * n;
+            let x =
+                (Tensor::randn([rows, width], (Kind::Float, device)) * 3.0).set_requires_grad(true);
+            let shape: &[i64] = if members == 1 {
+                &[width]
+            } else {
+                &[members, width]
+            };
+            let w = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(true);
+            let b = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(true);
+            // Small, so that the gradients summed over rows stay near 1 and float rounding
+            // within the tolerance.
+            let upstream = Tensor::randn([rows, width], (Kind::Float, device)) * 0.1;
+            let gradients = |y: Tensor| {
+                let grads = Tensor::run_backward(
+                    &[(y * &upstream).sum(Kind::Float)],
+                    &[&x, &w, &b],
+                    false,
+                    false,
+                );
+                Tensor::cat(
+                    &grads.iter().map(|g| g.flatten(0, -1)).collect::<Vec<_>>(),
+                    0,
+                )
+            };
+            let cycles = rows / (members * member_rows);
+            let per_row = |p: &Tensor| {
+                p.reshape([1, members, 1, width])
+                    .expand([cycles, members, member_rows, width], false)
+                    .reshape([rows, width])
+            };
+            let plain =
+                Tensor::native_layer_norm(&x, [width], None::<Tensor>, None::<Tensor>, 1e-5).0;
+            let z = per_row(&b) + plain * per_row(&w);
+            let expected = gradients(match simnorm_group {
+                None => z.mish(),
+                Some(group) => simnorm(&z, group),
+            });
+            let affine = Affine {
+                member_rows,
+                ..Affine::single(&w, &b)
+            };
+            let what = format!(
+                "{} backward, {members} members of {member_rows} rows",
+                if simnorm_group.is_some() {
+                    "LN+SimNorm"
+                } else {
+                    "LN+Mish"
+                }
+            );
+            eager_and_captured(&what, &expected, || {
+                gradients(match simnorm_group {
+                    None => fused::layer_norm_mish(&x, affine, 1e-5).unwrap(),
+                    Some(group) => fused::layer_norm_simnorm(&x, affine, 1e-5, group).unwrap(),
+                })
+            });
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn the_policy_action_equals_torchs_with_and_without_masks() {

@@ -42,10 +42,11 @@ fn layer_norm(x: &Tensor, features: i64, affine: Option<(&Tensor, &Tensor)>) -> 
 }
 
 /// LayerNorm of the last dim with affine `weight` and `bias` (1-D), then `activation`: one fused
-/// kernel where [`crate::cuda::fused::applies_to`] the input, torch's operations elsewhere.
+/// kernel (and one for its backward) where
+/// [`crate::cuda::fused::applies_with_gradient`] the input, torch's operations elsewhere.
 fn normed(x: Tensor, weight: &Tensor, bias: &Tensor, activation: Option<Activation>) -> Tensor {
     let features = *x.size().last().expect("a layer's output has features");
-    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_to(&x)) {
+    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_with_gradient(&x)) {
         return fused_normed(&x, Affine::single(weight, bias), activation);
     }
     let y = layer_norm(&x, features, Some((weight, bias)));
@@ -75,7 +76,7 @@ fn normed_members(
     activation: Option<Activation>,
 ) -> Tensor {
     let features = *x.size().last().expect("a layer's output has features");
-    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_to(&x)) {
+    if let (Some(activation), true) = (activation, crate::cuda::fused::applies_with_gradient(&x)) {
         let member_rows = match members {
             Members::Blocks => x.size()[1],
             Members::One | Members::Interleaved => 1,

@@ -1,7 +1,8 @@
 // C ABI for the Rust side over what tch does not reach: at::cuda::CUDAGraph (src/cuda/graph.rs),
 // torch generators of our own (src/cuda/generator.rs), at::_foreach_norm (src/cuda/norms.rs), the
-// caching allocator's peak memory (src/cuda/memory.rs), and
-// loading and launching our NVRTC-compiled kernels on torch's stream (src/cuda/fused/).
+// caching allocator's peak memory (src/cuda/memory.rs),
+// loading and launching our NVRTC-compiled kernels on torch's stream (src/cuda/fused/), and the
+// autograd function that joins the LayerNorm kernels and their backward to torch's autograd.
 //
 // Every function returns nullptr on success, or a malloc'd error message that the caller frees
 // with tdmpc2_cuda_free_error. No C++ exception crosses this boundary.
@@ -16,6 +17,8 @@
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <cuda_runtime_api.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -57,6 +60,175 @@ char* guarded(F&& body) noexcept {
     return copy_message("unknown C++ exception");
   }
 }
+
+// Launches `kernel` on the current torch stream of `device`, so that a graph being captured on
+// that stream records it. `args` points at each argument's value, in order.
+void launch_on_torch_stream(
+    c10::DeviceIndex device, void* kernel, dim3 grid, dim3 block, uint32_t shared_bytes,
+    void** args) {
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  C10_CUDA_CHECK(
+      cudaLaunchKernel(static_cast<const void*>(kernel), grid, block, args, shared_bytes, stream));
+}
+
+// LayerNorm over the last dim of x [rows, width], an affine per member, then Mish (group 0) or
+// SimNorm (softmax within groups of `group`), as one autograd node: on CUDA our row kernels
+// forward and backward (src/cuda/fused/layer_norm_act.cu); on the CPU the same formulas as torch
+// operations, so that a CPU test holds the formulas and this node's bookkeeping to torch's
+// autograd. Row r takes member (r / member_rows) % members of weight and bias ([members, width],
+// or [width] for one).
+struct LayerNormActivationSettings {
+  void* forward;   // kernels, null on the CPU
+  void* backward;
+  uint32_t blocks;  // the kernels' launch: one warp a row
+  uint32_t threads;
+  double eps;
+  int64_t members;
+  int64_t member_rows;
+  int64_t group;  // 0: Mish
+};
+
+// weight or bias ([members, width] or [width]) as one row of parameters per row of x.
+at::Tensor per_row(const at::Tensor& p, const LayerNormActivationSettings& s, int64_t rows) {
+  const int64_t width = p.size(-1);
+  return p.reshape({1, s.members, 1, width})
+      .expand({rows / (s.members * s.member_rows), s.members, s.member_rows, width})
+      .reshape({rows, width});
+}
+
+// x̂, 1/std and z = x̂·weight + bias, as torch operations.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> affine_output(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+    const LayerNormActivationSettings& s) {
+  const auto centred = x - x.mean(-1, true);
+  const auto rstd = ((centred * centred).mean(-1, true) + s.eps).rsqrt();
+  const auto xhat = centred * rstd;
+  const auto rows = x.size(0);
+  return {xhat, rstd, xhat * per_row(weight, s, rows) + per_row(bias, s, rows)};
+}
+
+at::Tensor grouped(const at::Tensor& z, int64_t group) {
+  return z.view({z.size(0), z.size(1) / group, group});
+}
+
+// The activation of z (the CPU's formula).
+at::Tensor activation(const at::Tensor& z, int64_t group) {
+  if (group == 0) return z * at::tanh(at::log1p(at::exp(z)));
+  return at::softmax(grouped(z, group), -1).view(z.sizes());
+}
+
+// dx, and each row's dz·x̂ and dz stacked [2, rows, width] (the CPU's formula).
+std::pair<at::Tensor, at::Tensor> backward_rows(
+    const at::Tensor& x, const at::Tensor& dy, const at::Tensor& weight, const at::Tensor& bias,
+    const LayerNormActivationSettings& s) {
+  const auto [xhat, rstd, z] = affine_output(x, weight, bias, s);
+  at::Tensor dz;
+  if (s.group == 0) {
+    const auto t = at::tanh(at::log1p(at::exp(z)));
+    dz = dy * (t + z * at::sigmoid(z) * (1 - t * t));
+  } else {
+    const auto y = at::softmax(grouped(z, s.group), -1);
+    const auto g = grouped(dy, s.group);
+    dz = (y * (g - (g * y).sum(-1, true))).view(z.sizes());
+  }
+  const auto g = dz * per_row(weight, s, x.size(0));
+  const auto dx = rstd * (g - g.mean(-1, true) - xhat * (g * xhat).mean(-1, true));
+  return {dx, at::stack({dz * xhat, dz}, 0)};
+}
+
+// The scalar arguments the LayerNorm row kernels take after their pointers, typed as there.
+struct RowKernelScalars {
+  int64_t rows;
+  int32_t width;
+  float eps;
+  int32_t members;
+  int64_t member_rows;
+  int32_t group;
+
+  RowKernelScalars(const at::Tensor& x, const LayerNormActivationSettings& s)
+      : rows(x.size(0)),
+        width(static_cast<int32_t>(x.size(1))),
+        eps(static_cast<float>(s.eps)),
+        members(static_cast<int32_t>(s.members)),
+        member_rows(s.member_rows),
+        group(static_cast<int32_t>(s.group)) {}
+};
+
+// Launches a LayerNorm row kernel on `data` (its tensors' data, in the kernel's order), then
+// the scalars.
+void launch_row_kernel(
+    const at::Tensor& x, void* kernel, const LayerNormActivationSettings& s,
+    std::vector<void*> data) {
+  RowKernelScalars scalars(x, s);
+  std::vector<void*> args;
+  for (void*& pointer : data) args.push_back(&pointer);
+  args.insert(
+      args.end(), std::initializer_list<void*>{&scalars.rows, &scalars.width, &scalars.eps,
+                                               &scalars.members, &scalars.member_rows,
+                                               &scalars.group});
+  launch_on_torch_stream(x.device().index(), kernel, s.blocks, s.threads, 0, args.data());
+}
+
+struct LayerNormActivation : public torch::autograd::Function<LayerNormActivation> {
+  static at::Tensor forward(
+      torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+      const at::Tensor& bias, LayerNormActivationSettings s) {
+    ctx->save_for_backward({x, weight, bias});
+    ctx->saved_data["settings"] = c10::IValue(std::vector<int64_t>{
+        reinterpret_cast<intptr_t>(s.forward), reinterpret_cast<intptr_t>(s.backward),
+        s.blocks, s.threads, s.members, s.member_rows, s.group});
+    ctx->saved_data["eps"] = s.eps;
+    if (s.forward == nullptr) {
+      return activation(std::get<2>(affine_output(x, weight, bias, s)), s.group);
+    }
+    auto y = at::empty_like(x);
+    // (Mish's kernel reads no group.)
+    launch_row_kernel(
+        x, s.forward, s, {x.data_ptr(), y.data_ptr(), weight.data_ptr(), bias.data_ptr()});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &weight = saved[1], &bias = saved[2];
+    const auto values = ctx->saved_data["settings"].toIntVector();
+    const LayerNormActivationSettings s{
+        reinterpret_cast<void*>(static_cast<intptr_t>(values[0])),
+        reinterpret_cast<void*>(static_cast<intptr_t>(values[1])),
+        static_cast<uint32_t>(values[2]),
+        static_cast<uint32_t>(values[3]),
+        ctx->saved_data["eps"].toDouble(),
+        values[4],
+        values[5],
+        values[6]};
+    const bool params = ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
+    const auto dy = grads[0].contiguous();
+    at::Tensor dx, param_rows;
+    if (s.backward == nullptr) {
+      std::tie(dx, param_rows) = backward_rows(x, dy, weight, bias, s);
+    } else {
+      dx = at::empty_like(x);
+      if (params) param_rows = at::empty({2, x.size(0), x.size(1)}, x.options());
+      launch_row_kernel(
+          x, s.backward, s,
+          {x.data_ptr(), dy.data_ptr(), weight.data_ptr(), bias.data_ptr(), dx.data_ptr(),
+           params ? param_rows.data_ptr() : nullptr});
+    }
+    at::Tensor dweight, dbias;
+    if (params) {
+      const int64_t rows = x.size(0), width = x.size(1);
+      const auto sums = param_rows
+                            .view({2, rows / (s.members * s.member_rows), s.members,
+                                   s.member_rows, width})
+                            .sum({1, 3});
+      dweight = sums[0].view(weight.sizes());
+      dbias = sums[1].view(bias.sizes());
+    }
+    return {dx, dweight, dbias, at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -322,18 +494,24 @@ char* tdmpc2_cuda_library_kernel(void* library, const char* name, void** kernel)
   });
 }
 
-// Launches `kernel` on the current torch stream of `device`, so that a graph being captured on
-// that stream records it. `args` points at each argument's value, in order.
+// launch_on_torch_stream, for the Rust side's kernels.
 char* tdmpc2_cuda_launch(
     int64_t device, void* kernel, const uint32_t* grid, const uint32_t* block,
     uint32_t shared_bytes, void** args) {
   return guarded([&] {
-    auto index = static_cast<c10::DeviceIndex>(device);
-    c10::cuda::CUDAGuard guard(index);
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index).stream();
-    C10_CUDA_CHECK(cudaLaunchKernel(
-        static_cast<const void*>(kernel), dim3(grid[0], grid[1], grid[2]),
-        dim3(block[0], block[1], block[2]), args, shared_bytes, stream));
+    launch_on_torch_stream(
+        static_cast<c10::DeviceIndex>(device), kernel, dim3(grid[0], grid[1], grid[2]),
+        dim3(block[0], block[1], block[2]), shared_bytes, args);
+  });
+}
+
+// LayerNormActivation above on x, joined to autograd where x, weight or bias want gradients.
+char* tdmpc2_layer_norm_activation(
+    at::Tensor* x, at::Tensor* weight, at::Tensor* bias,
+    const LayerNormActivationSettings* settings, at::Tensor** out) {
+  *out = nullptr;
+  return guarded([&] {
+    *out = new at::Tensor(LayerNormActivation::apply(*x, *weight, *bias, *settings));
   });
 }
 

@@ -26,7 +26,12 @@ pub const SOURCES: [Source; 5] = [
     Source {
         name: "layer_norm_act.cu",
         text: include_str!("layer_norm_act.cu"),
-        kernels: &["layer_norm_mish", "layer_norm_simnorm"],
+        kernels: &[
+            "layer_norm_mish",
+            "layer_norm_simnorm",
+            "layer_norm_mish_backward",
+            "layer_norm_simnorm_backward",
+        ],
     },
     Source {
         name: "mppi.cu",

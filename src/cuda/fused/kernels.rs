@@ -9,7 +9,12 @@ use super::FusedError;
 const WARPS_PER_BLOCK: i64 = 4;
 const THREADS: u32 = 128;
 
-fn input(kernel: &'static str, what: &str, t: &Tensor, shape: &[i64]) -> Result<(), FusedError> {
+pub(super) fn input(
+    kernel: &'static str,
+    what: &str,
+    t: &Tensor,
+    shape: &[i64],
+) -> Result<(), FusedError> {
     let problem = if t.kind() != Kind::Float {
         Some(format!("is {:?}, not float32", t.kind()))
     } else if !t.is_contiguous() {
@@ -27,113 +32,26 @@ fn input(kernel: &'static str, what: &str, t: &Tensor, shape: &[i64]) -> Result<
     }
 }
 
-fn refused(kernel: &'static str, message: String) -> FusedError {
+pub(super) fn refused(kernel: &'static str, message: String) -> FusedError {
     FusedError::Input { kernel, message }
 }
 
 /// The (rows, columns) of a 2-D input.
-fn matrix(kernel: &'static str, what: &str, t: &Tensor) -> Result<(i64, i64), FusedError> {
+pub(super) fn matrix(
+    kernel: &'static str,
+    what: &str,
+    t: &Tensor,
+) -> Result<(i64, i64), FusedError> {
     t.size2()
         .map_err(|e| refused(kernel, format!("{what}: {e}")))
 }
 
-fn warp_rows(rows: i64) -> Launch {
+pub(super) fn warp_rows(rows: i64) -> Launch {
     Launch {
         blocks: ((rows + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK) as u32,
         threads: THREADS,
         shared_bytes: 0,
     }
-}
-
-/// Mish(LayerNorm(x)·weight + bias) over the last dim of x [rows, width]. `weight` and `bias`
-/// are [width], or [members, width] for a stack of ensemble members where row r takes member
-/// (r / member_rows) % members (see [`Affine`]).
-pub fn layer_norm_mish(x: &Tensor, affine: Affine, eps: f64) -> Result<Tensor, FusedError> {
-    layer_norm_then("layer_norm_mish", x, affine, eps, &[])
-}
-
-/// SimNorm(LayerNorm(x)·weight + bias): a softmax within each group of `group` features.
-pub fn layer_norm_simnorm(
-    x: &Tensor,
-    affine: Affine,
-    eps: f64,
-    group: i64,
-) -> Result<Tensor, FusedError> {
-    const NAME: &str = "layer_norm_simnorm";
-    let (_, width) = matrix(NAME, "x", x)?;
-    if group < 1 || width % group != 0 {
-        return Err(refused(
-            NAME,
-            format!("width {width} is not a multiple of the group {group}"),
-        ));
-    }
-    layer_norm_then(NAME, x, affine, eps, &[Arg::I32(group as i32)])
-}
-
-/// A LayerNorm's weight and bias: [width] for one layer, or [members, width] for a stack of
-/// ensemble members, where `member_rows` consecutive rows share a member and the members
-/// cycle: 1 for rows laid out [n, members, width], n for [members, n, width].
-#[derive(Clone, Copy)]
-pub struct Affine<'a> {
-    pub weight: &'a Tensor,
-    pub bias: &'a Tensor,
-    pub member_rows: i64,
-}
-
-impl<'a> Affine<'a> {
-    /// One layer's parameters, [width].
-    pub fn single(weight: &'a Tensor, bias: &'a Tensor) -> Self {
-        Self {
-            weight,
-            bias,
-            member_rows: 1,
-        }
-    }
-}
-
-/// A LayerNorm row kernel `name`, given its arguments after the common ones.
-fn layer_norm_then(
-    name: &'static str,
-    x: &Tensor,
-    affine: Affine,
-    eps: f64,
-    extra: &[Arg],
-) -> Result<Tensor, FusedError> {
-    let (rows, width) = matrix(name, "x", x)?;
-    let (members, shape) = match affine.weight.dim() {
-        1 => (1, vec![width]),
-        _ => {
-            let members = affine.weight.size()[0];
-            (members, vec![members, width])
-        }
-    };
-    if affine.member_rows < 1 || members < 1 || rows % (affine.member_rows * members) != 0 {
-        return Err(refused(
-            name,
-            format!(
-                "{rows} rows are not whole cycles of {members} members of {} rows each",
-                affine.member_rows
-            ),
-        ));
-    }
-    input(name, "x", x, &[rows, width])?;
-    input(name, "weight", affine.weight, &shape)?;
-    input(name, "bias", affine.bias, &shape)?;
-    let y = x.empty_like();
-    let mut args = vec![
-        Arg::tensor(Some(x)),
-        Arg::tensor(Some(&y)),
-        Arg::tensor(Some(affine.weight)),
-        Arg::tensor(Some(affine.bias)),
-        Arg::I64(rows),
-        Arg::I32(width as i32),
-        Arg::F32(eps as f32),
-        Arg::I32(members as i32),
-        Arg::I64(affine.member_rows),
-    ];
-    args.extend_from_slice(extra);
-    kernel(x.device(), name)?.launch(warp_rows(rows), &args)?;
-    Ok(y)
 }
 
 /// tanh(μ + ε·exp(log σ)) from the policy head's output [rows, 2A] (μ, raw log σ squashed into
@@ -421,24 +339,7 @@ mod tests {
     fn inputs_off_the_gpu_or_misshapen_are_refused_by_name() {
         let x = Tensor::zeros([4, 8], (Kind::Float, Device::Cpu));
         let w = Tensor::ones([8], (Kind::Float, Device::Cpu));
-        let e = layer_norm_mish(&x, Affine::single(&w, &w), 1e-5)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("layer_norm_mish") && e.contains("x is on Cpu"),
-            "{e}"
-        );
-        let e = layer_norm_simnorm(&x, Affine::single(&w, &w), 1e-5, 3)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not a multiple of the group 3"), "{e}");
         let three = Tensor::ones([3, 8], (Kind::Float, Device::Cpu));
-        let stacked = Affine {
-            member_rows: 1,
-            ..Affine::single(&three, &three)
-        };
-        let e = layer_norm_mish(&x, stacked, 1e-5).unwrap_err().to_string();
-        assert!(e.contains("not whole cycles of 3 members"), "{e}");
         let bins = Bins {
             bins: 8,
             vmin: -10.0,

@@ -6,13 +6,14 @@
 //! is tested on a GPU against the torch operations they replace (tests/fused_kernels.rs).
 mod catalogue;
 mod kernels;
+mod layer_norm;
 mod module;
 
 pub use catalogue::{cubin, Source, SOURCES};
 pub use kernels::{
-    layer_norm_mish, layer_norm_simnorm, mppi_refit, mppi_sample, policy_action, q_bootstrap,
-    two_hot_soft_ce, Affine, Bins, MppiSettings, Refit,
+    mppi_refit, mppi_sample, policy_action, q_bootstrap, two_hot_soft_ce, Bins, MppiSettings, Refit,
 };
+pub use layer_norm::{layer_norm_mish, layer_norm_simnorm, Affine};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -39,14 +40,14 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Whether work on `x` takes a fused kernel: switched on, on CUDA, float32, and no gradient
-/// wanted (the kernels have no backward; the update's forward passes keep torch's operations).
+/// Whether work on `x` takes a fused kernel that has no backward: switched on, on CUDA, float32,
+/// and no gradient wanted.
 pub fn applies_to(x: &Tensor) -> bool {
     applies_with_gradient(x) && !x.requires_grad()
 }
 
-/// Whether work on `x` takes a fused kernel that also gives its own gradient (the two-hot
-/// cross-entropy): switched on, on CUDA, float32, and not empty (torch's operations take
+/// Whether work on `x` takes a fused kernel that also gives its own gradient (the LayerNorms and
+/// the two-hot cross-entropy): switched on, on CUDA, float32, and not empty (torch's operations take
 /// empty tensors in their stride).
 pub fn applies_with_gradient(x: &Tensor) -> bool {
     enabled() && x.device().is_cuda() && x.kind() == Kind::Float && x.numel() > 0

@@ -72,6 +72,11 @@ pub fn kernel(device: Device, name: &'static str) -> Result<Kernel, FusedError> 
 }
 
 impl Kernel {
+    /// The runtime's handle, for the shim to launch the kernel itself.
+    pub fn handle(&self) -> *mut c_void {
+        self.handle as *mut c_void
+    }
+
     /// Launches on the device's current torch stream (asynchronously, as torch's kernels).
     pub fn launch(&self, launch: Launch, args: &[Arg]) -> Result<(), FusedError> {
         if launch.blocks == 0 {
