@@ -273,21 +273,69 @@ fn a_q_pair_with_the_fused_kernels_equals_the_member_by_member_pair() {
     let (_gpu, device) = gpu();
     tch::manual_seed(6);
     let mut q = Ensemble::new(5, 512 + 6, &[512, 512], 101, 0.01);
-    let _params = FlatParams::pack(&mut [("q", &mut q as &mut dyn ParamVisitor)], device, false);
+    let _params = FlatParams::pack(&mut [("q", &mut q as &mut dyn ParamVisitor)], device, true);
     let pair = Heads::pair(3, 1, device);
     for rows in [512, 16 * 512] {
         let x = Tensor::randn([rows, 512 + 6], (Kind::Float, device));
         fused::set_enabled(false);
-        let by_member = q.forward(&x, &pair, false, None).unwrap();
+        let by_member = tch::no_grad(|| q.forward(&x, &pair, false, None).unwrap());
         fused::set_enabled(true);
-        let fused_pair = q.forward(&x, &pair, false, None);
+        // Without gradients (the plan, the TD target, the policy's loss with the heads held)
+        // the pair's parameters come from one gather; with them, from a copy per stack.
+        let gathered = tch::no_grad(|| q.forward(&x, &pair, false, None));
+        let held = q.forward(&x, &pair, true, None);
+        let copied = q.forward(&x, &pair, false, None);
         fused::set_enabled(false);
-        assert_close(
-            &format!("Q pair, {rows} rows"),
-            &fused_pair.unwrap(),
-            &by_member,
-        );
+        for (route, out) in [("gathered", gathered), ("held", held), ("copied", copied)] {
+            assert_close(
+                &format!("Q pair, {rows} rows, {route}"),
+                &out.unwrap().detach(),
+                &by_member,
+            );
+        }
     }
+}
+
+/// The members of several stacks in one kernel equal index_select on each, eager and
+/// captured; an index out of range gives NaN rather than reading outside the stack.
+#[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
+fn gathering_members_equals_index_select_on_each_stack() {
+    let (_gpu, device) = gpu();
+    tch::manual_seed(8);
+    let stacks: Vec<Tensor> = [
+        vec![5, 512, 518],
+        vec![5, 512],
+        vec![5, 101, 512],
+        vec![5, 3],
+    ]
+    .iter()
+    .map(|shape| Tensor::randn(shape.as_slice(), (Kind::Float, device)))
+    .collect();
+    let refs: Vec<&Tensor> = stacks.iter().collect();
+    fused::set_enabled(true);
+    let applies = fused::gathers(&refs);
+    fused::set_enabled(false);
+    assert!(applies, "the gather should take these stacks");
+    let index = Tensor::from_slice(&[4i64, 0]).to_device(device);
+    let expected = Tensor::cat(
+        &stacks
+            .iter()
+            .map(|s| s.index_select(0, &index).flatten(0, -1))
+            .collect::<Vec<_>>(),
+        0,
+    );
+    eager_and_captured("gathered members", &expected, || {
+        let picks = fused::gather_members(&refs, &index).unwrap();
+        Tensor::cat(
+            &picks.iter().map(|p| p.flatten(0, -1)).collect::<Vec<_>>(),
+            0,
+        )
+    });
+    let outside = Tensor::from_slice(&[5i64, 1]).to_device(device);
+    let picks = fused::gather_members(&refs, &outside).unwrap();
+    assert_eq!(picks[1].get(0).isnan().all().int64_value(&[]), 1);
+    assert!(picks[1].get(1).equal(&stacks[1].get(1)));
 }
 
 /// The planner's selection and refit as torch operations (src/agent/planner/mod.rs).

@@ -435,20 +435,14 @@ impl Ensemble {
                 t.shallow_clone()
             }
         };
-        // The members left out would cost their backward pass as well.
-        let wants_gradient =
-            x.requires_grad() || (!detach && self.layers[0].weight.requires_grad());
         let out = match heads {
-            Heads::All => self.forward_stacked(&x, self.size, &param, dropout)?,
+            Heads::All => self.forward_stacked(&x, self.size, &self.params(&param), dropout)?,
             Heads::Pair(index) => {
-                let pick = |t: &Tensor| param(t).index_select(0, index);
+                let picked = self.picked(index, &param)?;
                 if dropout.is_some() || !stacks_pairs(&x) {
-                    self.forward_pair(&x, &pick, dropout)?
-                } else if !wants_gradient && self.all_members_are_cheaper(rows) {
-                    self.forward_stacked(&x, self.size, &param, None)?
-                        .index_select(0, index)
+                    self.forward_pair(&x, &picked, dropout)?
                 } else {
-                    self.forward_stacked(&x, 2, &pick, None)?
+                    self.forward_stacked(&x, 2, &picked, None)?
                 }
             }
         };
@@ -458,86 +452,109 @@ impl Ensemble {
         Ok(out.view(shape.as_slice()))
     }
 
-    /// Whether evaluating every member on `rows` rows and keeping a pair costs less than
-    /// picking the pair's parameters first (a copy per parameter tensor, each a kernel): true
-    /// while the other members' arithmetic stays within [`ALL_MEMBERS_FLOP`].
-    fn all_members_are_cheaper(&self, rows: i64) -> bool {
-        let flop_per_row: i64 = self
-            .layers
+    /// Each layer's [weight, bias, norm weight, norm bias] as `param` gives them from the
+    /// stacks (the norm's empty where a layer has none).
+    fn params(&self, param: &dyn Fn(&Tensor) -> Tensor) -> Vec<[Tensor; 4]> {
+        self.layers
             .iter()
-            .map(|l| {
-                let size = l.weight.size();
-                2 * size[1] * size[2]
+            .map(|layer| {
+                let (norm_weight, norm_bias) = match &layer.norm {
+                    Some(n) => (param(&n.weight), param(&n.bias)),
+                    None => (Tensor::new(), Tensor::new()),
+                };
+                [
+                    param(&layer.weight),
+                    param(&layer.bias),
+                    norm_weight,
+                    norm_bias,
+                ]
             })
-            .sum();
-        ((self.size - 2) * rows * flop_per_row) as f64 <= ALL_MEMBERS_FLOP
+            .collect()
     }
 
-    /// `members` stacked members, whose parameters `param` gives (leading dimension `members`):
-    /// the first layer as one matmul over the stacked weights (rows, members·out), the others as
-    /// batched matmuls; returns (members, rows, out).
+    /// [`Ensemble::params`] of the members `index`: one fused kernel for every stack where
+    /// [`crate::cuda::fused::gathers`] them (no gradient wanted), else a copy per stack.
+    fn picked(
+        &self,
+        index: &Tensor,
+        param: &dyn Fn(&Tensor) -> Tensor,
+    ) -> Result<Vec<[Tensor; 4]>> {
+        let stacks = self.params(param);
+        let present: Vec<&Tensor> = stacks.iter().flatten().filter(|t| t.defined()).collect();
+        if !crate::cuda::fused::gathers(&present) {
+            return Ok(self.params(&|t| param(t).index_select(0, index)));
+        }
+        let mut picked = crate::cuda::fused::gather_members(&present, index)?.into_iter();
+        Ok(stacks
+            .iter()
+            .map(|layer| {
+                layer.each_ref().map(|t| match t.defined() {
+                    true => picked.next().expect("one pick per stack"),
+                    false => Tensor::new(),
+                })
+            })
+            .collect())
+    }
+
+    /// `members` stacked members with their parameters `params` (see [`Ensemble::params`],
+    /// leading dimension `members`): the first layer as one matmul over the stacked weights
+    /// (rows, members·out), the others as batched matmuls; returns (members, rows, out).
     fn forward_stacked(
         &self,
         x: &Tensor,
         members: i64,
-        param: &dyn Fn(&Tensor) -> Tensor,
+        params: &[[Tensor; 4]],
         mut dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
         let first = &self.layers[0];
-        let weight = param(&first.weight);
+        let [weight, bias, norm_weight, norm_bias] = &params[0];
         let (out, width) = (weight.size()[1], weight.size()[2]);
-        let bias = param(&first.bias).view([1, members * out]);
         let linear = bias
+            .view([1, members * out])
             .addmm(x, &weight.view([members * out, width]).tr())
             .view([-1, members, out]);
-        let norm = first
-            .norm
-            .as_ref()
-            .map(|n| (param(&n.weight), param(&n.bias), Members::Interleaved));
+        let norm = first.norm.as_ref().map(|_| {
+            (
+                norm_weight.shallow_clone(),
+                norm_bias.shallow_clone(),
+                Members::Interleaved,
+            )
+        });
         // (rows, K, out) → (K, rows, out) as a strided view; batched matmul reads it directly.
         let mut h = self
             .dropout_and_finish(first, linear, norm, reborrow(&mut dropout))?
             .transpose(0, 1);
-        for layer in &self.layers[1..] {
-            let bias = param(&layer.bias).unsqueeze(1);
-            let linear = bias.baddbmm(&h, &param(&layer.weight).transpose(1, 2), 1.0, 1.0);
-            let norm = layer
-                .norm
-                .as_ref()
-                .map(|n| (param(&n.weight), param(&n.bias), Members::Blocks));
+        for (layer, [weight, bias, norm_weight, norm_bias]) in
+            self.layers[1..].iter().zip(&params[1..])
+        {
+            let linear = bias
+                .unsqueeze(1)
+                .baddbmm(&h, &weight.transpose(1, 2), 1.0, 1.0);
+            let norm = layer.norm.as_ref().map(|_| {
+                (
+                    norm_weight.shallow_clone(),
+                    norm_bias.shallow_clone(),
+                    Members::Blocks,
+                )
+            });
             h = self.dropout_and_finish(layer, linear, norm, reborrow(&mut dropout))?;
         }
         Ok(h)
     }
 
-    /// Two members whose stacked parameters `pick` selects (leading dimension 2), each through
-    /// plain matmuls (on the CPU faster than a batched matmul over two); returns (2, rows, out).
+    /// Two members with their parameters `params` (see [`Ensemble::params`], leading dimension
+    /// 2), each through plain matmuls (on the CPU faster than a batched matmul over two);
+    /// returns (2, rows, out).
     fn forward_pair(
         &self,
         x: &Tensor,
-        pick: &dyn Fn(&Tensor) -> Tensor,
+        params: &[[Tensor; 4]],
         mut dropout: Option<&mut dyn Noise>,
     ) -> Result<Tensor> {
-        let picked: Vec<[Tensor; 4]> = self
-            .layers
-            .iter()
-            .map(|layer| {
-                let (norm_weight, norm_bias) = match &layer.norm {
-                    Some(n) => (pick(&n.weight), pick(&n.bias)),
-                    None => (Tensor::new(), Tensor::new()),
-                };
-                [
-                    pick(&layer.weight),
-                    pick(&layer.bias),
-                    norm_weight,
-                    norm_bias,
-                ]
-            })
-            .collect();
         let mut outputs = Vec::with_capacity(2);
         for member in 0..2 {
             let mut h = x.shallow_clone();
-            for (layer, [weight, bias, norm_weight, norm_bias]) in self.layers.iter().zip(&picked) {
+            for (layer, [weight, bias, norm_weight, norm_bias]) in self.layers.iter().zip(params) {
                 let linear = h.linear(&weight.get(member), Some(&bias.get(member)));
                 let norm = layer
                     .norm
@@ -576,13 +593,6 @@ impl Ensemble {
         })
     }
 }
-
-/// The most extra arithmetic spent on evaluating every member of an ensemble instead of
-/// copying a pair's parameters out first. The ten copies of a Q pair cost about 25 µs on an
-/// H100 (about 2.4 µs a kernel, measured in a captured plan); 5 GFLOP at a TF32 rate of about
-/// 200 TFLOP/s costs the same. So one environment's plan at model size 5 (512 rows, 1.8 GFLOP
-/// more) evaluates all five heads, and 16 environments' (8,192 rows, 28 GFLOP) pick the pair.
-const ALL_MEMBERS_FLOP: f64 = 5e9;
 
 /// Whether a pair of members is evaluated as a stack of two (batched matmuls, one fused kernel
 /// for both members' norms) rather than member by member: on CUDA with the fused kernels, where
@@ -661,16 +671,17 @@ mod tests {
             let Heads::Pair(index) = Heads::pair(first, second, Device::Cpu) else {
                 unreachable!()
             };
-            let pick = |t: &Tensor| t.index_select(0, &index);
-            let stacked = ensemble.forward_stacked(&x, 2, &pick, None).unwrap();
-            let by_member = ensemble.forward_pair(&x, &pick, None).unwrap();
+            let picked = ensemble.params(&|t: &Tensor| t.index_select(0, &index));
+            let stacked = ensemble.forward_stacked(&x, 2, &picked, None).unwrap();
+            let by_member = ensemble.forward_pair(&x, &picked, None).unwrap();
             assert_eq!(stacked.size(), vec![2, 7, 4]);
             let diff = (&stacked - &by_member).abs().max().double_value(&[]);
             assert!(diff < 1e-5, "pair ({first}, {second}): {diff}");
             let single = member(&ensemble, first).forward(&x);
             assert!((single - stacked.get(0)).abs().max().double_value(&[]) < 1e-5);
+            let all = ensemble.params(&|t: &Tensor| t.shallow_clone());
             let all_then_kept = ensemble
-                .forward_stacked(&x, 5, &|t: &Tensor| t.shallow_clone(), None)
+                .forward_stacked(&x, 5, &all, None)
                 .unwrap()
                 .index_select(0, &index);
             let diff = (&all_then_kept - &by_member).abs().max().double_value(&[]);
@@ -679,15 +690,6 @@ mod tests {
                 "all heads, pair ({first}, {second}) kept: {diff}"
             );
         }
-    }
-
-    /// Evaluating all five heads and keeping two is chosen for a plan of one environment at
-    /// model size 5, not for sixteen (see ALL_MEMBERS_FLOP).
-    #[test]
-    fn all_heads_are_evaluated_where_their_arithmetic_is_cheaper_than_picking_two() {
-        let q = Ensemble::new(5, 512 + 6, &[512, 512], 101, 0.0);
-        assert!(q.all_members_are_cheaper(512));
-        assert!(!q.all_members_are_cheaper(16 * 512));
     }
 
     #[test]

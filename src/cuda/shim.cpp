@@ -340,6 +340,11 @@ char* tdmpc2_fused_adam(
   });
 }
 
+// Whether torch's grad mode is on in this thread (tch can set it but not read it).
+char* tdmpc2_grad_enabled(int32_t* out) {
+  return guarded([&] { *out = at::GradMode::is_enabled() ? 1 : 0; });
+}
+
 // Visible CUDA devices; 0 without a driver or a device (never an error).
 char* tdmpc2_cuda_device_count(int64_t* out) {
   return guarded([&] { *out = c10::cuda::device_count(); });

@@ -22,7 +22,7 @@ impl Source {
     }
 }
 
-pub const SOURCES: [Source; 5] = [
+pub const SOURCES: [Source; 6] = [
     Source {
         name: "layer_norm_act.cu",
         text: include_str!("layer_norm_act.cu"),
@@ -47,6 +47,11 @@ pub const SOURCES: [Source; 5] = [
         name: "q_bootstrap.cu",
         text: include_str!("q_bootstrap.cu"),
         kernels: &["q_bootstrap"],
+    },
+    Source {
+        name: "gather.cu",
+        text: include_str!("gather.cu"),
+        kernels: &["gather_members"],
     },
     Source {
         name: "two_hot_ce.cu",

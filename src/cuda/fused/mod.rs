@@ -5,11 +5,13 @@
 //! source compiles in the test suite on the CPU, so a broken kernel fails CI; what they compute
 //! is tested on a GPU against the torch operations they replace (tests/fused_kernels.rs).
 mod catalogue;
+mod gather;
 mod kernels;
 mod layer_norm;
 mod module;
 
 pub use catalogue::{cubin, Source, SOURCES};
+pub use gather::{gather_members, gathers};
 pub use kernels::{
     mppi_refit, mppi_sample, policy_action, q_bootstrap, two_hot_soft_ce, Bins, MppiSettings, Refit,
 };

@@ -25,6 +25,8 @@ pub enum Arg {
     I64(i64),
     I32(i32),
     F32(f32),
+    /// A value (a struct) in memory the caller keeps alive through the launch.
+    Value(*const c_void),
 }
 
 impl Arg {
@@ -90,6 +92,7 @@ impl Kernel {
                 Arg::I64(v) => v as *mut i64 as *mut c_void,
                 Arg::I32(v) => v as *mut i32 as *mut c_void,
                 Arg::F32(v) => v as *mut f32 as *mut c_void,
+                Arg::Value(p) => *p as *mut c_void,
             })
             .collect();
         imp::launch(self.device, self.handle, self.name, launch, &pointers)
