@@ -33,7 +33,8 @@
 #   scripts/gpu_check.sh --run DIR --walker RUNS [SECONDS] [KEY=VALUE ...]
 #                                        instead of the tests, walker-run at model size 5 with
 #                                        graphs: the named runs of scripts/time_to_return.py
-#                                        (official-ratio, spu4, spu16; comma-separated) one after
+#                                        (official-ratio, spu4, spu16, spu4-b1024, spu16-b4096;
+#                                        comma-separated) one after
 #                                        another until SECONDS (default 540) have passed, each
 #                                        watched for its first evaluation at 700; KEY=VALUE go to
 #                                        every run; metrics, summaries and logs land in $OUT

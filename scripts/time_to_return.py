@@ -43,6 +43,20 @@ RUNS = {
         "num_envs=16 steps_per_update=16 steps=300000 eval_freq=25000 eval_episodes=16",
         True,
     ),
+    # The same, each update on a batch as many times larger as it has fewer updates (so as many
+    # samples per agent step as the official's), its rate scaled by the square root of that, as
+    # lr_scale=sqrt does across ranks: on a GPU a larger batch costs little while the update is
+    # bound by its kernel launches.
+    "spu4-b1024": (
+        "num_envs=16 steps_per_update=4 batch_size=1024 lr=6e-4 steps=300000 eval_freq=25000 "
+        "eval_episodes=16",
+        True,
+    ),
+    "spu16-b4096": (
+        "num_envs=16 steps_per_update=16 batch_size=4096 lr=1.2e-3 steps=300000 eval_freq=25000 "
+        "eval_episodes=16",
+        True,
+    ),
 }
 COMMON = "task=walker-run model_size=5 seed=1 device=cuda compile=true save_freq=100000000"
 MILESTONES = (25_000, 50_000, 100_000, 200_000)

@@ -109,72 +109,87 @@ fn layer_norm_of_stacked_members_equals_torchs() {
 }
 
 /// The LayerNorm kernels' backward (the update's path) against torch's autograd through the
-/// composition: dx and the members' weight and bias gradients in one tensor, for one layer and
-/// for stacks of members in blocks and interleaved, eager and captured with the backward.
+/// composition: the wanted gradients of x, weight and bias in one tensor, for one layer and for
+/// stacks of members in blocks and interleaved; with every input wanting a gradient, with the
+/// parameters held (the policy's loss through the Q heads: no parameter rows), with x held, and
+/// from an expanded (non-contiguous) upstream gradient; eager and captured with the backward.
 #[test]
 #[ignore = "needs a CUDA GPU: scripts/gpu_check.sh"]
 fn layer_norm_kernels_backward_equals_torchs_autograd() {
     let (_gpu, device) = gpu();
     tch::manual_seed(6);
     let (width, n) = (512, 256);
+    let cases = [
+        (true, true, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, true),
+    ];
     for simnorm_group in [None, Some(8)] {
         for (members, member_rows) in [(1, 1), (2, n), (2, 1)] {
-            let rows = members * n;
-            let x =
-                (Tensor::randn([rows, width], (Kind::Float, device)) * 3.0).set_requires_grad(true);
-            let shape: &[i64] = if members == 1 {
-                &[width]
-            } else {
-                &[members, width]
-            };
-            let w = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(true);
-            let b = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(true);
-            // Small, so that the gradients summed over rows stay near 1 and float rounding
-            // within the tolerance.
-            let upstream = Tensor::randn([rows, width], (Kind::Float, device)) * 0.1;
-            let gradients = |y: Tensor| {
-                let grads = Tensor::run_backward(
-                    &[(y * &upstream).sum(Kind::Float)],
-                    &[&x, &w, &b],
-                    false,
-                    false,
-                );
-                Tensor::cat(
-                    &grads.iter().map(|g| g.flatten(0, -1)).collect::<Vec<_>>(),
-                    0,
-                )
-            };
-            let cycles = rows / (members * member_rows);
-            let per_row = |p: &Tensor| {
-                p.reshape([1, members, 1, width])
-                    .expand([cycles, members, member_rows, width], false)
-                    .reshape([rows, width])
-            };
-            let plain =
-                Tensor::native_layer_norm(&x, [width], None::<Tensor>, None::<Tensor>, 1e-5).0;
-            let z = per_row(&b) + plain * per_row(&w);
-            let expected = gradients(match simnorm_group {
-                None => z.mish(),
-                Some(group) => simnorm(&z, group),
-            });
-            let affine = Affine {
-                member_rows,
-                ..Affine::single(&w, &b)
-            };
-            let what = format!(
-                "{} backward, {members} members of {member_rows} rows",
-                if simnorm_group.is_some() {
-                    "LN+SimNorm"
+            for (x_grad, params_grad, expanded) in cases {
+                let rows = members * n;
+                let x = (Tensor::randn([rows, width], (Kind::Float, device)) * 3.0)
+                    .set_requires_grad(x_grad);
+                let shape: &[i64] = if members == 1 {
+                    &[width]
                 } else {
-                    "LN+Mish"
-                }
-            );
-            eager_and_captured(&what, &expected, || {
-                gradients(match simnorm_group {
-                    None => fused::layer_norm_mish(&x, affine, 1e-5).unwrap(),
-                    Some(group) => fused::layer_norm_simnorm(&x, affine, 1e-5, group).unwrap(),
-                })
-            });
+                    &[members, width]
+                };
+                let w = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(params_grad);
+                let b = Tensor::randn(shape, (Kind::Float, device)).set_requires_grad(params_grad);
+                // Small, so that the gradients summed over rows stay near 1 and float rounding
+                // within the tolerance.
+                let upstream = Tensor::randn([rows, width], (Kind::Float, device)) * 0.1;
+                let wanted: Vec<&Tensor> = [&x, &w, &b]
+                    .into_iter()
+                    .filter(|t| t.requires_grad())
+                    .collect();
+                let gradients = |y: Tensor| {
+                    let loss = if expanded {
+                        y.sum(Kind::Float) * 0.01
+                    } else {
+                        (y * &upstream).sum(Kind::Float)
+                    };
+                    let grads = Tensor::run_backward(&[loss], &wanted, false, false);
+                    Tensor::cat(
+                        &grads.iter().map(|g| g.flatten(0, -1)).collect::<Vec<_>>(),
+                        0,
+                    )
+                };
+                let cycles = rows / (members * member_rows);
+                let per_row = |p: &Tensor| {
+                    p.reshape([1, members, 1, width])
+                        .expand([cycles, members, member_rows, width], false)
+                        .reshape([rows, width])
+                };
+                let plain =
+                    Tensor::native_layer_norm(&x, [width], None::<Tensor>, None::<Tensor>, 1e-5).0;
+                let z = per_row(&b) + plain * per_row(&w);
+                let expected = gradients(match simnorm_group {
+                    None => z.mish(),
+                    Some(group) => simnorm(&z, group),
+                });
+                let affine = Affine {
+                    member_rows,
+                    ..Affine::single(&w, &b)
+                };
+                let what = format!(
+                    "{} backward, {members} members of {member_rows} rows, gradients for x \
+                     {x_grad} and parameters {params_grad}, expanded upstream {expanded}",
+                    if simnorm_group.is_some() {
+                        "LN+SimNorm"
+                    } else {
+                        "LN+Mish"
+                    }
+                );
+                eager_and_captured(&what, &expected, || {
+                    gradients(match simnorm_group {
+                        None => fused::layer_norm_mish(&x, affine, 1e-5).unwrap(),
+                        Some(group) => fused::layer_norm_simnorm(&x, affine, 1e-5, group).unwrap(),
+                    })
+                });
+            }
         }
     }
 }
@@ -282,17 +297,34 @@ fn a_q_pair_with_the_fused_kernels_equals_the_member_by_member_pair() {
         fused::set_enabled(true);
         // Without gradients (the plan, the TD target, the policy's loss with the heads held)
         // the pair's parameters come from one gather; with them, from a copy per stack.
-        let gathered = tch::no_grad(|| q.forward(&x, &pair, false, None));
-        let held = q.forward(&x, &pair, true, None);
-        let copied = q.forward(&x, &pair, false, None);
+        let weight = &q.layers[0].weight;
+        assert!(!fused::gathers(&[weight]), "parameters wanting gradients");
+        assert!(tch::no_grad(|| fused::gathers(&[weight])));
+        assert!(fused::gathers(&[&weight.detach()]));
+        let gathered = tch::no_grad(|| q.forward(&x, &pair, false, None)).unwrap();
+        let held = q.forward(&x, &pair, true, None).unwrap();
+        let copied = q.forward(&x, &pair, false, None).unwrap();
+        assert!(!gathered.requires_grad() && !held.requires_grad());
+        let copied_grad = Tensor::run_backward(&[copied.sum(Kind::Float)], &[weight], false, false);
         fused::set_enabled(false);
+        let by_member_grad = Tensor::run_backward(
+            &[q.forward(&x, &pair, false, None).unwrap().sum(Kind::Float)],
+            &[weight],
+            false,
+            false,
+        );
         for (route, out) in [("gathered", gathered), ("held", held), ("copied", copied)] {
             assert_close(
                 &format!("Q pair, {rows} rows, {route}"),
-                &out.unwrap().detach(),
+                &out.detach(),
                 &by_member,
             );
         }
+        assert_close(
+            &format!("Q pair, {rows} rows: the first layer's weight gradient"),
+            &copied_grad[0],
+            &by_member_grad[0],
+        );
     }
 }
 

@@ -160,6 +160,7 @@ struct RowKernelScalars {
 void launch_row_kernel(
     const at::Tensor& x, void* kernel, const LayerNormActivationSettings& s,
     std::vector<void*> data) {
+  if (s.blocks == 0) return;  // no rows
   RowKernelScalars scalars(x, s);
   std::vector<void*> args;
   for (void*& pointer : data) args.push_back(&pointer);
@@ -179,6 +180,13 @@ struct LayerNormActivation : public torch::autograd::Function<LayerNormActivatio
         reinterpret_cast<intptr_t>(s.forward), reinterpret_cast<intptr_t>(s.backward),
         s.blocks, s.threads, s.members, s.member_rows, s.group});
     ctx->saved_data["eps"] = s.eps;
+    return output(x, weight, bias, s);
+  }
+
+  // The forward pass itself, with or without a node.
+  static at::Tensor output(
+      const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+      const LayerNormActivationSettings& s) {
     if (s.forward == nullptr) {
       return activation(std::get<2>(affine_output(x, weight, bias, s)), s.group);
     }
@@ -516,7 +524,13 @@ char* tdmpc2_layer_norm_activation(
     const LayerNormActivationSettings* settings, at::Tensor** out) {
   *out = nullptr;
   return guarded([&] {
-    *out = new at::Tensor(LayerNormActivation::apply(*x, *weight, *bias, *settings));
+    // Without a gradient to give (plans, targets) no node is made: eager plans are bound by
+    // the host's time per call.
+    const bool wanted = at::GradMode::is_enabled() &&
+                        (x->requires_grad() || weight->requires_grad() || bias->requires_grad());
+    *out = new at::Tensor(
+        wanted ? LayerNormActivation::apply(*x, *weight, *bias, *settings)
+               : LayerNormActivation::output(*x, *weight, *bias, *settings));
   });
 }
 

@@ -172,6 +172,7 @@ mod tests {
     }
 
     /// Grad mode as torch keeps it: on, and off inside `no_grad`.
+    #[cfg(tdmpc2_cuda_graphs)]
     #[test]
     fn grad_mode_is_read_from_torch() {
         assert!(imp::grad_enabled());

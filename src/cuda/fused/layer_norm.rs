@@ -119,11 +119,14 @@ fn checked(
             ));
         }
     }
-    let (members, shape) = match affine.weight.dim() {
-        1 => (1, vec![width]),
-        _ => {
-            let members = affine.weight.size()[0];
-            (members, vec![members, width])
+    let (members, shape) = match affine.weight.size()[..] {
+        [_] => (1, vec![width]),
+        [members, _] => (members, vec![members, width]),
+        ref other => {
+            return Err(refused(
+                name,
+                format!("weight has shape {other:?}, not [width] or [members, width]"),
+            ))
         }
     };
     if affine.member_rows < 1 || members < 1 || rows % (affine.member_rows * members) != 0 {
@@ -261,6 +264,11 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("bias has shape [7], not [8]"), "{e}");
+        let scalar = Tensor::ones([], (Kind::Float, Device::Cpu));
+        let e = layer_norm_mish(&x, Affine::single(&scalar, &scalar), 1e-5)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not [width] or [members, width]"), "{e}");
     }
 
     /// torch's composition: LayerNorm without affine, each row's member's affine, then the
@@ -304,6 +312,7 @@ mod tests {
     /// autograd through the composition: the output and every gradient, for one layer and for
     /// stacks of members in blocks and interleaved, and with only some inputs wanting
     /// gradients (the policy's loss through Q heads whose parameters are held).
+    #[cfg(tdmpc2_cuda_graphs)]
     #[test]
     fn the_nodes_formulas_and_gradients_equal_torchs_autograd() {
         tch::manual_seed(11);
@@ -334,6 +343,11 @@ mod tests {
                     let ours = imp::layer_norm_activation(&x, affine, &settings).unwrap();
                     let theirs = composition(&x, affine, activation);
                     assert_close(&format!("{what}: output"), &ours, &theirs);
+                    // Without gradients there is no node, and the same numbers.
+                    let plain =
+                        tch::no_grad(|| imp::layer_norm_activation(&x, affine, &settings).unwrap());
+                    assert!(!plain.requires_grad() && ours.requires_grad(), "{what}");
+                    assert!(plain.equal(&ours.detach()), "{what}: without a node");
                     let inputs = [&x, &w, &b];
                     let wanted: Vec<&Tensor> =
                         inputs.into_iter().filter(|t| t.requires_grad()).collect();
@@ -359,6 +373,7 @@ mod tests {
 
     /// An upstream gradient that is not contiguous (the sum's expanded ones) reaches the node
     /// as it would from any loss.
+    #[cfg(tdmpc2_cuda_graphs)]
     #[test]
     fn an_expanded_upstream_gradient_is_taken() {
         let cpu = (Kind::Float, Device::Cpu);
