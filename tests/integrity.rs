@@ -2,6 +2,7 @@
 //! - a checkpoint written by two ranks (one thread each) resumes on one rank (two threads);
 //! - Ctrl-C during the seed-data pretraining stops within seconds with a checkpoint, and the
 //!   resumed run makes only the pretraining updates that were left;
+//! - SIGTERM during a long evaluation stops between two of its steps, with a checkpoint;
 //! - a second run on the same run directory is refused; a stale lock is taken over;
 //! - `eval` refuses damaged weights, naming the file, and takes any file of a checkpoint.
 mod common;
@@ -191,6 +192,54 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     let (status, stderr) = run.finish(Duration::from_secs(60));
     assert!(!status.success());
     assert!(stderr.contains("Resumed from"), "{stderr}");
+}
+
+/// SIGTERM during a long evaluation stops every rank between two of its steps, with a
+/// checkpoint, instead of after the episodes (which can outlast a scheduler's grace period
+/// before it kills the job).
+#[test]
+fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    // Slow plans: each rank's one evaluation episode (200 steps of Pendulum) takes minutes.
+    let slow = args(&[
+        "world_size=2",
+        "num_threads=1",
+        "steps=1000000",
+        "num_samples=4096",
+        "iterations=12",
+    ]);
+    let run = Watched::spawn(command("train", dir.path(), &slow));
+    let config = dir.path().join("config.yaml");
+    let waiting = Instant::now();
+    while !config.exists() && waiting.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(config.exists(), "the run started");
+    // Well into the first evaluation (the one at step 0).
+    std::thread::sleep(Duration::from_secs(10));
+    let signalled = Instant::now();
+    run.signal("TERM");
+    let (status, stderr) = run.finish(Duration::from_secs(90));
+    let took = signalled.elapsed();
+    assert!(!status.success(), "a stopped run exits non-zero: {stderr}");
+    assert!(
+        stderr.contains("during the evaluation at step 0"),
+        "{stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "stopped in {took:?}: {stderr}"
+    );
+    assert!(checkpoint(dir.path(), 0)
+        .join("model.safetensors")
+        .is_file());
+    assert!(
+        !dir.path().join("metrics.jsonl").exists()
+            || !std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+                .unwrap()
+                .contains("\"eval\""),
+        "the interrupted evaluation is not logged"
+    );
 }
 
 #[test]

@@ -328,12 +328,14 @@ impl Actor {
     /// at once.
     /// With `video`, environment 0's episode is filmed into it: the first frame, then one after
     /// each step. The training episodes are not touched: call it with every environment at an
-    /// episode boundary.
+    /// episode boundary. `interrupted` is asked before each step; once it says so the episodes
+    /// are left where they are and `None` comes back (a stop must not wait for a long episode).
     pub fn evaluate(
         &mut self,
         starts: &[Option<EvalStart>],
         mut video: Option<&mut Vec<Frame>>,
-    ) -> Result<Vec<Option<EvalEpisode>>> {
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<Option<EvalEpisode>>>> {
         let (n, a) = (self.slots.len(), self.envs.spec().action_dim);
         if starts.len() > n {
             return Err(Error::Other(format!(
@@ -370,6 +372,9 @@ impl Actor {
             })
             .collect();
         while !running.is_empty() {
+            if interrupted() {
+                return Ok(None);
+            }
             let t0: Vec<bool> = (0..n)
                 .map(|i| {
                     results
@@ -405,7 +410,7 @@ impl Actor {
             }
             running = still;
         }
-        Ok(results)
+        Ok(Some(results))
     }
 }
 
@@ -649,12 +654,42 @@ mod tests {
         assert!(matches!(err, Error::Config(_)) && err.to_string().contains("episodic=true"));
     }
 
+    /// Evaluation episodes played to their ends.
+    fn played(
+        actor: &mut Actor,
+        starts: &[Option<EvalStart>],
+        video: Option<&mut Vec<Frame>>,
+    ) -> Vec<Option<EvalEpisode>> {
+        actor
+            .evaluate(starts, video, &|| false)
+            .unwrap()
+            .expect("not interrupted")
+    }
+
+    /// An interruption ends the episodes where they are: after as many steps as it allowed.
+    #[test]
+    fn an_interrupted_evaluation_stops_between_steps() {
+        let mut actor = actor(&[4, 7], true);
+        let asked = std::cell::Cell::new(0);
+        let interrupted = || {
+            asked.set(asked.get() + 1);
+            asked.get() > 3
+        };
+        let outcome = actor
+            .evaluate(&starts(&[5, 6]), None, &interrupted)
+            .unwrap();
+        assert!(outcome.is_none());
+        assert_eq!(asked.get(), 4, "asked before each step, three steps played");
+        assert_eq!(
+            played(&mut actor, &starts(&[5, 6]), None)[1].map(|r| r.length),
+            Some(7)
+        );
+    }
+
     #[test]
     fn evaluation_plays_several_episodes_at_once_without_touching_training() {
         let mut actor = actor(&[4, 7, 20], true);
-        let results: Vec<EvalEpisode> = actor
-            .evaluate(&starts(&[5, 6]), None)
-            .unwrap()
+        let results: Vec<EvalEpisode> = played(&mut actor, &starts(&[5, 6]), None)
             .into_iter()
             .flatten()
             .collect();
@@ -667,22 +702,23 @@ mod tests {
         );
         assert!(results.iter().all(|r| r.success.is_nan()));
         assert!(
-            actor.evaluate(&starts(&[1, 2, 3, 4]), None).is_err(),
+            actor
+                .evaluate(&starts(&[1, 2, 3, 4]), None, &|| false)
+                .is_err(),
             "more than num_envs"
         );
         assert_eq!(actor.done(), vec![0, 1, 2], "training slots untouched");
-        let results = actor
-            .evaluate(
-                &[
-                    None,
-                    Some(EvalStart {
-                        seed: 1,
-                        task: None,
-                    }),
-                ],
+        let results = played(
+            &mut actor,
+            &[
                 None,
-            )
-            .unwrap();
+                Some(EvalStart {
+                    seed: 1,
+                    task: None,
+                }),
+            ],
+            None,
+        );
         assert_eq!(results[0], None);
         assert_eq!(results[1].map(|r| r.length), Some(7), "environment 1 alone");
     }
@@ -692,14 +728,14 @@ mod tests {
         // Env 0 ends after 4 steps while env 1 plays on to 7: 5 frames, env 0's only.
         let mut actor = actor(&[4, 7], true);
         let mut frames = Vec::new();
-        let results = actor.evaluate(&starts(&[5, 6]), Some(&mut frames)).unwrap();
+        let results = played(&mut actor, &starts(&[5, 6]), Some(&mut frames));
         let length = |i: usize| results[i].map(|r| r.length);
         assert_eq!((length(0), length(1)), (Some(4), Some(7)));
         let steps: Vec<u8> = frames.iter().map(|f| f.rgb[0]).collect();
         assert_eq!(steps, [0, 1, 2, 3, 4]);
         assert!(frames.iter().all(|f| f.rgb[1] == 1), "env 0, first reset");
         let mut none = Vec::new();
-        actor.evaluate(&starts(&[]), Some(&mut none)).unwrap();
+        played(&mut actor, &starts(&[]), Some(&mut none));
         assert!(none.is_empty(), "no episode, no video");
     }
 }

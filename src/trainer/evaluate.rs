@@ -119,8 +119,9 @@ impl Plan {
 }
 
 /// Plays this rank's share, as many episodes at once as the actor has environments, and
-/// gathers every rank's results, unless a stop is requested (checked before each round of
-/// episodes, the same number of times on every rank). `episodes` is the number of
+/// gathers every rank's results, unless a stop is requested (agreed before each round of
+/// episodes and after the last, the same number of times on every rank; a rank asked to stop
+/// leaves its round between two steps). `episodes` is the number of
 /// episodes, of each task in a multitask run of `tasks` tasks. With `video`, this rank's
 /// first episode is filmed into it.
 pub fn evaluate(
@@ -152,7 +153,13 @@ pub fn evaluate(
                 })
             })
             .collect();
-        for (job, episode) in jobs.iter().zip(actor.evaluate(&starts, video.take())?) {
+        // A stop asked on this rank ends its round at once; every rank then meets at the next
+        // check, which agrees on the stop.
+        let Some(episodes) = actor.evaluate(&starts, video.take(), &super::stop::requested_here)?
+        else {
+            continue;
+        };
+        for (job, episode) in jobs.iter().zip(episodes) {
             let (Some(j), Some(episode)) = (job, episode) else {
                 continue;
             };
@@ -165,6 +172,10 @@ pub fn evaluate(
                 task,
             ]);
         }
+    }
+    // The stops asked during the last round (every rank checks once more).
+    if let Some(request) = super::stop::requested(group)? {
+        return Ok(Outcome::Stopped(request));
     }
     let local = Tensor::from_slice(&rows)
         .to_kind(Kind::Double)

@@ -69,6 +69,12 @@ pub fn install_handlers() {
     }
 }
 
+/// Whether this process was asked to stop (no collective: for leaving long work early, before
+/// the next [`requested`] agrees on it).
+pub fn requested_here() -> bool {
+    REQUESTED.load(Ordering::SeqCst) != 0
+}
+
 /// Whether any rank asked to stop, agreed by all (one tiny all-gather when there is a group).
 pub fn requested(group: &ProcessGroup) -> Result<Option<StopRequest>> {
     let local = REQUESTED.load(Ordering::SeqCst);
