@@ -481,18 +481,18 @@ impl Ensemble {
     ) -> Result<Vec<[Tensor; 4]>> {
         let stacks = self.params(param);
         let present: Vec<&Tensor> = stacks.iter().flatten().filter(|t| t.defined()).collect();
-        if !crate::cuda::fused::gathers(&present) {
-            return Ok(self.params(&|t| param(t).index_select(0, index)));
-        }
-        let mut picked = crate::cuda::fused::gather_members(&present, index)?.into_iter();
+        let mut gathered = match crate::cuda::fused::gathers(&present) {
+            true => Some(crate::cuda::fused::gather_members(&present, index)?.into_iter()),
+            false => None,
+        };
+        let mut pick = |t: &Tensor| match (t.defined(), gathered.as_mut()) {
+            (false, _) => Tensor::new(),
+            (true, Some(picks)) => picks.next().expect("one pick per stack"),
+            (true, None) => t.index_select(0, index),
+        };
         Ok(stacks
             .iter()
-            .map(|layer| {
-                layer.each_ref().map(|t| match t.defined() {
-                    true => picked.next().expect("one pick per stack"),
-                    false => Tensor::new(),
-                })
-            })
+            .map(|layer| layer.each_ref().map(&mut pick))
             .collect())
     }
 

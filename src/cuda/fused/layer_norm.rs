@@ -96,13 +96,16 @@ fn layer_norm_then(
 ) -> Result<Tensor, FusedError> {
     let (name, backward) = activation.kernels();
     let mut settings = checked(name, activation, x, affine, eps)?;
-    input(name, "x", x, &x.size())?;
+    if !x.device().is_cuda() {
+        return Err(refused(name, format!("x is on {:?}", x.device())));
+    }
     settings.forward = kernel(x.device(), name)?.handle();
     settings.backward = kernel(x.device(), backward)?.handle();
     imp::layer_norm_activation(x, affine, &settings)
 }
 
-/// The settings for x and `affine`, or what is wrong with them (except their device).
+/// The settings for x and `affine`, or what is wrong with their shapes and devices (on CUDA
+/// also their kind and layout: the kernels read contiguous float32).
 fn checked(
     name: &'static str,
     activation: Activation,
