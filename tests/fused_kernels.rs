@@ -4,7 +4,8 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tch::{Device, Kind, Tensor};
-use tdmpc2::agent::layers::{simnorm, Ensemble, Heads};
+use tdmpc2::agent::ensemble::{Ensemble, Heads};
+use tdmpc2::agent::layers::simnorm;
 use tdmpc2::agent::math::TwoHot;
 use tdmpc2::agent::params::{FlatParams, ParamVisitor};
 use tdmpc2::cuda::fused::{self, Affine, FusedError, MppiSettings, Refit};

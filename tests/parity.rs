@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use tch::{Device, Kind, Tensor};
-use tdmpc2::agent::layers::Heads;
+use tdmpc2::agent::ensemble::Heads;
 use tdmpc2::agent::task::Tasks;
 use tdmpc2::agent::world_model::QParams;
 use tdmpc2::agent::{

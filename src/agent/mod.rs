@@ -9,6 +9,7 @@
 pub mod adam;
 pub mod config;
 pub mod encoder;
+pub mod ensemble;
 mod error;
 pub mod kernels;
 pub mod layers;

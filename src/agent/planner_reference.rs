@@ -4,8 +4,9 @@
 use tch::{Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::ensemble::Heads;
 use super::error::Result;
-use super::layers::{Heads, Mlp};
+use super::layers::Mlp;
 use super::math;
 use super::noise::Noise;
 use super::world_model::{QParams, QReduce, WorldModel};

@@ -14,8 +14,8 @@ use tch::{Kind, Reduction, Tensor};
 
 use super::adam::{clip_grad_norm, parameter_views, Adam, ParamGroup};
 use super::config::AgentConfig;
+use super::ensemble::Heads;
 use super::error::{expect_shape, Result};
-use super::layers::Heads;
 use super::noise::Noise;
 use super::scale::RunningScale;
 use super::task::TaskRows;

@@ -12,8 +12,9 @@ use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
 use super::encoder::Encoder;
+use super::ensemble::{Ensemble, Heads};
 use super::error::{Error, Result};
-use super::layers::{Activation, Ensemble, Heads, Mlp};
+use super::layers::{Activation, Mlp};
 use super::math::{self, TwoHot};
 use super::noise::Noise;
 use super::params::FlatParams;

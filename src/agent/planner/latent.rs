@@ -2,8 +2,8 @@
 //! the rollouts the planner scores candidates with.
 use tch::{Device, Kind, Tensor};
 
+use crate::agent::ensemble::Heads;
 use crate::agent::error::{Error, Result};
-use crate::agent::layers::Heads;
 use crate::agent::noise::Noise;
 use crate::agent::task::{self, TaskRows};
 use crate::agent::world_model::{QParams, QReduce, WorldModel};

@@ -15,8 +15,8 @@ mod tests;
 use tch::{Device, Kind, Tensor};
 
 use super::config::AgentConfig;
+use super::ensemble::Heads;
 use super::error::{expect_shape, Error, Result};
-use super::layers::Heads;
 use super::noise::Noise;
 use super::task::TaskRows;
 use super::world_model::WorldModel;
