@@ -1,7 +1,7 @@
 //! `tdmpc2 bench --cases loop`: agent steps/s of the whole training loop (environments, batched
 //! plan, updates, buffer) for several `num_envs` × `pipeline` × `compile`, each case a real
-//! `tdmpc2 train` run, next to the baseline of the same model size measured in the same sitting
-//! (num_envs=1, pipeline=false, the first `compile` setting).
+//! `tdmpc2 train` run, next to the baseline of the same model size measured in the same sitting:
+//! the first of each list (by default num_envs=1, pipeline=false, compile=true).
 //!
 //! The rate is the trainer's own: agent steps per second from the end of seeding to the end of
 //! the run (no evaluation or checkpoint inside that window), so start-up, the first evaluation
@@ -77,9 +77,15 @@ fn parse_rate(log: &str) -> Option<f64> {
 }
 
 pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    if options.vector_steps == 0 || options.num_envs.contains(&0) || options.compile.is_empty() {
+    if options.vector_steps == 0
+        || options.num_envs.is_empty()
+        || options.num_envs.contains(&0)
+        || options.pipeline.is_empty()
+        || options.compile.is_empty()
+    {
         return Err(Error::Config(
-            "bench loop needs --loop-steps >= 1, every --num-envs >= 1 and a --compile setting"
+            "bench loop needs --loop-steps >= 1, --num-envs (each >= 1), a --pipeline and a \
+             --compile setting"
                 .into(),
         ));
     }
@@ -97,19 +103,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
     for &size in &options.model_sizes {
         let mut baseline = None;
-        // The baseline first, then the other cases of this model size.
-        let first = (1, false, options.compile[0]);
-        let mut cases = vec![first];
-        for &c in &options.compile {
-            for &n in &options.num_envs {
-                for &p in &options.pipeline {
-                    if (n, p, c) != first {
-                        cases.push((n, p, c));
-                    }
-                }
-            }
-        }
-        for (num_envs, pipeline, compile) in cases {
+        for (num_envs, pipeline, compile) in cases(options) {
             let dir = tempfile_dir()?;
             let out = Command::new(&program)
                 .arg("train")
@@ -156,6 +150,22 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     Ok(())
 }
 
+/// Every (num_envs, pipeline, compile) of the options once, compile outermost; the first, the
+/// baseline, is the first of each list.
+fn cases(options: &LoopOptions) -> Vec<(usize, bool, bool)> {
+    let mut cases = Vec::new();
+    for &c in &options.compile {
+        for &n in &options.num_envs {
+            for &p in &options.pipeline {
+                if !cases.contains(&(n, p, c)) {
+                    cases.push((n, p, c));
+                }
+            }
+        }
+    }
+    cases
+}
+
 fn tempfile_dir() -> Result<std::path::PathBuf> {
     let dir = std::env::temp_dir().join(format!(
         "tdmpc2-bench-loop-{}-{}",
@@ -190,6 +200,33 @@ mod tests {
             err.to_string().contains("--loop-set \"fused_kernels\""),
             "{err}"
         );
+    }
+
+    /// The first of each list is the baseline; a list without 1 environment runs none.
+    #[test]
+    fn the_cases_start_with_the_baseline_and_run_each_once() {
+        let mut options = LoopOptions {
+            task: "Pendulum-v1".into(),
+            model_sizes: vec![1],
+            num_envs: vec![1, 16],
+            pipeline: vec![false, true],
+            vector_steps: 1,
+            compile: vec![false, true],
+            device: "cpu".into(),
+            threads: None,
+            settings: vec![],
+        };
+        let all = cases(&options);
+        assert_eq!(all.len(), 8);
+        assert_eq!(all[0], (1, false, false));
+        assert_eq!(all[7], (16, true, true));
+        options.num_envs = vec![16, 16];
+        options.pipeline = vec![true];
+        options.compile = vec![true];
+        assert_eq!(cases(&options), vec![(16, true, true)]);
+        options.pipeline = vec![];
+        let err = run(&options, &mut |_| panic!("nothing is measured")).unwrap_err();
+        assert!(err.to_string().contains("a --pipeline"), "{err}");
     }
 
     #[test]
