@@ -686,8 +686,14 @@ def summary(args):
 
 
 def trainer_summary(lines):
-    """The trainer lines: ours (`bench --cases loop`) against the official OnlineTrainer."""
-    ours = {l["model_size"]: l for l in lines if l.get("case") == "loop" and l.get("impl") == "ours"}
+    """The trainer lines: ours (`bench --cases loop`, one row per environment count, and with
+    our fused kernels where they were measured) against the official OnlineTrainer (one
+    environment)."""
+    ours = {}
+    for l in lines:
+        if l.get("case") == "loop" and l.get("impl") == "ours":
+            fused = "fused_kernels=true" in (l.get("settings") or [])
+            ours[(l["model_size"], l.get("num_envs", 1), fused)] = l
     theirs = {l["model_size"]: l for l in lines if l.get("case") == "trainer"}
     if not ours and not theirs:
         return []
@@ -695,46 +701,54 @@ def trainer_summary(lines):
     some = next(iter(theirs.values()), None) or next(iter(ours.values()))
     print()
     print(
-        f"trainer: agent steps/s on walker-run, 1 environment, after seeding (official"
-        f" {setting(list(theirs.values()), 'seed_steps')} seeding steps, ours 500), over"
+        f"trainer: agent steps/s on walker-run after seeding (official: 1 environment,"
+        f" {setting(list(theirs.values()), 'seed_steps')} seeding steps; ours: 500 seeding steps"
+        " an environment, one update per vector step), over"
         f" {setting(list(theirs.values()), 'steps')} steps (from the first planned step to the"
         f" end), {some.get('device')}, compile={str(some.get('compile')).lower()}; steady: the"
         " median step's rate; warm-up: the leading steps slower than 1.5× the median step;"
         " speed-up = ours / official"
     )
     header = (
-        f"{'size':>4}  {'ours':>8}  {'official':>8}  {'speed-up':>8}  {'steady':>8}  "
+        f"{'size':>4}  {'ours':<12}  {'ours':>8}  {'official':>8}  {'speed-up':>8}  {'steady':>8}  "
         f"{'warm-up':>16}  {'seeding s':>9}  {'pretrain s':>10}"
     )
     print(header)
     print("-" * len(header))
-    for size in sorted(set(ours) | set(theirs)):
-        a, b = ours.get(size), theirs.get(size)
-        a_rate = a["agent_steps_per_second"] if a else None
-        b_rate = b["agent_steps_per_second"] if b else None
-        cells = [
-            f"{a_rate:.1f}" if a_rate else "-",
-            f"{b_rate:.1f}" if b_rate else "-",
-            f"{a_rate / b_rate:.2f}×" if a_rate and b_rate else "-",
-            f"{b['steady_agent_steps_per_second']:.1f}" if b else "-",
-            f"{b['warmup_s']:.1f} s ({b['warmup_steps']} st)" if b else "-",
-            f"{b['seeding_s']:.1f}" if b else "-",
-            f"{b['pretraining_s']:.1f}" if b else "-",
-        ]
-        print(
-            f"{size:>4}  {cells[0]:>8}  {cells[1]:>8}  {cells[2]:>8}  {cells[3]:>8}  "
-            f"{cells[4]:>16}  {cells[5]:>9}  {cells[6]:>10}"
-        )
-        rows.append(
-            {
-                "case": "compare_trainer",
-                "model_size": size,
-                "ours_agent_steps_per_second": a_rate,
-                "official_agent_steps_per_second": b_rate,
-                "official_steady_agent_steps_per_second": b and b["steady_agent_steps_per_second"],
-                "speedup": a_rate / b_rate if a_rate and b_rate else None,
-            }
-        )
+    for size in sorted({key[0] for key in ours} | set(theirs)):
+        b = theirs.get(size)
+        variants = sorted(key for key in ours if key[0] == size) or [(size, 1, False)]
+        for key in variants:
+            _, envs, fused = key
+            a = ours.get(key)
+            a_rate = a["agent_steps_per_second"] if a else None
+            b_rate = b["agent_steps_per_second"] if b else None
+            label = f"{envs} env{'s' if envs > 1 else ''}{' fused' if fused else ''}"
+            cells = [
+                f"{a_rate:.1f}" if a_rate else "-",
+                f"{b_rate:.1f}" if b_rate else "-",
+                f"{a_rate / b_rate:.2f}×" if a_rate and b_rate else "-",
+                f"{b['steady_agent_steps_per_second']:.1f}" if b else "-",
+                f"{b['warmup_s']:.1f} s ({b['warmup_steps']} st)" if b else "-",
+                f"{b['seeding_s']:.1f}" if b else "-",
+                f"{b['pretraining_s']:.1f}" if b else "-",
+            ]
+            print(
+                f"{size:>4}  {label:<12}  {cells[0]:>8}  {cells[1]:>8}  {cells[2]:>8}  "
+                f"{cells[3]:>8}  {cells[4]:>16}  {cells[5]:>9}  {cells[6]:>10}"
+            )
+            rows.append(
+                {
+                    "case": "compare_trainer",
+                    "model_size": size,
+                    "num_envs": envs,
+                    "fused_kernels": fused,
+                    "ours_agent_steps_per_second": a_rate,
+                    "official_agent_steps_per_second": b_rate,
+                    "official_steady_agent_steps_per_second": b and b["steady_agent_steps_per_second"],
+                    "speedup": a_rate / b_rate if a_rate and b_rate else None,
+                }
+            )
     return rows
 
 

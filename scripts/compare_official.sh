@@ -23,16 +23,18 @@
 # rule with compile, the cold compile cache, what it adapts on the CPU; on CUDA it runs as is).
 # Ours: `tdmpc2 bench --cases agent` (eager; on the CPU either way, since ours compiles nothing
 # on the CPU), or with --device cuda --compile true `tdmpc2 bench --cases graphs` (plan and
-# update as CUDA graphs, our `compile=true`; it times walker-run dimensions only, so --dims dog
-# needs --compile false there). Both use TF32 on CUDA (the official train.py's 'high').
+# update as CUDA graphs, our `compile=true`, with our fused kernels off and on). Both use TF32 on
+# CUDA (the official train.py's 'high').
 #
 # --trainer-steps N (after the rounds, per model size): the official OnlineTrainer on
 # walker-run, one environment, --trainer-seed-steps seeding steps (default 500, one episode; the
 # official default is 2500; at the end of seeding it pretrains with as many updates), then N
-# timed agent steps; ours: `tdmpc2 bench --cases loop --loop-task walker-run --num-envs 1
-# --pipeline false` (one episode of seeding, then N steps). Both report agent steps/s from the
-# first planned step to the end; the official line also the median step's rate and the steps
-# that compiling slowed. It needs torchrl and gymnasium 0.29.1 besides tensordict.
+# timed agent steps; ours: `tdmpc2 bench --cases loop --loop-task walker-run --pipeline false`
+# with 1 and with 16 environments, one update per vector step (one episode of seeding an
+# environment, then N agent steps), on CUDA with graphs also with our fused kernels. Both report
+# agent steps/s from the first planned step to the end; the official line also the median
+# step's rate and the steps that compiling slowed. It needs torchrl and gymnasium 0.29.1 besides
+# tensordict.
 #
 # The official code's packages (tensordict; with --trainer-steps torchrl and gymnasium) are
 # installed beside the venv, not into it: see scripts/official_env.sh. --download-wheels DIR
@@ -101,9 +103,6 @@ walker) task=walker-run ;;
 dog) task=dog-run ;;
 *) fail "--dims must be walker (walker-run: obs 24, action 6) or dog (dog-run: obs 223, action 38), got '$dims'" ;;
 esac
-if [[ $device == cuda && $compile == true && $dims != walker ]]; then
-    fail "--dims $dims with --device cuda --compile true: ours times CUDA graphs with 'tdmpc2 bench --cases graphs', which has walker-run dimensions only; use --dims walker, or --compile false"
-fi
 if [[ $trainer_steps -gt 0 && $trainer_seed_steps -ne 500 ]]; then
     echo "note: ours always seeds one episode (500 steps) in bench --cases loop; the official trainer seeds $trainer_seed_steps" >&2
 fi
@@ -124,7 +123,8 @@ load() { cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo null; }
 tag() { sed "s/^{/{\"impl\":\"ours\",\"round\":$1,\"load_average\":[$2,$(load)],/"; }
 
 if [[ $device == cuda && $compile == true ]]; then
-    ours=("$bin" bench --cases graphs --device cuda --model-sizes "$sizes" --agent-repeats "$repeats")
+    ours=("$bin" bench --cases graphs --device cuda --tasks "$task" --model-sizes "$sizes"
+        --agent-repeats "$repeats")
 else
     ours=("$bin" bench --cases agent --device "$device" --tasks "$task" --model-sizes "$sizes"
         --threads "$threads" --agent-repeats "$repeats")
@@ -146,13 +146,25 @@ for ((round = 1; round <= rounds; round++)); do
             --dims "$dims" "${official[@]}" --repeats "$repeats" --round "$round" | tee -a "$out"
     done
 done
+# Ours on walker-run at model size $1 with $2 environments (one update per vector step) for as
+# many agent steps as the official trainer's, the rest of the arguments given to the bench.
+ours_trainer() {
+    local size=$1 envs=$2 before lines
+    shift 2
+    before=$(load)
+    lines=$("$bin" bench --cases loop --loop-task walker-run --model-sizes "$size" --num-envs "$envs" \
+        --pipeline false --compile "$compile" --loop-steps $(((trainer_steps + envs - 1) / envs)) \
+        --device "$device" --threads "$threads" "$@")
+    printf '%s\n' "$lines" | tag 0 "$before" | tee -a "$out"
+}
 if [[ $trainer_steps -gt 0 ]]; then
     for size in ${sizes//,/ }; do
-        before=$(load)
-        lines=$("$bin" bench --cases loop --loop-task walker-run --model-sizes "$size" --num-envs 1 \
-            --pipeline false --compile "$compile" --loop-steps "$trainer_steps" --device "$device" \
-            --threads "$threads")
-        printf '%s\n' "$lines" | tag 0 "$before" | tee -a "$out"
+        for envs in 1 16; do
+            ours_trainer "$size" "$envs"
+            if [[ $device == cuda && $compile == true ]]; then
+                ours_trainer "$size" "$envs" --loop-set fused_kernels=true
+            fi
+        done
         PYTHONPATH="$official_trainer_path:$PYTHONPATH" "$python" "$root/scripts/compare_official.py" \
             trainer "$checkout" --model-sizes "$size" "${official[@]}" --steps "$trainer_steps" \
             --seed-steps "$trainer_seed_steps" | tee -a "$out"

@@ -24,12 +24,15 @@
 #                                        the tests, --bench and --learn in one call, learning
 #                                        until SECONDS (default 540) have passed since the
 #                                        start: one 10-minute device call; logs in $OUT
-#   scripts/gpu_check.sh --run DIR --compare [SIZES]
+#   scripts/gpu_check.sh --run DIR --compare [SIZES] [OPTIONS ...]
 #                                        the official code compiled as it runs by default beside
 #                                        ours on this GPU (scripts/compare_official.sh --device
-#                                        cuda; SIZES default 1,5), with the official checkout and
-#                                        wheels that --build carried when TDMPC2_OFFICIAL_CHECKOUT
-#                                        named a checkout; lines in $OUT/compare.jsonl
+#                                        cuda --rounds 1; SIZES default 1,5; OPTIONS go to it,
+#                                        e.g. --dims dog or --trainer-steps 2000), with the
+#                                        official checkout and wheels that --build carried when
+#                                        TDMPC2_OFFICIAL_CHECKOUT named a checkout, and the
+#                                        dm_control it packed (for the trainers); lines in
+#                                        $OUT/compare.jsonl
 #   scripts/gpu_check.sh --run DIR --walker RUNS [SECONDS] [KEY=VALUE ...]
 #                                        instead of the tests, walker-run at model size 5 with
 #                                        graphs: the named runs of scripts/time_to_return.py
@@ -62,7 +65,7 @@ only() {
 }
 
 usage() {
-    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --compare [SIZES] | --learn [SECONDS] | --walker RUNS [SECONDS] [KEY=VALUE ...] | --all [SECONDS]]]" >&2
+    echo "usage: scripts/gpu_check.sh [--build [DIR] | --run [DIR] [--bench | --compare [SIZES] [OPTIONS ...] | --learn [SECONDS] | --walker RUNS [SECONDS] [KEY=VALUE ...] | --all [SECONDS]]]" >&2
     exit 2
 }
 
@@ -84,9 +87,10 @@ run_bench() {
         echo "[gpu_check] bench $*"
         "$dir/tdmpc2" bench "$@" | tee -a "$out/gpu_bench.jsonl" || failed=1
     }
-    bench --cases graphs --device cuda --model-sizes 1,5 --kernels --agent-repeats 20
+    bench --cases graphs --device cuda --tasks walker-run --model-sizes 1,5 --kernels \
+        --agent-repeats 20
     # The seed runs' sizes: ms, peak memory and the update's share of a large matmul's rate.
-    bench --cases graphs --device cuda --model-sizes 19,48 --agent-repeats 20
+    bench --cases graphs --device cuda --tasks walker-run --model-sizes 19,48 --agent-repeats 20
     bench --cases loop --device cuda --compile false,true --model-sizes 1 --num-envs 1 \
         --pipeline false,true --loop-steps 300
     bench --cases loop --device cuda --compile false,true --model-sizes 5 --num-envs 16 \
@@ -99,23 +103,30 @@ run_bench() {
     return $failed
 }
 
-# The official compiled code beside ours (sizes $1), from what --build carried; the GPU machine
-# has no venv, so its python3 stands in for one.
+# The official compiled code beside ours (sizes $1, the rest of the arguments options of
+# compare_official.sh), from what --build carried; the GPU machine has no venv, so its python3
+# stands in for one.
 run_compare() {
+    local sizes=$1 venv
+    shift
     [[ -d $dir/official/tdmpc2 && -d $dir/official-wheels ]] || {
         echo "[gpu_check] no official checkout or wheels in $dir: build with TDMPC2_OFFICIAL_CHECKOUT set" >&2
         return 2
     }
-    local venv
+    # The trainers (--trainer-steps) run walker-run.
+    if [[ -f $dir/dmc.tar.xz ]]; then
+        with_dm_control
+    fi
     venv=$(mktemp -d)
     mkdir -p "$venv/bin"
     # A wrapper, not a link: a link would hide the venv (or the installation) the Python is in.
     printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" >"$venv/bin/python"
     chmod +x "$venv/bin/python"
-    echo "[gpu_check] official vs ours on CUDA, model sizes $1: $out/compare.jsonl"
+    echo "[gpu_check] official vs ours on CUDA, model sizes $sizes $*: $out/compare.jsonl"
     TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
         TDMPC2_OFFICIAL_DEPS=$(mktemp -d) "$here/compare_official.sh" "$dir/official" \
-        --device cuda --rounds 1 --model-sizes "$1" --bin "$dir/tdmpc2" --out "$out/compare.jsonl"
+        --device cuda --rounds 1 --model-sizes "$sizes" --bin "$dir/tdmpc2" \
+        --out "$out/compare.jsonl" "$@"
 }
 
 # Puts the dm_control that --build packed on PYTHONPATH, for the DMControl tasks.
@@ -239,7 +250,13 @@ print(":".join(dirs))')
     case "${3:-}" in
     "") run_tests ;;
     --bench) run_bench ;;
-    --compare) run_compare "${4:-1,5}" || status=1 ;;
+    --compare)
+        if [[ -z ${4:-} || $4 == -* ]]; then
+            run_compare 1,5 "${@:4}" || status=1
+        else
+            run_compare "$4" "${@:5}" || status=1
+        fi
+        ;;
     --learn) run_learn "${4:-420}" ;;
     --walker)
         [[ -n ${4:-} ]] || usage

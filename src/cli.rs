@@ -123,7 +123,7 @@ pub struct BenchArgs {
     /// agent, graphs: model sizes to time (official presets: 1, 5, 19, 48, 317).
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     pub model_sizes: Vec<u32>,
-    /// agent: task dimensions to time (walker-run and/or dog-run).
+    /// agent, graphs: task dimensions to time (walker-run and/or dog-run).
     #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
     pub tasks: Vec<String>,
     /// agent: environment counts of batched plans to time besides one (per-environment ms).
@@ -505,6 +505,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
             "graphs" => {
                 let options = crate::bench::graphs::GraphOptions {
                     model_sizes: args.model_sizes.clone(),
+                    tasks: args.tasks.clone(),
                     repeats: args.agent_repeats as usize,
                     device: args.device.clone(),
                     kernels: args.kernels,

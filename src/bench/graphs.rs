@@ -1,11 +1,12 @@
 //! `tdmpc2 bench --cases graphs --device cuda`: milliseconds per plan and per update, eager and
 //! as CUDA graphs (`compile=true`), measured in the same run on the same model: the learner's
-//! update at batch 256 and the policy's plan for 1 and 16 environments, walker-run dimensions;
-//! per model size, the device's peak memory and the update's matmul rate beside a large matmul's.
+//! update at batch 256 and the policy's plan for 1 and 16 environments, at walker-run or dog-run
+//! dimensions; per model size and task, the device's peak memory and the update's matmul rate
+//! beside a large matmul's.
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
 
-use super::agent::{flop_counts, matmul_gflops, median, time_ms};
+use super::agent::{flop_counts, matmul_gflops, median, task_dims, time_ms};
 use super::op_count::{kernel_times, KernelTime};
 use crate::actor::Policy;
 use crate::agent::{AgentConfig, TorchNoise};
@@ -19,6 +20,8 @@ use crate::learner::{Learner, LearnerSettings};
 #[derive(Debug, Clone)]
 pub struct GraphOptions {
     pub model_sizes: Vec<u32>,
+    /// Whose dimensions the models take: walker-run, dog-run.
+    pub tasks: Vec<String>,
     /// Timed calls per measurement, after the warm-up (and capture) call.
     pub repeats: usize,
     pub device: String,
@@ -42,10 +45,15 @@ fn cuda_device(setting: &str) -> Result<Device> {
     }
 }
 
-/// A walker-run sized config of `size` (obs 24, action 6, batch 256).
-fn config(size: u32) -> Result<Config> {
-    // Resolved, so that the size's preset sets the model's widths.
-    Config::for_dims(Some(size), 24, 6)
+/// A config of `size` at `task`'s dimensions (batch 256), resolved as a run would be: the size's
+/// preset sets the model's widths, and dog-run's 38 actions two more MPPI iterations.
+fn config(size: u32, task: &str) -> Result<Config> {
+    let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
+        Error::Config(format!(
+            "bench graphs: unknown task `{task}` in --tasks (allowed: walker-run, dog-run)"
+        ))
+    })?;
+    Config::for_dims(Some(size), obs_dim, action_dim)
 }
 
 fn random_batch(config: &AgentConfig, batch: i64, device: Device) -> Batch {
@@ -141,59 +149,79 @@ pub fn run(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> 
 }
 
 fn measure_sizes(options: &GraphOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
+    // Every case's config first, so that a bad task is refused before anything runs.
+    let mut cases = Vec::new();
+    for &size in &options.model_sizes {
+        for task in &options.tasks {
+            cases.push((size, task.as_str(), config(size, task)?));
+        }
+    }
     let device = cuda_device(&options.device)?;
     let tf32 = super::trainer_precision(device)?;
     // In the trainer's precision (TF32 where it is on), as the update's matmuls run.
     let matmul_gflops = matmul_gflops(device, MATMUL_SIDE);
-    for &size in &options.model_sizes {
-        peak(device, true)?;
-        let config = config(size)?;
-        let agent = AgentConfig::from_config(&config)?;
-        let mut last_update = None;
-        for &fused in &options.fused_kernels {
-            crate::cuda::fused::set_enabled(fused);
-            if fused {
-                crate::cuda::fused::prepare(device).map_err(|e| Error::Config(e.to_string()))?;
-            }
-            let setting = json!({"model_size": size, "fused_kernels": fused, "tf32": tf32});
-            let group = ProcessGroup::alone(RankInfo::single(&config));
-            let (learner, update) = measure_update(&config, &agent, &group, device, options)?;
-            print_kernels(with_call(&setting, "update", None), &update, print);
-            for num_envs in [1usize, 16] {
-                let plan = measure_plan(&agent, &learner, device, num_envs, options)?;
-                let mut line = with_call(&setting, "graphs", Some(num_envs));
-                line["device"] = format!("{device:?}").into();
-                line["plan_ms"] = times(&plan);
-                line["update_ms"] = times(&update);
-                line["plan_speedup"] = (plan.eager.median / plan.graph.median).into();
-                line["update_speedup"] = (update.eager.median / update.graph.median).into();
-                print(&line);
-                print_kernels(with_call(&setting, "plan", Some(num_envs)), &plan, print);
-            }
-            last_update = Some((fused, update.graph.median));
-        }
-        let Some((fused, update_ms_graph)) = last_update else {
-            continue;
-        };
-        let memory = peak(device, false)?;
-        let update_gflop = flop_counts(&agent, config.batch_size).1 / 1e9;
-        let update_gflops = update_gflop / (update_ms_graph * 1e-3);
-        print(&json!({
-            "case": "graph_size",
-            "device": format!("{device:?}"),
-            "model_size": size,
-            "fused_kernels": fused,
-            "tf32": tf32,
-            "update_ms_graph": update_ms_graph,
-            "update_gflop": update_gflop,
-            "update_gflops": update_gflops,
-            "matmul_gflops": matmul_gflops,
-            "matmul_side": MATMUL_SIDE,
-            "update_fraction_of_matmul": update_gflops / matmul_gflops,
-            "peak_allocated_mb": memory.allocated as f64 / 1048576.0,
-            "peak_reserved_mb": memory.reserved as f64 / 1048576.0,
-        }));
+    for (size, task, config) in &cases {
+        let case = json!({"model_size": size, "task": task, "tf32": tf32});
+        measure_model(config, &case, device, matmul_gflops, options, print)?;
     }
+    Ok(())
+}
+
+/// The update and the plans of one model (`case`: its size, task and precision) with each
+/// `fused_kernels` setting, then its `graph_size` line.
+fn measure_model(
+    config: &Config,
+    case: &Value,
+    device: Device,
+    matmul_gflops: f64,
+    options: &GraphOptions,
+    print: &mut dyn FnMut(&Value),
+) -> Result<()> {
+    peak(device, true)?;
+    let agent = AgentConfig::from_config(config)?;
+    let mut last_update = None;
+    for &fused in &options.fused_kernels {
+        crate::cuda::fused::set_enabled(fused);
+        if fused {
+            crate::cuda::fused::prepare(device).map_err(|e| Error::Config(e.to_string()))?;
+        }
+        let mut setting = case.clone();
+        setting["fused_kernels"] = fused.into();
+        let group = ProcessGroup::alone(RankInfo::single(config));
+        let (learner, update) = measure_update(config, &agent, &group, device, options)?;
+        print_kernels(with_call(&setting, "update", None), &update, print);
+        for num_envs in [1usize, 16] {
+            let plan = measure_plan(&agent, &learner, device, num_envs, options)?;
+            let mut line = with_call(&setting, "graphs", Some(num_envs));
+            line["device"] = format!("{device:?}").into();
+            line["plan_ms"] = times(&plan);
+            line["update_ms"] = times(&update);
+            line["plan_speedup"] = (plan.eager.median / plan.graph.median).into();
+            line["update_speedup"] = (update.eager.median / update.graph.median).into();
+            print(&line);
+            print_kernels(with_call(&setting, "plan", Some(num_envs)), &plan, print);
+        }
+        last_update = Some((fused, update.graph.median));
+    }
+    let Some((fused, update_ms_graph)) = last_update else {
+        return Ok(());
+    };
+    let memory = peak(device, false)?;
+    let update_gflop = flop_counts(&agent, config.batch_size).1 / 1e9;
+    let update_gflops = update_gflop / (update_ms_graph * 1e-3);
+    let mut line = case.clone();
+    line["case"] = "graph_size".into();
+    line["device"] = format!("{device:?}").into();
+    line["fused_kernels"] = fused.into();
+    line["update_ms_graph"] = update_ms_graph.into();
+    line["update_gflop"] = update_gflop.into();
+    line["update_gflops"] = update_gflops.into();
+    line["matmul_gflops"] = matmul_gflops.into();
+    line["matmul_side"] = MATMUL_SIDE.into();
+    line["update_fraction_of_matmul"] = (update_gflops / matmul_gflops).into();
+    line["peak_allocated_mb"] = (memory.allocated as f64 / 1048576.0).into();
+    line["peak_reserved_mb"] = (memory.reserved as f64 / 1048576.0).into();
+    print(&line);
     Ok(())
 }
 
@@ -295,11 +323,33 @@ mod tests {
     }
 
     #[test]
-    fn the_bench_model_has_walker_run_sizes() {
-        let agent = AgentConfig::from_config(&config(5).unwrap()).unwrap();
+    fn the_bench_models_have_the_tasks_sizes() {
+        let agent = AgentConfig::from_config(&config(5, "walker-run").unwrap()).unwrap();
         assert_eq!((agent.obs_dim, agent.action_dim), (24, 6));
         assert_eq!((agent.mlp_dim, agent.latent_dim), (512, 512));
-        let small = AgentConfig::from_config(&config(1).unwrap()).unwrap();
+        assert_eq!(agent.iterations, 6);
+        let small = AgentConfig::from_config(&config(1, "walker-run").unwrap()).unwrap();
         assert_eq!((small.mlp_dim, small.latent_dim), (384, 128));
+        // dog-run's 38 actions plan with two more MPPI iterations, as the official code does.
+        let dog = AgentConfig::from_config(&config(5, "dog-run").unwrap()).unwrap();
+        assert_eq!((dog.obs_dim, dog.action_dim, dog.iterations), (223, 38, 8));
+    }
+
+    /// A task the bench has no dimensions for is refused by name before anything runs.
+    #[test]
+    fn an_unknown_task_is_refused_by_name() {
+        let options = GraphOptions {
+            model_sizes: vec![5],
+            tasks: vec!["walker-run".into(), "humanoid-run".into()],
+            repeats: 1,
+            device: "cuda".into(),
+            kernels: false,
+            fused_kernels: vec![false],
+        };
+        let err = run(&options, &mut |_| {}).unwrap_err().to_string();
+        assert!(
+            err.contains("`humanoid-run` in --tasks") && err.contains("walker-run, dog-run"),
+            "{err}"
+        );
     }
 }
