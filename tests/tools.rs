@@ -1,5 +1,5 @@
 //! The tools around a run, through the real binary: `plot` on real runs, `train --multirun`,
-//! `doctor`, and `export` (with `import` back).
+//! `doctor`, `export` (with `import` back), and the GPU scripts' runs and summaries.
 mod common;
 
 use std::path::Path;
@@ -552,4 +552,83 @@ fn time_to_return_stops_runs_at_the_target_and_at_the_deadline() {
     }
     let log = std::fs::read_to_string(out.path().join("walker.log")).unwrap();
     assert!(log.contains("===== spu16") && log.contains("===== official-ratio"));
+}
+
+/// `compare_official.py summary` on lines of the form a GPU run gives (ours from `bench --cases
+/// graphs`, with and without the fused kernels; the official code compiled; both trainers, ours
+/// at 1 and 16 environments), which the CPU never produces: one table row per call and
+/// setting, with the official code's warm-up, and one trainer row per environment count.
+#[test]
+fn compare_summary_reads_a_gpu_runs_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let ms = |graph: f64| serde_json::json!({"eager": 17.0, "graph": graph, "eager_min": 16.0, "graph_min": graph});
+    let graphs = |fused: bool, num_envs: u32, plan: f64, update: f64| {
+        serde_json::json!({"impl": "ours", "round": 1, "case": "graphs", "model_size": 5,
+            "task": "dog-run", "tf32": true, "fused_kernels": fused, "num_envs": num_envs,
+            "device": "Cuda(0)", "plan_ms": ms(plan), "update_ms": ms(update)})
+    };
+    let ours_loop = |num_envs: u32, settings: &[&str], rate: f64| {
+        serde_json::json!({"impl": "ours", "round": 0, "case": "loop", "model_size": 5,
+            "task": "walker-run", "device": "cuda", "compile": true, "num_envs": num_envs,
+            "pipeline": false, "settings": settings, "agent_steps_per_second": rate})
+    };
+    let lines = [
+        graphs(false, 1, 4.0, 2.8),
+        graphs(false, 16, 10.0, 2.8),
+        graphs(true, 1, 2.0, 2.0),
+        serde_json::json!({"impl": "official", "round": 1, "case": "agent", "model_size": 5,
+            "task": "dog-run", "obs_dim": 223, "action_dim": 38, "plan_ms": 6.0,
+            "update_ms": 5.0, "plan_ms_min": 6.0, "update_ms_min": 5.0, "compile": true,
+            "plan_warmup_s": 80.0, "plan_warmup_calls": 5, "update_warmup_s": 120.0,
+            "update_warmup_calls": 4, "device": "cuda", "gpu": "NVIDIA H200"}),
+        ours_loop(1, &[], 180.0),
+        ours_loop(1, &["fused_kernels=true"], 240.0),
+        ours_loop(16, &[], 1200.0),
+        serde_json::json!({"case": "trainer", "model_size": 5, "agent_steps_per_second": 120.0,
+            "steady_agent_steps_per_second": 130.0, "warmup_s": 90.0, "warmup_steps": 3,
+            "seeding_s": 2.0, "pretraining_s": 100.0, "seed_steps": 500, "steps": 2000,
+            "device": "cuda", "compile": true}),
+    ];
+    let file = dir.path().join("compare.jsonl");
+    let text_lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&file, text_lines.join("\n")).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare_official.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg("summary")
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    let printed = text(&out);
+    assert!(out.status.success(), "{printed}");
+    assert!(
+        printed.contains("NVIDIA H200") && printed.contains("dog-run dims"),
+        "{printed}"
+    );
+    assert!(printed.contains("80.0 (5 calls)"), "the warm-up: {printed}");
+    let rows: Vec<serde_json::Value> = printed
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let ratio = |call: &str, fused: bool| {
+        rows.iter()
+            .find(|r| r["case"] == "compare" && r["call"] == call && r["fused_kernels"] == fused)
+            .map(|r| r["ratio"].as_f64().unwrap())
+    };
+    assert_eq!(ratio("plan", false), Some(1.5), "{printed}");
+    assert_eq!(ratio("update", true), Some(2.5), "{printed}");
+    let speedups: Vec<(u64, bool, f64)> = rows
+        .iter()
+        .filter(|r| r["case"] == "compare_trainer")
+        .map(|r| {
+            let envs = r["num_envs"].as_u64().unwrap();
+            let fused = r["fused_kernels"].as_bool().unwrap();
+            (envs, fused, r["speedup"].as_f64().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        speedups,
+        vec![(1, false, 1.5), (1, true, 2.0), (16, false, 10.0)],
+        "{printed}"
+    );
 }
