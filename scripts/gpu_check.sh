@@ -43,7 +43,9 @@
 #                                        every run; metrics, summaries and logs land in $OUT
 #   scripts/gpu_check.sh --run DIR --learn [SECONDS]
 #                                        instead of the tests, cartpole-swingup at model size 1
-#                                        with graphs for 50k agent steps (at most SECONDS,
+#                                        with graphs and the fused kernels (their first whole
+#                                        run; without them it learnt on an H100 and an H200)
+#                                        for 50k agent steps (at most SECONDS,
 #                                        default 420; about 330 on an H200), evaluated every
 #                                        10k; the log and eval.csv land in $OUT when it is set
 #
@@ -149,16 +151,17 @@ run_walker() {
         --seconds "$seconds" "$@"
 }
 
-# cartpole-swingup at model size 1 with graphs, for at most $1 seconds, with the dm_control
-# that --build packed; the log and eval.csv in $out.
+# cartpole-swingup at model size 1 with graphs and the fused kernels, for at most $1 seconds,
+# with the dm_control that --build packed; the log and eval.csv in $out.
 run_learn() {
     with_dm_control || return 2
     local run failed=0
     run=$(mktemp -d)/cartpole
-    echo "[gpu_check] cartpole-swingup, model size 1, graphs, $1 s at most: $out/cartpole.log"
+    echo "[gpu_check] cartpole-swingup, model size 1, graphs, fused kernels, $1 s at most: $out/cartpole.log"
     timeout -s INT "$1" \
         "$dir/tdmpc2" train task=cartpole-swingup model_size=1 steps=50000 eval_freq=10000 \
-        eval_episodes=4 save_freq=1000000 device=cuda compile=true run_dir="$run" \
+        eval_episodes=4 save_freq=1000000 device=cuda compile=true fused_kernels=true \
+        run_dir="$run" \
         >"$out/cartpole.log" 2>&1 || failed=1
     cp "$run/eval.csv" "$out/cartpole_eval.csv" 2>/dev/null || true
     grep -E "^eval|compile=true|finished" "$out/cartpole.log" || true
