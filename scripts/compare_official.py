@@ -710,7 +710,7 @@ def trainer_summary(lines):
         " speed-up = ours / official"
     )
     header = (
-        f"{'size':>4}  {'ours':<12}  {'ours':>8}  {'official':>8}  {'speed-up':>8}  {'steady':>8}  "
+        f"{'size':>4}  {'ours run':<12}  {'ours':>8}  {'official':>8}  {'speed-up':>8}  {'steady':>8}  "
         f"{'warm-up':>16}  {'seeding s':>9}  {'pretrain s':>10}"
     )
     print(header)
@@ -718,7 +718,7 @@ def trainer_summary(lines):
     for size in sorted({key[0] for key in ours} | set(theirs)):
         b = theirs.get(size)
         variants = sorted(key for key in ours if key[0] == size) or [(size, 1, False)]
-        for key in variants:
+        for row, key in enumerate(variants):
             _, envs, fused = key
             a = ours.get(key)
             a_rate = a["agent_steps_per_second"] if a else None
@@ -733,9 +733,11 @@ def trainer_summary(lines):
                 f"{b['seeding_s']:.1f}" if b else "-",
                 f"{b['pretraining_s']:.1f}" if b else "-",
             ]
+            if row > 0:
+                cells[3:] = [""] * 4  # the official trainer's own figures, once a size
             print(
                 f"{size:>4}  {label:<12}  {cells[0]:>8}  {cells[1]:>8}  {cells[2]:>8}  "
-                f"{cells[3]:>8}  {cells[4]:>16}  {cells[5]:>9}  {cells[6]:>10}"
+                f"{cells[3]:>8}  {cells[4]:>16}  {cells[5]:>9}  {cells[6]:>10}".rstrip()
             )
             rows.append(
                 {

@@ -104,7 +104,7 @@ dog) task=dog-run ;;
 *) fail "--dims must be walker (walker-run: obs 24, action 6) or dog (dog-run: obs 223, action 38), got '$dims'" ;;
 esac
 if [[ $trainer_steps -gt 0 && $trainer_seed_steps -ne 500 ]]; then
-    echo "note: ours always seeds one episode (500 steps) in bench --cases loop; the official trainer seeds $trainer_seed_steps" >&2
+    echo "note: ours always seeds one episode an environment (500 steps each) in bench --cases loop; the official trainer seeds $trainer_seed_steps" >&2
 fi
 
 if [[ $trainer_steps -gt 0 ]]; then

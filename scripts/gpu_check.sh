@@ -8,7 +8,8 @@
 #   scripts/gpu_check.sh --build [DIR]   build the test binaries and tdmpc2 only and copy them to
 #                                        DIR (default target/gpu-check), for a GPU machine
 #                                        without Rust; with them dm_control and MuJoCo from the
-#                                        venv (dmc.tar.xz, for --learn and --walker)
+#                                        venv (dmc.tar.xz, for --learn, --walker and the
+#                                        trainers of --compare)
 #   scripts/gpu_check.sh --run [DIR]     run those prebuilt binaries on the GPU machine
 #   scripts/gpu_check.sh --run DIR --bench
 #                                        instead of the tests, the GPU figures: plan and update
@@ -115,9 +116,10 @@ run_compare() {
         echo "[gpu_check] no official checkout or wheels in $dir: build with TDMPC2_OFFICIAL_CHECKOUT set" >&2
         return 2
     }
-    # The trainers (--trainer-steps) run walker-run.
-    if [[ -f $dir/dmc.tar.xz ]]; then
-        with_dm_control
+    # The trainers (--trainer-steps) run walker-run: without dm_control they would fail only
+    # after the rounds' minutes of compiling.
+    if [[ " $* " == *" --trainer-steps "* ]]; then
+        with_dm_control || return 2
     fi
     venv=$(mktemp -d)
     mkdir -p "$venv/bin"
@@ -204,8 +206,8 @@ for line in sys.stdin:
             cp "$exe" "$dir/$test"
         fi
     done
-    # dm_control for --learn, without what state-based tasks never load (locomotion, the
-    # renderers), small enough to carry.
+    # dm_control for the runs on walker-run and cartpole-swingup, without what state-based tasks
+    # never load (locomotion, the renderers), small enough to carry.
     site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     if [[ -d $site/dm_control && -d $site/mujoco ]]; then
         tar -C "$site" -c --exclude=__pycache__ --exclude=mujoco/experimental \
@@ -213,7 +215,7 @@ for line in sys.stdin:
             --exclude=dm_control/blender mujoco dm_control dm_env tree glfw |
             xz -T2 -6 >"$dir/dmc.tar.xz"
     else
-        echo "[gpu_check] no dm_control in $site: --learn will not run" >&2
+        echo "[gpu_check] no dm_control in $site: --learn, --walker and --compare's trainers will not run" >&2
     fi
     # The official code and the wheels it needs there, for --compare.
     if [[ -n ${TDMPC2_OFFICIAL_CHECKOUT:-} ]]; then
