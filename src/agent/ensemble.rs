@@ -2,7 +2,7 @@
 use tch::{Device, Tensor};
 
 use super::error::{Error, Result};
-use super::layers::{fused_normed, layer_norm, normed, Activation, Layer, Mlp, Norm};
+use super::layers::{fused_normed, layer_norm, normed, visit_layers, Activation, Layer, Mlp, Norm};
 use super::noise::Noise;
 use super::params::ParamVisitor;
 use crate::cuda::fused::Affine;
@@ -342,9 +342,7 @@ fn stacks_pairs(x: &Tensor) -> bool {
 
 impl ParamVisitor for Ensemble {
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            layer.visit_params(&format!("{prefix}.{i}"), f);
-        }
+        visit_layers(&mut self.layers, prefix, f);
     }
 }
 

@@ -265,9 +265,19 @@ impl Mlp {
 
 impl ParamVisitor for Mlp {
     fn visit_params(&mut self, prefix: &str, f: &mut dyn FnMut(String, &mut Tensor)) {
-        for (i, layer) in self.layers.iter_mut().enumerate() {
-            layer.visit_params(&format!("{prefix}.{i}"), f);
-        }
+        visit_layers(&mut self.layers, prefix, f);
+    }
+}
+
+/// Each layer's parameters under `prefix.i`, as torch names an `nn.Sequential`'s (the official
+/// checkpoints' keys), for an MLP and for the stacked ensemble alike.
+pub(super) fn visit_layers(
+    layers: &mut [Layer],
+    prefix: &str,
+    f: &mut dyn FnMut(String, &mut Tensor),
+) {
+    for (i, layer) in layers.iter_mut().enumerate() {
+        layer.visit_params(&format!("{prefix}.{i}"), f);
     }
 }
 
