@@ -105,11 +105,13 @@ pub struct BenchReport {
 }
 
 /// Dimensions of the benchmarked tasks: (obs_dim, action_dim).
-pub fn task_dims(task: &str) -> Option<(usize, usize)> {
+pub fn task_dims(task: &str) -> Result<(usize, usize)> {
     match task {
-        "walker-run" => Some((24, 6)),
-        "dog-run" => Some((223, 38)),
-        _ => None,
+        "walker-run" => Ok((24, 6)),
+        "dog-run" => Ok((223, 38)),
+        _ => Err(Error::Config(format!(
+            "bench: unknown task `{task}` in --tasks (allowed: walker-run, dog-run)"
+        ))),
     }
 }
 
@@ -256,9 +258,7 @@ pub fn bench(options: &BenchOptions) -> Result<BenchReport> {
     let mut cases = Vec::new();
     for &size in &options.model_sizes {
         for task in &options.tasks {
-            let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
-                Error::Config(format!("unknown bench task `{task}` (walker-run, dog-run)"))
-            })?;
+            let (obs_dim, action_dim) = task_dims(task)?;
             let config = AgentConfig::defaults(Some(size), obs_dim, action_dim)
                 .map_err(|e| Error::Config(e.to_string()))?;
             cases.push(bench_case(&config, size, task, options, device, matmul)?);

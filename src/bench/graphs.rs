@@ -48,11 +48,7 @@ fn cuda_device(setting: &str) -> Result<Device> {
 /// A config of `size` at `task`'s dimensions (batch 256), resolved as a run would be: the size's
 /// preset sets the model's widths, and dog-run's 38 actions two more MPPI iterations.
 fn config(size: u32, task: &str) -> Result<Config> {
-    let (obs_dim, action_dim) = task_dims(task).ok_or_else(|| {
-        Error::Config(format!(
-            "bench graphs: unknown task `{task}` in --tasks (allowed: walker-run, dog-run)"
-        ))
-    })?;
+    let (obs_dim, action_dim) = task_dims(task)?;
     Config::for_dims(Some(size), obs_dim, action_dim)
 }
 
