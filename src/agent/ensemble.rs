@@ -334,10 +334,11 @@ impl Ensemble {
 }
 
 /// Whether a pair of members is evaluated as a stack of two (batched matmuls, one fused kernel
-/// for both members' norms) rather than member by member: on CUDA with the fused kernels, where
-/// fewer and larger kernels win; on the CPU two plain matmuls are faster.
+/// for both members' norms) rather than member by member: with the fused kernels, where fewer and
+/// larger kernels win on CUDA (on the CPU only the kernels' host build in tests takes it; there
+/// two plain matmuls are faster).
 fn stacks_pairs(x: &Tensor) -> bool {
-    x.device().is_cuda() && crate::cuda::fused::enabled()
+    crate::cuda::fused::runs_on(x.device())
 }
 
 impl ParamVisitor for Ensemble {

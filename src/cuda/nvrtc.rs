@@ -154,7 +154,7 @@ fn preload_builtins(nvrtc_path: &str) {
     }
 }
 
-fn last_dl_error() -> String {
+pub(crate) fn last_dl_error() -> String {
     // SAFETY: dlerror returns null or a NUL-terminated string owned by the loader.
     let message = unsafe { libc::dlerror() };
     if message.is_null() {

@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -72,14 +73,21 @@ void launch_on_torch_stream(
       cudaLaunchKernel(static_cast<const void*>(kernel), grid, block, args, shared_bytes, stream));
 }
 
+// A kernel of the fused kernels' host build (src/cuda/fused/host_cuda.h, which tests load): its
+// first field runs it on the CPU and gives null or what went wrong.
+struct HostKernel {
+  const char* (*launch)(const HostKernel*, uint32_t grid, uint32_t block, uint32_t shared_bytes,
+                        void** args);
+};
+
 // LayerNorm over the last dim of x [rows, width], an affine per member, then Mish (group 0) or
 // SimNorm (softmax within groups of `group`), as one autograd node: on CUDA our row kernels
-// forward and backward (src/cuda/fused/layer_norm_act.cu); on the CPU the same formulas as torch
-// operations, so that a CPU test holds the formulas and this node's bookkeeping to torch's
-// autograd. Row r takes member (r / member_rows) % members of weight and bias ([members, width],
+// forward and backward (src/cuda/fused/layer_norm_act.cu); on the CPU the kernels' host build
+// where the kernels are given, else the same formulas as torch operations, so that a CPU test
+// holds the formulas and this node's bookkeeping to torch's autograd. Row r takes member (r / member_rows) % members of weight and bias ([members, width],
 // or [width] for one).
 struct LayerNormActivationSettings {
-  void* forward;   // kernels, null on the CPU
+  void* forward;   // kernels (HostKernel on the CPU), or null for torch's operations
   void* backward;
   uint32_t blocks;  // the kernels' launch: one warp a row
   uint32_t threads;
@@ -168,6 +176,13 @@ void launch_row_kernel(
       args.end(), std::initializer_list<void*>{&scalars.rows, &scalars.width, &scalars.eps,
                                                &scalars.members, &scalars.member_rows,
                                                &scalars.group});
+  if (x.is_cpu()) {
+    const auto* host = static_cast<const HostKernel*>(kernel);
+    if (const char* error = host->launch(host, s.blocks, s.threads, 0, args.data())) {
+      throw std::runtime_error(error);
+    }
+    return;
+  }
   launch_on_torch_stream(x.device().index(), kernel, s.blocks, s.threads, 0, args.data());
 }
 

@@ -228,9 +228,10 @@ impl Planner {
         let mut elite_actions = Tensor::zeros([e, h, k, a], (Kind::Float, model.device()));
         // A task's missing action components stay zero (the official masks them).
         let mask = model.action_mask().map(|m| m.view([e, 1, a]));
-        // With fused kernels on (CUDA only), selection, refit and resampling are one kernel an
-        // iteration: the same numbers within rounding, the same draws in the same order.
-        let fused = crate::cuda::fused::enabled() && model.device().is_cuda();
+        // With fused kernels on (CUDA, or their host build in tests), selection, refit and
+        // resampling are one kernel an iteration: the same numbers within rounding, the same
+        // draws in the same order.
+        let fused = crate::cuda::fused::runs_on(model.device());
         for i in 0..self.iterations {
             if !fused || i == 0 {
                 self.sample_candidates(&mean, &std, mask.as_ref(), model.device(), noise)?;

@@ -16,6 +16,19 @@ pub struct Source {
 }
 
 impl Source {
+    #[cfg(test)]
+    pub(super) const fn new(
+        name: &'static str,
+        text: &'static str,
+        kernels: &'static [&'static str],
+    ) -> Self {
+        Self {
+            name,
+            text,
+            kernels,
+        }
+    }
+
     /// The text NVRTC compiles: the shared helpers, then the source's own.
     pub fn full_text(&self) -> String {
         format!("{COMMON}\n#line 1 \"{}\"\n{}", self.name, self.text)

@@ -23,14 +23,14 @@ struct MemberStacks {
 }
 
 /// Whether [`gather_members`] takes `stacks`: the fused kernels on, every stack a contiguous
-/// float32 CUDA tensor, at most 16 of them, and none wanting a gradient (in grad mode).
+/// float32 tensor where the kernels launch, at most 16 of them, and none wanting a gradient (in grad mode).
 pub fn gathers(stacks: &[&Tensor]) -> bool {
     super::enabled()
         && !stacks.is_empty()
         && stacks.len() <= MAX_STACKS
         && stacks
             .iter()
-            .all(|s| s.device().is_cuda() && s.kind() == Kind::Float && s.is_contiguous())
+            .all(|s| super::launch_on(s.device()) && s.kind() == Kind::Float && s.is_contiguous())
         && !(stacks.iter().any(|s| s.requires_grad()) && imp::grad_enabled())
 }
 

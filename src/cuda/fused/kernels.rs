@@ -19,7 +19,7 @@ pub(super) fn input(
         Some(format!("is {:?}, not float32", t.kind()))
     } else if !t.is_contiguous() {
         Some("is not contiguous".into())
-    } else if !t.device().is_cuda() {
+    } else if !super::launch_on(t.device()) {
         Some(format!("is on {:?}", t.device()))
     } else if t.size() != shape {
         Some(format!("has shape {:?}, not {shape:?}", t.size()))

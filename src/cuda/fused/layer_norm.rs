@@ -96,7 +96,7 @@ fn layer_norm_then(
 ) -> Result<Tensor, FusedError> {
     let (name, backward) = activation.kernels();
     let mut settings = checked(name, activation, x, affine, eps)?;
-    if !x.device().is_cuda() {
+    if !super::launch_on(x.device()) {
         return Err(refused(name, format!("x is on {:?}", x.device())));
     }
     settings.forward = kernel(x.device(), name)?.handle();
@@ -153,7 +153,7 @@ fn checked(
                 format!("{what} is on {:?}, x on {device:?}", t.device()),
             ));
         }
-        if device.is_cuda() {
+        if super::launch_on(device) {
             input(name, what, t, &shape)?;
         } else if t.size() != shape {
             return Err(refused(

@@ -3,9 +3,11 @@
 //! are compiled at run time by NVRTC for the GPU at hand (the build needs no nvcc), then kept
 //! per architecture in the user's cache (`kernels/` of [`crate::cache::user_cache`]). Every
 //! source compiles in the test suite on the CPU, so a broken kernel fails CI; what they compute
-//! is tested on a GPU against the torch operations they replace (tests/fused_kernels.rs).
+//! is tested against the torch operations they replace (tests/fused_kernels.rs) on a GPU, and on
+//! the CPU through their host build ([`host`]).
 mod catalogue;
 mod gather;
+pub mod host;
 mod kernels;
 mod layer_norm;
 mod module;
@@ -42,17 +44,28 @@ pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
-/// Whether work on `x` takes a fused kernel that has no backward: switched on, on CUDA, float32,
-/// and no gradient wanted.
+/// Whether the kernels launch on `device`: a CUDA device, or the CPU once [`host::load`] has
+/// built them for it.
+pub fn launch_on(device: Device) -> bool {
+    device.is_cuda() || (device == Device::Cpu && host::loaded())
+}
+
+/// Whether work on `device` takes the fused kernels: switched on, and they launch there.
+pub fn runs_on(device: Device) -> bool {
+    enabled() && launch_on(device)
+}
+
+/// Whether work on `x` takes a fused kernel that has no backward: as
+/// [`applies_with_gradient`], and no gradient wanted.
 pub fn applies_to(x: &Tensor) -> bool {
     applies_with_gradient(x) && !x.requires_grad()
 }
 
 /// Whether work on `x` takes a fused kernel that also gives its own gradient (the LayerNorms and
-/// the two-hot cross-entropy): switched on, on CUDA, float32, and not empty (torch's operations take
-/// empty tensors in their stride).
+/// the two-hot cross-entropy): [`runs_on`] its device, float32, and not empty (torch's
+/// operations take empty tensors in their stride).
 pub fn applies_with_gradient(x: &Tensor) -> bool {
-    enabled() && x.device().is_cuda() && x.kind() == Kind::Float && x.numel() > 0
+    runs_on(x.device()) && x.kind() == Kind::Float && x.numel() > 0
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +86,8 @@ pub enum FusedError {
         kernel: &'static str,
         message: String,
     },
+    #[error("the fused kernels' host build: {0}")]
+    Host(String),
     #[error(transparent)]
     Compiler(#[from] NvrtcError),
     #[error(transparent)]

@@ -1,5 +1,6 @@
 //! Our compiled kernels loaded on a CUDA device (once per process and device) and launched on
-//! torch's current stream of that device, where a CUDA graph being captured records them.
+//! torch's current stream of that device, where a CUDA graph being captured records them; or,
+//! once [`super::host::load`] has built them for the CPU, run on CPU tensors.
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, PoisonError};
@@ -10,10 +11,12 @@ use super::catalogue::{cubin, SOURCES};
 use super::FusedError;
 use crate::cuda::nvrtc::Arch;
 
-/// A loaded kernel: the runtime's `cudaKernel_t`, valid for the process's life.
+/// A loaded kernel: the runtime's `cudaKernel_t` on a CUDA device, or the host build's
+/// `HostKernel` on the CPU; valid for the process's life.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernel {
-    device: i64,
+    /// The CUDA device, or `None` for the CPU.
+    device: Option<i64>,
     handle: usize,
     name: &'static str,
 }
@@ -47,8 +50,16 @@ pub struct Launch {
 /// The kernel `name` on `device`, loading every source's kernels there on first use.
 pub fn kernel(device: Device, name: &'static str) -> Result<Kernel, FusedError> {
     static LOADED: Mutex<Option<HashMap<(i64, &'static str), usize>>> = Mutex::new(None);
-    let Device::Cuda(index) = device else {
-        return Err(FusedError::NotCuda(device));
+    let index = match device {
+        Device::Cuda(index) => index,
+        Device::Cpu if super::host::loaded() => {
+            return Ok(Kernel {
+                device: None,
+                handle: super::host::kernel(name)?,
+                name,
+            })
+        }
+        _ => return Err(FusedError::NotCuda(device)),
     };
     let index = index as i64;
     let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -66,7 +77,7 @@ pub fn kernel(device: Device, name: &'static str) -> Result<Kernel, FusedError> 
     loaded
         .get(&(index, name))
         .map(|&handle| Kernel {
-            device: index,
+            device: Some(index),
             handle,
             name,
         })
@@ -74,29 +85,39 @@ pub fn kernel(device: Device, name: &'static str) -> Result<Kernel, FusedError> 
 }
 
 impl Kernel {
-    /// The runtime's handle, for the shim to launch the kernel itself.
+    /// The handle, for the shim to launch the kernel itself (it tells the two kinds apart by
+    /// the tensors' device).
     pub fn handle(&self) -> *mut c_void {
         self.handle as *mut c_void
     }
 
-    /// Launches on the device's current torch stream (asynchronously, as torch's kernels).
+    /// Launches on the device's current torch stream (asynchronously, as torch's kernels), or
+    /// on the CPU runs it to the end.
     pub fn launch(&self, launch: Launch, args: &[Arg]) -> Result<(), FusedError> {
         if launch.blocks == 0 {
             return Ok(());
         }
         let mut values = args.to_vec();
-        let pointers: Vec<*mut c_void> = values
-            .iter_mut()
-            .map(|arg| match arg {
-                Arg::Ptr(p) => p as *mut *mut c_void as *mut c_void,
-                Arg::I64(v) => v as *mut i64 as *mut c_void,
-                Arg::I32(v) => v as *mut i32 as *mut c_void,
-                Arg::F32(v) => v as *mut f32 as *mut c_void,
-                Arg::Value(p) => *p as *mut c_void,
-            })
-            .collect();
-        imp::launch(self.device, self.handle, self.name, launch, &pointers)
+        let mut pointers = argument_pointers(&mut values);
+        match self.device {
+            Some(device) => imp::launch(device, self.handle, self.name, launch, &pointers),
+            None => super::host::launch(self.handle, self.name, launch, &mut pointers),
+        }
     }
+}
+
+/// Where each argument's value is, as a launch reads them.
+pub(super) fn argument_pointers(values: &mut [Arg]) -> Vec<*mut c_void> {
+    values
+        .iter_mut()
+        .map(|arg| match arg {
+            Arg::Ptr(p) => p as *mut *mut c_void as *mut c_void,
+            Arg::I64(v) => v as *mut i64 as *mut c_void,
+            Arg::I32(v) => v as *mut i32 as *mut c_void,
+            Arg::F32(v) => v as *mut f32 as *mut c_void,
+            Arg::Value(p) => *p as *mut c_void,
+        })
+        .collect()
 }
 
 #[cfg(tdmpc2_cuda_graphs)]
