@@ -23,7 +23,8 @@ struct MemberStacks {
 }
 
 /// Whether [`gather_members`] takes `stacks`: the fused kernels on, every stack a contiguous
-/// float32 tensor where the kernels launch, at most 16 of them, and none wanting a gradient (in grad mode).
+/// float32 tensor where the kernels launch, at most 16 of them, and none wanting a gradient (in
+/// grad mode).
 pub fn gathers(stacks: &[&Tensor]) -> bool {
     super::enabled()
         && !stacks.is_empty()
