@@ -558,14 +558,15 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations(devic
 }
 
 /// Plans with the fused kernels (refit, LayerNorm and activations, policy action, Q bootstrap)
-/// equal plans with torch's operations from the same draws: the same actions and warm starts
-/// within rounding, at model sizes 1 and 5 (1 on the CPU), over two plans (the second
-/// warm-started) for several environments, with the zero-initialised heads drawn at random.
+/// equal plans with torch's operations from the same draws, at model sizes 1 and 5, over two
+/// plans (the second warm-started) for several environments, with the zero-initialised heads
+/// drawn at random. Six iterations of MPPI amplify rounding (elites near the cut, softmax
+/// weights of values in the hundreds), so the actions and warm starts may differ from torch's
+/// by what torch's own differ by when the observations change by one part in a million (at
+/// most 4× that, plus 1e-5), and never by more than 1e-3.
 fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) {
     use tdmpc2::agent::{AgentConfig, Planner, TorchNoise, WorldModel};
-    // On the CPU only size 1: size 5 takes minutes through the host build.
-    let sizes: &[u32] = if device.is_cuda() { &[1, 5] } else { &[1] };
-    for &size in sizes {
+    for size in [1, 5] {
         let config = AgentConfig::defaults(Some(size), 24, 6).unwrap();
         tch::manual_seed(5);
         let mut model = WorldModel::new(&config, device).unwrap();
@@ -583,28 +584,41 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
             .collect();
         model.load_named(heads).unwrap();
         let obs = Tensor::randn([4, 24], (Kind::Float, device));
-        let plan = |fused: bool| {
+        // The first actions, the second (warm-started) actions and the last warm start.
+        let plan = |fused: bool, obs: &Tensor| -> [Tensor; 3] {
             fused::set_enabled(fused);
             let mut planner = Planner::new(&config, device, 4).unwrap();
             let mut noise = TorchNoise::seeded(11);
             let first = planner
-                .plan_batch(&model, &obs, &[true; 4], false, &mut noise)
+                .plan_batch(&model, obs, &[true; 4], false, &mut noise)
                 .unwrap();
             let second = planner
-                .plan_batch(
-                    &model,
-                    &obs,
-                    &[false, true, false, false],
-                    false,
-                    &mut noise,
-                )
+                .plan_batch(&model, obs, &[false, true, false, false], false, &mut noise)
                 .unwrap();
-            (first, second, planner.prev_mean().copy())
+            [first, second, planner.prev_mean().copy()]
         };
-        let (torch, fused) = (plan(false), plan(true));
+        let torch = plan(false, &obs);
+        let nudged = [
+            plan(false, &(&obs * (1.0 + 1e-6))),
+            plan(false, &(&obs * (1.0 - 1e-6))),
+        ];
+        let fused = plan(true, &obs);
         fused::set_enabled(false);
-        assert_close(&format!("size {size}: first actions"), &fused.0, &torch.0);
-        assert_close(&format!("size {size}: second actions"), &fused.1, &torch.1);
-        assert_close(&format!("size {size}: warm start"), &fused.2, &torch.2);
+        let differ = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
+        for (i, what) in ["first actions", "second actions", "warm start"]
+            .iter()
+            .enumerate()
+        {
+            let ours = differ(&fused[i], &torch[i]);
+            let torchs = nudged
+                .iter()
+                .map(|n| differ(&n[i], &torch[i]))
+                .fold(0.0, f64::max);
+            assert!(
+                ours <= (4.0 * torchs + 1e-5).min(1e-3),
+                "size {size}, {what}: the fused plan differs from torch's by {ours}, torch's \
+                 from itself with the observations nudged by one part in a million by {torchs}"
+            );
+        }
     }
 }

@@ -6,7 +6,14 @@
 // threads from the first, odd blocks from the last, so that a read of another thread's write
 // that no barrier orders gives a wrong number in one of the two orders rather than passing.
 // __shared__ variables are static: one block runs at a time, and one launch in the process.
+//
+// A fiber is entered once a launch through ucontext (the portable way onto a stack of its own)
+// and from then on switched to and from with _setjmp/_longjmp, which unlike swapcontext make no
+// system call: a warp reduction switches hundreds of times a row. glibc's fortified longjmp
+// refuses jumps between stacks, hence the #undef, before any system header.
+#undef _FORTIFY_SOURCE
 #include <math.h>
+#include <setjmp.h>
 #include <string.h>
 #include <ucontext.h>
 
@@ -43,7 +50,7 @@ namespace tdmpc2_host {
 enum class State { Runnable, AtBlockBarrier, AtWarpBarrier, Ended };
 
 struct Fiber {
-  ucontext_t context;
+  jmp_buf context;
   std::unique_ptr<char[]> stack;  // left uninitialised: pages are touched only as used
   State state;
 };
@@ -61,7 +68,8 @@ struct Run {
   std::vector<Fiber> fibers;
   std::vector<float> lanes;  // each thread's value in a warp shuffle
   std::vector<unsigned char> shared;
-  ucontext_t scheduler;
+  jmp_buf scheduler;
+  ucontext_t launcher;  // where each fiber returns once it has saved its first context
   std::string error;
 };
 
@@ -70,18 +78,49 @@ inline Run*& run() {
   return current;
 }
 
+inline void suspend(Run& r, Fiber& self) {
+  if (_setjmp(self.context) == 0) _longjmp(r.scheduler, 1);
+}
+
+inline void resume(Run& r, Fiber& fiber) {
+  if (_setjmp(r.scheduler) == 0) _longjmp(fiber.context, 1);
+}
+
 inline void wait(State state) {
   Run& r = *run();
   Fiber& self = r.fibers[r.thread];
   self.state = state;
-  swapcontext(&self.context, &r.scheduler);
+  suspend(r, self);
 }
 
+// A fiber's whole life, on its own stack: it saves its context and goes back to the launch,
+// then runs the kernel's body once for each block the scheduler resumes it in. It never returns.
 inline void fiber_main() {
-  Run& r = *run();
-  r.body(r.kernel, r.args);
-  r.fibers[r.thread].state = State::Ended;
-  // Returning resumes the scheduler (uc_link).
+  {
+    Run& r = *run();
+    ucontext_t entered;
+    if (_setjmp(r.fibers[r.thread].context) == 0) swapcontext(&entered, &r.launcher);
+  }
+  for (;;) {
+    Run& r = *run();
+    r.body(r.kernel, r.args);
+    r.fibers[r.thread].state = State::Ended;
+    suspend(r, r.fibers[r.thread]);
+  }
+}
+
+// Enters each fiber once: it returns here with its context saved, ready for the first block.
+inline void start_fibers(Run& r) {
+  for (unsigned t = 0; t < r.fibers.size(); ++t) {
+    ucontext_t entry;
+    getcontext(&entry);
+    entry.uc_stack.ss_sp = r.fibers[t].stack.get();
+    entry.uc_stack.ss_size = kStackBytes;
+    entry.uc_link = nullptr;
+    makecontext(&entry, fiber_main, 0);
+    r.thread = t;
+    swapcontext(&r.launcher, &entry);
+  }
 }
 
 // Opens the barriers every live thread of a block or warp waits at; false if none could open
@@ -120,15 +159,7 @@ inline bool open_barriers(Run& r) {
 inline bool run_block(Run& r, unsigned block_index) {
   r.block_index = dim3{block_index, 0, 0};
   const unsigned n = r.block.x;
-  for (unsigned t = 0; t < n; ++t) {
-    Fiber& f = r.fibers[t];
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack.get();
-    f.context.uc_stack.ss_size = kStackBytes;
-    f.context.uc_link = &r.scheduler;
-    makecontext(&f.context, fiber_main, 0);
-    f.state = State::Runnable;
-  }
+  for (Fiber& f : r.fibers) f.state = State::Runnable;
   const bool reverse = block_index % 2 == 1;
   for (;;) {
     bool ran = false;
@@ -136,7 +167,7 @@ inline bool run_block(Run& r, unsigned block_index) {
       const unsigned t = reverse ? n - 1 - i : i;
       if (r.fibers[t].state != State::Runnable) continue;
       r.thread = t;
-      swapcontext(&r.scheduler, &r.fibers[t].context);
+      resume(r, r.fibers[t]);
       ran = true;
     }
     bool ended = true;
@@ -180,6 +211,7 @@ inline const char* launch(const HostKernel* k, uint32_t grid, uint32_t block,
   r.lanes.resize(block);
   r.shared.assign(shared_bytes + 16, 0);
   run() = &r;
+  start_fibers(r);
   for (unsigned b = 0; b < grid; ++b) {
     if (!run_block(r, b)) {
       run() = nullptr;
