@@ -487,20 +487,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                     update_repeats: args.agent_repeats as usize,
                     ..Default::default()
                 };
-                if args.device != "cpu" && tch::Cuda::is_available() {
-                    crate::bench::trainer_precision(tch::Device::Cuda(0))?;
-                }
-                let report = crate::bench::agent::bench(&options)?;
-                for case in &report.cases {
-                    let mut line =
-                        serde_json::to_value(case).map_err(|e| Error::Other(e.to_string()))?;
-                    line["case"] = "agent".into();
-                    line["device"] = report.device.clone().into();
-                    line["threads"] = report.threads.into();
-                    line["batch_size"] = report.batch_size.into();
-                    line["matmul_gflops"] = report.matmul_gflops.into();
-                    println!("{line}");
-                }
+                crate::bench::agent::run(&options, &mut |line| println!("{line}"))?;
             }
             "graphs" => {
                 let options = crate::bench::graphs::GraphOptions {
