@@ -176,6 +176,28 @@ impl AgentConfig {
                 self.vmax, self.vmin
             ));
         }
+        if !self.latent_dim.is_multiple_of(self.simnorm_dim) {
+            return fail(format!(
+                "latent_dim ({}) must be a multiple of simnorm_dim ({})",
+                self.latent_dim, self.simnorm_dim
+            ));
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return fail(format!("dropout must be in [0, 1), got {}", self.dropout));
+        }
+        if self.log_std_max < self.log_std_min {
+            return fail("log_std_max must not be below log_std_min".into());
+        }
+        self.validate_observations()?;
+        if self.mpc {
+            self.validate_planner()?;
+        }
+        Ok(())
+    }
+
+    /// Pixels' shapes, and what a multitask model allows.
+    fn validate_observations(&self) -> Result<()> {
+        let fail = |msg: String| Err(Error::Config(msg));
         let image = (IMAGE_SIZE * IMAGE_SIZE) as usize;
         if self.obs == envs::ObsKind::Rgb
             && (!self.obs_dim.is_multiple_of(image)
@@ -197,37 +219,29 @@ impl AgentConfig {
                 );
             }
         }
-        if !self.latent_dim.is_multiple_of(self.simnorm_dim) {
+        Ok(())
+    }
+
+    /// The planner's settings (checked where it plans, `mpc`).
+    fn validate_planner(&self) -> Result<()> {
+        let fail = |msg: String| Err(Error::Config(msg));
+        if self.iterations == 0 {
+            return fail("iterations must be at least 1".into());
+        }
+        if self.num_pi_trajs >= self.num_samples {
             return fail(format!(
-                "latent_dim ({}) must be a multiple of simnorm_dim ({})",
-                self.latent_dim, self.simnorm_dim
+                "num_pi_trajs ({}) must be below num_samples ({})",
+                self.num_pi_trajs, self.num_samples
             ));
         }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return fail(format!("dropout must be in [0, 1), got {}", self.dropout));
+        if self.num_elites == 0 || self.num_elites > self.num_samples {
+            return fail(format!(
+                "num_elites must be in 1..={} (num_samples), got {}",
+                self.num_samples, self.num_elites
+            ));
         }
-        if self.log_std_max < self.log_std_min {
-            return fail("log_std_max must not be below log_std_min".into());
-        }
-        if self.mpc {
-            if self.iterations == 0 {
-                return fail("iterations must be at least 1".into());
-            }
-            if self.num_pi_trajs >= self.num_samples {
-                return fail(format!(
-                    "num_pi_trajs ({}) must be below num_samples ({})",
-                    self.num_pi_trajs, self.num_samples
-                ));
-            }
-            if self.num_elites == 0 || self.num_elites > self.num_samples {
-                return fail(format!(
-                    "num_elites must be in 1..={} (num_samples), got {}",
-                    self.num_samples, self.num_elites
-                ));
-            }
-            if self.min_std > self.max_std {
-                return fail("min_std must not exceed max_std".into());
-            }
+        if self.min_std > self.max_std {
+            return fail("min_std must not exceed max_std".into());
         }
         Ok(())
     }
