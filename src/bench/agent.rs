@@ -248,14 +248,17 @@ fn parse_device(name: &str) -> Result<Device> {
 
 /// `bench --cases agent`: one line per case with the run's device, threads, batch size and
 /// matmul rate, at the trainer's matmul precision on CUDA.
-pub fn run(options: &BenchOptions, print: &mut dyn FnMut(&serde_json::Value)) -> crate::Result<()> {
+pub fn run(
+    options: &BenchOptions,
+    print: &mut dyn FnMut(&serde_json::Value),
+) -> crate::error::Result<()> {
     if options.device != "cpu" && tch::Cuda::is_available() {
         super::trainer_precision(Device::Cuda(0))?;
     }
     let report = bench(options)?;
     for case in &report.cases {
         let mut line =
-            serde_json::to_value(case).map_err(|e| crate::Error::Other(e.to_string()))?;
+            serde_json::to_value(case).map_err(|e| crate::error::Error::Other(e.to_string()))?;
         line["case"] = "agent".into();
         line["device"] = report.device.clone().into();
         line["threads"] = report.threads.into();
