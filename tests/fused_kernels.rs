@@ -89,6 +89,10 @@ fn assert_close_at_scale(what: &str, ours: &Tensor, theirs: &Tensor, scale: &Ten
     );
 }
 
+fn largest_difference(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
 /// `f` run eagerly, then on a GPU captured and replayed: both must equal `expected`, and a
 /// replay must give the same numbers bit for bit (no atomics).
 fn eager_and_captured(what: &str, expected: &Tensor, f: impl FnMut() -> Tensor) {
@@ -386,10 +390,9 @@ fn a_q_pair_with_the_fused_kernels_equals_the_member_by_member_pair(device: Devi
         // A sum over thousands of rows: float32 rounds it differently in another order, so
         // the stacked route may differ from torch's by what torch's own route differs by with
         // the rows reversed.
-        let differ = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
         let (ours, torchs) = (
-            differ(&copied_grad[0], &by_member_grad),
-            differ(&reordered_grad, &by_member_grad),
+            largest_difference(&copied_grad[0], &by_member_grad),
+            largest_difference(&reordered_grad, &by_member_grad),
         );
         assert!(
             ours <= 4.0 * torchs + 1e-6,
@@ -604,15 +607,14 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
         ];
         let fused = plan(true, &obs);
         fused::set_enabled(false);
-        let differ = |a: &Tensor, b: &Tensor| (a - b).abs().max().double_value(&[]);
         for (i, what) in ["first actions", "second actions", "warm start"]
             .iter()
             .enumerate()
         {
-            let ours = differ(&fused[i], &torch[i]);
+            let ours = largest_difference(&fused[i], &torch[i]);
             let torchs = nudged
                 .iter()
-                .map(|n| differ(&n[i], &torch[i]))
+                .map(|n| largest_difference(&n[i], &torch[i]))
                 .fold(0.0, f64::max);
             assert!(
                 ours <= (4.0 * torchs + 1e-5).min(1e-3),
