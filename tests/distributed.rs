@@ -344,13 +344,15 @@ fn assert_pinned_as_planned(stderr: &str, world: usize) {
 
 #[test]
 fn every_rank_holds_the_same_learner_state() {
+    // A checkpoint when seeding ends (before any update) and one at the end, after the 200
+    // pretraining updates and 200 more: the ranks trained and still agree.
     for world in [2usize, 3] {
         let dir = tempfile::tempdir().unwrap();
-        let steps = 600 * world as u64;
+        let steps = 400 * world as u64;
         let out = launcher(&[
             format!("world_size={world}"),
             format!("steps={steps}"),
-            format!("save_freq={}", 400 * world),
+            format!("save_freq={}", 200 * world),
             format!("eval_freq={steps}"),
             format!("master_port={}", free_port()),
             format!("run_dir={}", dir.path().display()),
@@ -358,19 +360,17 @@ fn every_rank_holds_the_same_learner_state() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert_pinned_as_planned(&stderr, world);
-        for step in [400 * world as u64, steps] {
-            let checksums = meta(dir.path(), step)["rank_checksums"]
-                .as_array()
-                .unwrap()
-                .clone();
-            assert_eq!(checksums.len(), world);
-            assert!(
-                checksums.iter().all(|c| c == &checksums[0]),
-                "{world} ranks at {step}: {checksums:?}"
-            );
-        }
+        let checksums = meta(dir.path(), steps)["rank_checksums"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(checksums.len(), world);
+        assert!(
+            checksums.iter().all(|c| c == &checksums[0]),
+            "{world} ranks at {steps}: {checksums:?}"
+        );
         assert_ne!(
-            meta(dir.path(), 400 * world as u64)["rank_checksums"][0],
+            meta(dir.path(), 200 * world as u64)["rank_checksums"][0],
             meta(dir.path(), steps)["rank_checksums"][0]
         );
     }
@@ -440,9 +440,9 @@ fn runs_under_torchrun() {
         .arg(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(tiny_train())
         .args([
-            "steps=800".to_string(),
-            "save_freq=800".into(),
-            "eval_freq=800".into(),
+            "steps=400".to_string(),
+            "save_freq=400".into(),
+            "eval_freq=400".into(),
         ])
         .arg(format!("run_dir={}", dir.path().display()))
         .output()
@@ -452,7 +452,7 @@ fn runs_under_torchrun() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta = meta(dir.path(), 800);
+    let meta = meta(dir.path(), 400);
     assert_eq!(
         meta["world_size"], 2,
         "torchrun's WORLD_SIZE decides the ranks"
@@ -493,7 +493,8 @@ fn spawn_node(
 fn two_nodes_on_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let node = |rank: usize| spawn_node(dir.path(), port, rank, 800, &[]);
+    // Seeding, the pretraining updates and one more step.
+    let node = |rank: usize| spawn_node(dir.path(), port, rank, 400, &[]);
     let (first, second) = (node(0), node(1));
     for child in [first, second] {
         let out = child.wait_with_output().unwrap();
@@ -504,7 +505,7 @@ fn two_nodes_on_one_machine() {
         );
     }
     // Rank 0 (node 0) writes the checkpoints, with both ranks' checksums.
-    let meta = meta(&dir.path().join("node0"), 800);
+    let meta = meta(&dir.path().join("node0"), 400);
     let checksums = meta["rank_checksums"].as_array().unwrap().clone();
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);
@@ -586,7 +587,7 @@ fn a_checkpoint_moves_between_world_sizes() {
             .args(tiny_train())
             .args([
                 format!("world_size={from}"),
-                "steps=800".into(),
+                "steps=400".into(),
                 "save_freq=400".into(),
                 "eval_freq=400".into(),
                 format!("master_port={}", free_port()),
@@ -779,9 +780,9 @@ fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
         .args(tiny_train())
         .args([
             "world_size=2".to_string(),
-            "steps=2400".into(),
-            "save_freq=800".into(),
-            "eval_freq=2400".into(),
+            "steps=1200".into(),
+            "save_freq=400".into(),
+            "eval_freq=1200".into(),
             "max_restarts=1".into(),
             format!("master_port={}", free_port()),
             format!("run_dir={}", dir.path().display()),
@@ -790,7 +791,8 @@ fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let first_checkpoint = dir.path().join("checkpoints").join("step_000000000800");
+    // The first checkpoint, when seeding ends; 400 more steps a rank leave time for the kill.
+    let first_checkpoint = dir.path().join("checkpoints").join("step_000000000400");
     let waiting = Instant::now();
     while !first_checkpoint.join("meta.json").exists()
         && waiting.elapsed() < Duration::from_secs(300)
@@ -805,7 +807,7 @@ fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
     assert!(stderr.contains("rank 1 failed"), "{stderr}");
     assert!(stderr.contains("restart 1 of 1"), "{stderr}");
     assert!(stderr.contains("Resumed from"), "{stderr}");
-    let end = meta(dir.path(), 2400);
+    let end = meta(dir.path(), 1200);
     let checksums = end["rank_checksums"].as_array().unwrap();
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);
@@ -1016,13 +1018,13 @@ fn a_node_that_freezes_is_noticed_within_peer_timeout() {
 fn a_two_node_job_restarts_from_rank_zeros_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let extra = ["max_restarts=1", "save_freq=800", "eval_freq=2400"];
+    let extra = ["max_restarts=1", "save_freq=400", "eval_freq=1200"];
     let (first, second) = (
-        spawn_node(dir.path(), port, 0, 2400, &extra),
-        spawn_node(dir.path(), port, 1, 2400, &extra),
+        spawn_node(dir.path(), port, 0, 1200, &extra),
+        spawn_node(dir.path(), port, 1, 1200, &extra),
     );
     let node0 = dir.path().join("node0");
-    let saved = node0.join("checkpoints").join("step_000000000800");
+    let saved = node0.join("checkpoints").join("step_000000000400");
     let waiting = Instant::now();
     while !saved.join("meta.json").exists() && waiting.elapsed() < Duration::from_secs(300) {
         std::thread::sleep(Duration::from_millis(200));
@@ -1041,7 +1043,7 @@ fn a_two_node_job_restarts_from_rank_zeros_checkpoint() {
     assert!(out1.status.success(), "node 1: {log1}");
     assert!(log1.contains("restart 1 of 1"), "{log1}");
     assert!(log0.contains("Resumed from"), "{log0}");
-    let end = meta(&node0, 2400);
+    let end = meta(&node0, 1200);
     let checksums = end["rank_checksums"].as_array().unwrap();
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);

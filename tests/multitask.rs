@@ -42,27 +42,44 @@ fn checkpoints(run_dir: &Path) -> Vec<PathBuf> {
     dirs
 }
 
+/// The global step a checkpoint directory (`step_000000001200`) was written at.
+fn global_step(checkpoint: &Path) -> usize {
+    let name = checkpoint.file_name().unwrap().to_string_lossy();
+    name.trim_start_matches("step_").parse().unwrap()
+}
+
 fn file(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap()
 }
 
-/// Trains `world` ranks for 1500 steps each, and again stopped early and resumed from its
-/// first checkpoint: the resumed run ends in the same model and optimiser state. Returns the
+/// Trains `world` ranks for `steps_each` steps each (checkpoints fall due every 600, at the next
+/// step where every rank's episode ends), and again stopped a little after its first checkpoint
+/// and resumed from it: the resumed run ends in the same model and optimiser state. Returns the
 /// uninterrupted run's directory and console output.
-fn assert_trains_and_resumes_exactly(world: usize) -> (tempfile::TempDir, String) {
-    let steps = 1500 * world;
+fn assert_trains_and_resumes_exactly(
+    world: usize,
+    steps_each: usize,
+) -> (tempfile::TempDir, String) {
+    let steps = steps_each * world;
     let every = format!("{}", 600 * world);
     let frequencies = [format!("save_freq={every}"), format!("eval_freq={every}")];
     let whole = tempfile::tempdir().unwrap();
     let mut args = frequencies.to_vec();
     args.push(format!("steps={steps}"));
     let console = train(whole.path(), world, &args);
+    let whole_checkpoints = checkpoints(whole.path());
+    assert!(
+        whole_checkpoints.len() >= 2,
+        "a checkpoint before the end: {whole_checkpoints:?}"
+    );
+    let first_step = global_step(&whole_checkpoints[0]);
 
     let split = tempfile::tempdir().unwrap();
     let mut args = frequencies.to_vec();
-    args.push(format!("steps={}", 1200 * world));
+    args.push(format!("steps={}", first_step + 50 * world));
     train(split.path(), world, &args);
     let first = checkpoints(split.path())[0].clone();
+    assert_eq!(global_step(&first), first_step);
     let mut args = frequencies.to_vec();
     args.extend([
         format!("steps={steps}"),
@@ -135,7 +152,8 @@ fn buffer_tasks(run_dir: &Path, rank: usize) -> Vec<u64> {
 
 #[test]
 fn three_tasks_on_three_ranks_train_resume_exactly_and_log_each_task() {
-    let (run, console) = assert_trains_and_resumes_exactly(3);
+    // Every rank's episodes end together at step 1000 (200- and 500-step episodes).
+    let (run, console) = assert_trains_and_resumes_exactly(3, 1100);
     assert_each_task_evaluated(run.path(), &console);
     for rank in 0..3 {
         assert_eq!(
@@ -148,7 +166,9 @@ fn three_tasks_on_three_ranks_train_resume_exactly_and_log_each_task() {
 
 #[test]
 fn three_tasks_on_two_ranks_cycle_and_resume_exactly() {
-    let (run, console) = assert_trains_and_resumes_exactly(2);
+    // Rank 0 plays tasks 0, 2, 1 (200, 500, 500 steps) and rank 1 tasks 1, 0, 2: their
+    // episodes end together at steps 700 and 1200, when each has played all three.
+    let (run, console) = assert_trains_and_resumes_exactly(2, 1200);
     assert_each_task_evaluated(run.path(), &console);
     for rank in 0..2 {
         assert_eq!(

@@ -56,16 +56,17 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
         args
     };
     let whole = tempfile::tempdir().unwrap();
-    tdmpc2("train", whole.path(), &with("steps=1500", &[]));
-    // The same run, stopped after its step-1000 checkpoint and resumed from it.
+    tdmpc2("train", whole.path(), &with("steps=1100", &[]));
+    // The same run, resumed from its step-1000 checkpoint (after 500 pretraining updates and
+    // 500 more).
     let resumed = tempfile::tempdir().unwrap();
     let resume = format!("resume={}", checkpoint(whole.path(), 1000).display());
-    let out = tdmpc2("train", resumed.path(), &with("steps=1500", &[&resume]));
+    let out = tdmpc2("train", resumed.path(), &with("steps=1100", &[&resume]));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Resumed from"));
 
     let (a, b) = (
-        checkpoint(whole.path(), 1500),
-        checkpoint(resumed.path(), 1500),
+        checkpoint(whole.path(), 1100),
+        checkpoint(resumed.path(), 1100),
     );
     for file in ["model.safetensors", "state.safetensors"] {
         let (a, b) = (tensors(&a.join(file)), tensors(&b.join(file)));
@@ -79,7 +80,7 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
         tensors(
             &run_dir
                 .join("buffers/rank0")
-                .join(format!("step_{:012}", 1500))
+                .join(format!("step_{:012}", 1100))
                 .join("buffer.safetensors"),
         )
     };
@@ -112,7 +113,9 @@ fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
         "world_size=2",
         "num_envs=2",
         "seed_steps=1000",
-        "steps=2200",
+        // One update every two steps: 500 pretraining updates a rank, then 10 more.
+        "steps_per_update=2",
+        "steps=2040",
         "eval_freq=100000",
         "num_threads=1",
         "save_video=true",
@@ -125,11 +128,11 @@ fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
         (501, 384, 384),
         "500 steps and the reset"
     );
-    let meta = checkpoint(dir.path(), 2200).join("meta.json");
+    let meta = checkpoint(dir.path(), 2040).join("meta.json");
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(meta).unwrap()).unwrap();
     assert_eq!(meta["world_size"], 2);
-    assert!(meta["model_optim_step"].as_u64().unwrap() >= 1000, "{meta}");
+    assert!(meta["model_optim_step"].as_u64().unwrap() >= 510, "{meta}");
     let checksums = meta["rank_checksums"].as_array().unwrap();
     assert_eq!(
         checksums[0], checksums[1],
