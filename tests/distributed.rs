@@ -440,9 +440,9 @@ fn runs_under_torchrun() {
         .arg(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(tiny_train())
         .args([
-            "steps=400".to_string(),
-            "save_freq=400".into(),
-            "eval_freq=400".into(),
+            "steps=480".to_string(),
+            "save_freq=480".into(),
+            "eval_freq=480".into(),
         ])
         .arg(format!("run_dir={}", dir.path().display()))
         .output()
@@ -452,7 +452,7 @@ fn runs_under_torchrun() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta = meta(dir.path(), 400);
+    let meta = meta(dir.path(), 480);
     assert_eq!(
         meta["world_size"], 2,
         "torchrun's WORLD_SIZE decides the ranks"
@@ -493,8 +493,8 @@ fn spawn_node(
 fn two_nodes_on_one_machine() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    // Seeding, the pretraining updates and one more step.
-    let node = |rank: usize| spawn_node(dir.path(), port, rank, 400, &[]);
+    // 200 seed steps a rank, the pretraining updates and 40 more.
+    let node = |rank: usize| spawn_node(dir.path(), port, rank, 480, &[]);
     let (first, second) = (node(0), node(1));
     for child in [first, second] {
         let out = child.wait_with_output().unwrap();
@@ -505,7 +505,7 @@ fn two_nodes_on_one_machine() {
         );
     }
     // Rank 0 (node 0) writes the checkpoints, with both ranks' checksums.
-    let meta = meta(&dir.path().join("node0"), 400);
+    let meta = meta(&dir.path().join("node0"), 480);
     let checksums = meta["rank_checksums"].as_array().unwrap().clone();
     assert_eq!(checksums.len(), 2);
     assert_eq!(checksums[0], checksums[1]);
@@ -587,7 +587,7 @@ fn a_checkpoint_moves_between_world_sizes() {
             .args(tiny_train())
             .args([
                 format!("world_size={from}"),
-                "steps=400".into(),
+                "steps=480".into(),
                 "save_freq=400".into(),
                 "eval_freq=400".into(),
                 format!("master_port={}", free_port()),
