@@ -24,7 +24,9 @@ fn train(run_dir: &Path, world: usize, extra: &[String]) -> String {
                 "eval_episodes=1".into(),
                 "num_threads=1".into(),
                 "save_buffer=true".into(),
-                "buffer_size=1200".into(),
+                // At most the stopped run's steps a rank: a rank's buffer holds
+                // min(buffer_size, its steps), and a resume needs the saved one's size.
+                "buffer_size=750".into(),
                 format!("master_port={}", free_port()),
                 format!("run_dir={}", run_dir.display()),
             ])
@@ -166,9 +168,10 @@ fn three_tasks_on_three_ranks_train_resume_exactly_and_log_each_task() {
 
 #[test]
 fn three_tasks_on_two_ranks_cycle_and_resume_exactly() {
-    // Rank 0 plays tasks 0, 2, 1 (200, 500, 500 steps) and rank 1 tasks 1, 0, 2: their
-    // episodes end together at steps 700 and 1200, when each has played all three.
-    let (run, console) = assert_trains_and_resumes_exactly(2, 1200);
+    // Rank 0 plays tasks 0, 2, 1, 0 (200, 500, 500, 200 steps) and rank 1 tasks 1, 0, 2, 1:
+    // their episodes end together at step 700; at 1400 the last 750 rows of each rank's
+    // buffer hold all three tasks.
+    let (run, console) = assert_trains_and_resumes_exactly(2, 1400);
     assert_each_task_evaluated(run.path(), &console);
     for rank in 0..2 {
         assert_eq!(
