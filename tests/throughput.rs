@@ -102,9 +102,9 @@ fn a_killed_environment_worker_stops_training_with_a_clear_error() {
     std::thread::sleep(Duration::from_secs(3));
     let killed = Instant::now();
     unsafe { libc::kill(workers[1] as i32, libc::SIGKILL) };
-    let status = loop {
+    let (status, noticed) = loop {
         if let Some(status) = child.try_wait().unwrap() {
-            break status;
+            break (status, killed.elapsed());
         }
         if killed.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
@@ -119,10 +119,11 @@ fn a_killed_environment_worker_stops_training_with_a_clear_error() {
         log.contains("gym:Pendulum-v1") && log.contains("died") && log.contains("SIGKILL"),
         "the error names the environment and what happened: {log}"
     );
+    // Within a few steps; the bound leaves room for a loaded machine (a step can take a second
+    // when other tests share the cores).
     assert!(
-        killed.elapsed() < Duration::from_secs(10),
-        "noticed within seconds, not {:?}",
-        killed.elapsed()
+        noticed < Duration::from_secs(20),
+        "noticed within seconds, not {noticed:?}"
     );
     // Its other worker is gone too.
     std::thread::sleep(Duration::from_millis(500));
