@@ -39,7 +39,8 @@ fn train(run_dir: &Path, settings: &[&str]) -> Output {
 fn metaworld_trains_on_two_ranks_logs_success_and_resumes_bit_for_bit() {
     // Episodes of 100 steps on 2 environments per rank end together every 400 global steps;
     // seeding ends at the first checkpoint, so the resume also carries the planners' warm start.
-    // buffer_size below the 400 steps a rank of the whole run: the resumed buffer wraps too.
+    // buffer_size below the stopped run's 220 steps a rank: a rank's buffer holds
+    // min(buffer_size, its steps), and the resume needs the saved one's size. It wraps.
     let settings = [
         "task=mw-reach",
         "num_envs=2",
@@ -47,7 +48,7 @@ fn metaworld_trains_on_two_ranks_logs_success_and_resumes_bit_for_bit() {
         "save_freq=400",
         "eval_freq=400",
         "save_buffer=true",
-        "buffer_size=300",
+        "buffer_size=200",
     ];
     let whole = tempfile::tempdir().unwrap();
     train(whole.path(), &[&settings[..], &["steps=800"]].concat());
