@@ -40,7 +40,8 @@ fn metaworld_trains_on_two_ranks_logs_success_and_resumes_bit_for_bit() {
     // Episodes of 100 steps on 2 environments per rank end together every 400 global steps;
     // seeding ends at the first checkpoint, so the resume also carries the planners' warm start.
     // buffer_size below the stopped run's 220 steps a rank: a rank's buffer holds
-    // min(buffer_size, its steps), and the resume needs the saved one's size. It wraps.
+    // min(buffer_size, its steps), and the resumed run matches the whole one only when the
+    // stopped run's ring was as large. It wraps.
     let settings = [
         "task=mw-reach",
         "num_envs=2",

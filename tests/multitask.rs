@@ -25,7 +25,8 @@ fn train(run_dir: &Path, world: usize, extra: &[String]) -> String {
                 "num_threads=1".into(),
                 "save_buffer=true".into(),
                 // At most the stopped run's steps a rank: a rank's buffer holds
-                // min(buffer_size, its steps), and a resume needs the saved one's size.
+                // min(buffer_size, its steps), and the resumed run matches the whole one
+                // only when the stopped run's ring was as large.
                 "buffer_size=750".into(),
                 format!("master_port={}", free_port()),
                 format!("run_dir={}", run_dir.display()),

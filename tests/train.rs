@@ -275,6 +275,34 @@ fn assert_resume_is_exact(extra: &[&str]) -> tempfile::TempDir {
 }
 
 #[test]
+fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
+    // 400 steps a rank: a ring of 400 rows, which two 200-step episodes (402 rows) overfill.
+    let dir = tempfile::tempdir().unwrap();
+    let settings = ["save_freq=400", "eval_freq=100000", "save_buffer=true"];
+    train(dir.path(), &[&settings[..], &["steps=400"]].concat());
+    let resume = format!("resume={}", checkpoint(dir.path(), 400).display());
+    let out = train(
+        dir.path(),
+        &[&settings[..], &["steps=800", resume.as_str()]].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("Resumed from")
+            && stderr.contains("hold 400 rows a rank, this run's 800")
+            && !stderr.contains("without replay buffers"),
+        "{stderr}"
+    );
+    // The 400 saved rows and 402 new ones: the 800-row ring is full, with four episodes.
+    let saved = dir
+        .path()
+        .join("buffers/rank0/step_000000000800/buffer.json");
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(saved).unwrap()).unwrap();
+    assert_eq!(meta["capacity"], 800, "{meta}");
+    assert_eq!(meta["filled"], 800, "{meta}");
+    assert_eq!(meta["episodes"].as_array().map(Vec::len), Some(4), "{meta}");
+}
+
+#[test]
 fn eval_loads_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     train(dir.path(), &["steps=400", "eval_freq=400", "save_freq=400"]);

@@ -90,30 +90,7 @@ pub fn resume(
         meta.policy_optim_step,
     )?;
 
-    // The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N), or,
-    // on a rank that cannot see it, in its own run directory.
-    let source_run = resume_source(settings)
-        .ok()
-        .flatten()
-        .and_then(|dir| dir.parent().and_then(Path::parent).map(Path::to_path_buf))
-        .unwrap_or_else(|| settings.run_dir.clone());
-    let buffer = store::at(&buffers_dir(&source_run, group.rank()), meta.global_step);
-    match buffer {
-        Some(buffer_dir) if meta.world_size == group.world_size() => {
-            let tensors = Tensor::read_safetensors(buffer_dir.join("buffer.safetensors"))?;
-            let buffer_meta: BufferMeta = serde_json::from_slice(
-                &std::fs::read(buffer_dir.join("buffer.json"))
-                    .map_err(|e| Error::io("read buffer.json", e))?,
-            )
-            .map_err(|e| fail("buffer.json", e))?;
-            learner.buffer_mut().restore(&tensors, buffer_meta)?;
-        }
-        _ if group.rank() == 0 => eprintln!(
-            "warning: resuming without replay buffers (saved with save_buffer=true at the same \
-             world size); the buffer refills from new episodes"
-        ),
-        _ => {}
-    }
+    restore_buffer(settings, learner, group, &meta)?;
     Ok(Some(TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
@@ -127,6 +104,50 @@ pub fn resume(
         env_episodes,
         warm_start,
     }))
+}
+
+/// Restores this rank's replay buffer when one was saved with the checkpoint at the same world
+/// size. The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N),
+/// or, on a rank that cannot see it, in its own run directory.
+fn restore_buffer(
+    settings: &CheckpointSettings,
+    learner: &mut Learner,
+    group: &ProcessGroup,
+    meta: &Counters,
+) -> Result<()> {
+    let source_run = resume_source(settings)
+        .ok()
+        .flatten()
+        .and_then(|dir| dir.parent().and_then(Path::parent).map(Path::to_path_buf))
+        .unwrap_or_else(|| settings.run_dir.clone());
+    let buffer = store::at(&buffers_dir(&source_run, group.rank()), meta.global_step);
+    let Some(buffer_dir) = buffer.filter(|_| meta.world_size == group.world_size()) else {
+        if group.rank() == 0 {
+            eprintln!(
+                "warning: resuming without replay buffers (saved with save_buffer=true at the \
+                 same world size); the buffer refills from new episodes"
+            );
+        }
+        return Ok(());
+    };
+    let tensors = Tensor::read_safetensors(buffer_dir.join("buffer.safetensors"))?;
+    let saved: BufferMeta = serde_json::from_slice(
+        &std::fs::read(buffer_dir.join("buffer.json"))
+            .map_err(|e| Error::io("read buffer.json", e))?,
+    )
+    .map_err(|e| fail("buffer.json", e))?;
+    let (before, now) = (saved.capacity(), learner.buffer_mut().capacity());
+    if before != now && group.rank() == 0 {
+        eprintln!(
+            "note: the saved replay buffers hold {before} rows a rank, this run's {now} \
+             (min(buffer_size, steps / world_size)); {}",
+            match before < now {
+                true => "every saved row is kept",
+                false => "the newest rows that fit are kept",
+            }
+        );
+    }
+    learner.buffer_mut().restore(&tensors, saved)
 }
 
 /// This rank's planner warm start of `len` values, sent by rank 0 from the checkpoint's `saved`

@@ -15,6 +15,9 @@ use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
 
+mod saved;
+pub use saved::BufferMeta;
+
 /// A batch of H+1 consecutive steps for B sequences, time-major.
 #[derive(Debug)]
 pub struct Batch {
@@ -103,17 +106,6 @@ impl Episode {
     pub fn is_empty(&self) -> bool {
         self.reward.is_empty()
     }
-}
-
-/// The buffer's bookkeeping, saved beside its tensors in a checkpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct BufferMeta {
-    capacity: usize,
-    obs_dim: usize,
-    action_dim: usize,
-    episodes: Vec<Span>,
-    cursor: usize,
-    filled: usize,
 }
 
 /// Where an episode's rows sit in the ring; `start + len` may wrap around.
@@ -361,61 +353,6 @@ impl ReplayBuffer {
         }
     }
 
-    /// The storage tensors (on the CPU) and bookkeeping, for a checkpoint.
-    pub fn export(&self) -> (Vec<(String, Tensor)>, BufferMeta) {
-        let tensors = [
-            ("obs", &self.obs),
-            ("action", &self.action),
-            ("reward", &self.reward),
-            ("terminated", &self.terminated),
-        ]
-        .into_iter()
-        .map(|(name, t)| (name.to_owned(), t.to_device(Device::Cpu)))
-        .collect();
-        let meta = BufferMeta {
-            capacity: self.capacity,
-            obs_dim: self.obs_dim,
-            action_dim: self.action_dim,
-            episodes: self.episodes.iter().copied().collect(),
-            cursor: self.cursor,
-            filled: self.filled,
-        };
-        (tensors, meta)
-    }
-
-    /// Restores what [`Self::export`] produced; the buffer must have the same layout.
-    pub fn restore(&mut self, tensors: &[(String, Tensor)], meta: BufferMeta) -> Result<()> {
-        if (meta.capacity, meta.obs_dim, meta.action_dim)
-            != (self.capacity, self.obs_dim, self.action_dim)
-        {
-            return Err(Error::Other(format!(
-                "the saved replay buffer has capacity {} and dims ({}, {}); this run needs {} and ({}, {})",
-                meta.capacity, meta.obs_dim, meta.action_dim, self.capacity, self.obs_dim, self.action_dim
-            )));
-        }
-        for (name, target) in [
-            ("obs", &self.obs),
-            ("action", &self.action),
-            ("reward", &self.reward),
-            ("terminated", &self.terminated),
-        ] {
-            let saved = tensors
-                .iter()
-                .find(|(n, _)| n == name)
-                .ok_or_else(|| Error::Other(format!("the saved replay buffer lacks '{name}'")))?;
-            if saved.1.size() != target.size() || saved.1.kind() != target.kind() {
-                return Err(Error::Other(format!(
-                    "the saved replay buffer's '{name}' has the wrong shape"
-                )));
-            }
-            tch::no_grad(|| target.shallow_clone().copy_(&saved.1));
-        }
-        self.episodes = meta.episodes.into_iter().collect();
-        self.cursor = meta.cursor;
-        self.filled = meta.filled;
-        Ok(())
-    }
-
     /// Samples `batch_size` slices of `horizon + 1` rows: an episode uniformly among those with
     /// enough rows, then a start uniformly within it.
     pub fn sample(&self, batch_size: usize, horizon: usize, rng: &mut Pcg64) -> Result<Batch> {
@@ -515,7 +452,7 @@ mod tests {
     use rand::SeedableRng;
 
     /// An episode whose observation at step t is `base + t` (obs_dim 2), action `base + t`.
-    fn episode(base: f32, steps: usize) -> Episode {
+    pub(super) fn episode(base: f32, steps: usize) -> Episode {
         Episode {
             obs: (0..=steps)
                 .flat_map(|t| [base + t as f32, -(base + t as f32)])
@@ -527,7 +464,7 @@ mod tests {
         }
     }
 
-    fn values(t: &Tensor) -> Vec<f32> {
+    pub(super) fn values(t: &Tensor) -> Vec<f32> {
         Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
     }
 
@@ -650,7 +587,7 @@ mod tests {
         }
     }
 
-    const PIXELS: ObsLayout = ObsLayout::Frames { frame: 2, stack: 3 };
+    pub(super) const PIXELS: ObsLayout = ObsLayout::Frames { frame: 2, stack: 3 };
 
     /// Frame t of an episode: `[base + t, 200 − base − t]` (bytes).
     fn frame(base: usize, t: usize) -> [f32; 2] {
@@ -664,7 +601,7 @@ mod tests {
             .collect()
     }
 
-    fn pixel_episode(base: usize, steps: usize) -> Episode {
+    pub(super) fn pixel_episode(base: usize, steps: usize) -> Episode {
         Episode {
             obs: (0..=steps).flat_map(|t| frame(base, t)).collect(),
             action: vec![0.0; steps],
@@ -676,7 +613,7 @@ mod tests {
 
     /// Every sampled stack is the one the environment showed, at episode starts too and after
     /// the ring overwrote an episode's first rows. Returns (episode, step) of each slice start.
-    fn check_stacks(buffer: &ReplayBuffer, seed: u64) -> Vec<(usize, usize)> {
+    pub(super) fn check_stacks(buffer: &ReplayBuffer, seed: u64) -> Vec<(usize, usize)> {
         let batch = buffer
             .sample(300, 2, &mut Pcg64::seed_from_u64(seed))
             .unwrap();
