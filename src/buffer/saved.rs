@@ -62,12 +62,15 @@ impl ReplayBuffer {
         let moved = (meta.capacity != self.capacity)
             .then(|| linearised(&meta, self.capacity, self.layout.lookback()))
             .transpose()?;
-        for (name, target) in [
+        // Every saved tensor is checked before any is copied.
+        let storage = [
             ("obs", &self.obs),
             ("action", &self.action),
             ("reward", &self.reward),
             ("terminated", &self.terminated),
-        ] {
+        ];
+        let mut pairs = Vec::with_capacity(storage.len());
+        for (name, target) in storage {
             let saved = tensors
                 .iter()
                 .find(|(n, _)| n == name)
@@ -84,6 +87,9 @@ impl ReplayBuffer {
                     target.kind()
                 )));
             }
+            pairs.push((saved, target));
+        }
+        for (saved, target) in pairs {
             tch::no_grad(|| match &moved {
                 None => target.shallow_clone().f_copy_(saved),
                 Some((_, rows)) => {
@@ -264,8 +270,15 @@ mod tests {
         assert!(err.contains("'obs' has shape [50, 2]"), "{err}");
         let damaged = BufferMeta {
             capacity: 0,
-            ..meta
+            ..meta.clone()
         };
         assert!(target.restore(&tensors, damaged).is_err());
+        // A missing part leaves the buffer as it was, its other parts not copied in.
+        target.add(&episode(500.0, 9)).unwrap();
+        let before = values(&target.obs);
+        let err = target.restore(&tensors[..3], meta).unwrap_err().to_string();
+        assert!(err.contains("lacks 'terminated'"), "{err}");
+        assert_eq!(values(&target.obs), before);
+        assert_eq!(target.len(), 10);
     }
 }
