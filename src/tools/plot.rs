@@ -209,28 +209,7 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
         "train" => &["train"],
         _ => &["eval"],
     };
-    let runs = args
-        .runs
-        .iter()
-        .map(|run| Metrics::read(run))
-        .collect::<Result<Vec<_>>>()?;
-    for (run, metrics) in args.runs.iter().zip(&runs) {
-        let names = metrics.metric_names(phases[0]);
-        if !names.contains(metric) {
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            return Err(Error::Config(format!(
-                "--metric {}: {} has no such {} metric; available: {}",
-                metric,
-                run.display(),
-                phases[0],
-                if names.is_empty() {
-                    "none (no records yet)".to_string()
-                } else {
-                    names.join(", ")
-                }
-            )));
-        }
-    }
+    let runs = read_runs(&args.runs, phases[0], metric)?;
     let groups = group_by_config(&args.runs);
     let labels = group_labels(&args.runs, &groups);
     let mut series = Vec::new();
@@ -285,6 +264,32 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
         )));
     }
     Ok(series)
+}
+
+/// Every run's metrics, each of which must have `metric` in `phase`.
+fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>> {
+    let read = runs
+        .iter()
+        .map(|run| Metrics::read(run))
+        .collect::<Result<Vec<_>>>()?;
+    for (run, metrics) in runs.iter().zip(&read) {
+        let names = metrics.metric_names(phase);
+        if !names.contains(metric) {
+            let names: Vec<&str> = names.iter().map(String::as_str).collect();
+            return Err(Error::Config(format!(
+                "--metric {}: {} has no such {} metric; available: {}",
+                metric,
+                run.display(),
+                phase,
+                if names.is_empty() {
+                    "none (no records yet)".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(read)
 }
 
 /// Indices of the runs, grouped: runs whose config.yaml match apart from seed and run_dir share

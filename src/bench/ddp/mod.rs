@@ -45,24 +45,32 @@ pub struct DdpOptions {
     pub seed: u64,
 }
 
+impl DdpOptions {
+    /// Rank counts and counts of steps and rounds of at least one.
+    fn check(&self) -> Result<()> {
+        if self.ranks.is_empty() || self.ranks.contains(&0) {
+            return Err(Error::Config(format!(
+                "--ranks {:?}: give rank counts >= 1, e.g. --ranks 1,2",
+                self.ranks
+            )));
+        }
+        for (name, value) in [
+            ("--sync-freq", self.sync_freq),
+            ("--ddp-steps", self.steps),
+            ("--ddp-rounds", self.rounds),
+        ] {
+            if value == 0 {
+                return Err(Error::Config(format!("{name}=0: must be >= 1")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Runs every measurement, handing each JSON line to `emit` as soon as it is known; the last
 /// line holds the scaling efficiency of each rank count above 1.
 pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
-    if options.ranks.is_empty() || options.ranks.contains(&0) {
-        return Err(Error::Config(format!(
-            "--ranks {:?}: give rank counts >= 1, e.g. --ranks 1,2",
-            options.ranks
-        )));
-    }
-    for (name, value) in [
-        ("--sync-freq", options.sync_freq),
-        ("--ddp-steps", options.steps),
-        ("--ddp-rounds", options.rounds),
-    ] {
-        if value == 0 {
-            return Err(Error::Config(format!("{name}=0: must be >= 1")));
-        }
-    }
+    options.check()?;
     let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())

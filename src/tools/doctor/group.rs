@@ -1,6 +1,6 @@
 //! The doctor's `--world-size N` check: N ranks of this binary form a real process group here
 //! and all-reduce one tensor.
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tch::{Device, Tensor};
@@ -14,34 +14,61 @@ const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums.
 pub(super) fn check_group(report: &mut Report, world_size: usize) {
+    match all_reduce_across(world_size) {
+        Ok(line) => report.line(Mark::Pass, "process group", line),
+        Err(line) => report.line(Mark::Fail, "process group", line),
+    }
+}
+
+/// What the group check found, as the report's line.
+fn all_reduce_across(world_size: usize) -> std::result::Result<String, String> {
     let gpus = tch::Cuda::device_count() as usize;
     let backend = if gpus >= world_size { "nccl" } else { "gloo" };
-    let port = match std::net::TcpListener::bind(("127.0.0.1", 0)).and_then(|l| l.local_addr()) {
-        Ok(addr) => addr.port(),
-        Err(e) => {
-            report.line(
-                Mark::Fail,
-                "process group",
-                format!("no free local port: {e}"),
-            );
-            return;
-        }
-    };
-    let exe = match std::env::current_exe() {
-        Ok(exe) => exe,
-        Err(e) => {
-            report.line(
-                Mark::Fail,
-                "process group",
-                format!("cannot locate tdmpc2: {e}"),
-            );
-            return;
-        }
-    };
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map_err(|e| format!("no free local port: {e}"))?
+        .port();
+    let exe = std::env::current_exe().map_err(|e| format!("cannot locate tdmpc2: {e}"))?;
     let start = Instant::now();
-    let mut children = Vec::new();
+    let mut failed = Vec::new();
+    for (rank, child) in start_ranks(&exe, world_size, port, backend)?
+        .into_iter()
+        .enumerate()
+    {
+        match wait_with_deadline(child, start + GROUP_TIMEOUT, "no sum") {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stderr);
+                let last = text.lines().last().unwrap_or("no output").to_string();
+                failed.push(format!("rank {rank}: {last}"));
+            }
+            Err(e) => failed.push(format!("rank {rank}: {e}")),
+        }
+    }
+    let expected = world_size * (world_size + 1) / 2;
+    match failed.is_empty() {
+        true => Ok(format!(
+            "{world_size} ranks over {backend} all-reduced 1+..+{world_size} = {expected} in {:.1}s",
+            start.elapsed().as_secs_f64()
+        )),
+        false => Err(format!(
+            "{world_size} ranks over {backend} failed: {}; check that 127.0.0.1 ports are \
+             usable and raise the timeout with dist_timeout in real runs",
+            failed.join("; ")
+        )),
+    }
+}
+
+/// The ranks of the group check; when one cannot start, those already started are stopped.
+fn start_ranks(
+    exe: &std::path::Path,
+    world_size: usize,
+    port: u16,
+    backend: &str,
+) -> std::result::Result<Vec<Child>, String> {
+    let mut children = Vec::with_capacity(world_size);
     for rank in 0..world_size {
-        let child = Command::new(&exe)
+        let child = Command::new(exe)
             .args(["doctor", "--rank-check"])
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())
@@ -57,52 +84,19 @@ pub(super) fn check_group(report: &mut Report, world_size: usize) {
         match child {
             Ok(child) => children.push(child),
             Err(e) => {
-                report.line(
-                    Mark::Fail,
-                    "process group",
-                    format!("cannot start rank {rank}: {e}"),
-                );
-                return;
+                for mut started in children {
+                    let _ = started.kill();
+                    let _ = started.wait();
+                }
+                return Err(format!("cannot start rank {rank}: {e}"));
             }
         }
     }
-    let mut failed = Vec::new();
-    for (rank, child) in children.into_iter().enumerate() {
-        match wait_with_deadline(child, start + GROUP_TIMEOUT, "no sum") {
-            Ok(out) if out.status.success() => {}
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out.stderr);
-                let last = text.lines().last().unwrap_or("no output").to_string();
-                failed.push(format!("rank {rank}: {last}"));
-            }
-            Err(e) => failed.push(format!("rank {rank}: {e}")),
-        }
-    }
-    let expected = world_size * (world_size + 1) / 2;
-    if failed.is_empty() {
-        report.line(
-            Mark::Pass,
-            "process group",
-            format!(
-                "{world_size} ranks over {backend} all-reduced 1+..+{world_size} = {expected} in {:.1}s",
-                start.elapsed().as_secs_f64()
-            ),
-        );
-    } else {
-        report.line(
-            Mark::Fail,
-            "process group",
-            format!(
-                "{world_size} ranks over {backend} failed: {}; check that 127.0.0.1 ports are \
-                 usable and raise the timeout with dist_timeout in real runs",
-                failed.join("; ")
-            ),
-        );
-    }
+    Ok(children)
 }
 
 pub(super) fn wait_with_deadline(
-    mut child: std::process::Child,
+    mut child: Child,
     deadline: Instant,
     what: &str,
 ) -> std::io::Result<std::process::Output> {
