@@ -580,8 +580,13 @@ fn lr_scale_and_warmup_set_the_optimiser_rates() {
 #[test]
 fn a_checkpoint_moves_between_world_sizes() {
     // Resuming checks the loaded learner state against the checksum saved with it, so a run
-    // that goes on at another world size started from exactly the saved state.
-    for (from, to) in [(2usize, 1usize), (1, 2)] {
+    // that goes on at another world size started from exactly the saved state. The saved replay
+    // buffers (one 200-step episode, 201 rows, per 200 steps a rank) are dealt out to the new
+    // ranks: (filled rows, episodes) of each rank's buffer at the end.
+    for (from, to, buffers) in [
+        (2usize, 1usize, [(800, 4)].as_slice()),
+        (1, 2, &[(400, 2); 2]),
+    ] {
         let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
             .args(tiny_train())
@@ -590,6 +595,7 @@ fn a_checkpoint_moves_between_world_sizes() {
                 "steps=480".into(),
                 "save_freq=400".into(),
                 "eval_freq=400".into(),
+                "save_buffer=true".into(),
                 format!("master_port={}", free_port()),
                 format!("run_dir={}", first.path().display()),
             ])
@@ -613,6 +619,7 @@ fn a_checkpoint_moves_between_world_sizes() {
                 "steps=800".into(),
                 "save_freq=400".into(),
                 "eval_freq=800".into(),
+                "save_buffer=true".into(),
                 format!("resume={}", saved.display()),
                 format!("master_port={}", free_port()),
                 format!("run_dir={}", second.path().display()),
@@ -628,6 +635,28 @@ fn a_checkpoint_moves_between_world_sizes() {
             !log.contains("CPU affinity") && !log.contains("pinned"),
             "{log}"
         );
+        assert!(
+            log.contains(&format!(
+                "saved by {from} ranks are dealt out to this run's {to}"
+            )),
+            "{log}"
+        );
+        for (rank, &(filled, episodes)) in buffers.iter().enumerate() {
+            let path = second
+                .path()
+                .join(format!("buffers/rank{rank}/step_000000000800/buffer.json"));
+            let meta: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+            let held = (
+                meta["filled"].as_u64(),
+                meta["episodes"].as_array().map(Vec::len),
+            );
+            assert_eq!(
+                held,
+                (Some(filled), Some(episodes)),
+                "rank {rank} of {to}: {meta}"
+            );
+        }
         let end = meta(second.path(), 800);
         let checksums = end["rank_checksums"].as_array().unwrap();
         assert_eq!(checksums.len(), to);

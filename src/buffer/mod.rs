@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 
 mod saved;
-pub use saved::BufferMeta;
+pub use saved::{BufferMeta, Dealing, SavedPart};
 
 /// A batch of H+1 consecutive steps for B sequences, time-major.
 #[derive(Debug)]

@@ -1,5 +1,6 @@
 //! A replay buffer in a checkpoint: its tensors and bookkeeping, and restoring them into a
-//! ring of the same or another capacity.
+//! ring of the same or another capacity, or dealing the buffers of one world size out to the
+//! ranks of another.
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
@@ -24,18 +25,83 @@ impl BufferMeta {
     }
 }
 
+/// How the buffers saved by `from` ranks are dealt out to the `to` ranks of a resumed run,
+/// episode by episode: episode e of saved rank i (oldest first) goes to rank
+/// (i + from·e) mod `to`. Every episode goes to one rank, the ranks' shares are near equal, and
+/// at the same world size each rank takes its own buffer whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dealing {
+    pub from: usize,
+    pub to: usize,
+}
+
+impl Dealing {
+    fn rank_of(&self, saved_rank: usize, episode: usize) -> usize {
+        (saved_rank + self.from * episode) % self.to
+    }
+
+    /// The saved ranks with episodes for `rank`: those congruent to it modulo gcd(from, to).
+    pub fn sources(&self, rank: usize) -> Vec<usize> {
+        let common = gcd(self.from, self.to);
+        (0..self.from)
+            .filter(|i| i % common == rank % common)
+            .collect()
+    }
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    match b {
+        0 => a.max(1),
+        _ => gcd(b, a % b),
+    }
+}
+
+/// The episodes of one saved buffer that a restore takes.
+#[derive(Debug, Clone)]
+pub struct SavedPart {
+    meta: BufferMeta,
+    /// Indices into `meta.episodes`, oldest first.
+    taken: Vec<usize>,
+}
+
+impl SavedPart {
+    /// Every episode of a saved buffer.
+    pub fn whole(meta: BufferMeta) -> Self {
+        let taken = (0..meta.episodes.len()).collect();
+        Self { meta, taken }
+    }
+
+    /// The episodes of the buffer that `saved_rank` saved which `rank` takes in `dealing`.
+    pub fn dealt(meta: BufferMeta, dealing: Dealing, saved_rank: usize, rank: usize) -> Self {
+        let taken = (0..meta.episodes.len())
+            .filter(|&e| dealing.rank_of(saved_rank, e) == rank)
+            .collect();
+        Self { meta, taken }
+    }
+
+    pub fn meta(&self) -> &BufferMeta {
+        &self.meta
+    }
+
+    /// Rows of the episodes taken.
+    pub fn rows(&self) -> usize {
+        self.taken.iter().map(|&e| self.meta.episodes[e].rows).sum()
+    }
+
+    /// The saved ring verbatim: all of a ring of this capacity.
+    fn is_verbatim(&self, capacity: usize) -> bool {
+        self.meta.capacity == capacity && self.taken.len() == self.meta.episodes.len()
+    }
+}
+
 impl ReplayBuffer {
     /// The storage tensors (on the CPU) and bookkeeping, for a checkpoint.
     pub fn export(&self) -> (Vec<(String, Tensor)>, BufferMeta) {
-        let tensors = [
-            ("obs", &self.obs),
-            ("action", &self.action),
-            ("reward", &self.reward),
-            ("terminated", &self.terminated),
-        ]
-        .into_iter()
-        .map(|(name, t)| (name.to_owned(), t.to_device(Device::Cpu)))
-        .collect();
+        let tensors = self
+            .storage()
+            .into_iter()
+            .map(|(name, t)| (name.to_owned(), t.to_device(Device::Cpu)))
+            .collect();
         let meta = BufferMeta {
             capacity: self.capacity,
             obs_dim: self.obs_dim,
@@ -47,30 +113,123 @@ impl ReplayBuffer {
         (tensors, meta)
     }
 
-    /// Restores what [`Self::export`] produced into a buffer of the same observation and
-    /// action widths. A buffer of another capacity (a resume with more or fewer `steps` a rank,
-    /// or another `buffer_size`) takes the saved episodes in order, oldest first, from its first
-    /// row; when they do not all fit, the newest rows that do, as the ring would have kept them.
-    pub fn restore(&mut self, tensors: &[(String, Tensor)], meta: BufferMeta) -> Result<()> {
-        if (meta.obs_dim, meta.action_dim) != (self.obs_dim, self.action_dim) {
-            return Err(Error::Other(format!(
-                "the saved replay buffer holds observations of {} and actions of {} numbers; \
-                 this run's are {} and {}",
-                meta.obs_dim, meta.action_dim, self.obs_dim, self.action_dim
-            )));
-        }
-        let moved = (meta.capacity != self.capacity)
-            .then(|| linearised(&meta, self.capacity, self.layout.lookback()))
-            .transpose()?;
-        // Every saved tensor is checked before any is copied.
-        let storage = [
+    fn storage(&self) -> [(&'static str, &Tensor); 4] {
+        [
             ("obs", &self.obs),
             ("action", &self.action),
             ("reward", &self.reward),
             ("terminated", &self.terminated),
-        ];
-        let mut pairs = Vec::with_capacity(storage.len());
-        for (name, target) in storage {
+        ]
+    }
+
+    /// Restores what [`Self::export`] produced into a buffer of the same observation and
+    /// action widths ([`Self::gather`] of the whole saved buffer).
+    pub fn restore(&mut self, tensors: &[(String, Tensor)], meta: BufferMeta) -> Result<()> {
+        let copy = || {
+            tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect()
+        };
+        self.gather(vec![SavedPart::whole(meta)], |_| Ok(copy()))
+    }
+
+    /// Fills this buffer with the episodes `parts` take; `load(p)` reads part p's tensors, one
+    /// part at a time. A single whole buffer of this capacity comes back verbatim (a resume at
+    /// the same size makes the same updates); otherwise the episodes are laid out oldest first
+    /// from row 0, and when they do not all fit, the newest rows that do, as the ring would
+    /// have kept them. A part is checked whole before any of it is copied: an error leaves the
+    /// buffer as it was, or empty when parts before it were copied in already.
+    pub fn gather(
+        &mut self,
+        parts: Vec<SavedPart>,
+        mut load: impl FnMut(usize) -> Result<Vec<(String, Tensor)>>,
+    ) -> Result<()> {
+        for part in &parts {
+            let meta = &part.meta;
+            if (meta.obs_dim, meta.action_dim) != (self.obs_dim, self.action_dim) {
+                return Err(Error::Other(format!(
+                    "the saved replay buffer holds observations of {} and actions of {} \
+                     numbers; this run's are {} and {}",
+                    meta.obs_dim, meta.action_dim, self.obs_dim, self.action_dim
+                )));
+            }
+        }
+        if let [part] = &parts[..] {
+            if part.is_verbatim(self.capacity) {
+                return self.restore_verbatim(&load(0)?, &part.meta);
+            }
+        }
+        let Layout { spans, sources } = linearised(&parts, self.capacity, self.layout.lookback())?;
+        let mut copied = false;
+        for (p, part) in parts.iter().enumerate() {
+            let (new_rows, saved_rows): (Vec<i64>, Vec<i64>) = sources
+                .iter()
+                .enumerate()
+                .filter(|(_, (q, _))| *q == p)
+                .map(|(new, (_, saved))| (new as i64, *saved))
+                .unzip();
+            if new_rows.is_empty() {
+                continue;
+            }
+            let copy = load(p)
+                .and_then(|tensors| self.copy_rows(&tensors, &part.meta, (&new_rows, &saved_rows)));
+            if let Err(e) = copy {
+                if copied {
+                    self.episodes.clear();
+                    (self.cursor, self.filled) = (0, 0);
+                }
+                return Err(e);
+            }
+            copied = true;
+        }
+        self.episodes = spans.into_iter().collect();
+        self.cursor = sources.len() % self.capacity;
+        self.filled = sources.len();
+        Ok(())
+    }
+
+    /// Copies rows `saved_rows` of a saved buffer to rows `new_rows` of this one.
+    fn copy_rows(
+        &self,
+        tensors: &[(String, Tensor)],
+        meta: &BufferMeta,
+        (new_rows, saved_rows): (&[i64], &[i64]),
+    ) -> Result<()> {
+        let pairs = self.checked(tensors, meta)?;
+        let new_rows = Tensor::from_slice(new_rows).to_device(self.device);
+        let saved_rows = Tensor::from_slice(saved_rows);
+        for (saved, target) in pairs {
+            let kept = saved.f_index_select(0, &saved_rows)?.to_device(self.device);
+            tch::no_grad(|| {
+                target
+                    .shallow_clone()
+                    .f_index_copy_(0, &new_rows, &kept)
+                    .map(drop)
+            })?;
+        }
+        Ok(())
+    }
+
+    fn restore_verbatim(&mut self, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<()> {
+        for (saved, target) in self.checked(tensors, meta)? {
+            tch::no_grad(|| target.shallow_clone().f_copy_(saved))?;
+        }
+        self.episodes = meta.episodes.iter().copied().collect();
+        self.cursor = meta.cursor;
+        self.filled = meta.filled;
+        Ok(())
+    }
+
+    /// Each saved tensor beside the storage it goes to, all checked: present, with the saved
+    /// ring's rows and this buffer's row shape and kind.
+    fn checked<'a>(
+        &'a self,
+        tensors: &'a [(String, Tensor)],
+        meta: &BufferMeta,
+    ) -> Result<Vec<(&'a Tensor, &'a Tensor)>> {
+        let mut pairs = Vec::with_capacity(4);
+        for (name, target) in self.storage() {
             let saved = tensors
                 .iter()
                 .find(|(n, _)| n == name)
@@ -89,77 +248,71 @@ impl ReplayBuffer {
             }
             pairs.push((saved, target));
         }
-        for (saved, target) in pairs {
-            tch::no_grad(|| match &moved {
-                None => target.shallow_clone().f_copy_(saved),
-                Some((_, rows)) => {
-                    let kept = saved.f_index_select(0, &Tensor::from_slice(rows))?;
-                    target
-                        .narrow(0, 0, rows.len() as i64)
-                        .f_copy_(&kept.to_device(self.device))
-                }
-            })?;
-        }
-        match moved {
-            None => {
-                self.episodes = meta.episodes.into_iter().collect();
-                self.cursor = meta.cursor;
-                self.filled = meta.filled;
-            }
-            Some((episodes, rows)) => {
-                self.episodes = episodes.into_iter().collect();
-                self.cursor = rows.len() % self.capacity;
-                self.filled = rows.len();
-            }
-        }
-        Ok(())
+        Ok(pairs)
     }
 }
 
-/// The saved episodes laid out from row 0 of a ring of `capacity` rows: the newest rows that
-/// fit, oldest first. Returns their spans there and, for each new row, its row in the saved
-/// ring. An episode that loses its first rows keeps `lookback` of what is left as frame context
-/// only, as the ring's own overwriting does.
-fn linearised(
-    meta: &BufferMeta,
-    capacity: usize,
-    lookback: usize,
-) -> Result<(Vec<Span>, Vec<i64>)> {
-    let saved_capacity = meta.capacity;
-    if saved_capacity == 0 || meta.episodes.iter().any(|s| s.rows > saved_capacity) {
-        return Err(Error::Other(format!(
-            "the saved replay buffer's bookkeeping is inconsistent: capacity {saved_capacity} \
-             with episodes of {:?} rows",
-            meta.episodes.iter().map(|s| s.rows).collect::<Vec<_>>()
-        )));
+/// Restored episodes laid out from row 0 of a ring.
+struct Layout {
+    spans: Vec<Span>,
+    /// For each new row, its part and row in that part's saved ring.
+    sources: Vec<(usize, i64)>,
+}
+
+/// The episodes `parts` take laid out from row 0 of a ring of `capacity` rows: the newest rows
+/// that fit, oldest first (episodes of several parts by their age in their own buffer, then
+/// by part). An episode that loses its first rows keeps `lookback` of what is left as frame
+/// context only, as the ring's own overwriting does.
+fn linearised(parts: &[SavedPart], capacity: usize, lookback: usize) -> Result<Layout> {
+    let mut taken = Vec::new();
+    for (p, part) in parts.iter().enumerate() {
+        let meta = &part.meta;
+        if meta.capacity == 0 || meta.episodes.iter().any(|s| s.rows > meta.capacity) {
+            return Err(Error::Other(format!(
+                "the saved replay buffer's bookkeeping is inconsistent: capacity {} with \
+                 episodes of {:?} rows",
+                meta.capacity,
+                meta.episodes.iter().map(|s| s.rows).collect::<Vec<_>>()
+            )));
+        }
+        let newest = meta.episodes.len();
+        taken.extend(part.taken.iter().map(|&e| (newest - e, p, e)));
     }
+    // Oldest first: the largest age, then the first part.
+    taken.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     let mut room = capacity;
     let mut kept = Vec::new();
-    for span in meta.episodes.iter().rev() {
+    for &(_, p, e) in taken.iter().rev() {
         if room == 0 {
             break;
         }
+        let span = parts[p].meta.episodes[e];
         let rows = span.rows.min(room);
         let lost = span.rows - rows;
         let context = match lost {
             0 => span.context,
             _ => lookback.min(rows),
         };
-        kept.push((span, lost, rows, context));
+        kept.push((p, span, lost, rows, context));
         room -= rows;
     }
     let mut spans = Vec::with_capacity(kept.len());
     let mut positions = Vec::with_capacity(capacity - room);
-    for (span, lost, rows, context) in kept.into_iter().rev() {
+    for (p, span, lost, rows, context) in kept.into_iter().rev() {
         spans.push(Span {
             start: positions.len(),
             rows,
             context,
             task: span.task,
         });
-        positions.extend((lost..span.rows).map(|i| ((span.start + i) % saved_capacity) as i64));
+        let saved_capacity = parts[p].meta.capacity;
+        positions
+            .extend((lost..span.rows).map(|i| (p, ((span.start + i) % saved_capacity) as i64)));
     }
-    Ok((spans, positions))
+    Ok(Layout {
+        spans,
+        sources: positions,
+    })
 }
 
 #[cfg(test)]
@@ -242,6 +395,114 @@ mod tests {
         let tiny = moved(&buffer, 12).unwrap();
         assert_eq!((tiny.len(), tiny.num_episodes()), (12, 2));
         assert!(check_stacks(&tiny, 7).iter().all(|s| s.0 == 100));
+    }
+
+    /// A ring of `capacity` rows holding 10-row episodes of `bases`, exported.
+    fn saved(bases: &[f32], capacity: usize) -> (Vec<(String, Tensor)>, BufferMeta) {
+        let mut ring =
+            ReplayBuffer::new(capacity, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        for &base in bases {
+            ring.add(&episode(base, 9)).unwrap();
+        }
+        ring.export()
+    }
+
+    /// Rank `rank` of `world`, resumed from the buffers `ranks` saved.
+    fn dealt(
+        ranks: &[(Vec<(String, Tensor)>, BufferMeta)],
+        rank: usize,
+        world: usize,
+        capacity: usize,
+    ) -> ReplayBuffer {
+        let dealing = Dealing {
+            from: ranks.len(),
+            to: world,
+        };
+        let sources = dealing.sources(rank);
+        let parts = sources
+            .iter()
+            .map(|&i| SavedPart::dealt(ranks[i].1.clone(), dealing, i, rank))
+            .collect();
+        let mut buffer =
+            ReplayBuffer::new(capacity, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let copy = |t: &[(String, Tensor)]| t.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+        buffer
+            .gather(parts, |p| Ok(copy(&ranks[sources[p]].0)))
+            .unwrap();
+        buffer
+    }
+
+    /// The first stored value of each episode, oldest first (its base unless it lost rows).
+    fn firsts(buffer: &ReplayBuffer) -> Vec<f32> {
+        let obs = values(&buffer.obs);
+        buffer.episodes.iter().map(|s| obs[2 * s.start]).collect()
+    }
+
+    #[test]
+    fn saved_buffers_are_dealt_out_to_another_world_size_each_episode_to_one_rank() {
+        let ranks = [
+            saved(&[0.0, 100.0, 200.0], 40),
+            saved(&[1000.0, 1100.0, 1200.0], 40),
+        ];
+        // To one rank: both buffers, oldest first, the ranks' episodes of one age side by side.
+        let one = dealt(&ranks, 0, 1, 100);
+        assert_eq!(firsts(&one), [0.0, 1000.0, 100.0, 1100.0, 200.0, 1200.0]);
+        assert_eq!((one.len(), one.cursor), (60, 60));
+        let batch = one.sample(256, 3, &mut Pcg64::seed_from_u64(1)).unwrap();
+        let obs = values(&batch.obs);
+        for b in 0..256 {
+            let x = |t: usize| obs[(t * 256 + b) * 2];
+            assert!(
+                (0..3).all(|t| x(t + 1) == x(t) + 1.0),
+                "consecutive rows of one episode"
+            );
+        }
+        // Into fewer rows: the newest that fit, the oldest kept episode trimmed.
+        let small = dealt(&ranks, 0, 1, 35);
+        assert_eq!(firsts(&small), [105.0, 1100.0, 200.0, 1200.0]);
+        assert_eq!(small.len(), 35);
+        // To more ranks: every episode to exactly one, in near-equal shares.
+        for world in [3, 4] {
+            let mut all: Vec<f32> = (0..world)
+                .flat_map(|rank| firsts(&dealt(&ranks, rank, world, 100)))
+                .collect();
+            all.sort_by(f32::total_cmp);
+            assert_eq!(
+                all,
+                [0.0, 100.0, 200.0, 1000.0, 1100.0, 1200.0],
+                "{world} ranks"
+            );
+        }
+        assert_eq!(firsts(&dealt(&ranks, 0, 4, 100)), [0.0, 200.0]);
+        assert_eq!(firsts(&dealt(&ranks, 3, 4, 100)), [1100.0]);
+        assert_eq!(
+            Dealing { from: 4, to: 2 }.sources(1),
+            [1, 3],
+            "shrinking by a factor: rank r takes the saved ranks r mod 2 whole"
+        );
+        assert_eq!(Dealing { from: 2, to: 3 }.sources(2), [0, 1]);
+    }
+
+    #[test]
+    fn a_damaged_second_saved_buffer_leaves_the_buffer_empty() {
+        let ranks = [saved(&[0.0, 100.0], 40), saved(&[1000.0], 40)];
+        let dealing = Dealing { from: 2, to: 1 };
+        let parts: Vec<SavedPart> = (0..2)
+            .map(|i| SavedPart::dealt(ranks[i].1.clone(), dealing, i, 0))
+            .collect();
+        let mut buffer =
+            ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        buffer.add(&episode(500.0, 9)).unwrap();
+        let err = buffer
+            .gather(parts, |p| {
+                let kept = ranks[p].0.iter().take(4 - 2 * p);
+                Ok(kept.map(|(n, t)| (n.clone(), t.copy())).collect())
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lacks 'reward'"), "{err}");
+        assert_eq!((buffer.len(), buffer.num_episodes()), (0, 0));
+        assert!(!buffer.can_sample(2));
     }
 
     #[test]

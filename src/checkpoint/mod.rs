@@ -10,6 +10,7 @@
 //! Random streams are not saved: at every checkpoint point the trainer re-derives them from
 //! (seed, rank, step), in an uninterrupted run and in a resumed one alike, so resuming
 //! continues exactly.
+mod buffers;
 pub mod integrity;
 mod rank_rows;
 mod resume;

@@ -1,16 +1,17 @@
 //! Resuming: rank 0 finds, verifies and loads the checkpoint `resume` names and sends the learner
-//! state to every other rank; each rank restores its own replay buffer when it was saved.
+//! state to every other rank; each rank restores its share of the replay buffers when they were
+//! saved.
 use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
 
+use super::buffers::SavedBuffers;
 use super::{
-    buffers_dir, checkpoints_dir, fail, integrity, rank_rows, read_meta, store, verify_files,
-    CheckpointSettings, Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE,
-    WARM_START,
+    checkpoints_dir, integrity, rank_rows, read_meta, store, verify_files, CheckpointSettings,
+    Meta, TrainState, CARRIED_TASK_GRAD, FORMAT, META, MODEL, STATE, WARM_START,
 };
 use crate::agent::AdamState;
-use crate::buffer::BufferMeta;
+use crate::buffer::Dealing;
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 use crate::learner::Learner;
@@ -45,8 +46,8 @@ fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {
     }
 }
 
-/// Loads the learner state named by `resume` into `agent` (and this rank's buffer when it was
-/// saved at the same step and world size); returns the counters to continue from.
+/// Loads the learner state named by `resume` into `agent` (and this rank's share of the replay
+/// buffers when they were saved); returns the counters to continue from.
 ///
 /// Rank 0 alone reads and verifies the checkpoint; every other rank receives its state over the
 /// process group, so ranks on other nodes need no copy of the run directory, and all ranks agree
@@ -106,9 +107,9 @@ pub fn resume(
     }))
 }
 
-/// Restores this rank's replay buffer when one was saved with the checkpoint at the same world
-/// size. The buffers live beside the run that wrote the checkpoint (<run>/checkpoints/step_N),
-/// or, on a rank that cannot see it, in its own run directory.
+/// Restores this rank's share of the replay buffers saved with the checkpoint. They live beside
+/// the run that wrote it (<run>/checkpoints/step_N), or, on a rank that cannot see it, in its
+/// own run directory.
 fn restore_buffer(
     settings: &CheckpointSettings,
     learner: &mut Learner,
@@ -120,34 +121,16 @@ fn restore_buffer(
         .flatten()
         .and_then(|dir| dir.parent().and_then(Path::parent).map(Path::to_path_buf))
         .unwrap_or_else(|| settings.run_dir.clone());
-    let buffer = store::at(&buffers_dir(&source_run, group.rank()), meta.global_step);
-    let Some(buffer_dir) = buffer.filter(|_| meta.world_size == group.world_size()) else {
-        if group.rank() == 0 {
-            eprintln!(
-                "warning: resuming without replay buffers (saved with save_buffer=true at the \
-                 same world size); the buffer refills from new episodes"
-            );
-        }
-        return Ok(());
+    let saved = SavedBuffers {
+        source_run: &source_run,
+        run_dir: &settings.run_dir,
+        step: meta.global_step,
+        dealing: Dealing {
+            from: meta.world_size,
+            to: group.world_size(),
+        },
     };
-    let tensors = Tensor::read_safetensors(buffer_dir.join("buffer.safetensors"))?;
-    let saved: BufferMeta = serde_json::from_slice(
-        &std::fs::read(buffer_dir.join("buffer.json"))
-            .map_err(|e| Error::io("read buffer.json", e))?,
-    )
-    .map_err(|e| fail("buffer.json", e))?;
-    let (before, now) = (saved.capacity(), learner.buffer_mut().capacity());
-    if before != now && group.rank() == 0 {
-        eprintln!(
-            "note: the saved replay buffers hold {before} rows a rank, this run's {now} \
-             (min(buffer_size, steps / world_size)); {}",
-            match before < now {
-                true => "every saved row is kept",
-                false => "the newest rows that fit are kept",
-            }
-        );
-    }
-    learner.buffer_mut().restore(&tensors, saved)
+    saved.restore(learner.buffer_mut(), group.rank())
 }
 
 /// This rank's planner warm start of `len` values, sent by rank 0 from the checkpoint's `saved`

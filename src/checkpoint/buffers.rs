@@ -1,0 +1,105 @@
+//! Replay buffers on resume: each rank takes the saved buffers' episodes that are dealt to it
+//! (its own buffer at the same world size, shares of the saved ranks' buffers at another).
+use std::path::{Path, PathBuf};
+
+use tch::Tensor;
+
+use super::{buffers_dir, fail, store};
+use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart};
+use crate::error::{Error, Result};
+
+/// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.
+pub(super) struct SavedBuffers<'a> {
+    /// The run that wrote the checkpoint (the buffers live beside it).
+    pub source_run: &'a Path,
+    /// This rank's own run directory: where a rank that cannot see the source run finds what
+    /// it saved itself.
+    pub run_dir: &'a Path,
+    pub step: u64,
+    pub dealing: Dealing,
+}
+
+impl SavedBuffers<'_> {
+    /// The buffer directories of the saved ranks with episodes for `rank`: those found, and
+    /// the saved ranks of those not found.
+    fn locate(&self, rank: usize) -> (Vec<(usize, PathBuf)>, Vec<usize>) {
+        let (mut found, mut missing) = (Vec::new(), Vec::new());
+        for saved_rank in self.dealing.sources(rank) {
+            let at = |run: &Path| store::at(&buffers_dir(run, saved_rank), self.step);
+            match at(self.source_run).or_else(|| at(self.run_dir)) {
+                Some(dir) => found.push((saved_rank, dir)),
+                None => missing.push(saved_rank),
+            }
+        }
+        (found, missing)
+    }
+
+    /// Fills `buffer` with what rank `rank` takes of the saved buffers; warns when there are
+    /// none (rank 0, for the run) or only some (any rank).
+    pub fn restore(&self, buffer: &mut ReplayBuffer, rank: usize) -> Result<()> {
+        let (found, missing) = self.locate(rank);
+        if found.is_empty() {
+            if rank == 0 {
+                eprintln!(
+                    "warning: resuming without replay buffers (saved with save_buffer=true); \
+                     the buffer refills from new episodes"
+                );
+            }
+            return Ok(());
+        }
+        if !missing.is_empty() {
+            eprintln!(
+                "warning: rank {rank} resumes without the replay buffers of saved ranks \
+                 {missing:?}, found neither beside the checkpoint nor in its run_dir"
+            );
+        }
+        let parts = found
+            .iter()
+            .map(|(saved_rank, dir)| {
+                let meta = read_meta(dir)?;
+                Ok(SavedPart::dealt(meta, self.dealing, *saved_rank, rank))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if rank == 0 {
+            if let Some(note) = self.note(&parts, buffer.capacity()) {
+                eprintln!("note: {note}");
+            }
+        }
+        buffer.gather(parts, |p| {
+            Ok(Tensor::read_safetensors(
+                found[p].1.join("buffer.safetensors"),
+            )?)
+        })
+    }
+
+    /// What a rank's buffer holds of the saved ones, when it is not the saved ring as it was.
+    fn note(&self, parts: &[SavedPart], capacity: usize) -> Option<String> {
+        let rows: usize = parts.iter().map(SavedPart::rows).sum();
+        let kept = match rows <= capacity {
+            true => "every saved row is kept",
+            false => "the newest rows that fit are kept",
+        };
+        let Dealing { from, to } = self.dealing;
+        if from != to {
+            return Some(format!(
+                "the replay buffers saved by {from} ranks are dealt out to this run's {to}, \
+                 episode by episode: rank 0 takes {rows} saved rows into its {capacity} \
+                 (min(buffer_size, steps / world_size)); {kept}"
+            ));
+        }
+        let saved = parts.first().map(|p| p.meta().capacity())?;
+        (saved != capacity).then(|| {
+            format!(
+                "the saved replay buffers hold {saved} rows a rank, this run's {capacity} \
+                 (min(buffer_size, steps / world_size)); {kept}"
+            )
+        })
+    }
+}
+
+fn read_meta(dir: &Path) -> Result<BufferMeta> {
+    let path = dir.join("buffer.json");
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))
+}
