@@ -40,29 +40,10 @@ impl RankInfo {
         config: &Config,
         vars: &dyn Fn(&str) -> Option<String>,
     ) -> Result<(Self, LaunchedBy)> {
-        let number = |key: &str| -> Result<Option<usize>> {
-            vars(key)
-                .map(|v| {
-                    v.trim().parse::<usize>().map_err(|_| {
-                        Error::Config(format!(
-                            "environment variable {key}={v} is not a non-negative integer"
-                        ))
-                    })
-                })
-                .transpose()
-        };
-        let port = |default: u16| -> Result<u16> {
-            match vars("MASTER_PORT") {
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| Error::Config(format!("MASTER_PORT={v} is not a port number"))),
-                None => Ok(default),
-            }
-        };
+        let vars = Vars(vars);
         let launcher = config.launcher.as_str();
-        let torchrun_vars = (number("RANK")?, number("WORLD_SIZE")?);
-        let slurm_vars = (number("SLURM_PROCID")?, number("SLURM_NTASKS")?);
+        let torchrun_vars = (vars.number("RANK")?, vars.number("WORLD_SIZE")?);
+        let slurm_vars = (vars.number("SLURM_PROCID")?, vars.number("SLURM_NTASKS")?);
         let missing = |what: &str| {
             Error::Config(format!(
                 "launcher={launcher}, but {what} are not set: start the job with that launcher, \
@@ -83,37 +64,11 @@ impl RankInfo {
         let use_torchrun_vars = launcher != "slurm";
         let use_slurm_vars = launcher == "auto" || launcher == "slurm";
         if let (true, (Some(rank), Some(world_size))) = (use_torchrun_vars, torchrun_vars) {
-            let local_rank = number("LOCAL_RANK")?.unwrap_or(0);
-            let local_world_size = number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
-            let info = Self {
-                rank,
-                world_size,
-                local_rank,
-                local_world_size,
-                master_addr: vars("MASTER_ADDR").unwrap_or_else(|| config.master_addr.clone()),
-                master_port: port(config.master_port)?,
-            };
+            let info = vars.torchrun(config, rank, world_size)?;
             return info.checked().map(|i| (i, LaunchedBy::Torchrun));
         }
         if let (true, (Some(rank), Some(world_size))) = (use_slurm_vars, slurm_vars) {
-            let nodes = vars("SLURM_JOB_NODELIST").or_else(|| vars("SLURM_NODELIST"));
-            let master_addr = match vars("MASTER_ADDR") {
-                Some(addr) => addr,
-                None => nodes
-                    .as_deref()
-                    .map(first_host)
-                    .unwrap_or_else(|| config.master_addr.clone()),
-            };
-            let info = Self {
-                rank,
-                world_size,
-                local_rank: number("SLURM_LOCALID")?.unwrap_or(0),
-                local_world_size: vars("SLURM_NTASKS_PER_NODE")
-                    .and_then(|v| v.split('(').next().and_then(|n| n.parse().ok()))
-                    .unwrap_or(1),
-                master_addr,
-                master_port: port(config.master_port)?,
-            };
+            let info = vars.slurm(config, rank, world_size)?;
             return info.checked().map(|i| (i, LaunchedBy::Slurm));
         }
         Ok((Self::single(config), LaunchedBy::Nobody))
@@ -131,6 +86,67 @@ impl RankInfo {
 
     pub fn is_root(&self) -> bool {
         self.rank == 0
+    }
+}
+
+/// The environment a launcher set, read as rank settings.
+struct Vars<'a>(&'a dyn Fn(&str) -> Option<String>);
+
+impl Vars<'_> {
+    fn number(&self, key: &str) -> Result<Option<usize>> {
+        (self.0)(key)
+            .map(|v| {
+                v.trim().parse::<usize>().map_err(|_| {
+                    Error::Config(format!(
+                        "environment variable {key}={v} is not a non-negative integer"
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    fn port(&self, default: u16) -> Result<u16> {
+        match (self.0)("MASTER_PORT") {
+            Some(v) => v
+                .trim()
+                .parse()
+                .map_err(|_| Error::Config(format!("MASTER_PORT={v} is not a port number"))),
+            None => Ok(default),
+        }
+    }
+
+    /// A rank of torchrun or of our own launcher.
+    fn torchrun(&self, config: &Config, rank: usize, world_size: usize) -> Result<RankInfo> {
+        Ok(RankInfo {
+            rank,
+            world_size,
+            local_rank: self.number("LOCAL_RANK")?.unwrap_or(0),
+            local_world_size: self.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size),
+            master_addr: (self.0)("MASTER_ADDR").unwrap_or_else(|| config.master_addr.clone()),
+            master_port: self.port(config.master_port)?,
+        })
+    }
+
+    /// A SLURM task: the master is MASTER_ADDR, else the job's first node.
+    fn slurm(&self, config: &Config, rank: usize, world_size: usize) -> Result<RankInfo> {
+        let nodes = (self.0)("SLURM_JOB_NODELIST").or_else(|| (self.0)("SLURM_NODELIST"));
+        let master_addr = match (self.0)("MASTER_ADDR") {
+            Some(addr) => addr,
+            None => nodes
+                .as_deref()
+                .map(first_host)
+                .unwrap_or_else(|| config.master_addr.clone()),
+        };
+        Ok(RankInfo {
+            rank,
+            world_size,
+            local_rank: self.number("SLURM_LOCALID")?.unwrap_or(0),
+            local_world_size: (self.0)("SLURM_NTASKS_PER_NODE")
+                .and_then(|v| v.split('(').next().and_then(|n| n.parse().ok()))
+                .unwrap_or(1),
+            master_addr,
+            master_port: self.port(config.master_port)?,
+        })
     }
 }
 
