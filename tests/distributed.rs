@@ -641,12 +641,14 @@ fn a_checkpoint_moves_between_world_sizes() {
             )),
             "{log}"
         );
+        // Each rank's oldest episode is a saved one of its own (no episode dealt twice).
+        let mut oldest = Vec::new();
         for (rank, &(filled, episodes)) in buffers.iter().enumerate() {
-            let path = second
+            let dir = second
                 .path()
-                .join(format!("buffers/rank{rank}/step_000000000800/buffer.json"));
+                .join(format!("buffers/rank{rank}/step_000000000800"));
             let meta: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+                serde_json::from_slice(&std::fs::read(dir.join("buffer.json")).unwrap()).unwrap();
             let held = (
                 meta["filled"].as_u64(),
                 meta["episodes"].as_array().map(Vec::len),
@@ -656,7 +658,13 @@ fn a_checkpoint_moves_between_world_sizes() {
                 (Some(filled), Some(episodes)),
                 "rank {rank} of {to}: {meta}"
             );
+            let start = meta["episodes"][0]["start"].as_i64().unwrap();
+            let tensors = Tensor::read_safetensors(dir.join("buffer.safetensors")).unwrap();
+            let obs = &tensors.iter().find(|(name, _)| name == "obs").unwrap().1;
+            oldest.push(Vec::<f32>::try_from(obs.get(start)).unwrap());
         }
+        oldest.dedup();
+        assert_eq!(oldest.len(), to, "{oldest:?}");
         let end = meta(second.path(), 800);
         let checksums = end["rank_checksums"].as_array().unwrap();
         assert_eq!(checksums.len(), to);

@@ -23,6 +23,33 @@ impl BufferMeta {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+
+    /// That the bookkeeping describes a ring the buffer could have written: episodes one after
+    /// another within the capacity, ending at the cursor, their rows the rows filled.
+    fn check(&self) -> Result<()> {
+        let capacity = self.capacity;
+        let mut end = self.episodes.first().map_or(self.cursor, |s| s.start);
+        let mut rows = 0;
+        let mut consistent = capacity > 0 && self.cursor < capacity;
+        for span in &self.episodes {
+            consistent &= span.start == end && span.rows > 0 && span.context <= span.rows;
+            rows += span.rows;
+            end = (span.start + span.rows.min(capacity)) % capacity.max(1);
+        }
+        if consistent && rows == self.filled && rows <= capacity && end == self.cursor {
+            return Ok(());
+        }
+        Err(Error::Other(format!(
+            "the saved replay buffer's bookkeeping is inconsistent: capacity {capacity}, cursor \
+             {}, {} rows filled, episodes (start, rows, context) {:?}",
+            self.cursor,
+            self.filled,
+            self.episodes
+                .iter()
+                .map(|s| (s.start, s.rows, s.context))
+                .collect::<Vec<_>>()
+        )))
+    }
 }
 
 /// How the buffers saved by `from` ranks are dealt out to the `to` ranks of a resumed run,
@@ -147,6 +174,7 @@ impl ReplayBuffer {
     ) -> Result<()> {
         for part in &parts {
             let meta = &part.meta;
+            meta.check()?;
             if (meta.obs_dim, meta.action_dim) != (self.obs_dim, self.action_dim) {
                 return Err(Error::Other(format!(
                     "the saved replay buffer holds observations of {} and actions of {} \
@@ -160,8 +188,9 @@ impl ReplayBuffer {
                 return self.restore_verbatim(&load(0)?, &part.meta);
             }
         }
-        let Layout { spans, sources } = linearised(&parts, self.capacity, self.layout.lookback())?;
-        let mut copied = false;
+        let Layout { spans, sources } = linearised(&parts, self.capacity, self.layout.lookback());
+        // Rows are overwritten from the first copy on: an error after it leaves the buffer empty.
+        let mut touched = false;
         for (p, part) in parts.iter().enumerate() {
             let (new_rows, saved_rows): (Vec<i64>, Vec<i64>) = sources
                 .iter()
@@ -172,16 +201,17 @@ impl ReplayBuffer {
             if new_rows.is_empty() {
                 continue;
             }
-            let copy = load(p)
-                .and_then(|tensors| self.copy_rows(&tensors, &part.meta, (&new_rows, &saved_rows)));
-            if let Err(e) = copy {
-                if copied {
-                    self.episodes.clear();
-                    (self.cursor, self.filled) = (0, 0);
+            let copied = load(p).and_then(|tensors| {
+                self.checked(&tensors, &part.meta)?;
+                touched = true;
+                self.copy_rows(&tensors, &part.meta, (&new_rows, &saved_rows))
+            });
+            if let Err(e) = copied {
+                if touched {
+                    self.forget_rows();
                 }
                 return Err(e);
             }
-            copied = true;
         }
         self.episodes = spans.into_iter().collect();
         self.cursor = sources.len() % self.capacity;
@@ -212,13 +242,24 @@ impl ReplayBuffer {
     }
 
     fn restore_verbatim(&mut self, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<()> {
-        for (saved, target) in self.checked(tensors, meta)? {
-            tch::no_grad(|| target.shallow_clone().f_copy_(saved))?;
+        let copied = self
+            .checked(tensors, meta)?
+            .into_iter()
+            .try_for_each(|(saved, target)| tch::no_grad(|| target.shallow_clone().f_copy_(saved)));
+        if let Err(e) = copied {
+            self.forget_rows();
+            return Err(e.into());
         }
         self.episodes = meta.episodes.iter().copied().collect();
         self.cursor = meta.cursor;
         self.filled = meta.filled;
         Ok(())
+    }
+
+    /// Empties the buffer (its rows are no longer what its bookkeeping says).
+    fn forget_rows(&mut self) {
+        self.episodes.clear();
+        (self.cursor, self.filled) = (0, 0);
     }
 
     /// Each saved tensor beside the storage it goes to, all checked: present, with the saved
@@ -263,19 +304,10 @@ struct Layout {
 /// that fit, oldest first (episodes of several parts by their age in their own buffer, then
 /// by part). An episode that loses its first rows keeps `lookback` of what is left as frame
 /// context only, as the ring's own overwriting does.
-fn linearised(parts: &[SavedPart], capacity: usize, lookback: usize) -> Result<Layout> {
+fn linearised(parts: &[SavedPart], capacity: usize, lookback: usize) -> Layout {
     let mut taken = Vec::new();
     for (p, part) in parts.iter().enumerate() {
-        let meta = &part.meta;
-        if meta.capacity == 0 || meta.episodes.iter().any(|s| s.rows > meta.capacity) {
-            return Err(Error::Other(format!(
-                "the saved replay buffer's bookkeeping is inconsistent: capacity {} with \
-                 episodes of {:?} rows",
-                meta.capacity,
-                meta.episodes.iter().map(|s| s.rows).collect::<Vec<_>>()
-            )));
-        }
-        let newest = meta.episodes.len();
+        let newest = part.meta.episodes.len();
         taken.extend(part.taken.iter().map(|&e| (newest - e, p, e)));
     }
     // Oldest first: the largest age, then the first part.
@@ -309,10 +341,10 @@ fn linearised(parts: &[SavedPart], capacity: usize, lookback: usize) -> Result<L
         positions
             .extend((lost..span.rows).map(|i| (p, ((span.start + i) % saved_capacity) as i64)));
     }
-    Ok(Layout {
+    Layout {
         spans,
         sources: positions,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -322,7 +354,7 @@ mod tests {
 
     use super::*;
     use crate::buffer::tests::{check_stacks, episode, pixel_episode, values, PIXELS};
-    use crate::buffer::ObsLayout;
+    use crate::buffer::{Episode, ObsLayout};
 
     /// A copy of `buffer` through a checkpoint, into a buffer of `capacity` rows.
     fn moved(buffer: &ReplayBuffer, capacity: usize) -> Result<ReplayBuffer> {
@@ -397,21 +429,30 @@ mod tests {
         assert!(check_stacks(&tiny, 7).iter().all(|s| s.0 == 100));
     }
 
-    /// A ring of `capacity` rows holding 10-row episodes of `bases`, exported.
-    fn saved(bases: &[f32], capacity: usize) -> (Vec<(String, Tensor)>, BufferMeta) {
-        let mut ring =
-            ReplayBuffer::new(capacity, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
-        for &base in bases {
-            ring.add(&episode(base, 9)).unwrap();
+    /// A ring of `capacity` rows holding `episodes`, exported.
+    fn saved(
+        layout: ObsLayout,
+        episodes: &[Episode],
+        capacity: usize,
+    ) -> (Vec<(String, Tensor)>, BufferMeta) {
+        let mut ring = ReplayBuffer::new(capacity, layout, 1, Device::Cpu).unwrap();
+        for episode in episodes {
+            ring.add(episode).unwrap();
         }
         ring.export()
+    }
+
+    /// 10-row episodes of `bases` in a ring of 25 rows (the oldest loses 5).
+    fn saved_vectors(bases: &[f32]) -> (Vec<(String, Tensor)>, BufferMeta) {
+        let episodes: Vec<Episode> = bases.iter().map(|&base| episode(base, 9)).collect();
+        saved(ObsLayout::Vector { dim: 2 }, &episodes, 25)
     }
 
     /// Rank `rank` of `world`, resumed from the buffers `ranks` saved.
     fn dealt(
         ranks: &[(Vec<(String, Tensor)>, BufferMeta)],
-        rank: usize,
-        world: usize,
+        (rank, world): (usize, usize),
+        layout: ObsLayout,
         capacity: usize,
     ) -> ReplayBuffer {
         let dealing = Dealing {
@@ -423,8 +464,7 @@ mod tests {
             .iter()
             .map(|&i| SavedPart::dealt(ranks[i].1.clone(), dealing, i, rank))
             .collect();
-        let mut buffer =
-            ReplayBuffer::new(capacity, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let mut buffer = ReplayBuffer::new(capacity, layout, 1, Device::Cpu).unwrap();
         let copy = |t: &[(String, Tensor)]| t.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
         buffer
             .gather(parts, |p| Ok(copy(&ranks[sources[p]].0)))
@@ -441,13 +481,16 @@ mod tests {
     #[test]
     fn saved_buffers_are_dealt_out_to_another_world_size_each_episode_to_one_rank() {
         let ranks = [
-            saved(&[0.0, 100.0, 200.0], 40),
-            saved(&[1000.0, 1100.0, 1200.0], 40),
+            saved_vectors(&[0.0, 100.0, 200.0]),
+            saved_vectors(&[1000.0, 1100.0, 1200.0]),
         ];
-        // To one rank: both buffers, oldest first, the ranks' episodes of one age side by side.
-        let one = dealt(&ranks, 0, 1, 100);
-        assert_eq!(firsts(&one), [0.0, 1000.0, 100.0, 1100.0, 200.0, 1200.0]);
-        assert_eq!((one.len(), one.cursor), (60, 60));
+        let vectors = ObsLayout::Vector { dim: 2 };
+        let dealt = |rank, world, capacity| dealt(&ranks, (rank, world), vectors, capacity);
+        // To one rank: both (wrapped) rings, oldest first, the ranks' episodes of one age side
+        // by side.
+        let one = dealt(0, 1, 100);
+        assert_eq!(firsts(&one), [5.0, 1005.0, 100.0, 1100.0, 200.0, 1200.0]);
+        assert_eq!((one.len(), one.cursor), (50, 50));
         let batch = one.sample(256, 3, &mut Pcg64::seed_from_u64(1)).unwrap();
         let obs = values(&batch.obs);
         for b in 0..256 {
@@ -458,23 +501,23 @@ mod tests {
             );
         }
         // Into fewer rows: the newest that fit, the oldest kept episode trimmed.
-        let small = dealt(&ranks, 0, 1, 35);
+        let small = dealt(0, 1, 35);
         assert_eq!(firsts(&small), [105.0, 1100.0, 200.0, 1200.0]);
         assert_eq!(small.len(), 35);
         // To more ranks: every episode to exactly one, in near-equal shares.
         for world in [3, 4] {
             let mut all: Vec<f32> = (0..world)
-                .flat_map(|rank| firsts(&dealt(&ranks, rank, world, 100)))
+                .flat_map(|rank| firsts(&dealt(rank, world, 100)))
                 .collect();
             all.sort_by(f32::total_cmp);
             assert_eq!(
                 all,
-                [0.0, 100.0, 200.0, 1000.0, 1100.0, 1200.0],
+                [5.0, 100.0, 200.0, 1005.0, 1100.0, 1200.0],
                 "{world} ranks"
             );
         }
-        assert_eq!(firsts(&dealt(&ranks, 0, 4, 100)), [0.0, 200.0]);
-        assert_eq!(firsts(&dealt(&ranks, 3, 4, 100)), [1100.0]);
+        assert_eq!(firsts(&dealt(0, 4, 100)), [5.0, 200.0]);
+        assert_eq!(firsts(&dealt(3, 4, 100)), [1100.0]);
         assert_eq!(
             Dealing { from: 4, to: 2 }.sources(1),
             [1, 3],
@@ -484,8 +527,24 @@ mod tests {
     }
 
     #[test]
+    fn dealt_pixel_episodes_keep_their_frame_stacks() {
+        let ranks = [
+            saved(PIXELS, &[pixel_episode(0, 19), pixel_episode(50, 9)], 30),
+            saved(PIXELS, &[pixel_episode(100, 14), pixel_episode(150, 9)], 30),
+        ];
+        // 45 of the 55 rows fit: episode 0 keeps its last 10, two of them frame context.
+        let one = dealt(&ranks, (0, 1), PIXELS, 45);
+        assert_eq!((one.len(), one.num_episodes()), (45, 4));
+        let starts = check_stacks(&one, 3);
+        assert!(starts.contains(&(0, 12)) && !starts.iter().any(|&(b, t)| b == 0 && t < 12));
+        for rank in 0..3 {
+            check_stacks(&dealt(&ranks, (rank, 3), PIXELS, 30), rank as u64);
+        }
+    }
+
+    #[test]
     fn a_damaged_second_saved_buffer_leaves_the_buffer_empty() {
-        let ranks = [saved(&[0.0, 100.0], 40), saved(&[1000.0], 40)];
+        let ranks = [saved_vectors(&[0.0, 100.0]), saved_vectors(&[1000.0])];
         let dealing = Dealing { from: 2, to: 1 };
         let parts: Vec<SavedPart> = (0..2)
             .map(|i| SavedPart::dealt(ranks[i].1.clone(), dealing, i, 0))
@@ -534,6 +593,38 @@ mod tests {
             ..meta.clone()
         };
         assert!(target.restore(&tensors, damaged).is_err());
+        // Bookkeeping no ring could have: refused whole, at the same size and at another.
+        let mut same = ReplayBuffer::new(50, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        let first = meta.episodes[0];
+        for damaged in [
+            BufferMeta {
+                cursor: 50,
+                ..meta.clone()
+            },
+            BufferMeta {
+                filled: 11,
+                ..meta.clone()
+            },
+            BufferMeta {
+                episodes: vec![Span {
+                    context: 11,
+                    ..first
+                }],
+                ..meta.clone()
+            },
+            BufferMeta {
+                episodes: vec![Span { start: 3, ..first }],
+                ..meta.clone()
+            },
+        ] {
+            for buffer in [&mut same, &mut target] {
+                let err = buffer.restore(&tensors, damaged.clone()).unwrap_err();
+                assert!(
+                    err.to_string().contains("bookkeeping is inconsistent"),
+                    "{err}"
+                );
+            }
+        }
         // A missing part leaves the buffer as it was, its other parts not copied in.
         target.add(&episode(500.0, 9)).unwrap();
         let before = values(&target.obs);

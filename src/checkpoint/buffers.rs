@@ -6,6 +6,7 @@ use tch::Tensor;
 
 use super::{buffers_dir, fail, store};
 use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart};
+use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 
 /// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.
@@ -34,11 +35,14 @@ impl SavedBuffers<'_> {
         (found, missing)
     }
 
-    /// Fills `buffer` with what rank `rank` takes of the saved buffers; warns when there are
-    /// none (rank 0, for the run) or only some (any rank).
-    pub fn restore(&self, buffer: &mut ReplayBuffer, rank: usize) -> Result<()> {
+    /// Fills `buffer` with what this rank takes of the saved buffers. Warns when no rank found
+    /// any (rank 0, for the run), and on each rank that misses some while others found theirs.
+    pub fn restore(&self, buffer: &mut ReplayBuffer, group: &ProcessGroup) -> Result<()> {
+        let rank = group.rank();
         let (found, missing) = self.locate(rank);
-        if found.is_empty() {
+        let mut finders = Tensor::from_slice(&[f64::from(!found.is_empty())]);
+        group.all_reduce_sum(&mut finders)?;
+        if finders.double_value(&[0]) == 0.0 {
             if rank == 0 {
                 eprintln!(
                     "warning: resuming without replay buffers (saved with save_buffer=true); \

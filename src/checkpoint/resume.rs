@@ -130,7 +130,7 @@ fn restore_buffer(
             to: group.world_size(),
         },
     };
-    saved.restore(learner.buffer_mut(), group.rank())
+    saved.restore(learner.buffer_mut(), group)
 }
 
 /// This rank's planner warm start of `len` values, sent by rank 0 from the checkpoint's `saved`
