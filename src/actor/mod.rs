@@ -344,17 +344,7 @@ impl Actor {
             )));
         }
         let obs_dim = self.envs.spec().obs_dim();
-        let mut obs = vec![0.0f32; n * obs_dim];
-        let mut running = Vec::new();
-        for (i, start) in starts.iter().enumerate() {
-            let Some(start) = start else { continue };
-            if let Some(task) = start.task {
-                self.select_task(i, task)?;
-            }
-            let first = self.envs.reset(i, Some(start.seed))?;
-            obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
-            running.push(i);
-        }
+        let (mut obs, mut running) = self.start_evaluation(starts)?;
         if running.first() != Some(&0) {
             video = None;
         }
@@ -411,6 +401,24 @@ impl Actor {
             running = still;
         }
         Ok(Some(results))
+    }
+
+    /// Resets each environment that has a start for its evaluation episode: the first
+    /// observations (zeros for the others) and the environments that run.
+    fn start_evaluation(&mut self, starts: &[Option<EvalStart>]) -> Result<(Vec<f32>, Vec<usize>)> {
+        let obs_dim = self.envs.spec().obs_dim();
+        let mut obs = vec![0.0f32; self.slots.len() * obs_dim];
+        let mut running = Vec::new();
+        for (i, start) in starts.iter().enumerate() {
+            let Some(start) = start else { continue };
+            if let Some(task) = start.task {
+                self.select_task(i, task)?;
+            }
+            let first = self.envs.reset(i, Some(start.seed))?;
+            obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
+            running.push(i);
+        }
+        Ok((obs, running))
     }
 }
 
