@@ -617,7 +617,8 @@ fn a_checkpoint_moves_between_world_sizes() {
             .args([
                 format!("world_size={to}"),
                 "steps=800".into(),
-                "save_freq=400".into(),
+                "save_freq=200".into(),
+                "keep_checkpoints=1".into(),
                 "eval_freq=800".into(),
                 "save_buffer=true".into(),
                 format!("resume={}", saved.display()),
@@ -665,6 +666,15 @@ fn a_checkpoint_moves_between_world_sizes() {
         }
         oldest.dedup();
         assert_eq!(oldest.len(), to, "{oldest:?}");
+        // keep_checkpoints=1: what was written before step 800 (at 600 by one rank) is gone.
+        let dirs = (0..to).map(|rank| format!("buffers/rank{rank}"));
+        for dir in dirs.chain(["checkpoints".to_string()]) {
+            let names: Vec<String> = std::fs::read_dir(second.path().join(&dir))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(names, ["step_000000000800"], "{dir} of {to} ranks");
+        }
         let end = meta(second.path(), 800);
         let checksums = end["rank_checksums"].as_array().unwrap();
         assert_eq!(checksums.len(), to);

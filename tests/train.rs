@@ -283,7 +283,11 @@ fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
     let resume = format!("resume={}", checkpoint(dir.path(), 400).display());
     let out = train(
         dir.path(),
-        &[&settings[..], &["steps=800", resume.as_str()]].concat(),
+        &[
+            &settings[..],
+            &["steps=800", resume.as_str(), "keep_checkpoints=1"],
+        ]
+        .concat(),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -300,6 +304,17 @@ fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
     assert_eq!(meta["capacity"], 800, "{meta}");
     assert_eq!(meta["filled"], 800, "{meta}");
     assert_eq!(meta["episodes"].as_array().map(Vec::len), Some(4), "{meta}");
+    // keep_checkpoints=1: the step-400 checkpoint and buffer went once step 800's were written.
+    for dir in [
+        dir.path().join("checkpoints"),
+        dir.path().join("buffers/rank0"),
+    ] {
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["step_000000000800"], "{}", dir.display());
+    }
 }
 
 #[test]

@@ -36,6 +36,9 @@ pub struct CheckpointSettings {
     pub task: String,
     /// Every rank saves its replay buffer too (`save_buffer`).
     pub save_buffer: bool,
+    /// `keep_checkpoints`: how many of the newest checkpoints stay, with their buffers; 0 for
+    /// all.
+    pub keep: usize,
     /// `resume`: none, `auto` (the run directory's latest) or a path.
     pub resume: Option<String>,
     /// Environments per rank (`num_envs`): how many episode counts each rank continues from.
@@ -54,6 +57,7 @@ impl CheckpointSettings {
             run_dir: config.run_dir(),
             task: config.task.clone(),
             save_buffer: config.save_buffer,
+            keep: config.keep_checkpoints,
             resume: config.resume.clone(),
             num_envs: config.num_envs,
             warm_start_len: 0,

@@ -13,13 +13,41 @@ use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 use crate::learner::Learner;
 
-/// Writes a checkpoint at the current step (every rank calls this at the same point).
+/// Writes a checkpoint at the current step (every rank calls this at the same point), then,
+/// with `keep_checkpoints`, removes the older ones beyond it once every rank has written its
+/// part.
 pub fn save(
     settings: &CheckpointSettings,
     state: &TrainState,
     learner: &Learner,
     group: &ProcessGroup,
 ) -> Result<()> {
+    let global_step = write(settings, state, learner, group)?;
+    if settings.keep == 0 {
+        return Ok(());
+    }
+    // Every rank has written its part (a CPU collective: gloo, also beside NCCL).
+    group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
+    let mut roots = vec![buffers_dir(&settings.run_dir, group.rank())];
+    if group.rank() == 0 {
+        roots.push(checkpoints_dir(&settings.run_dir));
+    }
+    for root in roots {
+        // A checkpoint that could not be removed costs disk space, not the run.
+        if let Err(e) = store::prune(&root, global_step, settings.keep) {
+            eprintln!("warning: keep_checkpoints={}: {e}", settings.keep);
+        }
+    }
+    Ok(())
+}
+
+/// Writes this rank's part of the checkpoint; returns its global step.
+fn write(
+    settings: &CheckpointSettings,
+    state: &TrainState,
+    learner: &Learner,
+    group: &ProcessGroup,
+) -> Result<u64> {
     let global_step = settings.global_step(state.step, group.world_size());
     // Never a checkpoint of a diverged state: the last one written stays the last good one.
     crate::learner::finite::check_parameters(learner, global_step)?;
@@ -38,7 +66,7 @@ pub fn save(
         )?;
     }
     if group.rank() != 0 {
-        return Ok(());
+        return Ok(global_step);
     }
     let optim = |prefix: &str, s: AdamState| {
         vec![
@@ -88,7 +116,7 @@ pub fn save(
         }
         write_json(&dir.join(META), &meta)
     })?;
-    Ok(())
+    Ok(global_step)
 }
 
 /// Every rank's episodes started in each environment (all ranks have as many).

@@ -56,6 +56,28 @@ pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
         .max_by_key(|(step, _)| *step)
 }
 
+/// Removes the checkpoints under `root` older than `step` but the newest `keep - 1` of them, so
+/// that `keep` remain with `step`'s own. Later ones (a run resumed from an earlier checkpoint)
+/// stay: the run overwrites them as it reaches their steps.
+pub fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Ok(());
+    };
+    let mut older: Vec<(u64, PathBuf)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let at = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
+            (at < step && entry.path().is_dir()).then(|| (at, entry.path()))
+        })
+        .collect();
+    older.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
+    for (_, dir) in older.into_iter().skip(keep.saturating_sub(1)) {
+        fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+    }
+    Ok(())
+}
+
 fn remove_stale_temporaries(root: &Path) {
     if let Ok(entries) = fs::read_dir(root) {
         for entry in entries.flatten() {
@@ -99,5 +121,28 @@ mod tests {
         save(root.path(), 300, file(b"three")).unwrap();
         assert!(!partial.exists(), "the next save clears stale temporaries");
         assert_eq!(latest(root.path()).unwrap().0, 300);
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_up_to_this_step_and_any_later_one() {
+        let root = tempfile::tempdir().unwrap();
+        for step in [100, 200, 300, 500] {
+            save(root.path(), step, |_| Ok(())).unwrap();
+        }
+        let steps = || {
+            let mut steps: Vec<u64> = fs::read_dir(root.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy()[PREFIX.len()..].parse())
+                .collect::<std::result::Result<_, _>>()
+                .unwrap();
+            steps.sort();
+            steps
+        };
+        // Step 500 is left from before a resume at an earlier step.
+        prune(root.path(), 300, 2).unwrap();
+        assert_eq!(steps(), [200, 300, 500]);
+        prune(root.path(), 300, 1).unwrap();
+        assert_eq!(steps(), [300, 500]);
+        prune(&root.path().join("absent"), 300, 1).unwrap();
     }
 }

@@ -103,6 +103,7 @@ pub struct Config {
     pub seed: u64,
     pub save_freq: u64,
     pub save_buffer: bool,
+    pub keep_checkpoints: usize,
     pub resume: Option<String>,
     // distributed
     pub world_size: usize,
