@@ -244,6 +244,11 @@ impl ReplayBuffer {
         self.capacity
     }
 
+    /// Bytes of its storage: what a checkpoint writes of it.
+    pub fn bytes(&self) -> usize {
+        self.capacity * Self::bytes_per_row(self.layout, self.action_dim)
+    }
+
     /// Rows currently stored.
     pub fn len(&self) -> usize {
         self.filled

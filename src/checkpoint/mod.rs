@@ -11,6 +11,7 @@
 //! (seed, rank, step), in an uninterrupted run and in a resumed one alike, so resuming
 //! continues exactly.
 mod buffers;
+pub mod disk;
 pub mod integrity;
 mod rank_rows;
 mod resume;

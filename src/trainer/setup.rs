@@ -6,6 +6,7 @@ use tch::Device;
 use super::stop::StopRequest;
 use crate::actor::{Actor, ActorSettings, Policy};
 use crate::agent::{AgentConfig, TorchNoise};
+use crate::checkpoint::disk::BufferDisk;
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
 use crate::ddp::{affinity, GroupSettings, ProcessGroup, RankInfo};
@@ -70,6 +71,10 @@ pub(super) fn start<'g>(
             TrainState::default()
         }
     };
+    if config.save_buffer && group.rank() == 0 {
+        let start = checkpoints.global_step(state.step, group.world_size());
+        warn_if_buffers_outgrow_disk(config, rank, &learner, start);
+    }
     if !state.env_episodes.is_empty() {
         actor.set_env_episodes(&state.env_episodes)?;
     }
@@ -86,6 +91,22 @@ pub(super) fn start<'g>(
         checkpoints,
         state,
     })
+}
+
+/// Warns when the replay buffers that this node's checkpoints will hold from global step `start`
+/// on need more disk than is free under the run directory (a full disk fails the run).
+fn warn_if_buffers_outgrow_disk(config: &Config, rank: &RankInfo, learner: &Learner, start: u64) {
+    let disk = BufferDisk::new(
+        learner.buffer().bytes() as u64,
+        rank.local_world_size as u64,
+        (start, config.steps, config.save_freq),
+        config.keep_checkpoints as u64,
+    );
+    if let Ok((dir, free)) = checkpoint::disk::free_bytes(&config.run_dir()) {
+        if let Some(warning) = disk.warning(free, &dir) {
+            eprintln!("{warning}");
+        }
+    }
 }
 
 /// `compile=true` on CUDA: the update and the plans run as CUDA graphs where they can, and

@@ -389,19 +389,8 @@ fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>
 }
 
 fn check_disk(report: &mut Report, run_dir: &Path) {
-    // The run directory may not exist yet: its nearest existing ancestor holds it.
-    let mut dir = run_dir.to_path_buf();
-    while !dir.exists() {
-        if !dir.pop() {
-            dir = PathBuf::from(".");
-            break;
-        }
-    }
-    if dir.as_os_str().is_empty() {
-        dir = PathBuf::from(".");
-    }
-    match free_bytes(&dir) {
-        Ok(free) => {
+    match crate::checkpoint::disk::free_bytes(run_dir) {
+        Ok((_, free)) => {
             let gib = free as f64 / (1u64 << 30) as f64;
             let detail = format!("{gib:.1} GiB free for {}", run_dir.display());
             if free >= LOW_DISK_BYTES {
@@ -417,19 +406,7 @@ fn check_disk(report: &mut Report, run_dir: &Path) {
         Err(e) => report.line(
             Mark::Note,
             "disk",
-            format!("cannot read free space of {}: {e}", dir.display()),
+            format!("cannot read free space for {}: {e}", run_dir.display()),
         ),
     }
-}
-
-fn free_bytes(dir: &Path) -> std::io::Result<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
-    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(stat.f_bavail as u64 * stat.f_frsize as u64)
 }
