@@ -45,31 +45,32 @@ pub fn at(root: &Path, step: u64) -> Option<PathBuf> {
 
 /// The complete checkpoint with the highest step under `root`, if any.
 pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
-    fs::read_dir(root)
-        .ok()?
+    complete(root).into_iter().max_by_key(|(step, _)| *step)
+}
+
+/// The complete checkpoints under `root` with their steps, in no order (none when `root` cannot
+/// be read).
+fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = fs::read_dir(root) else {
+        return Vec::new();
+    };
+    entries
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
             let step = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
             entry.path().is_dir().then(|| (step, entry.path()))
         })
-        .max_by_key(|(step, _)| *step)
+        .collect()
 }
 
 /// Removes the checkpoints under `root` older than `step` but the newest `keep - 1` of them, so
 /// that `keep` remain with `step`'s own. Later ones (a run resumed from an earlier checkpoint)
 /// stay: the run overwrites them as it reaches their steps.
 pub fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
-    let Ok(entries) = fs::read_dir(root) else {
-        return Ok(());
-    };
-    let mut older: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let at = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
-            (at < step && entry.path().is_dir()).then(|| (at, entry.path()))
-        })
+    let mut older: Vec<(u64, PathBuf)> = complete(root)
+        .into_iter()
+        .filter(|(at, _)| *at < step)
         .collect();
     older.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
     for (_, dir) in older.into_iter().skip(keep.saturating_sub(1)) {
