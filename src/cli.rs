@@ -106,7 +106,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "env,agent")]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 2000, value_parser = count)]
     pub env_steps: usize,
     /// buffer: rows of each replay buffer measured.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
@@ -127,10 +127,10 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
     pub tasks: Vec<String>,
     /// agent: environment counts of batched plans to time besides one (per-environment ms).
-    #[arg(long, value_delimiter = ',', default_value = "4,16")]
+    #[arg(long, value_delimiter = ',', default_value = "4,16", value_parser = count)]
     pub plan_envs: Vec<usize>,
     /// agent: torch threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
     /// agent: timed calls per plan and per update measurement (after one warm-up call).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
@@ -139,32 +139,32 @@ pub struct BenchArgs {
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
     pub device: String,
     /// ddp: rank counts to measure; each rank gets cores / ranks threads.
-    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = count)]
     pub ranks: Vec<usize>,
     /// ddp: micro-batches per synchronised update.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count)]
     pub sync_freq: usize,
     /// ddp: timed agent steps (plan + update) per rank.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = count)]
     pub ddp_steps: usize,
     /// ddp: untimed agent steps before the timed ones.
     #[arg(long, default_value_t = 3)]
     pub ddp_warmup: usize,
     /// ddp: repetitions of the measurements (medians are reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = count)]
     pub ddp_rounds: usize,
     /// loop: the task trained (Pendulum-v1 is native: the loop's own costs; walker-run adds
     /// dm_control in worker processes).
     #[arg(long, default_value = "Pendulum-v1")]
     pub loop_task: String,
     /// loop: environments per rank to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16", value_parser = count)]
     pub num_envs: Vec<usize>,
     /// loop: pipeline settings to measure.
     #[arg(long, value_delimiter = ',', default_value = "false,true")]
     pub pipeline: Vec<bool>,
     /// loop: timed vector steps per case (after seeding).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = count)]
     pub loop_steps: usize,
     /// loop: `compile` settings to measure (CUDA graphs on CUDA; the CPU runs eagerly either
     /// way).
@@ -181,6 +181,24 @@ pub struct BenchArgs {
     /// CUDA kernels, or torch's operations).
     #[arg(long, value_delimiter = ',', default_value = "false,true")]
     pub fused_kernels: Vec<bool>,
+}
+
+/// A count of one or more.
+fn count(text: &str) -> std::result::Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e} (give a whole number of at least 1)")),
+    }
+}
+
+/// A torch thread count, at most 4096 (torch takes an i32; more is a typo).
+fn thread_count(text: &str) -> std::result::Result<usize, String> {
+    const MOST: usize = 4096;
+    match count(text)? {
+        n if n > MOST => Err(format!("at most {MOST}")),
+        n => Ok(n),
+    }
 }
 
 impl RunArgs {

@@ -67,14 +67,14 @@ fn choose(
     Ok(Device::Cuda(rank.local_rank))
 }
 
+/// The cores this process may run on (1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Threads per rank: the setting, else this machine's cores shared among the local ranks.
 pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
-    setting.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        (cores / local_ranks.max(1)).max(1)
-    })
+    setting.unwrap_or_else(|| (cores() / local_ranks.max(1)).max(1))
 }
 
 /// TF32 matmuls and cudnn's autotuner on CUDA, as the official code sets them (matmul

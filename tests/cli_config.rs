@@ -296,10 +296,45 @@ fn integral_floats_and_names_are_taken_as_meant() {
     assert!(e.contains("wrong type for 'steps'"), "{e}");
 }
 
+/// The tools' counts are bounded where they are read (threads of 0 or 3e9 panicked in torch,
+/// a picture of 100000² pixels in the drawing library), and ranks are bounded by the cores.
 #[test]
-fn bench_agent_repeats_must_be_positive() {
-    let stderr = rejected(&["bench", "--cases", "agent", "--agent-repeats", "0"]);
-    assert!(stderr.contains("--agent-repeats"), "{stderr}");
+fn bench_and_plot_options_are_bounded_naming_the_option() {
+    for (args, named) in [
+        (
+            &["bench", "--cases", "agent", "--agent-repeats", "0"][..],
+            "--agent-repeats",
+        ),
+        (
+            &["bench", "--cases", "agent", "--threads", "0"],
+            "--threads",
+        ),
+        (
+            &["bench", "--cases", "agent", "--threads", "3000000000"],
+            "at most 4096",
+        ),
+        (
+            &["bench", "--cases", "agent", "--plan-envs", "4,0"],
+            "--plan-envs",
+        ),
+        (
+            &["bench", "--cases", "env", "--env-steps", "0"],
+            "--env-steps",
+        ),
+        (
+            &["bench", "--cases", "loop", "--num-envs", "x"],
+            "--num-envs",
+        ),
+        (
+            &["bench", "--cases", "ddp", "--ranks", "100000"],
+            "--ranks 100000: at most",
+        ),
+        (&["doctor", "--world-size", "100000"], "--world-size 100000"),
+        (&["plot", ".", "--width", "100000"], "--width 100000"),
+    ] {
+        let stderr = rejected(args);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
 }
 
 /// Several tasks resolve against each task's environment (padded observations, each task's

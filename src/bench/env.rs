@@ -64,7 +64,7 @@ pub fn cases(cores: usize) -> Vec<EnvCase> {
 
 /// Runs every case for `steps` agent steps (all envs together) and prints one JSON line each.
 pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let cores = crate::device::cores();
     let worker = crate::actor::env_worker_command()?;
     let mut baseline = None;
     for case in cases(cores) {

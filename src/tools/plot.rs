@@ -48,6 +48,26 @@ pub struct PlotArgs {
     pub title: Option<String>,
 }
 
+/// The smallest chart that holds its axes and legend (width, height), and the longest side of
+/// the whole picture.
+const MIN_SIZE: (u32, u32) = (200, 150);
+const MAX_SIDE: u32 = 16384;
+
+/// The whole picture's pixels, `rows` × `columns` panels of the asked size, within
+/// [`MAX_SIDE`] a side (a bitmap of more overflows the drawing library's 32-bit indices).
+fn figure_size(args: &PlotArgs, rows: usize, columns: usize) -> Result<(u32, u32)> {
+    let width = args.width as usize * columns;
+    let height = args.height as usize * rows;
+    match (u32::try_from(width), u32::try_from(height)) {
+        (Ok(w), Ok(h)) if w <= MAX_SIDE && h <= MAX_SIDE => Ok((w, h)),
+        _ => Err(Error::Config(format!(
+            "--width {} --height {}: {rows} × {columns} panels of that size make a picture of \
+             {width} × {height} pixels, more than {MAX_SIDE} a side; give a smaller size",
+            args.width, args.height
+        ))),
+    }
+}
+
 /// One line of the figure, with a band when it aggregates several runs.
 struct Series {
     label: String,
@@ -58,10 +78,12 @@ struct Series {
 
 pub fn run(args: &PlotArgs) -> Result<()> {
     let format = Format::of(&args.out)?;
-    if args.width < 200 || args.height < 150 {
+    if !(MIN_SIZE.0..=MAX_SIDE).contains(&args.width)
+        || !(MIN_SIZE.1..=MAX_SIDE).contains(&args.height)
+    {
         return Err(Error::Config(format!(
-            "--width {} --height {} is too small for a chart; at least 200 x 150",
-            args.width, args.height
+            "--width {} --height {}: a chart takes {} to {MAX_SIDE} by {} to {MAX_SIDE} pixels",
+            args.width, args.height, MIN_SIZE.0, MIN_SIZE.1
         )));
     }
     if args.reference.is_some() && args.x == "elapsed_time" {
@@ -90,7 +112,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         .collect();
     // Several panels: a grid of panels of the given size each.
     let (rows, columns) = grid(figures.len());
-    let size = (args.width * columns as u32, args.height * rows as u32);
+    let size = figure_size(args, rows, columns)?;
     let drawn = match format {
         Format::Png => draw_grid(
             &figures,
@@ -646,6 +668,37 @@ mod tests {
             "one curve per panel"
         );
         assert_eq!((grid(1), grid(3), grid(5)), ((1, 1), (2, 2), (2, 3)));
+    }
+
+    #[test]
+    fn a_picture_too_large_to_draw_is_refused_by_its_size() {
+        let args = |width, height| PlotArgs {
+            runs: vec![],
+            metric: "episode_reward".into(),
+            x: "step".into(),
+            phase: "eval".into(),
+            band: Spread::Minmax,
+            reference: None,
+            out: "x.png".into(),
+            width,
+            height,
+            title: None,
+        };
+        assert_eq!(figure_size(&args(960, 600), 9, 9).unwrap(), (8640, 5400));
+        // 100000² pixels overflowed the bitmap's indices (a panic); 2^31 × 2 wrapped to 0.
+        let e = figure_size(&args(100_000, 100_000), 1, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--width 100000") && e.contains("16384 a side"),
+            "{e}"
+        );
+        let e = figure_size(&args(1 << 31, 600), 1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("4294967296 × 600"), "{e}");
+        let e = run(&args(100_000, 600)).unwrap_err().to_string();
+        assert!(e.contains("200 to 16384 by 150 to 16384"), "{e}");
     }
 
     #[test]

@@ -161,9 +161,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 /// `tdmpc2 train --multirun ...`: the jobs of `sweep`'s overrides (comma-separated values
 /// expanded), listed only with `list_only`, else run `jobs_at_once` at a time.
 pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Result<()> {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = crate::device::cores();
     let parallel = jobs_at_once.unwrap_or(1);
     if parallel == 0 || parallel > cores {
         return Err(Error::Config(format!(

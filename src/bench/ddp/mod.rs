@@ -54,6 +54,12 @@ impl DdpOptions {
                 self.ranks
             )));
         }
+        let cores = crate::device::cores();
+        if let Some(many) = self.ranks.iter().find(|&&ranks| ranks > cores) {
+            return Err(Error::Config(format!(
+                "--ranks {many}: at most {cores}, this machine's cores (every rank needs one)"
+            )));
+        }
         for (name, value) in [
             ("--sync-freq", self.sync_freq),
             ("--ddp-steps", self.steps),
@@ -72,9 +78,7 @@ impl DdpOptions {
 pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
     options.check()?;
     let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = crate::device::cores();
     let mut by_ranks: BTreeMap<usize, Vec<RoundResult>> = BTreeMap::new();
     for round_index in 0..options.rounds {
         // Within a round a configuration is measured once (the baseline of 2 ranks on 4 cores

@@ -73,10 +73,17 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         overrides: args.overrides.clone(),
         ..Source::default()
     })?;
-    let world_size = args.world_size.unwrap_or(config.world_size);
-    if world_size == 0 {
-        return Err(Error::Config("--world-size 0: give 1 or more ranks".into()));
-    }
+    let cores = crate::device::cores();
+    let world_size = match args.world_size {
+        Some(n) if n == 0 || n > cores => {
+            return Err(Error::Config(format!(
+                "--world-size {n}: the check starts that many ranks here; give 1 to {cores} \
+                 (this machine's cores)"
+            )))
+        }
+        Some(n) => n,
+        None => config.world_size,
+    };
     // The user's own choice of renderer, if any (this process loads dm_control for state).
     let chosen_renderer = std::env::var("MUJOCO_GL").ok();
     let mut report = Report { failures: vec![] };
@@ -368,9 +375,7 @@ fn check_port(report: &mut Report, port: u16) {
 }
 
 fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>) {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
+    let cores = crate::device::cores();
     let threads = crate::device::threads(num_threads, world_size);
     let wanted = threads * world_size;
     let detail = format!("{cores} cores for {world_size} rank(s) × {threads} thread(s)");
