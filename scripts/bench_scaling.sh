@@ -4,7 +4,7 @@
 # against wall time, drawn by `tdmpc2 plot`.
 #   scripts/bench_scaling.sh TASK STEPS [RANKS...] [key=value ...]
 #   scripts/bench_scaling.sh Pendulum-v1 3000 1 2 eval_freq=500
-# Environment: OUT (default runs/scaling/TASK), LR_SCALES (default none,sqrt), TDMPC2_BIN.
+# Environment: OUT (default runs/scaling/TASK/<time>), LR_SCALES (default none,sqrt), TDMPC2_BIN.
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 TASK STEPS [RANKS...] [key=value ...]" >&2
@@ -21,7 +21,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/env.sh"
 bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
     --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
-out=${OUT:-runs/scaling/$task}
+out=${OUT:-runs/scaling/$task/$(date +%Y%m%d-%H%M%S)}
 
 # One sweep: every rank count with every lr_scale, one job at a time so they do not compete.
 status=0

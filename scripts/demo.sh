@@ -2,7 +2,8 @@
 # The main job in miniature: sets everything up, then trains TD-MPC2 on the native Pendulum-v1
 # with two ranks on CPU (one rank per GPU when two or more are visible) and prints rank 0's eval
 # lines.
-# Extra key=value arguments override the demo's settings.
+# Extra key=value arguments override the demo's settings. Each demo writes a run directory of its
+# own (runs/demo/<time>): a run directory holding checkpoints only takes a resume.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 "$here/setup.sh"
@@ -18,4 +19,4 @@ if (( gpus > 1 )); then world_size=$gpus device=cuda; else world_size=2 device=c
 exec "$bin" train task=Pendulum-v1 model_size=1 world_size="$world_size" device="$device" \
     steps=3200 seed_steps=600 eval_freq=1600 eval_episodes=4 batch_size=64 \
     num_samples=128 num_elites=16 num_pi_trajs=8 iterations=3 \
-    exp_name=demo "$@"
+    exp_name=demo run_dir="runs/demo/$(date +%Y%m%d-%H%M%S)" "$@"

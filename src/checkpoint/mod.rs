@@ -42,6 +42,8 @@ pub struct CheckpointSettings {
     pub keep: usize,
     /// `resume`: none, `auto` (the run directory's latest) or a path.
     pub resume: Option<String>,
+    /// `steps`: where the run ends, which a resumed checkpoint must not be past.
+    pub steps: u64,
     /// Environments per rank (`num_envs`): how many episode counts each rank continues from.
     pub num_envs: usize,
     /// Values in each rank's planner warm start (environments × horizon × action size); 0 for
@@ -60,6 +62,7 @@ impl CheckpointSettings {
             save_buffer: config.save_buffer,
             keep: config.keep_checkpoints,
             resume: config.resume.clone(),
+            steps: config.steps,
             num_envs: config.num_envs,
             warm_start_len: 0,
             counts_updates: config.offline(),

@@ -238,6 +238,17 @@ fn load_on_root(
             meta.task, settings.task
         )));
     }
+    // It would be saved again under steps, holding the later step's learner.
+    if meta.global_step > settings.steps {
+        return Err(Error::Config(format!(
+            "resume: {} is at step {}, past this run's steps={}; give steps >= {} to continue \
+             it",
+            dir.display(),
+            meta.global_step,
+            settings.steps,
+            meta.global_step
+        )));
+    }
     if meta.format < FORMAT {
         eprintln!(
             "warning: {} was written by an older tdmpc2 (float checksums, no file hashes): \

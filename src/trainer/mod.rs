@@ -20,9 +20,10 @@ pub mod stop;
 mod streams;
 mod training;
 
+use crate::checkpoint::{checkpoints_dir, store};
 use crate::config::Config;
 use crate::ddp::RankInfo;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use training::Training;
 
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
@@ -35,6 +36,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         0 => Some(lock::RunLock::acquire(&config.run_dir())?),
         _ => None,
     };
+    if rank.rank == 0 {
+        refuse_a_finished_run(&config)?;
+    }
     if config.offline() {
         offline::verify_dataset(&config, rank.rank, rank.world_size)?;
     }
@@ -62,4 +66,23 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         training.advance();
     }
     training.finish()
+}
+
+/// A run directory holding checkpoints is continued (`resume`), never mixed with a new run,
+/// whose metrics would follow the old ones and whose `resume=auto` could later pick the old
+/// run's later checkpoint. The built-in launcher asks before it starts any rank (a refused rank
+/// would count as a failure to restart, and a restart resumes).
+pub fn refuse_a_finished_run(config: &Config) -> Result<()> {
+    if config.resume.is_some() {
+        return Ok(());
+    }
+    let run_dir = config.run_dir();
+    match store::latest(&checkpoints_dir(&run_dir)) {
+        Some((step, _)) => Err(Error::Config(format!(
+            "run_dir={} already holds a run (checkpoints up to step {step}): resume=auto \
+             continues it; to start a new run, choose another run_dir or remove that one",
+            run_dir.display()
+        ))),
+        None => Ok(()),
+    }
 }
