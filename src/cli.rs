@@ -293,7 +293,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(args) if args.multirun => Err(Error::Config(
             "--multirun sweeps `tdmpc2 train`; evaluate checkpoints one by one".into(),
         )),
-        Command::Eval(args) => evaluate(resolved_config(&args)?),
+        Command::Eval(args) => {
+            let config = resolved_config(&args)?;
+            if args.cfg.is_some() {
+                print!("{}", config.to_yaml()?);
+                return Ok(());
+            }
+            evaluate(config)
+        }
         Command::Collect(args) if args.run.multirun || args.run.cfg.is_some() => Err(
             Error::Config("collect takes neither --multirun nor --cfg".into()),
         ),
@@ -410,6 +417,11 @@ fn evaluate(config: Config) -> Result<()> {
             "eval needs checkpoint=PATH (a checkpoint directory or a file in one, a run directory, or a .safetensors file)".into(),
         ));
     };
+    if config.eval_episodes == 0 {
+        return Err(Error::Config(
+            "eval_episodes=0: eval plays at least one episode".into(),
+        ));
+    }
     let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
     crate::checkpoint::verify_model(&weights)?;
     let rank = RankInfo::single(&config);
@@ -422,7 +434,16 @@ fn evaluate(config: Config) -> Result<()> {
         1,
         Box::new(crate::agent::TorchNoise::global()),
     )?;
-    policy.load_file(&weights)?;
+    policy.load_file(&weights).map_err(|e| {
+        Error::Config(format!(
+            "checkpoint={path}: {e}. eval builds the model from its own settings \
+             (model_size={}, task={}, obs={}): give it those the checkpoint was trained with, \
+             as in its run's config.yaml",
+            config.model_size.map_or("null".into(), |m| m.to_string()),
+            config.task,
+            config.obs
+        ))
+    })?;
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {
         world_size: 1,

@@ -4,7 +4,9 @@
 //!   resumed run makes only the pretraining updates that were left;
 //! - SIGTERM during a long evaluation stops between two of its steps, with a checkpoint;
 //! - a second run on the same run directory is refused; a stale lock is taken over;
-//! - `eval` refuses damaged weights, naming the file, and takes any file of a checkpoint.
+//! - `eval` refuses damaged weights, naming the file, and takes any file of a checkpoint;
+//! - a finished run's directory takes only a resume, to at least its step; `eval` refuses what
+//!   it cannot play, naming the setting.
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -370,4 +372,76 @@ fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
             "{stderr}"
         );
     }
+}
+
+#[test]
+fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = args(&["steps=400", "eval_freq=400", "num_threads=1"]);
+    assert_ok(&run("train", dir.path(), &settings));
+    let metrics = std::fs::read(dir.path().join("metrics.jsonl")).unwrap();
+    let refused = |extra: &[&str], expected: &str| {
+        let mut all = settings.clone();
+        all.extend(args(extra));
+        let out = run("train", dir.path(), &all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {stderr}");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    };
+    // A new run here, by one process or by the built-in launcher before it starts any rank.
+    let holds = "already holds a run (checkpoints up to step 400): resume=auto continues it";
+    refused(&[], holds);
+    let port = format!("master_port={}", free_port());
+    refused(&["world_size=2", "steps=800", &port], holds);
+    refused(
+        &["resume=auto", "steps=300"],
+        "is at step 400, past this run's steps=300",
+    );
+    assert_eq!(
+        std::fs::read(dir.path().join("metrics.jsonl")).unwrap(),
+        metrics,
+        "the refused runs wrote nothing"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("checkpoints"))
+            .unwrap()
+            .count(),
+        1
+    );
+
+    let eval = |extra: &[&str]| {
+        let mut all = args(&[&format!("checkpoint={}", dir.path().display())]);
+        all.extend(args(extra));
+        run("eval", dir.path(), &all)
+    };
+    let out = eval(&["eval_episodes=0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("eval_episodes=0: eval plays at least one episode"));
+    // The checkpoint is of model size 1 (TINY's): eval builds its model from its own settings.
+    let out = eval(&["model_size=5"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("eval builds the model from its own settings (model_size=5"),
+        "{stderr}"
+    );
+    let official = dir.path().join("agent.pt");
+    std::fs::write(&official, b"not safetensors").unwrap();
+    let out = run(
+        "eval",
+        dir.path(),
+        &[format!("checkpoint={}", official.display())],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("`tdmpc2 import"), "{stderr}");
+    // --cfg job prints the resolved settings and plays nothing.
+    let out = eval(&["--cfg", "job"]);
+    assert_ok(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("episode_length: 200") && !stdout.contains("episodes,"),
+        "{stdout}"
+    );
 }

@@ -185,6 +185,17 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
             );
             return Ok(dir.join(MODEL));
         }
+        let torch_file = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("pt") || e.eq_ignore_ascii_case("pth"));
+        if torch_file {
+            return Err(Error::Config(format!(
+                "checkpoint={}: a torch checkpoint (an official one?); `tdmpc2 import {} \
+                 OUT.safetensors` converts it to weights this binary loads",
+                path.display(),
+                path.display()
+            )));
+        }
         return Ok(path.to_owned());
     }
     if path.join(MODEL).is_file() {
