@@ -85,10 +85,10 @@ pub struct CollectArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Episodes to play, the tasks of a multitask run taken in turn.
-    #[arg(long)]
+    #[arg(long, value_parser = count)]
     pub episodes: usize,
     /// Episodes per file (a file's episodes share one length; ranks share files out).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = count)]
     pub episodes_per_file: usize,
     /// `checkpoint=PATH` plays that agent's plans (with their exploration noise, as the
     /// official datasets hold training episodes); without it, uniform random actions.

@@ -140,11 +140,24 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
 }
 
 /// A dataset that does not fit the run is refused before training, naming the file and what
-/// differs.
+/// differs; a directory holding one takes no second collection.
 #[test]
 fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
     let data = tempfile::tempdir().unwrap();
     collect(data.path());
+    // A second collection there would mix with this one (chunk names restart at 0).
+    let again = Command::new(common::tdmpc2_bin())
+        .args(["collect", "--episodes", "1", "--out"])
+        .arg(data.path())
+        .arg(format!("task={TASKS}"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("already holds dataset files (chunk_0.pt, chunk_1.pt, chunk_2.pt)"),
+        "{stderr}"
+    );
     let run = tempfile::tempdir().unwrap();
     let out = Command::new(common::tdmpc2_bin())
         .arg("train")

@@ -25,6 +25,16 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     if args.episodes == 0 {
         return Err(Error::Config("--episodes must be at least 1".into()));
     }
+    let action_dims = match &config.action_dims {
+        Some(dims) => dims.clone(),
+        None => vec![config.resolved_action_dim()?],
+    };
+    let mut writer = ChunkWriter::new(
+        &args.out,
+        args.episodes_per_file,
+        config.resolved_obs_dim()?,
+        action_dims,
+    )?;
     let rank = RankInfo::single(config);
     let device = crate::device::select(&config.device, &rank, false)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
@@ -49,16 +59,6 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
         ..config.clone()
     };
     let mut actor = ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
-    let action_dims = match &config.action_dims {
-        Some(dims) => dims.clone(),
-        None => vec![config.resolved_action_dim()?],
-    };
-    let mut writer = ChunkWriter::new(
-        &args.out,
-        args.episodes_per_file,
-        config.resolved_obs_dim()?,
-        action_dims,
-    )?;
     let tasks = config.tasks()?;
     let mut random = Pcg64::seed_from_u64(config.seed);
     let episode_seed = |n: usize| config.seed.wrapping_add(n as u64) & 0xffff_ffff;
