@@ -83,6 +83,26 @@ fn collect<'py>(
     Ok(())
 }
 
+/// torch's refusal to load a file, in one line: the unpickler's own reason where there is one
+/// (torch wraps it in lines about `weights_only`, which an official checkpoint never needs).
+fn unreadable(py: Python<'_>, e: PyErr) -> PyErr {
+    let text = e.value(py).to_string();
+    let reason = text
+        .split_once("WeightsUnpickler error:")
+        .map_or(text.as_str(), |(_, after)| after);
+    let first = reason.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let kind = e
+        .get_type(py)
+        .name()
+        .map_or_else(|_| "error".to_string(), |n| n.to_string());
+    let why = match first.trim() {
+        "" if kind == "EOFError" => format!("{kind}: the file ends early"),
+        "" => kind,
+        line => format!("{kind}: {line}"),
+    };
+    pyo3::exceptions::PyValueError::new_err(format!("torch cannot load it as a checkpoint ({why})"))
+}
+
 /// Reads the official checkpoint at `pt_path` and writes its model weights under our names to
 /// `out_path` (safetensors). Returns the names written.
 pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
@@ -92,7 +112,9 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         let kwargs = PyDict::new(py);
         kwargs.set_item("weights_only", true)?;
         kwargs.set_item("map_location", "cpu")?;
-        let checkpoint = torch.call_method("load", (path_text.as_str(),), Some(&kwargs))?;
+        let checkpoint = torch
+            .call_method("load", (path_text.as_str(),), Some(&kwargs))
+            .map_err(|e| unreadable(py, e))?;
         let state = match checkpoint.get_item("model") {
             Ok(model) if model.hasattr("items")? => model,
             _ => checkpoint,
@@ -152,6 +174,15 @@ pub fn python_tensors<'py, 't>(
 /// and device, without which the official `load_state_dict` refuses the file). The file appears
 /// whole or not at all. Returns the number of tensors written.
 pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
+    if out_path.is_dir() {
+        return Err(Error::Checkpoint {
+            path: out_path.display().to_string(),
+            message: format!(
+                "is a directory; give the file to write, e.g. {}",
+                out_path.join("agent.pt").display()
+            ),
+        });
+    }
     let fail = |path: &Path, message: String| Error::Checkpoint {
         path: path.display().to_string(),
         message,
@@ -191,8 +222,12 @@ for prefix in ensembles:
     state[prefix + '.__batch_size'] = torch.Size([num_q])
     state[prefix + '.__device'] = None
 partial = path + '.partial'
-torch.save({'model': state}, partial)
-os.replace(partial, path)
+try:
+    torch.save({'model': state}, partial)
+    os.replace(partial, path)
+finally:
+    if os.path.exists(partial):
+        os.remove(partial)
 written = sum(isinstance(v, torch.Tensor) for v in state.values())
 ",
             Some(&globals),
@@ -209,6 +244,39 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_torch_cannot_load_is_one_line_naming_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.safetensors");
+        for (bytes, why) in [
+            (
+                &b"garbage"[..],
+                "(UnpicklingError: Unsupported operand 103)",
+            ),
+            (b"", "(EOFError: the file ends early)"),
+        ] {
+            let pt = dir.path().join("agent.pt");
+            std::fs::write(&pt, bytes).unwrap();
+            let e = import_official(&pt, &out).unwrap_err().to_string();
+            assert!(
+                e.contains("torch cannot load it as a checkpoint") && e.contains(why),
+                "{e}"
+            );
+            assert!(!e.contains('\n') && !e.contains("weights_only"), "{e}");
+            assert!(!out.exists());
+        }
+    }
+
+    #[test]
+    fn export_to_a_directory_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = export_official(&dir.path().join("model.safetensors"), dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is a directory; give the file to write"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 
     #[test]
     fn keys_are_converted_or_dropped() {
