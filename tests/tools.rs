@@ -306,6 +306,36 @@ fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
     command.output().expect("the tdmpc2 binary runs")
 }
 
+/// What `train` would refuse at its start, the doctor names first: a task that cannot be made,
+/// a run directory that cannot be, or one holding a finished run.
+#[test]
+fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let run_dir = format!("run_dir={}", file.join("run").display());
+    let out = doctor(&["task=nosuch", &run_dir], &[]);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(log.contains("✗ task: unknown task `nosuch`"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "✗ run_dir: {run_dir} cannot be made (Not a directory"
+        )),
+        "{log}"
+    );
+    assert!(log.contains("not ready: task, run_dir"), "{log}");
+
+    // A new run directory is made to see that it can be, and removed again.
+    let new = dir.path().join("new/run");
+    let out = doctor(&[&format!("run_dir={}", new.display())], &[]);
+    assert!(text(&out).contains(&format!("✓ run_dir: {} can be made", new.display())));
+    assert!(
+        !dir.path().join("new").exists(),
+        "the doctor leaves nothing behind"
+    );
+}
+
 #[test]
 fn doctor_passes_here_and_forms_a_two_rank_group() {
     let out = doctor(&["--world-size", "2"], &[]);
@@ -317,6 +347,8 @@ fn doctor_passes_here_and_forms_a_two_rank_group() {
         "✓ dm_control: cartpole-swingup resets and steps",
         "✓ process group: 2 ranks over",
         "= 3 in",
+        "✓ task: dog-run is made and the settings resolve",
+        "✓ run_dir: ",
         "ready to train",
     ] {
         assert!(log.contains(line), "no '{line}' in:\n{log}");

@@ -73,8 +73,9 @@ impl Owner {
 impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::Config(format!("run_dir={}: cannot create it ({e})", dir.display()))
+        })?;
         let path = dir.join(LOCK);
         let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
         // A run ending between our open and our lock removes the file we opened: try again.

@@ -94,12 +94,14 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         families::check_families(&mut report, &config);
         let renders = config.obs == "rgb" || config.save_video;
         render::check_rendering(&mut report, chosen_renderer.as_deref(), renders);
+        check_task(&mut report, &config);
     }
     if let Some(dir) = &config.data_dir {
         dataset::check_dataset(&mut report, dir);
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
+    check_run_dir(&mut report, &config);
     check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
         group::check_group(&mut report, world_size);
@@ -390,6 +392,61 @@ fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>
                 (cores / world_size).max(1)
             ),
         );
+    }
+}
+
+/// The run's task is made and the settings resolve against it, as `train` does first (one
+/// task; a multitask run's tasks are checked when it starts).
+fn check_task(report: &mut Report, config: &Config) {
+    let resolved = || -> Result<String> {
+        let mut config = config.clone();
+        let tasks = config.tasks()?;
+        if config.multitask() {
+            return Ok(format!(
+                "{} tasks (each is made when the run starts)",
+                tasks.len()
+            ));
+        }
+        let env = envs::make_observed(&config.task, config.seed, config.env_options(0)?)?;
+        config.resolve(env.spec())?;
+        Ok(format!("{} is made and the settings resolve", config.task))
+    };
+    match resolved() {
+        Ok(detail) => report.line(Mark::Pass, "task", detail),
+        Err(e) => report.line(Mark::Fail, "task", e.to_string()),
+    }
+}
+
+/// The run directory can be made here (made and removed again when it is new), and holds no
+/// finished run that `train` would refuse.
+fn check_run_dir(report: &mut Report, config: &Config) {
+    let run_dir = config.run_dir();
+    if let Err(Error::Config(why)) = crate::trainer::refuse_a_finished_run(config) {
+        return report.line(Mark::Fail, "run_dir", why);
+    }
+    let mut existing = run_dir.clone();
+    while !existing.exists() && existing.pop() {}
+    match std::fs::create_dir_all(&run_dir) {
+        Ok(()) => {
+            // Only the directories made here go again, deepest first.
+            let mut made = run_dir.clone();
+            while made != existing && !made.as_os_str().is_empty() {
+                if std::fs::remove_dir(&made).is_err() {
+                    break;
+                }
+                made.pop();
+            }
+            report.line(
+                Mark::Pass,
+                "run_dir",
+                format!("{} can be made", run_dir.display()),
+            )
+        }
+        Err(e) => report.line(
+            Mark::Fail,
+            "run_dir",
+            format!("run_dir={} cannot be made ({e})", run_dir.display()),
+        ),
     }
 }
 
