@@ -104,7 +104,23 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
                 "{arg}: an empty value in a sweep; write the values as {key}=a,b,c"
             )));
         }
+        let given_before =
+            swept.iter().any(|(k, _)| *k == key) || fixed.iter().any(|o: &String| is_key(o, &key));
+        if given_before {
+            return Err(Error::Config(format!(
+                "{arg}: {key} is given more than once in a sweep; give all its values in one \
+                 {key}=a,b,c"
+            )));
+        }
         swept.push((key, values));
+    }
+    if let Some(again) = fixed
+        .iter()
+        .find(|o| swept.iter().any(|(key, _)| is_key(o, key)))
+    {
+        return Err(Error::Config(format!(
+            "{again}: that key is also swept; give all its values in one key=a,b,c"
+        )));
     }
     let total: usize = swept.iter().map(|(_, v)| v.len()).product();
     let mut jobs = Vec::with_capacity(total);
@@ -546,6 +562,22 @@ mod tests {
         assert_eq!(split_values("[1,2],[3]"), ["[1,2]", "[3]"]);
         assert_eq!(split_values("'a,b',c"), ["'a,b'", "c"]);
         assert_eq!(split_values("3e-4"), ["3e-4"]);
+    }
+
+    #[test]
+    fn a_swept_key_is_given_once() {
+        for args in [
+            ["seed=1,2", "seed=3,4"],
+            ["seed=1,2", "seed=5"],
+            ["seed=5", "+seed=1,2"],
+        ] {
+            let args = args.map(String::from);
+            let e = expand(&args, Path::new("runs")).unwrap_err().to_string();
+            assert!(e.contains("give all its values in one"), "{args:?}: {e}");
+        }
+        // A fixed key given twice is not swept: the last value wins, as everywhere.
+        let args = ["seed=1", "seed=2", "horizon=2,3"].map(String::from);
+        assert_eq!(expand(&args, Path::new("runs")).unwrap().len(), 2);
     }
 
     #[test]
