@@ -343,7 +343,7 @@ fn train(mut config: Config) -> Result<()> {
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
         if config.node_rank == 0 {
             trainer::lock::check_free(&config.run_dir())?;
-            trainer::refuse_a_finished_run(&config)?;
+            trainer::run_dir::refuse_a_used_run_dir(&config)?;
         }
         let program =
             std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
@@ -389,7 +389,7 @@ fn check_world_size(config: &Config, rank: &RankInfo, launched_by: LaunchedBy) -
 }
 
 /// A restarted job (by our launcher's `max_restarts` or torchrun's `--max-restarts`) goes on
-/// from the run directory's last checkpoint, when there is one, without being told.
+/// from the run directory's last checkpoint, when there is one of its own, without being told.
 fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> Result<()> {
     let Some(count) = restart_count else {
         return Ok(());
@@ -402,7 +402,8 @@ fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> R
     })?;
     let dir = config.run_dir();
     let checkpoints = crate::checkpoint::checkpoints_dir(&dir);
-    if count > 0 && crate::checkpoint::store::latest(&checkpoints).is_some() {
+    let own = trainer::run_dir::written_by_this_job(&dir);
+    if count > 0 && own && crate::checkpoint::store::latest(&checkpoints).is_some() {
         config.resume = Some("auto".into());
     }
     Ok(())

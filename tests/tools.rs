@@ -252,6 +252,16 @@ fn multirun_runs_every_combination_in_its_own_directory() {
     let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
     assert_eq!(csv.lines().count(), 5, "{csv}");
     assert!(log.contains("seed=2 horizon=3"), "the summary table: {log}");
+
+    // The same sweep again: its jobs' directories hold runs, refused before any job starts.
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("already holds a run") && log.contains("no job was started"),
+        "{log}"
+    );
+    assert!(!log.contains("[job 0] "), "{log}");
 }
 
 #[test]
@@ -307,7 +317,7 @@ fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
 }
 
 /// What `train` would refuse at its start, the doctor names first: a task that cannot be made,
-/// a run directory that cannot be, or one holding a finished run.
+/// a run directory that cannot be made, or one holding checkpoints.
 #[test]
 fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     let dir = tempfile::tempdir().unwrap();
@@ -320,7 +330,8 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     assert!(log.contains("✗ task: unknown task `nosuch`"), "{log}");
     assert!(
         log.contains(&format!(
-            "✗ run_dir: {run_dir} cannot be made (Not a directory"
+            "✗ run_dir: {run_dir} cannot be made: {} takes no directory (Not a directory",
+            file.display()
         )),
         "{log}"
     );

@@ -16,12 +16,20 @@ use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 use crate::learner::Learner;
 
+/// Whether a `resume` setting asks for a checkpoint (`auto` or a path), not a fresh run.
+pub fn resumes(setting: Option<&str>) -> bool {
+    !matches!(setting, None | Some("") | Some("none"))
+}
+
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
 /// checkpoint directory.
 fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {
     let run_dir = &settings.run_dir;
+    if !resumes(settings.resume.as_deref()) {
+        return Ok(None);
+    }
     match settings.resume.as_deref() {
-        None | Some("") | Some("none") => Ok(None),
+        None => Ok(None),
         Some("auto") => Ok(store::latest(&checkpoints_dir(run_dir)).map(|(_, dir)| dir)),
         Some(path) => {
             let given = PathBuf::from(path);

@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
+pub use resources::most_local_cpu_ranks;
 pub use tasks::{is_multitask, task_list, MT30};
 
 /// Every setting of a run. Field names follow the official TD-MPC2 config.

@@ -11,6 +11,17 @@ const OVERSUBSCRIPTION: usize = 4;
 /// are refused up front (the device reports a real shortage when it allocates).
 const GPU_MEMORY_CAP: f64 = 256.0 * (1u64 << 30) as f64;
 
+/// The most ranks a node of `cores` CPU cores runs on the CPU (more are refused).
+fn most_cpu_ranks(cores: usize) -> usize {
+    OVERSUBSCRIPTION * cores
+}
+
+/// The most ranks this node runs on the CPU, as `world_size` is checked: the tools that start
+/// ranks here take no more.
+pub fn most_local_cpu_ranks() -> usize {
+    most_cpu_ranks(Machine::this().cores)
+}
+
 /// What a part of a rank's memory is for, the keys that size it, and its bytes.
 struct Footprint {
     what: &'static str,
@@ -70,7 +81,7 @@ impl Config {
             "auto" => (machine.cuda_available)(),
             _ => true,
         };
-        let max_ranks = OVERSUBSCRIPTION * machine.cores;
+        let max_ranks = most_cpu_ranks(machine.cores);
         if local_ranks > max_ranks && !gpu() {
             return Err(Error::Config(format!(
                 "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s), more than \

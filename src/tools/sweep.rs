@@ -104,23 +104,15 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
                 "{arg}: an empty value in a sweep; write the values as {key}=a,b,c"
             )));
         }
-        let given_before =
-            swept.iter().any(|(k, _)| *k == key) || fixed.iter().any(|o: &String| is_key(o, &key));
-        if given_before {
-            return Err(Error::Config(format!(
-                "{arg}: {key} is given more than once in a sweep; give all its values in one \
-                 {key}=a,b,c"
-            )));
-        }
         swept.push((key, values));
     }
-    if let Some(again) = fixed
-        .iter()
-        .find(|o| swept.iter().any(|(key, _)| is_key(o, key)))
-    {
-        return Err(Error::Config(format!(
-            "{again}: that key is also swept; give all its values in one key=a,b,c"
-        )));
+    for (key, _) in &swept {
+        let given = overrides.iter().filter(|o| is_key(o, key)).count();
+        if given > 1 {
+            return Err(Error::Config(format!(
+                "{key} is swept and given {given} times; give all its values in one {key}=a,b,c"
+            )));
+        }
     }
     let total: usize = swept.iter().map(|(_, v)| v.len()).product();
     let mut jobs = Vec::with_capacity(total);
@@ -360,6 +352,7 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
                 specs.insert(key.clone(), env.spec().clone());
             }
             config.resolve(&specs[&key])?;
+            crate::trainer::run_dir::refuse_a_used_run_dir(&config)?;
             Ok::<_, Error>(config)
         })();
         match checked {

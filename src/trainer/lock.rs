@@ -181,7 +181,7 @@ fn in_use(dir: &Path, path: &Path, owner: Option<Owner>) -> Error {
     Error::Config(message)
 }
 
-fn hostname() -> String {
+pub(super) fn hostname() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes into buf.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };

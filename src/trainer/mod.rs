@@ -14,16 +14,16 @@ pub mod lock;
 mod offline;
 pub mod pipeline;
 mod report;
+pub mod run_dir;
 mod schedule;
 mod setup;
 pub mod stop;
 mod streams;
 mod training;
 
-use crate::checkpoint::{checkpoints_dir, store};
 use crate::config::Config;
 use crate::ddp::RankInfo;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use training::Training;
 
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
@@ -37,7 +37,8 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         _ => None,
     };
     if rank.rank == 0 {
-        refuse_a_finished_run(&config)?;
+        run_dir::refuse_a_used_run_dir(&config)?;
+        run_dir::record_job(&config.run_dir())?;
     }
     if config.offline() {
         offline::verify_dataset(&config, rank.rank, rank.world_size)?;
@@ -66,23 +67,4 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         training.advance();
     }
     training.finish()
-}
-
-/// A run directory holding checkpoints is continued (`resume`), never mixed with a new run,
-/// whose metrics would follow the old ones and whose `resume=auto` could later pick the old
-/// run's later checkpoint. The built-in launcher asks before it starts any rank (a refused rank
-/// would count as a failure to restart, and a restart resumes).
-pub fn refuse_a_finished_run(config: &Config) -> Result<()> {
-    if config.resume.is_some() {
-        return Ok(());
-    }
-    let run_dir = config.run_dir();
-    match store::latest(&checkpoints_dir(&run_dir)) {
-        Some((step, _)) => Err(Error::Config(format!(
-            "run_dir={} already holds a run (checkpoints up to step {step}): resume=auto \
-             continues it; to start a new run, choose another run_dir or remove that one",
-            run_dir.display()
-        ))),
-        None => Ok(()),
-    }
 }

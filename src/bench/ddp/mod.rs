@@ -54,10 +54,10 @@ impl DdpOptions {
                 self.ranks
             )));
         }
-        let cores = crate::device::cores();
-        if let Some(many) = self.ranks.iter().find(|&&ranks| ranks > cores) {
+        let most = crate::config::most_local_cpu_ranks();
+        if let Some(many) = self.ranks.iter().find(|&&ranks| ranks > most) {
             return Err(Error::Config(format!(
-                "--ranks {many}: at most {cores}, this machine's cores (every rank needs one)"
+                "--ranks {many}: at most {most} on this machine's cores, as world_size allows"
             )));
         }
         for (name, value) in [

@@ -73,12 +73,12 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         overrides: args.overrides.clone(),
         ..Source::default()
     })?;
-    let cores = crate::device::cores();
+    let most = crate::config::most_local_cpu_ranks();
     let world_size = match args.world_size {
-        Some(n) if n == 0 || n > cores => {
+        Some(n) if n == 0 || n > most => {
             return Err(Error::Config(format!(
-                "--world-size {n}: the check starts that many ranks here; give 1 to {cores} \
-                 (this machine's cores)"
+                "--world-size {n}: the check starts that many ranks here; give 1 to {most}, as \
+                 world_size allows on this machine's cores"
             )))
         }
         Some(n) => n,
@@ -417,35 +417,34 @@ fn check_task(report: &mut Report, config: &Config) {
     }
 }
 
-/// The run directory can be made here (made and removed again when it is new), and holds no
-/// finished run that `train` would refuse.
+/// The run directory can be made here (a directory is made and removed beside where it would
+/// go, never in it), and holds no run that `train` would refuse to start on.
 fn check_run_dir(report: &mut Report, config: &Config) {
     let run_dir = config.run_dir();
-    if let Err(Error::Config(why)) = crate::trainer::refuse_a_finished_run(config) {
+    if let Err(Error::Config(why)) = crate::trainer::run_dir::refuse_a_used_run_dir(config) {
         return report.line(Mark::Fail, "run_dir", why);
     }
     let mut existing = run_dir.clone();
     while !existing.exists() && existing.pop() {}
-    match std::fs::create_dir_all(&run_dir) {
-        Ok(()) => {
-            // Only the directories made here go again, deepest first.
-            let mut made = run_dir.clone();
-            while made != existing && !made.as_os_str().is_empty() {
-                if std::fs::remove_dir(&made).is_err() {
-                    break;
-                }
-                made.pop();
-            }
-            report.line(
-                Mark::Pass,
-                "run_dir",
-                format!("{} can be made", run_dir.display()),
-            )
-        }
+    if existing.as_os_str().is_empty() {
+        existing = ".".into();
+    }
+    let probe = existing.join(format!(".tdmpc2-doctor-{}", std::process::id()));
+    let made = std::fs::create_dir(&probe).and_then(|()| std::fs::remove_dir(&probe));
+    match made {
+        Ok(()) => report.line(
+            Mark::Pass,
+            "run_dir",
+            format!("{} can be made", run_dir.display()),
+        ),
         Err(e) => report.line(
             Mark::Fail,
             "run_dir",
-            format!("run_dir={} cannot be made ({e})", run_dir.display()),
+            format!(
+                "run_dir={} cannot be made: {} takes no directory ({e})",
+                run_dir.display(),
+                existing.display()
+            ),
         ),
     }
 }

@@ -1,0 +1,97 @@
+//! Which job a run directory belongs to. A directory holding checkpoints takes no new run
+//! without `resume`: the new run's metrics would follow the old run's, and a later
+//! `resume=auto` could pick the old run's checkpoints. A restarted job (our launcher's
+//! `max_restarts`, torchrun's `--max-restarts`) resumes by itself only from checkpoints of its
+//! own: rank 0 records its job in `<run_dir>/.job`, and a job is its launcher process (the
+//! parent of every attempt's ranks), named by host, pid and start time. So a first attempt
+//! refused here is refused again when restarted, instead of resuming another job's run.
+use std::path::Path;
+
+use crate::checkpoint::{checkpoints_dir, resumes, store};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+const JOB: &str = ".job";
+
+/// Refuses a new run (no `resume`) on a run directory that holds checkpoints.
+pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
+    if resumes(config.resume.as_deref()) {
+        return Ok(());
+    }
+    let run_dir = config.run_dir();
+    match store::latest(&checkpoints_dir(&run_dir)) {
+        Some((step, _)) => Err(Error::Config(format!(
+            "run_dir={} already holds a run (checkpoints up to step {step}): resume=auto \
+             continues it; to start a new run, choose another run_dir or remove that one",
+            run_dir.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Records this process's job as the one that writes `run_dir` (rank 0, holding its lock).
+pub fn record_job(run_dir: &Path) -> Result<()> {
+    let path = run_dir.join(JOB);
+    std::fs::write(&path, this_job()).map_err(|e| Error::io(format!("write {}", path.display()), e))
+}
+
+/// Whether the checkpoints in `run_dir` are this job's: a restarted attempt's to resume.
+pub fn written_by_this_job(run_dir: &Path) -> bool {
+    std::fs::read_to_string(run_dir.join(JOB)).is_ok_and(|job| job.trim() == this_job())
+}
+
+/// This process's job: its parent (the launcher that starts every attempt) by host, pid and
+/// start time (a pid alone may be reused).
+fn this_job() -> String {
+    let parent = std::os::unix::process::parent_id();
+    // /proc/<pid>/stat: "pid (comm) state ..." with the start time the 20th field after comm.
+    let started = std::fs::read_to_string(format!("/proc/{parent}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after_comm = stat.rsplit_once(')')?.1.to_owned();
+            after_comm.split_whitespace().nth(19).map(str::to_owned)
+        })
+        .unwrap_or_default();
+    format!("{} {parent} {started}", super::lock::hostname())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Source;
+
+    fn config(run_dir: &Path, resume: &str) -> Config {
+        Config::load(&Source {
+            overrides: vec![format!("run_dir={}", run_dir.display()), resume.into()],
+            ..Source::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_run_dir_with_checkpoints_takes_only_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        refuse_a_used_run_dir(&config(dir.path(), "resume=null")).unwrap();
+        std::fs::create_dir_all(checkpoints_dir(dir.path()).join("step_000000000400")).unwrap();
+        for fresh in ["resume=null", "resume=none"] {
+            let e = refuse_a_used_run_dir(&config(dir.path(), fresh)).unwrap_err();
+            assert!(
+                e.to_string().contains("(checkpoints up to step 400)"),
+                "{fresh}: {e}"
+            );
+        }
+        refuse_a_used_run_dir(&config(dir.path(), "resume=auto")).unwrap();
+    }
+
+    #[test]
+    fn a_job_recognises_its_own_run_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!written_by_this_job(dir.path()), "no job recorded");
+        record_job(dir.path()).unwrap();
+        assert!(written_by_this_job(dir.path()));
+        let recorded = std::fs::read_to_string(dir.path().join(JOB)).unwrap();
+        assert_eq!(recorded.split(' ').count(), 3, "{recorded}");
+        std::fs::write(dir.path().join(JOB), "another-host 1 2").unwrap();
+        assert!(!written_by_this_job(dir.path()));
+    }
+}
