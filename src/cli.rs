@@ -435,15 +435,15 @@ fn evaluate(config: Config) -> Result<()> {
         1,
         Box::new(crate::agent::TorchNoise::global()),
     )?;
-    policy.load_file(&weights).map_err(|e| {
-        Error::Config(format!(
-            "checkpoint={path}: {e}. eval builds the model from its own settings \
-             (model_size={}, task={}, obs={}): give it those the checkpoint was trained with, \
-             as in its run's config.yaml",
+    policy.load_file(&weights).map_err(|e| match e {
+        crate::agent::Error::Mismatch { .. } => Error::Config(format!(
+            "{e}. eval builds the model from its own settings (model_size={}, task={}, obs={}): \
+             give it those the checkpoint was trained with, as in its run's config.yaml",
             config.model_size.map_or("null".into(), |m| m.to_string()),
             config.task,
             config.obs
-        ))
+        )),
+        other => other.into(),
     })?;
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {

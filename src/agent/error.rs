@@ -26,6 +26,10 @@ pub enum Error {
     Fused(#[from] crate::cuda::fused::FusedError),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
+    /// A state dict read whole whose parameters are not this model's (other sizes, tasks or
+    /// layers).
+    #[error("checkpoint {path} does not fit this model: {message}")]
+    Mismatch { path: String, message: String },
     #[error("embedded Python: {0}")]
     Python(String),
 }

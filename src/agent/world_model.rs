@@ -449,7 +449,7 @@ impl WorldModel {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
-        self.load_named(tensors).map_err(|e| Error::Checkpoint {
+        self.load_named(tensors).map_err(|e| Error::Mismatch {
             path: path.display().to_string(),
             message: e.to_string(),
         })
