@@ -44,19 +44,24 @@ pub struct Expected {
 
 /// The dataset files of `dir` (`*.pt`), in the official order (sorted by name).
 pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir)
+    let files = dataset_files(dir)
         .map_err(|e| Error::Config(format!("data_dir={}: cannot be read: {e}", dir.display())))?;
-    let mut files: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "pt") && p.is_file())
-        .collect();
-    files.sort();
     if files.is_empty() {
         return Err(Error::Config(format!(
             "data_dir={}: holds no dataset file (*.pt, as the official chunk_<i>.pt)",
             dir.display()
         )));
     }
+    Ok(files)
+}
+
+/// The files of a dataset in `dir`: every `.pt` file there, in name order.
+fn dataset_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pt") && p.is_file())
+        .collect();
+    files.sort();
     Ok(files)
 }
 

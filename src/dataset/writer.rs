@@ -20,26 +20,27 @@ pub struct ChunkWriter {
     written: Vec<PathBuf>,
 }
 
-/// A directory that already holds dataset files would mix them with the new ones: a dataset is
-/// every `.pt` file of its directory, and chunk names restart at 0.
+/// A directory that already holds dataset files would mix them with the new ones (chunk names
+/// restart at 0).
 fn refuse_a_dataset(dir: &Path) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    if !dir.exists() {
         return Ok(());
-    };
-    let mut held: Vec<String> = entries
-        .flatten()
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".pt"))
-        .collect();
+    }
+    let held =
+        super::dataset_files(dir).map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
     if held.is_empty() {
         return Ok(());
     }
-    held.sort();
+    let names: Vec<String> = held
+        .iter()
+        .take(3)
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .collect();
     Err(Error::Config(format!(
         "{} already holds dataset files ({}{}): the new episodes would mix with them; give an \
          empty or new directory",
         dir.display(),
-        held[..held.len().min(3)].join(", "),
+        names.join(", "),
         if held.len() > 3 { ", ..." } else { "" }
     )))
 }
@@ -55,6 +56,8 @@ impl ChunkWriter {
             return Err(Error::Config("episodes per file must be at least 1".into()));
         }
         refuse_a_dataset(dir)?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         Ok(Self {
             dir: dir.to_owned(),
             per_file,
@@ -108,8 +111,6 @@ impl ChunkWriter {
             reward.extend(episode.reward.iter().flat_map(|v| v.to_le_bytes()));
             task.extend(std::iter::repeat_n(i64::from(id), rows).flat_map(i64::to_le_bytes));
         }
-        std::fs::create_dir_all(&self.dir)
-            .map_err(|e| Error::io(format!("create {}", self.dir.display()), e))?;
         let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
         let path_text = path.to_string_lossy().to_string();
         let failed = |e: pyo3::PyErr| {
