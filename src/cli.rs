@@ -409,28 +409,15 @@ fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> R
     Ok(())
 }
 
-/// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
-/// directory or any file in one, a run directory, or a `.safetensors` file, ours or imported),
-/// checked against the hash its checkpoint recorded.
-fn evaluate(config: Config) -> Result<()> {
-    let Some(path) = config.checkpoint.as_deref() else {
-        return Err(Error::Config(
-            "eval needs checkpoint=PATH (a checkpoint directory or a file in one, a run directory, or a .safetensors file)".into(),
-        ));
-    };
-    if config.eval_episodes == 0 {
-        return Err(Error::Config(
-            "eval_episodes=0: eval plays at least one episode".into(),
-        ));
-    }
+/// The policy of the checkpoint at `path`, verified, on the device `config` asks for.
+fn evaluated_policy(config: &Config, rank: &RankInfo, path: &str) -> Result<crate::actor::Policy> {
     let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
     crate::checkpoint::verify_model(&weights)?;
-    let rank = RankInfo::single(&config);
-    let device = crate::device::select(&config.device, &rank, false)?;
+    let device = crate::device::select(&config.device, rank, false)?;
     tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
     tch::manual_seed(config.seed as i64);
     let mut policy = crate::actor::Policy::new(
-        &crate::agent::AgentConfig::from_config(&config)?,
+        &crate::agent::AgentConfig::from_config(config)?,
         device,
         1,
         Box::new(crate::agent::TorchNoise::global()),
@@ -445,6 +432,25 @@ fn evaluate(config: Config) -> Result<()> {
         )),
         other => other.into(),
     })?;
+    Ok(policy)
+}
+
+/// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
+/// directory or any file in one, a run directory, or a `.safetensors` file, ours or imported),
+/// checked against the hash its checkpoint recorded.
+fn evaluate(config: Config) -> Result<()> {
+    let Some(path) = config.checkpoint.as_deref() else {
+        return Err(Error::Config(
+            "eval needs checkpoint=PATH (a checkpoint directory or a file in one, a run directory, or a .safetensors file)".into(),
+        ));
+    };
+    if config.eval_episodes == 0 {
+        return Err(Error::Config(
+            "eval_episodes=0: eval plays at least one episode".into(),
+        ));
+    }
+    let rank = RankInfo::single(&config);
+    let policy = evaluated_policy(&config, &rank, path)?;
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {
         world_size: 1,

@@ -230,23 +230,16 @@ impl Counters {
     }
 }
 
-/// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`; returns
-/// its counters and every rank's planner warm start, where it has them.
-fn load_on_root(
-    settings: &CheckpointSettings,
-    learner: &mut Learner,
-) -> Result<Option<(Meta, Option<Tensor>)>> {
-    let Some(dir) = resume_source(settings)? else {
-        return Ok(None);
-    };
-    let meta = read_meta(&dir)?;
+/// Whether the checkpoint `meta` (in `dir`) is one this run continues: of its task, not past
+/// its steps (it would be saved again as step `steps`, holding the later learner), and of a
+/// format that can be verified (else a warning).
+fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Result<()> {
     if meta.task != settings.task {
         return Err(Error::Config(format!(
             "resume: the checkpoint was trained on task={}, this run has task={}",
             meta.task, settings.task
         )));
     }
-    // It would be saved again under steps, holding the later step's learner.
     if meta.global_step > settings.steps {
         return Err(Error::Config(format!(
             "resume: {} is at step {}, past this run's steps={}; give steps >= {} to continue \
@@ -264,6 +257,20 @@ fn load_on_root(
             dir.display()
         );
     }
+    Ok(())
+}
+
+/// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`; returns
+/// its counters and every rank's planner warm start, where it has them.
+fn load_on_root(
+    settings: &CheckpointSettings,
+    learner: &mut Learner,
+) -> Result<Option<(Meta, Option<Tensor>)>> {
+    let Some(dir) = resume_source(settings)? else {
+        return Ok(None);
+    };
+    let meta = read_meta(&dir)?;
+    check_continues(&meta, settings, &dir)?;
     if meta.format == FORMAT {
         verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
