@@ -25,13 +25,12 @@ pub fn resumes(setting: Option<&str>) -> bool {
 /// checkpoint directory.
 fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {
     let run_dir = &settings.run_dir;
-    if !resumes(settings.resume.as_deref()) {
+    let Some(setting) = settings.resume.as_deref().filter(|s| resumes(Some(s))) else {
         return Ok(None);
-    }
-    match settings.resume.as_deref() {
-        None => Ok(None),
-        Some("auto") => Ok(store::latest(&checkpoints_dir(run_dir)).map(|(_, dir)| dir)),
-        Some(path) => {
+    };
+    match setting {
+        "auto" => Ok(store::latest(&checkpoints_dir(run_dir)).map(|(_, dir)| dir)),
+        path => {
             let given = PathBuf::from(path);
             // Any file of a checkpoint names its directory.
             let dir = match given.parent() {
