@@ -47,7 +47,7 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
         "eval_freq=100000",
         "save_buffer=true",
         "buffer_size=1000",
-        "num_threads=2",
+        "num_threads=1",
     ];
     let with = |steps: &'static str, extra: &[&str]| -> Vec<String> {
         let mut args: Vec<String> = settings.iter().map(|s| s.to_string()).collect();
