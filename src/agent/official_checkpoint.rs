@@ -106,6 +106,11 @@ fn unreadable(py: Python<'_>, e: PyErr) -> PyErr {
 /// Reads the official checkpoint at `pt_path` and writes its model weights under our names to
 /// `out_path` (safetensors). Returns the names written.
 pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
+    refuse_the_other_format(
+        out_path,
+        "pt",
+        "import writes safetensors, e.g. model.safetensors",
+    )?;
     let path_text = pt_path.to_string_lossy().to_string();
     let raw = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
@@ -174,6 +179,11 @@ pub fn python_tensors<'py, 't>(
 /// and device, without which the official `load_state_dict` refuses the file). The file appears
 /// whole or not at all. Returns the number of tensors written.
 pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
+    refuse_the_other_format(
+        out_path,
+        "safetensors",
+        "export writes torch's format, e.g. agent.pt",
+    )?;
     if out_path.is_dir() {
         return Err(Error::Checkpoint {
             path: out_path.display().to_string(),
@@ -241,6 +251,18 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
     Ok(written)
 }
 
+/// A file to write whose name says the format the command reads: a `.safetensors` file holding
+/// a torch pickle (or the reverse) would mislead whoever opens it next.
+fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Result<()> {
+    if out_path.extension().is_some_and(|e| e == extension) {
+        return Err(Error::Checkpoint {
+            path: out_path.display().to_string(),
+            message: format!("named .{extension}, but {writes}"),
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +297,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("is a directory; give the file to write"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_output_named_for_the_other_format_is_refused_before_anything_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nothing-here");
+        let pt = dir.path().join("agent.pt");
+        let e = export_official(&missing, &dir.path().join("agent.safetensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent.safetensors: named .safetensors, but export writes torch's format"),
+            "{e}"
+        );
+        let e = import_official(&missing, &pt).unwrap_err().to_string();
+        assert!(
+            e.contains("agent.pt: named .pt, but import writes safetensors"),
+            "{e}"
+        );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
