@@ -343,7 +343,7 @@ fn train(mut config: Config) -> Result<()> {
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
         if config.node_rank == 0 {
             trainer::lock::check_free(&config.run_dir())?;
-            trainer::run_dir::refuse_a_used_run_dir(&config)?;
+            trainer::run_dir::refuse_a_bad_start(&config)?;
         }
         let program =
             std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;

@@ -142,6 +142,32 @@ fn every_validation_error_is_clear() {
     }
 }
 
+/// A mistyped `resume` path is refused before the run directory is made, by one process and
+/// by the built-in launcher before it starts any rank: nothing is left behind to clean up.
+#[test]
+fn a_resume_path_naming_no_checkpoint_leaves_no_run_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let missing = dir.path().join("no-such-run");
+    for world in ["world_size=1", "world_size=2"] {
+        let e = rejected(&[
+            "train",
+            "task=pendulum-swingup",
+            world,
+            &format!("run_dir={}", run_dir.display()),
+            &format!("resume={}", missing.display()),
+        ]);
+        assert!(
+            e.contains(&format!(
+                "resume={}: not a checkpoint directory",
+                missing.display()
+            )),
+            "{world}: {e}"
+        );
+        assert!(!run_dir.exists(), "{world}: the run directory was made");
+    }
+}
+
 /// Issue 11's failure matrix (items 4, 5, 8 and 9): each of these once panicked, passed
 /// silently or named a key the user never set.
 #[test]

@@ -21,6 +21,12 @@ pub fn resumes(setting: Option<&str>) -> bool {
     !matches!(setting, None | Some("") | Some("none"))
 }
 
+/// Refuses a `resume` path that names no checkpoint: checked before a run makes its directory,
+/// so that a mistyped path leaves nothing behind.
+pub fn check_resume_source(config: &crate::config::Config) -> Result<()> {
+    resume_source(&CheckpointSettings::from_config(config)).map(drop)
+}
+
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
 /// checkpoint directory.
 fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {

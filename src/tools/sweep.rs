@@ -352,7 +352,7 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
                 specs.insert(key.clone(), env.spec().clone());
             }
             config.resolve(&specs[&key])?;
-            crate::trainer::run_dir::refuse_a_used_run_dir(&config)?;
+            crate::trainer::run_dir::refuse_a_bad_start(&config)?;
             Ok::<_, Error>(config)
         })();
         match checked {

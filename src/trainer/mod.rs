@@ -33,13 +33,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // Before the group forms: a second run on this directory fails at once (its other ranks
     // are stopped by their launcher, or time out).
     let _lock = match rank.rank {
-        0 => Some(lock::RunLock::acquire(&config.run_dir())?),
+        0 => Some(run_dir::claim(&config)?),
         _ => None,
     };
-    if rank.rank == 0 {
-        run_dir::refuse_a_used_run_dir(&config)?;
-        run_dir::record_job(&config.run_dir())?;
-    }
     if config.offline() {
         offline::verify_dataset(&config, rank.rank, rank.world_size)?;
     }

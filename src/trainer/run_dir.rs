@@ -7,14 +7,33 @@
 //! refused here is refused again when restarted, instead of resuming another job's run.
 use std::path::Path;
 
-use crate::checkpoint::{checkpoints_dir, resumes, store};
+use super::lock::RunLock;
+use crate::checkpoint::{check_resume_source, checkpoints_dir, resumes, store};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
 const JOB: &str = ".job";
 
+/// What `train` refuses before anything starts: a `resume` path that names no checkpoint, and a
+/// new run on a run directory that holds one.
+pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
+    check_resume_source(config)?;
+    refuse_a_used_run_dir(config)
+}
+
+/// Rank 0's hold on the run directory, this job's from here on. A bad `resume` path is refused
+/// before the directory is made; a used directory once its lock is held, so that two runs
+/// starting together cannot both find it unused.
+pub fn claim(config: &Config) -> Result<RunLock> {
+    check_resume_source(config)?;
+    let lock = RunLock::acquire(&config.run_dir())?;
+    refuse_a_used_run_dir(config)?;
+    record_job(&config.run_dir())?;
+    Ok(lock)
+}
+
 /// Refuses a new run (no `resume`) on a run directory that holds checkpoints.
-pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
+fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
     if resumes(config.resume.as_deref()) {
         return Ok(());
     }
@@ -30,7 +49,7 @@ pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
 }
 
 /// Records this process's job as the one that writes `run_dir` (rank 0, holding its lock).
-pub fn record_job(run_dir: &Path) -> Result<()> {
+fn record_job(run_dir: &Path) -> Result<()> {
     let path = run_dir.join(JOB);
     std::fs::write(&path, this_job()).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }

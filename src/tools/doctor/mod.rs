@@ -421,7 +421,7 @@ fn check_task(report: &mut Report, config: &Config) {
 /// go, never in it), and holds no run that `train` would refuse to start on.
 fn check_run_dir(report: &mut Report, config: &Config) {
     let run_dir = config.run_dir();
-    if let Err(Error::Config(why)) = crate::trainer::run_dir::refuse_a_used_run_dir(config) {
+    if let Err(Error::Config(why)) = crate::trainer::run_dir::refuse_a_bad_start(config) {
         return report.line(Mark::Fail, "run_dir", why);
     }
     let mut existing = run_dir.clone();
