@@ -409,32 +409,6 @@ fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> R
     Ok(())
 }
 
-/// The policy of the checkpoint at `path`, verified, on the device `config` asks for.
-fn evaluated_policy(config: &Config, rank: &RankInfo, path: &str) -> Result<crate::actor::Policy> {
-    let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
-    crate::checkpoint::verify_model(&weights)?;
-    let device = crate::device::select(&config.device, rank, false)?;
-    tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
-    tch::manual_seed(config.seed as i64);
-    let mut policy = crate::actor::Policy::new(
-        &crate::agent::AgentConfig::from_config(config)?,
-        device,
-        1,
-        Box::new(crate::agent::TorchNoise::global()),
-    )?;
-    policy.load_file(&weights).map_err(|e| match e {
-        crate::agent::Error::Mismatch { .. } => Error::Config(format!(
-            "{e}. eval builds the model from its own settings (model_size={}, task={}, obs={}): \
-             give it those the checkpoint was trained with, as in its run's config.yaml",
-            config.model_size.map_or("null".into(), |m| m.to_string()),
-            config.task,
-            config.obs
-        )),
-        other => other.into(),
-    })?;
-    Ok(policy)
-}
-
 /// Plays `eval_episodes` episodes in eval mode with the weights of `checkpoint` (a checkpoint
 /// directory or any file in one, a run directory, or a `.safetensors` file, ours or imported),
 /// checked against the hash its checkpoint recorded.
@@ -450,7 +424,7 @@ fn evaluate(config: Config) -> Result<()> {
         ));
     }
     let rank = RankInfo::single(&config);
-    let policy = evaluated_policy(&config, &rank, path)?;
+    let policy = crate::tools::playing_policy::build(&config, &rank, 1, Some(path))?;
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {
         world_size: 1,

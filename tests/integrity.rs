@@ -423,9 +423,25 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("eval builds the model from its own settings (model_size=5"),
+        stderr.contains("The model is built from this command's settings (model_size=5"),
         "{stderr}"
     );
+    // collect plays with the same policy: the same refusal, before it makes its --out.
+    let data = dir.path().join("dataset");
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["collect", "--episodes", "1", "--out"])
+        .arg(&data)
+        .args(TINY)
+        .args([
+            format!("checkpoint={}", dir.path().display()),
+            "model_size=5".into(),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("(model_size=5"), "{stderr}");
+    assert!(!data.exists(), "collect made its --out");
     let official = dir.path().join("agent.pt");
     std::fs::write(&official, b"not safetensors").unwrap();
     let out = run(

@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 
-use crate::actor::{Acting, ActorSettings, Policy};
-use crate::agent::{AgentConfig, TorchNoise};
+use crate::actor::{Acting, ActorSettings};
 use crate::config::Config;
 use crate::dataset::ChunkWriter;
 use crate::ddp::RankInfo;
@@ -25,6 +24,10 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     if args.episodes == 0 {
         return Err(Error::Config("--episodes must be at least 1".into()));
     }
+    let rank = RankInfo::single(config);
+    let checkpoint = config.checkpoint.as_deref();
+    let policy = super::playing_policy::build(config, &rank, config.num_envs, checkpoint)?;
+    let planning = checkpoint.is_some();
     let action_dims = match &config.action_dims {
         Some(dims) => dims.clone(),
         None => vec![config.resolved_action_dim()?],
@@ -35,25 +38,6 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
         config.resolved_obs_dim()?,
         action_dims,
     )?;
-    let rank = RankInfo::single(config);
-    let device = crate::device::select(&config.device, &rank, false)?;
-    tch::set_num_threads(crate::device::threads(config.num_threads, 1) as i32);
-    tch::manual_seed(config.seed as i64);
-    let mut policy = Policy::new(
-        &AgentConfig::from_config(config)?,
-        device,
-        config.num_envs,
-        Box::new(TorchNoise::global()),
-    )?;
-    let planning = match config.checkpoint.as_deref() {
-        Some(path) => {
-            let weights = crate::checkpoint::model_file(std::path::Path::new(path))?;
-            crate::checkpoint::verify_model(&weights)?;
-            policy.load_file(&weights)?;
-            true
-        }
-        None => false,
-    };
     let alone = Config {
         world_size: 1,
         ..config.clone()

@@ -3,5 +3,6 @@
 pub mod collect;
 pub mod curves;
 pub mod doctor;
+pub mod playing_policy;
 pub mod plot;
 pub mod sweep;
