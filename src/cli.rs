@@ -313,6 +313,13 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::tools::collect::run(&resolved_config(&args.run)?, &collection)
         }
         Command::Import { input, output } => {
+            if !input.is_file() {
+                return Err(Error::Config(format!(
+                    "import {}: no such file; give an official checkpoint (the .pt file the \
+                     official trainer saves)",
+                    input.display()
+                )));
+            }
             let keys = crate::agent::import_official(&input, &output)?;
             println!("wrote {} tensors to {}", keys.len(), output.display());
             Ok(())

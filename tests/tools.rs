@@ -485,8 +485,8 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
 }
 
 /// `export` writes a run's latest checkpoint as an official one (torch's zip format), whose
-/// `import` gives back the same tensors; a missing or damaged input and an unwritable output are
-/// named errors, and nothing is left behind.
+/// `import` gives back the same tensors; a missing or damaged input (a missing one to either) and
+/// an unwritable output are named errors, and nothing is left behind.
 #[test]
 fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -518,6 +518,18 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     let out = tdmpc2(&["export", &missing.to_string_lossy(), &pt.to_string_lossy()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nothing-here"), "{}", text(&out));
+
+    let out = tdmpc2(&[
+        "import",
+        &missing.to_string_lossy(),
+        &back.to_string_lossy(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("nothing-here: no such file"),
+        "{}",
+        text(&out)
+    );
 
     let unwritable = dir.path().join("no-such-dir/final.pt");
     let out = tdmpc2(&[
