@@ -11,8 +11,8 @@ fi
 task=$1 model_size=$2
 shift 2
 world_size=8 sync_freq=1
-if [ $# -gt 0 ] && [[ $1 != *=* ]]; then world_size=$1; shift; fi
-if [ $# -gt 0 ] && [[ $1 != *=* ]]; then sync_freq=$1; shift; fi
+if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then world_size=$1; shift; fi
+if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then sync_freq=$1; shift; fi
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 "$here/setup.sh" >&2

@@ -105,6 +105,46 @@ fn config_name_lays_a_file_over_the_defaults() {
     assert!(e.contains("config_ddp"), "lists the available files: {e}");
 }
 
+/// scripts/run_ddp.sh, the seed project's one-line launcher: TASK MODEL_SIZE [WORLD_SIZE]
+/// [SYNC_FREQ] land on their keys over config_ddp's, and the rest (overrides, options) passes on.
+#[test]
+fn run_ddp_sh_puts_its_arguments_on_their_keys() {
+    let run = |args: &[&str]| {
+        Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/run_ddp.sh"))
+            .args(args)
+            .env("TDMPC2_SKIP_BUILD", "1")
+            .output()
+            .expect("scripts/run_ddp.sh runs")
+    };
+    // model_size, world_size, sync_freq, steps and eval_freq, after checking the task.
+    let job = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--cfg", "job"]);
+        let out = run(&all);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let c: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).expect("YAML");
+        assert_eq!(c["task"].as_str(), Some("walker-run"), "{args:?}");
+        [
+            "model_size",
+            "world_size",
+            "sync_freq",
+            "steps",
+            "eval_freq",
+        ]
+        .map(|k| c[k].as_u64())
+    };
+    let given = job(&["walker-run", "5", "2", "4", "steps=20000"]);
+    assert_eq!(given, [5, 2, 4, 20_000, 100_000].map(Some));
+    let defaults = job(&["walker-run", "1", "steps=20000"]);
+    assert_eq!(defaults, [1, 8, 1, 20_000, 100_000].map(Some));
+    let option_next = job(&["walker-run", "1"]);
+    assert_eq!(option_next[1], Some(8), "an option is not a world size");
+    let out = run(&["walker-run"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+}
+
 #[test]
 fn every_validation_error_is_clear() {
     let cases: &[(&str, &str)] = &[
