@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the other scripts: the venv and the variables that tch, torch-sys and pyo3 need.
 tdmpc2_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 export TDMPC2_VENV=${TDMPC2_VENV:-$tdmpc2_root/.venv}

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that run the official TD-MPC2 code beside ours (compare_official.sh,
 # check_parity.sh), after scripts/env.sh and with a `fail` function (prints, exits 2).
 #
