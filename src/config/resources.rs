@@ -126,13 +126,17 @@ impl Config {
         Ok(())
     }
 
-    /// A lower bound of the bytes one rank allocates, by what allocates them (32-bit floats).
-    fn footprint(&self) -> [Footprint; 4] {
+    /// Numbers in an observation and in an action (0 before the task resolves them).
+    fn observation_and_action_sizes(&self) -> (f64, f64) {
+        let obs: usize = self.obs_shape.as_ref().map_or(0, |s| s.iter().product());
+        (obs as f64, self.action_dim.unwrap_or(0) as f64)
+    }
+
+    /// The model's parameters: those trained, and those of the Q heads alone (which have
+    /// target copies too).
+    fn parameters(&self) -> (f64, f64) {
         let f = |v: usize| v as f64;
-        let (obs, a) = (
-            f(self.obs_shape.as_ref().map_or(0, |s| s.iter().product())),
-            f(self.action_dim.unwrap_or(0)),
-        );
+        let (obs, a) = self.observation_and_action_sizes();
         let (z, m, e, bins, q) = (
             f(self.latent_dim),
             f(self.mlp_dim),
@@ -140,7 +144,6 @@ impl Config {
             f(self.num_bins),
             f(self.num_q),
         );
-        let (h, n, b) = (f(self.horizon), f(self.num_samples), f(self.batch_size));
         let hidden = f(self.num_enc_layers.saturating_sub(1).max(1));
         let encoder = match self.obs_kind() {
             // Four convolutions (7×7, 5×5, 3×3, 3×3) of num_channels filters each.
@@ -156,6 +159,21 @@ impl Config {
         let q_heads = q * head(z + a, bins);
         let trainable =
             encoder + head(z + a, z) + head(z + a, bins) + termination + head(z, 2.0 * a) + q_heads;
+        (trainable, q_heads)
+    }
+
+    /// A lower bound of the bytes one rank allocates, by what allocates them (32-bit floats).
+    fn footprint(&self) -> [Footprint; 4] {
+        let f = |v: usize| v as f64;
+        let (obs, a) = self.observation_and_action_sizes();
+        let (z, m, bins, q) = (
+            f(self.latent_dim),
+            f(self.mlp_dim),
+            f(self.num_bins),
+            f(self.num_q),
+        );
+        let (h, n, b) = (f(self.horizon), f(self.num_samples), f(self.batch_size));
+        let (trainable, q_heads) = self.parameters();
         // Parameters, gradients and two Adam moments, and the target Q heads.
         let model = 4.0 * (4.0 * trainable + q_heads);
         let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
