@@ -26,6 +26,12 @@ impl Sink for Console {
     }
 }
 
+/// Seconds as hours, minutes and seconds: `0:01:02`.
+pub fn clock_time(seconds: u64) -> String {
+    let t = seconds;
+    format!("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+}
+
 /// `train  E: 12  I: 6,000  R: 512.3  T: 0:01:02 ...`.
 pub fn console_line(record: &Record) -> String {
     let mut line = format!("{:<6}", record.phase.name());
@@ -41,8 +47,7 @@ pub fn console_line(record: &Record) -> String {
         line += &format!("  ±{s:<7.1}");
     }
     if let Some(t) = v("elapsed_time") {
-        let t = t as u64;
-        line += &format!("  T: {}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+        line += &format!("  T: {}", clock_time(t as u64));
     }
     if let Some(sps) = v("steps_per_second") {
         line += &format!("  SPS: {sps:.1}");

@@ -20,7 +20,7 @@ use envs::Frame;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-pub use console::{console_line, Console};
+pub use console::{clock_time, console_line, Console};
 pub use csv::Csv;
 pub use jsonl::Jsonl;
 pub use mlflow::{Mlflow, MlflowOptions};

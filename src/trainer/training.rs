@@ -1,10 +1,12 @@
 //! One rank's training run as named steps (reference §7): the state they share and what each
 //! step does. `trainer::run` calls them in order.
+use std::time::Instant;
+
 use tch::{Device, Tensor};
 
 use super::evaluate::{self, Outcome};
 use super::pipeline::Pipeline;
-use super::report::{Clock, Report};
+use super::report::{Clock, PretrainProgress, Report};
 use super::schedule::Schedule;
 use super::setup;
 use super::stop::{self, StopRequest};
@@ -318,12 +320,14 @@ impl<'g> Training<'g> {
     fn pretrain(&mut self) -> Result<()> {
         let updates = self.settings.pretrain_updates;
         let done = self.state.pretrain_updates;
-        if updates > 1 && self.group.rank() == 0 {
-            eprintln!(
-                "Pretraining agent on seed data ({} updates)...",
-                updates - done
-            );
+        let left = updates - done;
+        let report = self.report.as_ref().filter(|_| updates > 1);
+        if let Some(report) = report {
+            report.note(&format!(
+                "Pretraining agent on seed data ({left} updates)..."
+            ));
         }
+        let mut progress = report.map(|_| PretrainProgress::start(left, Instant::now()));
         for update in done..updates {
             // The same update indices on every rank: the stop check is a collective.
             let request = match updates > 1 {
@@ -339,6 +343,12 @@ impl<'g> Training<'g> {
                 return Err(self.stop(&when, request));
             }
             self.last_info = Some(self.learner.update(&mut self.streams.learner)?);
+            let line = progress
+                .as_mut()
+                .and_then(|p| p.line(update + 1 - done, Instant::now()));
+            if let (Some(line), Some(report)) = (line, &self.report) {
+                report.note(&line);
+            }
         }
         self.state.pretrain_updates = 0;
         self.actor.policy_mut().load_weights(self.learner.model())?;
