@@ -449,6 +449,7 @@ fn evaluate(config: Config) -> Result<()> {
         config.seed,
         &group,
         config.save_video.then_some(&mut video),
+        Some(&|line: &str| eprintln!("{line}")),
     )?;
     let trainer::evaluate::Outcome::Done(evaluation) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));

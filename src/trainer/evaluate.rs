@@ -2,9 +2,12 @@
 //! in eval mode; the returns are gathered so that rank 0 reports over all episodes and by task. A stop request is checked before each
 //! round-robin slot, on every rank (also one with no episode left in that slot), so the
 //! collective check lines up across ranks.
+use std::time::Instant;
+
 use envs::Frame;
 use tch::{Kind, Tensor};
 
+use super::countdown::Countdown;
 use super::stop::StopRequest;
 use crate::actor::{Actor, EvalStart, TaskAssignment};
 use crate::ddp::ProcessGroup;
@@ -123,7 +126,7 @@ impl Plan {
 /// episodes and after the last, the same number of times on every rank; a rank asked to stop
 /// leaves its round between two steps). `episodes` is the number of
 /// episodes, of each task in a multitask run of `tasks` tasks. With `video`, this rank's
-/// first episode is filmed into it.
+/// first episode is filmed into it; with `say`, how far a long evaluation is goes to it.
 pub fn evaluate(
     actor: &mut Actor,
     episodes: usize,
@@ -131,9 +134,18 @@ pub fn evaluate(
     seed: u64,
     group: &ProcessGroup,
     mut video: Option<&mut Vec<Frame>>,
+    say: Option<&dyn Fn(&str)>,
 ) -> Result<Outcome> {
     let (rank, world) = (group.rank(), group.world_size());
     let plan = Plan::new(episodes, tasks, rank, world, actor.num_envs());
+    let what = match world {
+        1 => "Evaluation".to_string(),
+        _ => format!("Evaluation (rank {rank}'s share)"),
+    };
+    let mine = plan.jobs.len() as u64;
+    let now = Instant::now();
+    let mut countdown = say.map(|say| (say, Countdown::start(what, "episodes", mine, now)));
+    let mut played = 0;
     // One row per episode: return, length, success (NaN when the task has none), played
     // (0/1), task (-1 for none).
     let mut rows = vec![f64::NAN; plan.most_jobs.max(1) * COLUMNS];
@@ -171,6 +183,12 @@ pub fn evaluate(
                 1.0,
                 task,
             ]);
+            played += 1;
+        }
+        if let Some((say, countdown)) = &mut countdown {
+            if let Some(line) = countdown.line(played, Instant::now()) {
+                say(&line);
+            }
         }
     }
     // The stops asked during the last round (every rank checks once more).

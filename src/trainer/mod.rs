@@ -9,6 +9,7 @@
 //! early terminations) the ranks agree on the first vector step where every environment of
 //! every rank is at an episode end. An environment waiting for that point still counts its
 //! steps, so that all ranks keep one step count.
+mod countdown;
 pub mod evaluate;
 pub mod lock;
 mod offline;

@@ -148,6 +148,7 @@ impl<'g> Offline<'g> {
                 seed,
                 self.group,
                 None,
+                None,
             )?;
             let evaluation = match outcome {
                 Outcome::Done(evaluation) => evaluation,

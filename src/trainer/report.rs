@@ -2,7 +2,7 @@
 //! episode and per evaluation (console, files, trackers), and a progress bar on a terminal.
 use std::io::IsTerminal;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use envs::Frame;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -12,7 +12,7 @@ use crate::actor::EpisodeStats;
 use crate::agent::UpdateStats;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::logging::{clock_time, Logger, LoggerOptions, Phase, Record};
+use crate::logging::{Logger, LoggerOptions, Phase, Record};
 use envs::Family;
 
 pub(super) struct Report {
@@ -155,44 +155,6 @@ fn progress_bar(total: u64) -> ProgressBar {
     bar
 }
 
-/// How far a long pretraining is: a line at most every `PretrainProgress::EVERY`, so that a log
-/// read on a cluster shows it is working (the progress bar counts agent steps, which stand still
-/// meanwhile, and a log file has no bar).
-pub(super) struct PretrainProgress {
-    total: u64,
-    start: Instant,
-    next: Instant,
-}
-
-impl PretrainProgress {
-    const EVERY: Duration = Duration::from_secs(60);
-
-    pub(super) fn start(total: u64, now: Instant) -> Self {
-        Self {
-            total,
-            start: now,
-            next: now + Self::EVERY,
-        }
-    }
-
-    /// The line to show after `done` of the updates at `now`, when one is due.
-    pub(super) fn line(&mut self, done: u64, now: Instant) -> Option<String> {
-        if now < self.next || done == 0 || done >= self.total {
-            return None;
-        }
-        self.next = now + Self::EVERY;
-        let elapsed = now.duration_since(self.start).as_secs_f64();
-        let left = elapsed * (self.total - done) as f64 / done as f64;
-        Some(format!(
-            "Pretraining: {done} of {} updates ({}%), {} elapsed, about {} left",
-            self.total,
-            done * 100 / self.total,
-            clock_time(elapsed as u64),
-            clock_time(left.round() as u64)
-        ))
-    }
-}
-
 /// Training time across resumes, and the throughput once learning reached its steady state.
 pub(super) struct Clock {
     start: Instant,
@@ -273,32 +235,4 @@ fn by_task(tasks: &[String], summaries: &[EvalSummary]) -> Vec<(String, f64)> {
         }
     }
     values
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pretraining_says_how_far_it_is_once_a_minute() {
-        let start = Instant::now();
-        let at = |seconds: u64| start + Duration::from_secs(seconds);
-        let mut progress = PretrainProgress::start(5000, start);
-        assert_eq!(progress.line(900, at(59)), None, "not before a minute");
-        assert_eq!(
-            progress.line(1000, at(60)).as_deref(),
-            Some("Pretraining: 1000 of 5000 updates (20%), 0:01:00 elapsed, about 0:04:00 left")
-        );
-        assert_eq!(
-            progress.line(1500, at(90)),
-            None,
-            "a minute after the last line"
-        );
-        assert!(progress.line(2000, at(120)).is_some());
-        assert_eq!(
-            progress.line(5000, at(300)),
-            None,
-            "nothing once it is done"
-        );
-    }
 }

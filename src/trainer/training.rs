@@ -4,9 +4,10 @@ use std::time::Instant;
 
 use tch::{Device, Tensor};
 
+use super::countdown::Countdown;
 use super::evaluate::{self, Outcome};
 use super::pipeline::Pipeline;
-use super::report::{Clock, PretrainProgress, Report};
+use super::report::{Clock, Report};
 use super::schedule::Schedule;
 use super::setup;
 use super::stop::{self, StopRequest};
@@ -157,6 +158,7 @@ impl<'g> Training<'g> {
             let seed = self.streams.evaluation_seed(global);
             let mut video = Vec::new();
             let films = self.settings.save_video && self.report.is_some();
+            let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
             let outcome = evaluate::evaluate(
                 &mut self.actor,
                 self.settings.eval_episodes,
@@ -164,6 +166,7 @@ impl<'g> Training<'g> {
                 seed,
                 self.group,
                 films.then_some(&mut video),
+                say.as_ref().map(|say| say as &dyn Fn(&str)),
             )?;
             let evaluation = match outcome {
                 Outcome::Done(evaluation) => evaluation,
@@ -327,7 +330,8 @@ impl<'g> Training<'g> {
                 "Pretraining agent on seed data ({left} updates)..."
             ));
         }
-        let mut progress = report.map(|_| PretrainProgress::start(left, Instant::now()));
+        let mut progress =
+            report.map(|_| Countdown::start("Pretraining", "updates", left, Instant::now()));
         for update in done..updates {
             // The same update indices on every rank: the stop check is a collective.
             let request = match updates > 1 {
