@@ -141,6 +141,7 @@ impl<'g> Offline<'g> {
         if self.settings.eval_episodes > 0 {
             self.actor.policy_mut().load_weights(self.learner.model())?;
             let seed = self.streams.evaluation_seed(i);
+            let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
             let outcome = evaluate::evaluate(
                 &mut self.actor,
                 self.settings.eval_episodes,
@@ -148,7 +149,7 @@ impl<'g> Offline<'g> {
                 seed,
                 self.group,
                 None,
-                None,
+                say.as_ref().map(|say| say as &dyn Fn(&str)),
             )?;
             let evaluation = match outcome {
                 Outcome::Done(evaluation) => evaluation,
