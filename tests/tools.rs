@@ -317,17 +317,23 @@ fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
 }
 
 /// What `train` would refuse at its start, the doctor names first: a task that cannot be made,
-/// a run directory that cannot be made, or one holding checkpoints.
+/// a `resume` path naming no checkpoint, a run directory that cannot be made, or one holding
+/// checkpoints.
 #[test]
 fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("a-file");
     std::fs::write(&file, "").unwrap();
     let run_dir = format!("run_dir={}", file.join("run").display());
-    let out = doctor(&["task=nosuch", &run_dir], &[]);
+    let resume = format!("resume={}", dir.path().join("no-run").display());
+    let out = doctor(&["task=nosuch", &run_dir, &resume], &[]);
     let log = text(&out);
     assert_eq!(out.status.code(), Some(1), "{log}");
     assert!(log.contains("✗ task: unknown task `nosuch`"), "{log}");
+    assert!(
+        log.contains(&format!("✗ resume: {resume}: not a checkpoint directory")),
+        "{log}"
+    );
     assert!(
         log.contains(&format!(
             "✗ run_dir: {run_dir} cannot be made: {} takes no directory (Not a directory",
@@ -335,7 +341,7 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
         )),
         "{log}"
     );
-    assert!(log.contains("not ready: task, run_dir"), "{log}");
+    assert!(log.contains("not ready: task, resume, run_dir"), "{log}");
 
     // A new run directory is made to see that it can be, and removed again.
     let new = dir.path().join("new/run");

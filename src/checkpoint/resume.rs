@@ -21,10 +21,11 @@ pub fn resumes(setting: Option<&str>) -> bool {
     !matches!(setting, None | Some("") | Some("none"))
 }
 
-/// Refuses a `resume` path that names no checkpoint: checked before a run makes its directory,
-/// so that a mistyped path leaves nothing behind.
-pub fn check_resume_source(config: &crate::config::Config) -> Result<()> {
-    resume_source(&CheckpointSettings::from_config(config)).map(drop)
+/// The checkpoint `config`'s `resume` names (None: a fresh run, or `auto` with none yet), or
+/// a path that names none refused: checked before a run makes its directory, so that a
+/// mistyped path leaves nothing behind.
+pub fn resume_source_of(config: &crate::config::Config) -> Result<Option<PathBuf>> {
+    resume_source(&CheckpointSettings::from_config(config))
 }
 
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a

@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::lock::RunLock;
-use crate::checkpoint::{check_resume_source, checkpoints_dir, resumes, store};
+use crate::checkpoint::{checkpoints_dir, resume_source_of, resumes, store};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -17,7 +17,7 @@ const JOB: &str = ".job";
 /// What `train` refuses before anything starts: a `resume` path that names no checkpoint, and a
 /// new run on a run directory that holds one.
 pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
-    check_resume_source(config)?;
+    resume_source_of(config)?;
     refuse_a_used_run_dir(config)
 }
 
@@ -25,7 +25,7 @@ pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
 /// before the directory is made; a used directory once its lock is held, so that two runs
 /// starting together cannot both find it unused.
 pub fn claim(config: &Config) -> Result<RunLock> {
-    check_resume_source(config)?;
+    resume_source_of(config)?;
     let lock = RunLock::acquire(&config.run_dir())?;
     refuse_a_used_run_dir(config)?;
     record_job(&config.run_dir())?;
@@ -33,7 +33,7 @@ pub fn claim(config: &Config) -> Result<RunLock> {
 }
 
 /// Refuses a new run (no `resume`) on a run directory that holds checkpoints.
-fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
+pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
     if resumes(config.resume.as_deref()) {
         return Ok(());
     }

@@ -101,6 +101,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
+    check_resume(&mut report, &config);
     check_run_dir(&mut report, &config);
     check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
@@ -417,11 +418,24 @@ fn check_task(report: &mut Report, config: &Config) {
     }
 }
 
+/// The checkpoint a `resume` setting names (nothing to say for a fresh run).
+fn check_resume(report: &mut Report, config: &Config) {
+    if !crate::checkpoint::resumes(config.resume.as_deref()) {
+        return;
+    }
+    match crate::checkpoint::resume_source_of(config) {
+        Ok(Some(dir)) => report.line(Mark::Pass, "resume", format!("from {}", dir.display())),
+        Ok(None) => report.line(Mark::Pass, "resume", "no checkpoint yet: a fresh run"),
+        Err(Error::Config(why)) => report.line(Mark::Fail, "resume", why),
+        Err(e) => report.line(Mark::Fail, "resume", e.to_string()),
+    }
+}
+
 /// The run directory can be made here (a directory is made and removed beside where it would
 /// go, never in it), and holds no run that `train` would refuse to start on.
 fn check_run_dir(report: &mut Report, config: &Config) {
     let run_dir = config.run_dir();
-    if let Err(Error::Config(why)) = crate::trainer::run_dir::refuse_a_bad_start(config) {
+    if let Err(Error::Config(why)) = crate::trainer::run_dir::refuse_a_used_run_dir(config) {
         return report.line(Mark::Fail, "run_dir", why);
     }
     let mut existing = run_dir.clone();
