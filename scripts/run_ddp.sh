@@ -3,6 +3,7 @@
 #   scripts/run_ddp.sh TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]
 #   scripts/run_ddp.sh dog-run 5 8 1 steps=20000000 eval_freq=100000
 # Sets everything up on first use, then starts WORLD_SIZE local ranks with the built-in launcher.
+# Environment: TDMPC2_BIN (default: the release build's tdmpc2).
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]" >&2
@@ -17,7 +18,7 @@ if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then sync_freq=$1; shift; fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 "$here/setup.sh" >&2
 source "$here/env.sh"
-bin=$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 --no-deps \
-    | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2
+bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
+    --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
 exec "$bin" train --config-name=config_ddp task="$task" model_size="$model_size" \
     world_size="$world_size" sync_freq="$sync_freq" "$@"

@@ -314,9 +314,14 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Import { input, output } => {
             if !input.is_file() {
+                let what = if input.exists() {
+                    "not a file"
+                } else {
+                    "no such file"
+                };
                 return Err(Error::Config(format!(
-                    "import {}: no such file; give an official checkpoint (the .pt file the \
-                     official trainer saves)",
+                    "import {}: {what}; give an official checkpoint (the .pt file the official \
+                     trainer saves)",
                     input.display()
                 )));
             }

@@ -113,6 +113,7 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
         Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/run_ddp.sh"))
             .args(args)
             .env("TDMPC2_SKIP_BUILD", "1")
+            .env("TDMPC2_BIN", env!("CARGO_BIN_EXE_tdmpc2"))
             .output()
             .expect("scripts/run_ddp.sh runs")
     };

@@ -536,6 +536,9 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
         "{}",
         text(&out)
     );
+    let out = tdmpc2(&["import", &run.to_string_lossy(), &back.to_string_lossy()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("run: not a file"), "{}", text(&out));
 
     let unwritable = dir.path().join("no-such-dir/final.pt");
     let out = tdmpc2(&[

@@ -323,7 +323,7 @@ impl<'g> Training<'g> {
     fn pretrain(&mut self) -> Result<()> {
         let updates = self.settings.pretrain_updates;
         let done = self.state.pretrain_updates;
-        let left = updates - done;
+        let left = updates.saturating_sub(done);
         let report = self.report.as_ref().filter(|_| updates > 1);
         if let Some(report) = report {
             report.note(&format!(
