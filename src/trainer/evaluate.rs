@@ -195,7 +195,12 @@ pub fn evaluate(
     if let Some(request) = super::stop::requested(group)? {
         return Ok(Outcome::Stopped(request));
     }
-    let local = Tensor::from_slice(&rows)
+    gather(&rows, tasks, group).map(Outcome::Done)
+}
+
+/// Every rank's episode rows (this rank's are `rows`), summarised overall and by task.
+fn gather(rows: &[f64], tasks: Option<usize>, group: &ProcessGroup) -> Result<Evaluation> {
+    let local = Tensor::from_slice(rows)
         .to_kind(Kind::Double)
         .view([-1, COLUMNS as i64]);
     let all = group.all_gather(&local)?;
@@ -211,10 +216,10 @@ pub fn evaluate(
             summarize(&rows)
         })
         .collect();
-    Ok(Outcome::Done(Evaluation {
+    Ok(Evaluation {
         overall: summarize(&all),
         by_task,
-    }))
+    })
 }
 
 const COLUMNS: usize = 5;
