@@ -2,7 +2,8 @@
 //!
 //! Files are written into a hidden temporary directory, synced, then the directory is renamed
 //! into place. A writer killed mid-way leaves only a `.tmp-*` directory, which loading ignores
-//! (and the next save removes), so the latest complete checkpoint is always the one picked.
+//! (and the next save removes), so the latest complete checkpoint is always the one picked. A
+//! checkpoint saved again at its step (the final one at a save point) is swapped for the new.
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
@@ -28,19 +29,78 @@ pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> 
     }
     sync_dir(&tmp)?;
     let dest = root.join(&name);
-    if dest.exists() {
-        fs::remove_dir_all(&dest)
-            .map_err(|e| Error::io(format!("replace {}", dest.display()), e))?;
+    match dest.exists() {
+        true => replace(&tmp, &dest)?,
+        false => fs::rename(&tmp, &dest)
+            .map_err(|e| Error::io(format!("rename into {}", dest.display()), e))?,
     }
-    fs::rename(&tmp, &dest).map_err(|e| Error::io(format!("rename into {}", dest.display()), e))?;
     sync_dir(root)?;
     Ok(dest)
+}
+
+/// Puts the complete directory `new` in the place of the checkpoint `dest` of the same step
+/// without a moment in which neither is there: the two are swapped in one step, and the old
+/// one, now under the temporary name, is removed after.
+fn replace(new: &Path, dest: &Path) -> Result<()> {
+    let failed = |e| Error::io(format!("replace {}", dest.display()), e);
+    match exchange(new, dest) {
+        Ok(()) => {}
+        // A filesystem without the swap (some network ones): the old one is moved aside first,
+        // under a temporary name, so a kill between the two renames loses no more than it.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+            ) =>
+        {
+            let aside = new.with_extension("replaced");
+            fs::rename(dest, &aside).map_err(failed)?;
+            fs::rename(new, dest).map_err(failed)?;
+            let _ = fs::remove_dir_all(aside);
+            return Ok(());
+        }
+        Err(e) => return Err(failed(e)),
+    }
+    // Left behind, the next save removes it with the other temporaries.
+    let _ = fs::remove_dir_all(new);
+    Ok(())
+}
+
+/// Swaps two directory entries atomically (Linux's `renameat2` with `RENAME_EXCHANGE`).
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+    let (a, b) = (c_path(a)?, c_path(b)?);
+    // SAFETY: both are NUL-terminated paths that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// The complete checkpoint of exactly `step` under `root`, if any.
 pub fn at(root: &Path, step: u64) -> Option<PathBuf> {
     let dir = root.join(format!("{PREFIX}{step:012}"));
     dir.is_dir().then_some(dir)
+}
+
+/// The step of a checkpoint directory, from its name (`step_<N>`).
+pub fn step_of(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix(PREFIX)?
+        .parse()
+        .ok()
 }
 
 /// The complete checkpoint with the highest step under `root`, if any.
@@ -57,16 +117,14 @@ fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
     entries
         .flatten()
         .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let step = name.strip_prefix(PREFIX)?.parse::<u64>().ok()?;
+            let step = step_of(&entry.path())?;
             entry.path().is_dir().then(|| (step, entry.path()))
         })
         .collect()
 }
 
 /// Removes the checkpoints under `root` older than `step` but the newest `keep - 1` of them, so
-/// that `keep` remain with `step`'s own. Later ones (a run resumed from an earlier checkpoint)
-/// stay: the run overwrites them as it reaches their steps.
+/// that `keep` remain with `step`'s own. Later ones, if any, stay.
 pub fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
     let mut older: Vec<(u64, PathBuf)> = complete(root)
         .into_iter()
@@ -122,6 +180,28 @@ mod tests {
         save(root.path(), 300, file(b"three")).unwrap();
         assert!(!partial.exists(), "the next save clears stale temporaries");
         assert_eq!(latest(root.path()).unwrap().0, 300);
+    }
+
+    #[test]
+    fn a_save_at_the_same_step_replaces_the_checkpoint_whole() {
+        let root = tempfile::tempdir().unwrap();
+        let file = |bytes: &'static [u8]| {
+            move |dir: &Path| -> Result<()> {
+                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
+            }
+        };
+        save(root.path(), 100, file(b"first")).unwrap();
+        let dir = save(root.path(), 100, file(b"second")).unwrap();
+        assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"second");
+        let names: Vec<String> = fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [format!("{PREFIX}000000000100")],
+            "the old one is gone"
+        );
     }
 
     #[test]
