@@ -181,6 +181,14 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     let saved = checkpoint(dir.path(), 2 * SEED_STEPS);
     let done = meta(&saved)["pretrain_updates"].as_u64().unwrap();
     assert!(0 < done && done < SEED_STEPS, "{done} updates made");
+    // What each environment started by the stop, not what an earlier checkpoint knew (none
+    // here): the resumed run's episodes go on from there, without reusing a seed.
+    let env_episodes = &meta(&saved)["env_episodes"];
+    assert_eq!(
+        env_episodes.as_array().map_or(0, Vec::len),
+        2,
+        "{env_episodes}"
+    );
 
     // The resumed run (buffers restored) makes only the updates that were left.
     let mut run = Watched::spawn(command("train", dir.path(), &settings(free_port())));

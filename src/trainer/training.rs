@@ -384,7 +384,9 @@ impl<'g> Training<'g> {
         }
         self.state.step = self.settings.local_steps;
         self.note_actor_state()?;
-        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        if !self.holds_a_checkpoint_of_this_step()? {
+            checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        }
         if self.group.rank() == 0 {
             let dir = self.checkpoints.run_dir.display();
             match steady_rate {
@@ -395,6 +397,17 @@ impl<'g> Training<'g> {
             }
         }
         Ok(())
+    }
+
+    /// Whether the run directory holds a checkpoint of this step already (written at its
+    /// checkpoint point, or the one resumed from): it is the state at this step. The final one
+    /// is an iteration later (the loop acts and learns at the last step too, as the official
+    /// one does); under the same name it would make a resume from it repeat that iteration.
+    /// Rank 0's answer: the other ranks may not see the run directory.
+    fn holds_a_checkpoint_of_this_step(&self) -> Result<bool> {
+        let dir = checkpoint::checkpoints_dir(&self.checkpoints.run_dir);
+        let held = checkpoint::store::at(&dir, self.global_step()).is_some();
+        every_rank(self.group, self.group.rank() != 0 || held)
     }
 
     /// What a checkpoint keeps of the run beside the learner: time, episodes per environment
@@ -414,7 +427,9 @@ impl<'g> Training<'g> {
     /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: StopRequest) -> Error {
-        self.state.elapsed = self.clock.elapsed();
+        if let Err(e) = self.note_actor_state() {
+            return e;
+        }
         let (state, learner) = (&self.state, &self.learner);
         setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
     }
