@@ -257,6 +257,8 @@ fn assert_resume_is_exact(extra: &[&str]) -> tempfile::TempDir {
     let mut first = settings.to_vec();
     first.push("steps=600");
     train(split.path(), &first);
+    // As a run killed after step 600 leaves it (a resume from before the latest is refused).
+    std::fs::remove_dir_all(checkpoint(split.path(), 600)).unwrap();
     let resume = format!("resume={}", checkpoint(split.path(), 400).display());
     let mut second = settings.to_vec();
     second.extend(["steps=1000", resume.as_str()]);
@@ -294,6 +296,11 @@ fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
         stderr.contains("Resumed from")
             && stderr.contains("hold 400 rows a rank, this run's 800")
             && !stderr.contains("without replay buffers"),
+        "{stderr}"
+    );
+    // The log says which settings the resume changed; config.yaml holds the new ones.
+    assert!(
+        stderr.contains("keep_checkpoints: 0 → 1; steps: 400 → 800"),
         "{stderr}"
     );
     // The 400 saved rows and 402 new ones: the 800-row ring is full, with four episodes.

@@ -142,6 +142,10 @@ struct Meta {
     /// and a multitask run's task cycles continue.
     #[serde(default)]
     env_episodes: Vec<Vec<u64>>,
+    /// Whether the run trained on a dataset (its steps count updates, not agent steps); not
+    /// known for checkpoints written before it was recorded.
+    #[serde(default)]
+    offline: Option<bool>,
 }
 
 const MODEL: &str = "model.safetensors";
@@ -225,6 +229,12 @@ pub fn verify_model(path: &Path) -> Result<()> {
 
 /// Reads `meta.json`; a checkpoint of format 1 (float checksums, no file hashes) reads with its
 /// checksums left out, and [`Meta::format`] says it cannot be verified.
+/// The global step of the checkpoint in `dir`: from its name, else from its metadata (a
+/// checkpoint copied under another name).
+pub fn step_of(dir: &Path) -> Option<u64> {
+    store::step_of(dir).or_else(|| read_meta(dir).ok().map(|meta| meta.global_step))
+}
+
 fn read_meta(dir: &Path) -> Result<Meta> {
     let path = dir.join(META);
     let bytes =

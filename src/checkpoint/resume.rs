@@ -236,7 +236,8 @@ impl Counters {
     }
 }
 
-/// Whether the checkpoint `meta` (in `dir`) is one this run continues: of its task, not past
+/// Whether the checkpoint `meta` (in `dir`) is one this run continues: of its task, trained
+/// as this run trains (online or on a dataset: their steps count different things), not past
 /// its steps (it would be saved again as step `steps`, holding the later learner), and of a
 /// format that can be verified (else a warning).
 fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Result<()> {
@@ -244,6 +245,23 @@ fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Re
         return Err(Error::Config(format!(
             "resume: the checkpoint was trained on task={}, this run has task={}",
             meta.task, settings.task
+        )));
+    }
+    if let Some(offline) = meta.offline.filter(|&o| o != settings.counts_updates) {
+        let [was, is] = match offline {
+            true => [
+                "an offline run's (on data_dir; steps count updates)",
+                "online",
+            ],
+            false => [
+                "an online run's (steps count agent steps)",
+                "offline (on data_dir)",
+            ],
+        };
+        return Err(Error::Config(format!(
+            "resume: {} is {was}, and this run trains {is}; resume it as it was trained, or \
+             start a new run in another run_dir",
+            dir.display()
         )));
     }
     if meta.global_step > settings.steps {
@@ -392,6 +410,41 @@ mod tests {
         let header = counters.header(1.0);
         assert_eq!(header[0], 1.0);
         assert_eq!(Counters::from_header(&header), counters);
+    }
+
+    /// A checkpoint goes on only as it was trained: online or offline (on a dataset), which
+    /// count steps differently; one that does not say (older) goes on either way.
+    #[test]
+    fn a_checkpoint_continues_only_as_it_was_trained() {
+        let config = crate::config::Config::load(&crate::config::Source::default()).unwrap();
+        let online = CheckpointSettings::from_config(&config);
+        let offline = CheckpointSettings {
+            counts_updates: true,
+            ..online.clone()
+        };
+        let meta = |trained: &str| -> Meta {
+            let json = format!(
+                r#"{{"format": {FORMAT}, "global_step": 100, "world_size": 1, "episodes": 0,
+                "elapsed": 0, "task": "{}", "model_optim_step": 1, "policy_optim_step": 1
+                {trained}}}"#,
+                config.task
+            );
+            serde_json::from_str(&json).unwrap()
+        };
+        let dir = Path::new("step_000000000100");
+        for (trained, settings) in [
+            (r#", "offline": true"#, &online),
+            (r#", "offline": false"#, &offline),
+        ] {
+            let e = check_continues(&meta(trained), settings, dir)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("resume it as it was trained"), "{e}");
+        }
+        check_continues(&meta(r#", "offline": true"#), &offline, dir).unwrap();
+        check_continues(&meta(r#", "offline": false"#), &online, dir).unwrap();
+        check_continues(&meta(""), &online, dir).unwrap();
+        check_continues(&meta(""), &offline, dir).unwrap();
     }
 
     /// A saved warm start of this world size and length comes back exactly; any other shape,

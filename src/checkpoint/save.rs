@@ -90,6 +90,7 @@ fn write(
         policy_optim_step: policy_state.step,
         pretrain_updates: state.pretrain_updates,
         env_episodes,
+        offline: Some(settings.counts_updates),
     };
     let mut tensors = optim("model_optim", model_state);
     tensors.extend(optim("policy_optim", policy_state));

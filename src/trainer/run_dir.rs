@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::lock::RunLock;
-use crate::checkpoint::{checkpoints_dir, resume_source_of, resumes, store};
+use crate::checkpoint::{checkpoints_dir, resume_source_of, resumes, step_of, store};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -32,19 +32,33 @@ pub fn claim(config: &Config) -> Result<RunLock> {
     Ok(lock)
 }
 
-/// Refuses a new run (no `resume`) on a run directory that holds checkpoints.
+/// Refuses a run directory whose checkpoints are not this run's to continue: a new run (no
+/// `resume`) on one that holds any, and a resume from an earlier step than its latest
+/// checkpoint (`resume=auto` and a restart would go back to that later one, and the logs
+/// already run past the resumed step).
 pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
-    if resumes(config.resume.as_deref()) {
-        return Ok(());
-    }
     let run_dir = config.run_dir();
-    match store::latest(&checkpoints_dir(&run_dir)) {
-        Some((step, _)) => Err(Error::Config(format!(
-            "run_dir={} already holds a run (checkpoints up to step {step}): resume=auto \
+    let Some((latest, _)) = store::latest(&checkpoints_dir(&run_dir)) else {
+        return Ok(());
+    };
+    if !resumes(config.resume.as_deref()) {
+        return Err(Error::Config(format!(
+            "run_dir={} already holds a run (checkpoints up to step {latest}): resume=auto \
              continues it; to start a new run, choose another run_dir or remove that one",
             run_dir.display()
+        )));
+    }
+    let resumed = resume_source_of(config)?.and_then(|dir| step_of(&dir));
+    match resumed {
+        Some(step) if step < latest => Err(Error::Config(format!(
+            "resume={} continues step {step}, but run_dir={} holds checkpoints of later steps \
+             (up to {latest}), which resume=auto and a restart would go back to; to go on from \
+             step {step}, write into another run_dir, or remove the later checkpoints from {}",
+            config.resume.as_deref().unwrap_or_default(),
+            run_dir.display(),
+            checkpoints_dir(&run_dir).display()
         ))),
-        None => Ok(()),
+        _ => Ok(()),
     }
 }
 
@@ -100,6 +114,24 @@ mod tests {
             );
         }
         refuse_a_used_run_dir(&config(dir.path(), "resume=auto")).unwrap();
+        // A resume from an earlier checkpoint, while a later one is there.
+        let checkpoints = checkpoints_dir(dir.path());
+        std::fs::create_dir_all(checkpoints.join("step_000000000600")).unwrap();
+        let earlier = format!("resume={}", checkpoints.join("step_000000000400").display());
+        std::fs::write(checkpoints.join("step_000000000400/meta.json"), "{}").unwrap();
+        let e = refuse_a_used_run_dir(&config(dir.path(), &earlier)).unwrap_err();
+        assert!(
+            e.to_string().contains("continues step 400")
+                && e.to_string().contains("later steps (up to 600)"),
+            "{e}"
+        );
+        refuse_a_used_run_dir(&config(dir.path(), "resume=auto")).unwrap();
+        let latest = format!("resume={}", checkpoints.join("step_000000000600").display());
+        std::fs::write(checkpoints.join("step_000000000600/meta.json"), "{}").unwrap();
+        refuse_a_used_run_dir(&config(dir.path(), &latest)).unwrap();
+        // Another run directory takes the branch.
+        let other = tempfile::tempdir().unwrap();
+        refuse_a_used_run_dir(&config(other.path(), &earlier)).unwrap();
     }
 
     #[test]
