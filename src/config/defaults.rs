@@ -30,7 +30,9 @@ pub(super) struct Preset {
     pub mlp_dim: usize,
     pub latent_dim: usize,
     pub num_enc_layers: usize,
-    pub num_q: usize,
+    /// Only sizes 1 and 317 set it, as in the official table: at the others, `num_q` is the
+    /// user's (default 5).
+    pub num_q: Option<usize>,
 }
 
 pub(super) fn preset(size: u32) -> Option<Preset> {
@@ -42,11 +44,11 @@ pub(super) fn preset(size: u32) -> Option<Preset> {
         num_q,
     };
     Some(match size {
-        1 => p(256, 384, 128, 2, 2),
-        5 => p(256, 512, 512, 2, 5),
-        19 => p(1024, 1024, 768, 3, 5),
-        48 => p(1792, 1792, 768, 4, 5),
-        317 => p(4096, 4096, 1376, 5, 8),
+        1 => p(256, 384, 128, 2, Some(2)),
+        5 => p(256, 512, 512, 2, None),
+        19 => p(1024, 1024, 768, 3, None),
+        48 => p(1792, 1792, 768, 4, None),
+        317 => p(4096, 4096, 1376, 5, Some(8)),
         _ => return None,
     })
 }
@@ -95,7 +97,7 @@ mod tests {
             mlp_dim: defaults.mlp_dim,
             latent_dim: defaults.latent_dim,
             num_enc_layers: defaults.num_enc_layers,
-            num_q: defaults.num_q,
+            num_q: None,
         };
         assert_eq!(file_widths, preset(5).unwrap());
         assert!(DEFAULTS_YAML.contains("model_size null keeps these, which equal size 5"));

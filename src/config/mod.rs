@@ -215,5 +215,26 @@ impl Config {
     }
 }
 
+/// The settings whose values differ from one saved config (YAML) to another, `key: old → new`
+/// in key order; `resume` aside (a resumed run names its checkpoint there). None where either
+/// does not parse.
+pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
+    let parse = |text: &str| serde_yaml_ng::from_str::<BTreeMap<String, Value>>(text).ok();
+    let (Some(old), Some(new)) = (parse(old), parse(new)) else {
+        return Vec::new();
+    };
+    let show = |value: Option<&Value>| match value {
+        None => "(absent)".to_owned(),
+        Some(value) => serde_yaml_ng::to_string(value)
+            .map(|text| text.trim_end().replace('\n', " "))
+            .unwrap_or_default(),
+    };
+    let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    keys.into_iter()
+        .filter(|key| *key != "resume" && old.get(*key) != new.get(*key))
+        .map(|key| format!("{key}: {} → {}", show(old.get(key)), show(new.get(key))))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests;

@@ -27,7 +27,9 @@ impl Config {
                 self.latent_dim = p.latent_dim;
             }
             self.num_enc_layers = p.num_enc_layers;
-            self.num_q = p.num_q;
+            if let Some(num_q) = p.num_q {
+                self.num_q = num_q;
+            }
         }
         let length = spec.episode_length;
         // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.

@@ -220,6 +220,12 @@ fn resolve_derives_the_official_fields() {
         (c.enc_dim, c.mlp_dim, c.latent_dim, c.num_q),
         (256, 384, 128, 2)
     );
+    // As the official table: sizes 5, 19 and 48 leave num_q as given, 1 and 317 set it.
+    for (size, given, trained) in [(19, 10, 10), (48, 3, 3), (5, 5, 5), (1, 10, 2), (317, 4, 8)] {
+        let mut c = load(&[&format!("model_size={size}"), &format!("num_q={given}")]).unwrap();
+        c.resolve(&spec).unwrap();
+        assert_eq!(c.num_q, trained, "model_size={size} num_q={given}");
+    }
     assert_eq!(c.discount, Some(0.99));
     assert_eq!(c.seed_steps, Some(2500));
     assert_eq!(c.iterations, 8);
@@ -345,4 +351,20 @@ fn several_tasks_need_states_and_no_terminations() {
     assert!(e.contains("two or more"), "{e}");
     let e = error(&["task_dim=32"]);
     assert!(e.contains("task embedding of a multitask model"), "{e}");
+}
+
+#[test]
+fn changed_settings_name_each_key_with_both_values() {
+    let old = "lr: 0.0003\nsteps: 1000\nresume: null\ntask: walker-run\ngone: 1\n";
+    let new = "lr: 0.0001\nsteps: 1000\nresume: auto\ntask: walker-run\nseed: 2\n";
+    assert_eq!(
+        super::changed_settings(old, new),
+        [
+            "gone: 1 → (absent)",
+            "lr: 0.0003 → 0.0001",
+            "seed: (absent) → 2"
+        ]
+    );
+    assert!(super::changed_settings(old, old).is_empty());
+    assert!(super::changed_settings("[not: a map", new).is_empty());
 }

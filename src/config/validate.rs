@@ -475,15 +475,16 @@ impl Config {
                 return Err(range(key, value, &format!("must be <= {max}")));
             }
         }
-        // dm_control takes 32-bit seeds, and rank r seeds its environment with seed + r.
-        let last_rank = self.world_size.saturating_sub(1) as u64;
-        if self.seed.saturating_add(last_rank) > u64::from(u32::MAX) {
+        // dm_control takes 32-bit seeds, and rank r seeds its environment i with
+        // seed + i·world_size + r.
+        let last = (self.num_envs * self.world_size).saturating_sub(1) as u64;
+        if self.seed.saturating_add(last) > u64::from(u32::MAX) {
             return Err(range(
                 "seed",
                 self.seed,
                 &format!(
-                    "seed + world_size - 1 must be <= {} (environments take 32-bit seeds, \
-                     rank r uses seed + r)",
+                    "seed + num_envs × world_size - 1 must be <= {} (environments take 32-bit \
+                     seeds, rank r's environment i uses seed + i × world_size + r)",
                     u32::MAX
                 ),
             ));

@@ -27,8 +27,20 @@ impl Report {
     pub(super) fn open(config: &Config, dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        std::fs::write(dir.join("config.yaml"), config.to_yaml()?)
-            .map_err(|e| Error::io("write config.yaml", e))?;
+        let path = dir.join("config.yaml");
+        let yaml = config.to_yaml()?;
+        // A resume may change settings; the file then says the latest, and the log what changed.
+        if let Ok(before) = std::fs::read_to_string(&path) {
+            let changed = crate::config::changed_settings(&before, &yaml);
+            if !changed.is_empty() {
+                eprintln!(
+                    "Settings changed since {} was written (now replaced): {}",
+                    path.display(),
+                    changed.join("; ")
+                );
+            }
+        }
+        std::fs::write(&path, yaml).map_err(|e| Error::io("write config.yaml", e))?;
         let logger = Logger::open(&LoggerOptions::from_config(config, dir)?)?;
         let progress = std::io::stderr()
             .is_terminal()
