@@ -214,6 +214,10 @@ impl RunArgs {
 /// Loads, validates and resolves the configuration against the task's environment.
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
+    // A task of a family with a venv of its own is made in a worker to read its spec: one that
+    // hangs there is named after env_timeout, as a rank's would be.
+    let env_timeout = std::time::Duration::from_secs(config.env_timeout);
+    envs::set_default_worker(crate::actor::env_worker_command(Some(env_timeout))?);
     // The first environment made loads dm_control's renderer for the whole process: rank 0
     // films with save_video. A launcher's variables that do not parse are reported when the
     // rank starts; commands that run no rank need none.
@@ -277,7 +281,7 @@ fn multitask_specs(config: &Config, options: envs::EnvOptions) -> Result<Vec<env
 pub fn run(cli: Cli) -> Result<()> {
     // An environment whose simulator lives in a task family's own venv steps in a worker
     // process of this binary (`envs::make("mw-reach", …)` anywhere in this process).
-    envs::set_default_worker(crate::actor::env_worker_command()?);
+    envs::set_default_worker(crate::actor::env_worker_command(None)?);
     match cli.command {
         Command::Train(args) if args.multirun => {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)

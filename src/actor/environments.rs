@@ -12,10 +12,16 @@ use crate::error::{Error, Result};
 /// The hidden subcommand of this binary that serves a vector env's worker process.
 pub const ENV_WORKER: &str = "env-worker";
 
-/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand.
-pub fn env_worker_command() -> Result<WorkerCommand> {
+/// How a vector env starts its worker processes: this very binary's `env-worker` subcommand,
+/// each of whose answers may take up to `env_timeout` (None: as long as the worker lives).
+pub fn env_worker_command(env_timeout: Option<Duration>) -> Result<WorkerCommand> {
     let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
-    Ok(WorkerCommand::new(program, &[ENV_WORKER]))
+    let mut command = WorkerCommand::new(program, &[ENV_WORKER]);
+    command.reply_limit = env_timeout.map(|after| ReplyLimit {
+        after,
+        setting: "env_timeout".into(),
+    });
+    Ok(command)
 }
 
 /// What an actor is built from, taken once from the resolved config.
@@ -143,11 +149,7 @@ impl ActorSettings {
 
     /// The environments, started.
     pub fn make_envs(&self) -> Result<VectorEnv> {
-        let mut worker = env_worker_command()?;
-        worker.reply_limit = Some(ReplyLimit {
-            after: self.env_timeout,
-            setting: "env_timeout".into(),
-        });
+        let mut worker = env_worker_command(Some(self.env_timeout))?;
         worker.owner = self.owner.clone();
         let mixes: Vec<TaskMix> = (0..self.seeds.len())
             .map(|i| match &self.tasks {

@@ -65,7 +65,7 @@ pub fn cases(cores: usize) -> Vec<EnvCase> {
 /// Runs every case for `steps` agent steps (all envs together) and prints one JSON line each.
 pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let cores = crate::device::cores();
-    let worker = crate::actor::env_worker_command()?;
+    let worker = crate::actor::env_worker_command(None)?;
     let mut baseline = None;
     for case in cases(cores) {
         let seeds: Vec<u64> = (0..case.num_envs as u64).collect();

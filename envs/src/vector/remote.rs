@@ -1,26 +1,28 @@
 //! One environment slot stepped in a worker process of its own: how a process makes an
 //! environment whose simulator lives in another family's venv (see [`crate::family`]).
-use std::sync::OnceLock;
+use std::sync::RwLock;
 
 use super::process::WorkerProcess;
 use super::protocol::{self, Decoder, Encoder};
 use super::{Placement, VectorEnv, WorkerCommand};
 use crate::{Env, EnvOptions, EnvSpec, Error, Frame, Result, Step, TaskMix};
 
-static DEFAULT_WORKER: OnceLock<WorkerCommand> = OnceLock::new();
+static DEFAULT_WORKER: RwLock<Option<WorkerCommand>> = RwLock::new(None);
 
 /// Registers how this program starts a worker process (a program that calls
 /// [`super::serve_worker`]) for an environment that must step in one when nobody asked for a
-/// vector env: `envs::make("mw-reach", …)` in a process without Meta-World. The first
-/// registration counts; a worker registers itself.
+/// vector env: `envs::make("mw-reach", …)` in a process without Meta-World. The latest
+/// registration counts (a program may learn its reply limit from a config read later); a
+/// worker registers itself.
 pub fn set_default_worker(command: WorkerCommand) {
-    let _ = DEFAULT_WORKER.set(command);
+    *DEFAULT_WORKER.write().unwrap_or_else(|e| e.into_inner()) = Some(command);
 }
 
 fn default_worker() -> Result<WorkerCommand> {
     DEFAULT_WORKER
-        .get()
-        .cloned()
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
         .ok_or_else(|| Error::WorkerStart {
             program: "(none)".into(),
             reason: "this program registered no environment worker \
