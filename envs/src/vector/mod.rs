@@ -196,7 +196,8 @@ impl VectorEnv {
             }
             Placement::Workers(k) => {
                 let (mut workers, owner) = start_workers(&task, mixes, options, seeds, k, worker)?;
-                let spec = map_regions(&task, &mut workers)?;
+                let spec =
+                    map_regions(&task, &mut workers).inspect_err(|_| kill_all(&mut workers))?;
                 let layout = Layout::new(&spec);
                 let backend = Backend::Workers {
                     workers,
@@ -431,27 +432,39 @@ fn start_workers(
     let k = k.min(n);
     let mut workers = Vec::with_capacity(k);
     let mut owner = Vec::with_capacity(n);
-    for w in 0..k {
-        let envs = w * n / k..(w + 1) * n / k;
-        owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
-        let family = away_family(mixes[envs.clone()].iter().flat_map(|m| &m.tasks));
-        let command = match family {
-            Some(family) => worker.for_family(family)?,
-            None => worker.clone(),
-        };
-        let mut process = WorkerProcess::spawn(&command, task, envs.clone())?;
-        // Worker 0 holds env 0, the one that films.
-        let mut init = Encoder::default()
-            .u8(options.obs as u8)
-            .u8(u8::from(filming(options, envs.start).videos))
-            .u32(envs.len() as u32);
-        for (mix, &seed) in mixes[envs.clone()].iter().zip(&seeds[envs]) {
-            init = protocol::encode_mix(init.u64(seed), mix);
+    let mut start_each = || -> Result<()> {
+        for w in 0..k {
+            let envs = w * n / k..(w + 1) * n / k;
+            owner.extend((0..envs.len()).map(|local| Slot { worker: w, local }));
+            let family = away_family(mixes[envs.clone()].iter().flat_map(|m| &m.tasks));
+            let command = match family {
+                Some(family) => worker.for_family(family)?,
+                None => worker.clone(),
+            };
+            let mut process = WorkerProcess::spawn(&command, task, envs.clone())?;
+            // Worker 0 holds env 0, the one that films.
+            let mut init = Encoder::default()
+                .u8(options.obs as u8)
+                .u8(u8::from(filming(options, envs.start).videos))
+                .u32(envs.len() as u32);
+            for (mix, &seed) in mixes[envs.clone()].iter().zip(&seeds[envs]) {
+                init = protocol::encode_mix(init.u64(seed), mix);
+            }
+            process.send(protocol::INIT, &init.0)?;
+            workers.push(process);
         }
-        process.send(protocol::INIT, &init.0)?;
-        workers.push(process);
-    }
+        Ok(())
+    };
+    start_each().inspect_err(|_| kill_all(&mut workers))?;
     Ok((workers, owner))
+}
+
+/// Workers that failed to start together: those still building their environments would not
+/// read a closed stdin until done, so they are killed rather than waited for one by one.
+fn kill_all(workers: &mut [WorkerProcess]) {
+    for worker in workers.iter_mut() {
+        worker.kill();
+    }
 }
 
 /// The run's tasks in the order they first appear, named as a run names them.

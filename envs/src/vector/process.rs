@@ -38,8 +38,10 @@ pub struct WorkerProcess {
     reply_limit: Option<ReplyLimit>,
     /// `rank 1: ` (from the command's owner), or empty.
     owner: String,
-    /// What the last command asked for.
+    /// What the last command asked for, and when: its reply is due within the limit from then,
+    /// so workers asked together are waited for together, not one limit after another.
     asked: &'static str,
+    asked_at: Instant,
 }
 
 impl WorkerProcess {
@@ -87,6 +89,7 @@ impl WorkerProcess {
                 owner => format!("{owner}: "),
             },
             asked: protocol::command_name(0),
+            asked_at: Instant::now(),
         })
     }
 
@@ -124,6 +127,7 @@ impl WorkerProcess {
             return Err(self.failure(what.clone()));
         }
         self.asked = protocol::command_name(tag);
+        self.asked_at = Instant::now();
         let sent = match self.stdin.as_mut() {
             Some(stdin) => protocol::write_frame(stdin, tag, payload),
             None => Err(io::ErrorKind::BrokenPipe.into()),
@@ -140,7 +144,8 @@ impl WorkerProcess {
             // A frame already buffered is an answer; otherwise wait at most the limit for one
             // to start (a worker writes each frame at once).
             if self.stdout.buffer().is_empty() {
-                match wait_readable(self.stdout.get_ref().as_raw_fd(), limit.after) {
+                let deadline = self.asked_at + limit.after;
+                match wait_readable(self.stdout.get_ref().as_raw_fd(), deadline) {
                     Ok(true) => {}
                     Ok(false) => return Err(self.silent(limit)),
                     Err(e) => return Err(self.died(&e)),
@@ -189,8 +194,7 @@ impl WorkerProcess {
         let what = match wait_for_exit(&mut self.child, DEATH_GRACE) {
             Some(status) => format!("died: {}", describe(status)),
             None => {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
+                self.kill();
                 format!("broke its channel ({cause}) and was killed")
             }
         };
@@ -201,9 +205,7 @@ impl WorkerProcess {
     /// The worker is alive but did not answer in time: it is killed (a hung renderer or
     /// driver may never return) and gone for good.
     fn silent(&mut self, limit: ReplyLimit) -> Error {
-        self.stdin = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
         let limit = format!("{} s ({})", limit.after.as_secs_f64(), limit.setting);
         self.dead = Some(format!(
             "did not answer `{}` within {limit} and was killed",
@@ -239,6 +241,15 @@ impl WorkerProcess {
     pub fn close(&mut self) {
         self.stdin = None;
     }
+
+    /// Kills the worker and reaps it, waiting a grace period at most: a process stuck in the
+    /// kernel (a hung driver) dies only when its call returns, and nobody should wait for
+    /// that; it is left to die with this process (it is bound to it).
+    pub fn kill(&mut self) {
+        self.stdin = None;
+        let _ = self.child.kill();
+        let _ = wait_for_exit(&mut self.child, DEATH_GRACE);
+    }
 }
 
 impl Drop for WorkerProcess {
@@ -246,8 +257,7 @@ impl Drop for WorkerProcess {
     fn drop(&mut self) {
         self.close();
         if wait_for_exit(&mut self.child, EXIT_GRACE).is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+            self.kill();
         }
     }
 }
@@ -319,8 +329,7 @@ fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
 
 /// Waits until `fd` has something to read (data, end of file or an error) or `limit` passes;
 /// false if it passed.
-fn wait_readable(fd: RawFd, limit: Duration) -> io::Result<bool> {
-    let deadline = Instant::now() + limit;
+fn wait_readable(fd: RawFd, deadline: Instant) -> io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let millis = left.as_millis().min(i32::MAX as u128) as i32;
