@@ -64,6 +64,9 @@ fn write(
                 write_json(&dir.join("buffer.json"), &meta)
             },
         )?;
+        // Every rank's buffer is in place before the checkpoint that needs it appears: a job
+        // killed in between resumes the previous checkpoint, whose buffers are all there.
+        group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
     }
     if group.rank() != 0 {
         return Ok(global_step);
