@@ -129,7 +129,7 @@ fn cases() -> Vec<Case> {
         (&["world_size=3", "nnodes=2"], "nnodes"),
         (&["mlp_dim=1048576", "latent_dim=1048576"], "mlp_dim"),
         (&["seed=4294967295", "world_size=2"], "seed"),
-        (&["seed=4294967294", "num_envs=2"], "seed"),
+        (&["seed=4294967295", "num_envs=2"], "seed"),
     ] {
         cases.push(Case {
             args: args.iter().map(|a| a.to_string()).collect(),

@@ -240,9 +240,13 @@ fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
         took < Duration::from_secs(30),
         "stopped in {took:?}: {stderr}"
     );
-    assert!(checkpoint(dir.path(), 0)
-        .join("model.safetensors")
-        .is_file());
+    let saved = checkpoint(dir.path(), 0);
+    assert!(saved.join("model.safetensors").is_file());
+    assert_eq!(
+        meta(&saved)["eval_due"],
+        true,
+        "the evaluation is still owed: a resumed run makes it first"
+    );
     assert!(
         !dir.path().join("metrics.jsonl").exists()
             || !std::fs::read_to_string(dir.path().join("metrics.jsonl"))

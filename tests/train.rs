@@ -99,12 +99,14 @@ fn a_run_writes_config_metrics_and_checkpoints() {
 
 #[test]
 fn a_resumed_run_makes_exactly_the_same_updates() {
-    assert_resume_is_exact(&[]);
+    // The first run ends at a checkpoint point, and acts and learns there once more: its final
+    // checkpoint is still the one of that point.
+    assert_resume_is_exact(&[], 800, 800);
 }
 
 #[test]
 fn a_resumed_pipelined_run_makes_exactly_the_same_updates() {
-    assert_resume_is_exact(&["pipeline=true"]);
+    assert_resume_is_exact(&["pipeline=true"], 600, 400);
 }
 
 /// Seeding ends at the step-400 checkpoint, where new episodes began with a random action: the
@@ -112,7 +114,7 @@ fn a_resumed_pipelined_run_makes_exactly_the_same_updates() {
 /// the checkpoint must keep.
 #[test]
 fn a_resumed_run_with_several_environments_makes_exactly_the_same_updates() {
-    let split = assert_resume_is_exact(&["num_envs=2", "seed_steps=400"]);
+    let split = assert_resume_is_exact(&["num_envs=2", "seed_steps=400"], 600, 400);
     let state = tensors(&checkpoint(split.path(), 400).join("state.safetensors"));
     let (_, warm_start) = state
         .iter()
@@ -238,7 +240,7 @@ fn the_default_loop_reproduces_the_recorded_run() {
 
 /// A run stopped and resumed from a checkpoint writes the same later checkpoints as the
 /// uninterrupted run, with `extra` settings on both. Returns the resumed run's directory.
-fn assert_resume_is_exact(extra: &[&str]) -> tempfile::TempDir {
+fn assert_resume_is_exact(extra: &[&str], first_steps: u64, resume_at: u64) -> tempfile::TempDir {
     // buffer_size below the shorter run's steps: both runs have the same buffer capacity.
     let mut settings = vec![
         "save_freq=400",
@@ -252,14 +254,22 @@ fn assert_resume_is_exact(extra: &[&str]) -> tempfile::TempDir {
     args.push("steps=1000");
     train(whole.path(), &args);
 
-    // The same run stopped after step 600, then resumed from its step-400 checkpoint.
+    // The same run ended at step `first_steps`, then resumed from its checkpoint of step
+    // `resume_at` to step 1000. Later checkpoints go first, as a run killed before writing them
+    // leaves it (a resume from before the latest is refused).
     let split = tempfile::tempdir().unwrap();
-    let mut first = settings.to_vec();
-    first.push("steps=600");
-    train(split.path(), &first);
-    // As a run killed after step 600 leaves it (a resume from before the latest is refused).
-    std::fs::remove_dir_all(checkpoint(split.path(), 600)).unwrap();
-    let resume = format!("resume={}", checkpoint(split.path(), 400).display());
+    let first_steps = format!("steps={first_steps}");
+    train(
+        split.path(),
+        &[&settings[..], &[first_steps.as_str()]].concat(),
+    );
+    for saved in std::fs::read_dir(split.path().join("checkpoints")).unwrap() {
+        let saved = saved.unwrap().path();
+        if saved > checkpoint(split.path(), resume_at) {
+            std::fs::remove_dir_all(saved).unwrap();
+        }
+    }
+    let resume = format!("resume={}", checkpoint(split.path(), resume_at).display());
     let mut second = settings.to_vec();
     second.extend(["steps=1000", resume.as_str()]);
     let out = train(split.path(), &second);

@@ -104,6 +104,9 @@ pub struct TrainState {
     pub elapsed: f64,
     /// Updates of the seed-data pretraining already made, when a stop interrupted it.
     pub pretrain_updates: u64,
+    /// Whether an evaluation was due and not yet made (a stop during it, or while environments
+    /// waited for it): the resumed run makes it first.
+    pub eval_due: bool,
     /// Episodes started in each of this rank's environments (empty when not known).
     pub env_episodes: Vec<u64>,
     /// This rank's planner warm start, the means its next plans shift (empty when not known).
@@ -138,6 +141,8 @@ struct Meta {
     policy_optim_step: u64,
     #[serde(default)]
     pretrain_updates: u64,
+    #[serde(default)]
+    eval_due: bool,
     /// Episodes started in each environment, rank by rank: where each rank's episode seeds
     /// and a multitask run's task cycles continue.
     #[serde(default)]
@@ -227,14 +232,14 @@ pub fn verify_model(path: &Path) -> Result<()> {
     verify_files(dir, &meta, &[MODEL])
 }
 
-/// Reads `meta.json`; a checkpoint of format 1 (float checksums, no file hashes) reads with its
-/// checksums left out, and [`Meta::format`] says it cannot be verified.
 /// The global step of the checkpoint in `dir`: from its name, else from its metadata (a
 /// checkpoint copied under another name).
 pub fn step_of(dir: &Path) -> Option<u64> {
     store::step_of(dir).or_else(|| read_meta(dir).ok().map(|meta| meta.global_step))
 }
 
+/// Reads `meta.json`; a checkpoint of format 1 (float checksums, no file hashes) reads with its
+/// checksums left out, and [`Meta::format`] says it cannot be verified.
 fn read_meta(dir: &Path) -> Result<Meta> {
     let path = dir.join(META);
     let bytes =
@@ -272,7 +277,8 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
         if now != *saved {
             return Err(Error::Checkpoint(format!(
                 "{} is damaged: its bytes do not match the hash recorded when it was saved \
-                 (crc32c {now:08x}, saved {saved:08x}); use another checkpoint",
+                 (crc32c {now:08x}, saved {saved:08x}); move it out of checkpoints/ and resume \
+                 the one before (or resume that one into another run_dir)",
                 path.display()
             )));
         }
@@ -396,6 +402,7 @@ mod tests {
         let state = TrainState {
             step: 40,
             pretrain_updates: 9,
+            eval_due: true,
             ..TrainState::default()
         };
         tch::set_num_threads(1);
@@ -412,7 +419,10 @@ mod tests {
         // The same parts hash the same after a round trip through the files, at any threads.
         tch::set_num_threads(2);
         let resumed = resume_into(&config, &dir, &expected).unwrap().unwrap();
-        assert_eq!((resumed.step, resumed.pretrain_updates), (40, 9));
+        assert_eq!(
+            (resumed.step, resumed.pretrain_updates, resumed.eval_due),
+            (40, 9, true)
+        );
         verify_model(&dir.join(MODEL)).unwrap();
         // Any file of the checkpoint names its weights.
         assert_eq!(model_file(&dir.join(STATE)).unwrap(), dir.join(MODEL));

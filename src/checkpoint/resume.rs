@@ -116,6 +116,7 @@ pub fn resume(
         },
         elapsed: meta.elapsed,
         pretrain_updates: meta.pretrain_updates,
+        eval_due: meta.eval_due,
         env_episodes,
         warm_start,
     }))
@@ -193,6 +194,7 @@ struct Counters {
     pretrain_updates: u64,
     model_optim_step: u64,
     policy_optim_step: u64,
+    eval_due: bool,
 }
 
 impl Counters {
@@ -205,11 +207,12 @@ impl Counters {
             pretrain_updates: meta.pretrain_updates,
             model_optim_step: meta.model_optim_step,
             policy_optim_step: meta.policy_optim_step,
+            eval_due: meta.eval_due,
         }
     }
 
     /// `status` then the counters, as float64 (exact for counts below 2^53).
-    fn header(&self, status: f64) -> [f64; 8] {
+    fn header(&self, status: f64) -> [f64; 9] {
         [
             status,
             self.global_step as f64,
@@ -219,6 +222,7 @@ impl Counters {
             self.pretrain_updates as f64,
             self.model_optim_step as f64,
             self.policy_optim_step as f64,
+            f64::from(u8::from(self.eval_due)),
         ]
     }
 
@@ -232,6 +236,7 @@ impl Counters {
             pretrain_updates: n(5) as u64,
             model_optim_step: n(6) as u64,
             policy_optim_step: n(7) as u64,
+            eval_due: n(8) == 1.0,
         }
     }
 }
@@ -406,6 +411,7 @@ mod tests {
             pretrain_updates: 17,
             model_optim_step: 99_999,
             policy_optim_step: 99_998,
+            eval_due: true,
         };
         let header = counters.header(1.0);
         assert_eq!(header[0], 1.0);

@@ -55,18 +55,7 @@ fn write(
     let env_episodes = gather_env_episodes(&state.env_episodes, group)?;
     let warm_starts = gather_warm_starts(&state.warm_start, group)?;
     if settings.save_buffer {
-        let (tensors, meta) = learner.buffer().export();
-        store::save(
-            &buffers_dir(&settings.run_dir, group.rank()),
-            global_step,
-            |dir| {
-                Tensor::write_safetensors(&tensors, dir.join("buffer.safetensors"))?;
-                write_json(&dir.join("buffer.json"), &meta)
-            },
-        )?;
-        // Every rank's buffer is in place before the checkpoint that needs it appears: a job
-        // killed in between resumes the previous checkpoint, whose buffers are all there.
-        group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
+        write_buffer(settings, learner, group, global_step)?;
     }
     if group.rank() != 0 {
         return Ok(global_step);
@@ -92,6 +81,7 @@ fn write(
         model_optim_step: model_state.step,
         policy_optim_step: policy_state.step,
         pretrain_updates: state.pretrain_updates,
+        eval_due: state.eval_due,
         env_episodes,
         offline: Some(settings.counts_updates),
     };
@@ -121,6 +111,36 @@ fn write(
         write_json(&dir.join(META), &meta)
     })?;
     Ok(global_step)
+}
+
+/// Writes this rank's replay buffer, and returns once every rank has written its own: the
+/// checkpoint that needs them appears only then, so a job killed in between resumes the previous
+/// checkpoint, whose buffers are all there. A rank that failed fails them all.
+fn write_buffer(
+    settings: &CheckpointSettings,
+    learner: &Learner,
+    group: &ProcessGroup,
+    global_step: u64,
+) -> Result<()> {
+    let (tensors, meta) = learner.buffer().export();
+    let written = store::save(
+        &buffers_dir(&settings.run_dir, group.rank()),
+        global_step,
+        |dir| {
+            Tensor::write_safetensors(&tensors, dir.join("buffer.safetensors"))?;
+            write_json(&dir.join("buffer.json"), &meta)
+        },
+    );
+    let mut failed = Tensor::from_slice(&[f32::from(u8::from(written.is_err()))]);
+    group.all_reduce_sum(&mut failed)?;
+    written?;
+    match failed.double_value(&[0]) as u64 {
+        0 => Ok(()),
+        n => Err(Error::Checkpoint(format!(
+            "step {global_step}: {n} other rank(s) could not write their replay buffer (see \
+             their errors); no checkpoint written"
+        ))),
+    }
 }
 
 /// Every rank's episodes started in each environment (all ranks have as many).

@@ -38,31 +38,29 @@ pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> 
     Ok(dest)
 }
 
-/// Puts the complete directory `new` in the place of the checkpoint `dest` of the same step
-/// without a moment in which neither is there: the two are swapped in one step, and the old
-/// one, now under the temporary name, is removed after.
+/// Puts the complete directory `new` in the place of the checkpoint `dest` of the same step:
+/// the two are swapped in one step, so that there is no moment in which neither is there, and
+/// the old one, now under the temporary name, is removed after (or by the next save).
 fn replace(new: &Path, dest: &Path) -> Result<()> {
-    let failed = |e| Error::io(format!("replace {}", dest.display()), e);
     match exchange(new, dest) {
-        Ok(()) => {}
-        // A filesystem without the swap (some network ones): the old one is moved aside first,
-        // under a temporary name, so a kill between the two renames loses no more than it.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
-            ) =>
-        {
-            let aside = new.with_extension("replaced");
-            fs::rename(dest, &aside).map_err(failed)?;
-            fs::rename(new, dest).map_err(failed)?;
-            let _ = fs::remove_dir_all(aside);
-            return Ok(());
+        Ok(()) => {
+            let _ = fs::remove_dir_all(new);
+            Ok(())
         }
-        Err(e) => return Err(failed(e)),
+        // Where the swap is not to be had (a filesystem or a sandbox without it), two renames.
+        Err(_) => replace_by_renames(new, dest),
     }
-    // Left behind, the next save removes it with the other temporaries.
-    let _ = fs::remove_dir_all(new);
+}
+
+/// [`replace`] without the swap: the old one is moved aside first, under a temporary name, so
+/// a kill between the two renames loses it (the latest complete checkpoint is then the one
+/// before), never leaves a half-written one.
+fn replace_by_renames(new: &Path, dest: &Path) -> Result<()> {
+    let failed = |e| Error::io(format!("replace {}", dest.display()), e);
+    let aside = new.with_extension("replaced");
+    fs::rename(dest, &aside).map_err(failed)?;
+    fs::rename(new, dest).map_err(failed)?;
+    let _ = fs::remove_dir_all(aside);
     Ok(())
 }
 
@@ -180,6 +178,27 @@ mod tests {
         save(root.path(), 300, file(b"three")).unwrap();
         assert!(!partial.exists(), "the next save clears stale temporaries");
         assert_eq!(latest(root.path()).unwrap().0, 300);
+    }
+
+    #[test]
+    fn a_replacement_swaps_whole_directories() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = |name: &str, bytes: &[u8]| {
+            let dir = root.path().join(name);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("model.safetensors"), bytes).unwrap();
+            dir
+        };
+        let read = |dir: &Path| fs::read(dir.join("model.safetensors")).unwrap();
+        let (old, new) = (dir("step_1", b"old"), dir(".tmp-step_1", b"new"));
+        exchange(&new, &old).unwrap();
+        assert_eq!((read(&old), read(&new)), (b"new".to_vec(), b"old".to_vec()));
+        let newer = dir(".tmp-step_1-2", b"newer");
+        replace_by_renames(&newer, &old).unwrap();
+        assert_eq!(read(&old), b"newer");
+        assert!(!newer.exists() && !newer.with_extension("replaced").exists());
+        let missing = root.path().join("absent");
+        assert!(exchange(&missing, &old).is_err(), "a swap needs both");
     }
 
     #[test]

@@ -216,9 +216,10 @@ impl Config {
 }
 
 /// The settings whose values differ from one saved config (YAML) to another, `key: old → new`
-/// in key order; `resume` aside (a resumed run names its checkpoint there). None where either
-/// does not parse.
+/// in key order; where a run resumes from and where its nodes meet aside (they change with
+/// every resume or requeue). None where either does not parse.
 pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
+    const PLACEMENT: [&str; 4] = ["resume", "master_addr", "master_port", "node_rank"];
     let parse = |text: &str| serde_yaml_ng::from_str::<BTreeMap<String, Value>>(text).ok();
     let (Some(old), Some(new)) = (parse(old), parse(new)) else {
         return Vec::new();
@@ -231,7 +232,7 @@ pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
     };
     let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     keys.into_iter()
-        .filter(|key| *key != "resume" && old.get(*key) != new.get(*key))
+        .filter(|key| !PLACEMENT.contains(&key.as_str()) && old.get(*key) != new.get(*key))
         .map(|key| format!("{key}: {} → {}", show(old.get(key)), show(new.get(key))))
         .collect()
 }

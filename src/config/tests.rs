@@ -368,3 +368,12 @@ fn changed_settings_name_each_key_with_both_values() {
     assert!(super::changed_settings(old, old).is_empty());
     assert!(super::changed_settings("[not: a map", new).is_empty());
 }
+
+#[test]
+fn every_environment_seed_fits_32_bits() {
+    let e = load(&["seed=4294967295", "num_envs=2"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("seed + num_envs × world_size - 1"), "{e}");
+    load(&["seed=4294967294", "num_envs=2"]).unwrap();
+}

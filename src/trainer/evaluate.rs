@@ -79,8 +79,10 @@ impl Plan {
                 let holders: Vec<usize> = (0..world)
                     .filter(|&h| (0..envs).any(|env| plays(h, env, Some(task))))
                     .collect();
+                // Each task's first episode goes to the next holder, so that the ranks share
+                // the extra episodes of all tasks, not the lowest ranks all of them.
                 let mine = (0..episodes)
-                    .filter(|e| holders[e % holders.len()] == r)
+                    .filter(|e| holders[(e + task as usize) % holders.len()] == r)
                     .count();
                 jobs.extend(std::iter::repeat_n(Some(task), mine));
             }
@@ -296,6 +298,10 @@ mod tests {
         let two = plans(2, Some(3), 2, 1);
         assert_eq!(two[0].jobs, [Some(0), Some(1), Some(2)]);
         assert_eq!(two[1].jobs, [Some(0), Some(1), Some(2)]);
+        // One episode of each: the ranks take turns, two and one, not three and none.
+        let one_each = plans(1, Some(3), 2, 1);
+        assert_eq!(one_each[0].jobs, [Some(0), Some(2)]);
+        assert_eq!(one_each[1].jobs, [Some(1)]);
         // One rank, three environments, one task each: each round plays every task.
         let one = &plans(2, Some(3), 1, 3)[0];
         assert_eq!(one.rounds.len(), 2);

@@ -95,7 +95,7 @@ impl<'g> Offline<'g> {
             Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
         let report = match group.rank() {
             0 => {
-                let report = Report::open(config, &checkpoints.run_dir)?;
+                let report = Report::open(config, &checkpoints.run_dir, state.step)?;
                 describe(config, &dataset, group.world_size());
                 Some(report)
             }
@@ -117,7 +117,12 @@ impl<'g> Offline<'g> {
             actor,
             checkpoints,
             streams,
-            schedule: Schedule::new(config.eval_freq, config.save_freq, state.step),
+            schedule: Schedule::new(
+                Some(config.eval_freq),
+                config.save_freq,
+                state.step,
+                state.eval_due,
+            ),
             clock: Clock::new(state.elapsed),
             state,
             report,
@@ -177,6 +182,7 @@ impl<'g> Offline<'g> {
             return Ok(());
         }
         self.state.elapsed = self.clock.elapsed();
+        self.state.eval_due = self.schedule.eval_due();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         self.streams
             .reseed(self.state.step, &mut self.learner, &mut self.actor)?;
@@ -225,6 +231,7 @@ impl<'g> Offline<'g> {
             report.close()?;
         }
         self.state.elapsed = self.clock.elapsed();
+        self.state.eval_due = self.schedule.eval_due();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if self.group.rank() == 0 {
             let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
@@ -244,6 +251,7 @@ impl<'g> Offline<'g> {
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
         self.state.elapsed = self.clock.elapsed();
+        self.state.eval_due = self.schedule.eval_due();
         let (state, learner) = (&self.state, &self.learner);
         setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
     }

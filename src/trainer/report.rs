@@ -23,8 +23,9 @@ pub(super) struct Report {
 }
 
 impl Report {
-    /// Creates the run directory with the resolved config in it and opens the logger.
-    pub(super) fn open(config: &Config, dir: &Path) -> Result<Self> {
+    /// Creates the run directory with the resolved config in it and opens the logger; the
+    /// progress bar starts at global step `start` (where a resumed run continues).
+    pub(super) fn open(config: &Config, dir: &Path, start: u64) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let path = dir.join("config.yaml");
@@ -44,7 +45,7 @@ impl Report {
         let logger = Logger::open(&LoggerOptions::from_config(config, dir)?)?;
         let progress = std::io::stderr()
             .is_terminal()
-            .then(|| progress_bar(config.steps));
+            .then(|| progress_bar(start, config.steps));
         let tasks = if config.multitask() {
             config.tasks()?
         } else {
@@ -159,11 +160,17 @@ impl Report {
     }
 }
 
-fn progress_bar(total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
+/// A bar from `start` of `total` steps, whose rate counts only the steps made from there (a
+/// resumed run's first position is not progress).
+fn progress_bar(start: u64, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total).with_position(start);
     let style = ProgressStyle::with_template("{bar:40} {pos}/{len} steps  {per_sec}  ETA {eta}")
         .unwrap_or_else(|_| ProgressStyle::default_bar());
     bar.set_style(style);
+    // The rate estimator takes in the start position (a tick records it), then forgets the
+    // time before it.
+    bar.tick();
+    bar.reset_eta();
     bar
 }
 

@@ -1,6 +1,7 @@
 //! Which job a run directory belongs to. A directory holding checkpoints takes no new run
-//! without `resume`: the new run's metrics would follow the old run's, and a later
-//! `resume=auto` could pick the old run's checkpoints. A restarted job (our launcher's
+//! without `resume` (the new run's metrics would follow the old run's, and a later
+//! `resume=auto` could pick the old run's checkpoints), nor a resume from an earlier checkpoint
+//! than its latest (`resume=auto` would go back to the later one). A restarted job (our launcher's
 //! `max_restarts`, torchrun's `--max-restarts`) resumes by itself only from checkpoints of its
 //! own: rank 0 records its job in `<run_dir>/.job`, and a job is its launcher process (the
 //! parent of every attempt's ranks), named by host, pid and start time. So a first attempt
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 const JOB: &str = ".job";
 
 /// What `train` refuses before anything starts: a `resume` path that names no checkpoint, and a
-/// new run on a run directory that holds one.
+/// run directory whose checkpoints are not this run's to continue.
 pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
     resume_source_of(config)?;
     refuse_a_used_run_dir(config)

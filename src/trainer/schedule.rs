@@ -4,7 +4,7 @@
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Schedule {
-    eval_freq: u64,
+    eval_freq: Option<u64>,
     save_freq: u64,
     /// The global step of the last `advance`.
     previous_step: u64,
@@ -13,14 +13,15 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
-    /// From global step `start`: a fresh run evaluates first; a resumed one already evaluated
-    /// and saved at its first step, before the checkpoint.
-    pub(super) fn new(eval_freq: u64, save_freq: u64, start: u64) -> Self {
+    /// From global step `start`: a fresh run evaluates first; a resumed one already saved at
+    /// its first step, and evaluated unless `eval_due` (a stop came first). Without evaluations
+    /// (`eval_freq` None) nothing waits for them.
+    pub(super) fn new(eval_freq: Option<u64>, save_freq: u64, start: u64, eval_due: bool) -> Self {
         Self {
             eval_freq,
             save_freq,
             previous_step: start,
-            eval_due: start == 0,
+            eval_due: eval_freq.is_some() && (start == 0 || eval_due),
             save_due: false,
         }
     }
@@ -28,7 +29,9 @@ impl Schedule {
     /// Notes the multiples crossed since the last call (global steps).
     pub(super) fn advance(&mut self, step: u64) {
         if step > self.previous_step {
-            self.eval_due |= crossed(self.eval_freq, self.previous_step, step);
+            self.eval_due |= self
+                .eval_freq
+                .is_some_and(|every| crossed(every, self.previous_step, step));
             self.save_due |= crossed(self.save_freq, self.previous_step, step);
         }
         self.previous_step = step;
@@ -67,7 +70,7 @@ mod tests {
 
     #[test]
     fn points_fall_due_at_the_first_step_past_each_multiple() {
-        let mut s = Schedule::new(100, 250, 0);
+        let mut s = Schedule::new(Some(100), 250, 0, false);
         assert!(s.eval_due() && !s.save_due(), "a fresh run evaluates first");
         s.evaluated();
         s.advance(98);
@@ -77,7 +80,13 @@ mod tests {
         s.evaluated();
         s.advance(260);
         assert!(s.eval_due() && s.save_due(), "260 crossed 200 and 250");
-        let resumed = Schedule::new(100, 250, 260);
+        let resumed = Schedule::new(Some(100), 250, 260, false);
         assert!(!resumed.any_due());
+        let stopped_before_evaluating = Schedule::new(Some(100), 250, 260, true);
+        assert!(stopped_before_evaluating.eval_due());
+        let mut no_evaluations = Schedule::new(None, 250, 0, false);
+        assert!(!no_evaluations.any_due(), "nothing waits for evaluations");
+        no_evaluations.advance(300);
+        assert!(no_evaluations.save_due() && !no_evaluations.eval_due());
     }
 }

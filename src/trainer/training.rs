@@ -96,12 +96,22 @@ impl<'g> Training<'g> {
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
-            0 => Some(Report::open(config, &checkpoints.run_dir)?),
+            0 => Some(Report::open(
+                config,
+                &checkpoints.run_dir,
+                state.step * world_size,
+            )?),
             _ => None,
         };
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
-            schedule: Schedule::new(config.eval_freq, config.save_freq, state.step * world_size),
+            // Without evaluation episodes, nothing waits for evaluation points.
+            schedule: Schedule::new(
+                (config.eval_episodes > 0).then_some(config.eval_freq),
+                config.save_freq,
+                state.step * world_size,
+                state.eval_due,
+            ),
             clock: Clock::new(state.elapsed),
             checkpoints,
             group,
@@ -154,35 +164,31 @@ impl<'g> Training<'g> {
             return Ok(());
         }
         let global = self.global_step();
-        if self.settings.eval_episodes > 0 {
-            let seed = self.streams.evaluation_seed(global);
-            let mut video = Vec::new();
-            let films = self.settings.save_video && self.report.is_some();
-            let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
-            let outcome = evaluate::evaluate(
-                &mut self.actor,
-                self.settings.eval_episodes,
-                self.settings.num_tasks,
-                seed,
-                self.group,
-                films.then_some(&mut video),
-                say.as_ref().map(|say| say as &dyn Fn(&str)),
-            )?;
-            let evaluation = match outcome {
-                Outcome::Done(evaluation) => evaluation,
-                // The episodes that just ended are not in the buffer nor counted: the
-                // checkpoint is the state before them.
-                Outcome::Stopped(request) => {
-                    return Err(
-                        self.stop(&format!("during the evaluation at step {global}"), request)
-                    )
-                }
-            };
-            if let Some(report) = &mut self.report {
-                report.evaluation(global, &evaluation, self.state.episodes, &self.clock)?;
-                if !video.is_empty() {
-                    report.video(global, video)?;
-                }
+        let seed = self.streams.evaluation_seed(global);
+        let mut video = Vec::new();
+        let films = self.settings.save_video && self.report.is_some();
+        let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
+        let outcome = evaluate::evaluate(
+            &mut self.actor,
+            self.settings.eval_episodes,
+            self.settings.num_tasks,
+            seed,
+            self.group,
+            films.then_some(&mut video),
+            say.as_ref().map(|say| say as &dyn Fn(&str)),
+        )?;
+        let evaluation = match outcome {
+            Outcome::Done(evaluation) => evaluation,
+            // The episodes that just ended are not in the buffer nor counted: the
+            // checkpoint is the state before them.
+            Outcome::Stopped(request) => {
+                return Err(self.stop(&format!("during the evaluation at step {global}"), request))
+            }
+        };
+        if let Some(report) = &mut self.report {
+            report.evaluation(global, &evaluation, self.state.episodes, &self.clock)?;
+            if !video.is_empty() {
+                report.video(global, video)?;
             }
         }
         self.schedule.evaluated();
@@ -260,7 +266,7 @@ impl<'g> Training<'g> {
     }
 
     /// One vector step of the environments: random actions while seeding, then the policy's.
-    /// Pipelined, the updates the last step owed run beside it. Returns the agent steps taken.
+    /// Pipelined, the updates the last step owed run beside it.
     pub(super) fn act(&mut self) -> Result<()> {
         let explore = self.state.step > self.settings.seed_steps;
         let owed = std::mem::take(&mut self.pending);
@@ -410,10 +416,11 @@ impl<'g> Training<'g> {
         every_rank(self.group, self.group.rank() != 0 || held)
     }
 
-    /// What a checkpoint keeps of the run beside the learner: time, episodes per environment
-    /// and the planner's warm start.
+    /// What a checkpoint keeps of the run beside the learner: time, an evaluation still owed,
+    /// episodes per environment and the planner's warm start.
     fn note_actor_state(&mut self) -> Result<()> {
         self.state.elapsed = self.clock.elapsed();
+        self.state.eval_due = self.schedule.eval_due();
         self.state.env_episodes = self.actor.env_episodes();
         self.state.warm_start = self.actor.policy().warm_start()?;
         Ok(())

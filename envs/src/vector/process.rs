@@ -327,8 +327,8 @@ fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
-/// Waits until `fd` has something to read (data, end of file or an error) or `limit` passes;
-/// false if it passed.
+/// Waits until `fd` has something to read (data, end of file or an error) or `deadline`
+/// passes; false if it passed.
 fn wait_readable(fd: RawFd, deadline: Instant) -> io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
