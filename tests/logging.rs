@@ -190,6 +190,24 @@ fn tensorboard_events_read_back_with_tensorboard() {
         scalars["train/consistency_loss"],
         json!([[1500, f64::from(0.1f32)]])
     );
+
+    // Resumed from step 500: TensorBoard drops what the first logger wrote after it.
+    let mut logger = Logger::open(&LoggerOptions {
+        tensorboard: true,
+        continues_from: Some(500),
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    logger
+        .log(&Record::new(Phase::Eval, 1000).with("episode_reward", 90.0))
+        .unwrap();
+    logger.close().unwrap();
+    let scalars = read("tensorboard_scalars", &[path_arg(&dir.path().join("tb"))]);
+    assert_eq!(
+        scalars["eval/episode_reward"],
+        json!([[500, 25.0], [1000, 90.0]])
+    );
+    assert_eq!(scalars["train/consistency_loss"], json!([]), "{scalars}");
 }
 
 /// One W&B run at a time: the last live run's close tears wandb down, which is what makes the
@@ -300,6 +318,11 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     logger.close().unwrap();
     // Dropped without close, as when training fails.
     drop(Logger::open(&options("crashed")).unwrap());
+    // Closed after a requested stop (Ctrl-C, SIGTERM) wrote its checkpoint.
+    Logger::open(&options("stopped"))
+        .unwrap()
+        .close_stopped()
+        .unwrap();
 
     assert!(store.is_dir(), "no file store at {}", store.display());
     let uri = format!("file://{}", store.display());
@@ -320,6 +343,7 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     assert_eq!(done["params"]["obs_shape"], "[24]");
     assert_eq!(done["params"]["seed"], "7");
     assert_eq!(run("crashed")["status"], "FAILED");
+    assert_eq!(run("stopped")["status"], "KILLED");
 }
 
 /// A square crossing a colour gradient: many colours, and motion between frames.

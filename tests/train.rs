@@ -275,6 +275,16 @@ fn assert_resume_is_exact(extra: &[&str], first_steps: u64, resume_at: u64) -> t
     let out = train(split.path(), &second);
     assert!(String::from_utf8_lossy(&out.stderr).contains("Resumed from"));
 
+    // The logs hold each step once, as the uninterrupted run's: the rows the first run wrote
+    // past the checkpoint are gone.
+    let rows = |run: &Path| -> Vec<(String, u64)> {
+        let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        (text.lines())
+            .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+            .map(|row| (row["phase"].to_string(), row["step"].as_u64().unwrap()))
+            .collect()
+    };
+    assert_eq!(rows(split.path()), rows(whole.path()));
     for step in [800, 1000] {
         let (a, b) = (
             checkpoint(whole.path(), step),

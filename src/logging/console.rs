@@ -10,20 +10,27 @@ impl Sink for Console {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
-        println!("{}", console_line(record));
+        say(&console_line(record));
         Ok(())
     }
 
     fn video(&mut self, video: &Video) -> Result<()> {
-        println!(
+        say(&format!(
             "{:<6}  I: {:<10}  video: {} ({} frames)",
             "eval",
             video.step,
             video.path.display(),
             video.frames
-        );
+        ));
         Ok(())
     }
+}
+
+/// A line on stdout; a reader that went away (`train | head`) costs the lines, not the run
+/// (`println!` would panic).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 /// Seconds as hours, minutes and seconds: `0:01:02`.

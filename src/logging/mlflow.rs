@@ -142,7 +142,7 @@ impl Sink for Mlflow {
             let metric = self.metric.bind(py);
             let batch = PyList::empty(py);
             for (k, v) in &record.values {
-                let key = format!("{}/{k}", record.phase.name());
+                let key = metric_key(&format!("{}/{k}", record.phase.name()));
                 batch.append(metric.call1((key, *v, millis, record.step))?)?;
             }
             let kwargs = PyDict::new(py);
@@ -169,6 +169,10 @@ impl Sink for Mlflow {
 
     fn close(&mut self) -> Result<()> {
         self.end("FINISHED")
+    }
+
+    fn close_stopped(&mut self) -> Result<()> {
+        self.end("KILLED")
     }
 }
 
@@ -213,9 +217,29 @@ fn truncate(s: &str) -> String {
     s.chars().take(MAX_PARAM_LEN).collect()
 }
 
+/// `key` in the characters MLflow takes in a metric's name (letters, digits, `_-. :/`): a
+/// multitask run's `episode_reward+walker-run` becomes `episode_reward/walker-run`.
+fn metric_key(key: &str) -> String {
+    key.chars()
+        .map(|c| match c.is_alphanumeric() || "_-. :/".contains(c) {
+            true => c,
+            false => '/',
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metric_keys_use_only_what_mlflow_takes() {
+        assert_eq!(
+            metric_key("eval/episode_reward+avg_dmcontrol"),
+            "eval/episode_reward/avg_dmcontrol"
+        );
+        assert_eq!(metric_key("train/pi_loss"), "train/pi_loss");
+    }
 
     #[test]
     fn config_flattens_to_dotted_string_params() {

@@ -2,6 +2,7 @@
 //! TensorBoard event files, Weights & Biases and MLflow; and its evaluation videos, written to
 //! the run directory and handed to the sinks that show them.
 mod console;
+mod continuation;
 mod csv;
 mod gif;
 mod jsonl;
@@ -81,6 +82,9 @@ pub struct LoggerOptions {
     pub mlflow: Option<MlflowOptions>,
     /// The resolved config: W&B's run config, MLflow's params.
     pub config: serde_json::Value,
+    /// The global step a resumed run continues from; None for a fresh run. Rows of later steps
+    /// (of any step, for a fresh run) are dropped from the files first.
+    pub continues_from: Option<u64>,
 }
 
 impl LoggerOptions {
@@ -94,6 +98,7 @@ impl LoggerOptions {
             wandb: None,
             mlflow: None,
             config: serde_json::Value::Null,
+            continues_from: None,
         }
     }
 
@@ -126,6 +131,7 @@ impl LoggerOptions {
                 tracking_uri: None,
             }),
             config,
+            continues_from: None,
         })
     }
 }
@@ -145,6 +151,7 @@ impl Logger {
         let dir = &opts.run_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        continuation::drop_rows_after(dir, opts.continues_from)?;
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         if opts.console {
             sinks.push(Box::new(Console));
@@ -154,7 +161,8 @@ impl Logger {
             sinks.push(Box::new(Csv::new(dir)));
         }
         if opts.tensorboard {
-            sinks.push(Box::new(EventWriter::create(&dir.join("tb"))?));
+            let from = opts.continues_from.map_or(0, |step| step + 1);
+            sinks.push(Box::new(EventWriter::create(&dir.join("tb"), from)?));
         }
         if let Some(wandb) = &opts.wandb {
             sinks.push(Box::new(Wandb::create(wandb, dir, &opts.config)?));
@@ -195,9 +203,18 @@ impl Logger {
 
     /// Closes every sink (W&B `finish`, MLflow `end_run`), also after one fails, once the
     /// videos handed over are written and delivered.
-    pub fn close(mut self) -> Result<()> {
+    pub fn close(self) -> Result<()> {
+        self.end(|sink| sink.close())
+    }
+
+    /// [`Self::close`] after a requested stop: MLflow marks the run killed, not finished.
+    pub fn close_stopped(self) -> Result<()> {
+        self.end(|sink| sink.close_stopped())
+    }
+
+    fn end(mut self, close: impl FnMut(&mut Box<dyn Sink>) -> Result<()>) -> Result<()> {
         let videos = self.deliver_videos(None);
-        let closed = first_error(self.sinks.iter_mut().map(|s| s.close()));
+        let closed = first_error(self.sinks.iter_mut().map(close));
         videos.and(closed)
     }
 
@@ -269,6 +286,37 @@ mod tests {
         assert_eq!(eval, "step,episode_reward\n10,15\n20,30\n");
         let train = std::fs::read_to_string(dir.path().join("train.csv")).unwrap();
         assert_eq!(train, "step,episode,episode_reward\n20,2,3\n");
+    }
+
+    /// Columns follow the records: a key that appears later widens the file (earlier rows get
+    /// an empty cell), and a resumed run's logger appends under the file's own header.
+    #[test]
+    fn csv_columns_grow_with_the_records_and_survive_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = |continues_from| LoggerOptions {
+            save_csv: true,
+            continues_from,
+            ..LoggerOptions::new(dir.path())
+        };
+        let train = |step: u64| Record::new(Phase::Train, step).with("episode_reward", 1.0);
+        let mut logger = Logger::open(&options(None)).unwrap();
+        logger.log(&train(10)).unwrap();
+        logger.log(&train(20).with("pi_loss", 0.5)).unwrap();
+        logger.log(&train(30).with("pi_loss", 0.25)).unwrap();
+        logger.close().unwrap();
+        let csv = || std::fs::read_to_string(dir.path().join("train.csv")).unwrap();
+        assert_eq!(
+            csv(),
+            "step,episode_reward,pi_loss\n10,1,\n20,1,0.5\n30,1,0.25\n"
+        );
+        // Resumed from step 20: the row of step 30 goes, the columns stay.
+        let mut logger = Logger::open(&options(Some(20))).unwrap();
+        logger.log(&train(30).with("pi_loss", 0.125)).unwrap();
+        logger.close().unwrap();
+        assert_eq!(
+            csv(),
+            "step,episode_reward,pi_loss\n10,1,\n20,1,0.5\n30,1,0.125\n"
+        );
     }
 
     struct Failing;

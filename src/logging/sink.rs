@@ -21,4 +21,10 @@ pub trait Sink: Send {
     fn close(&mut self) -> Result<()> {
         Ok(())
     }
+
+    /// Finishes the destination after a requested stop (Ctrl-C, SIGTERM) that wrote its
+    /// checkpoint: as [`Self::close`], where the destination cannot tell the two apart.
+    fn close_stopped(&mut self) -> Result<()> {
+        self.close()
+    }
 }

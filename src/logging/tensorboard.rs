@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Record, Sink, Video};
@@ -22,12 +23,22 @@ pub struct EventWriter {
 }
 
 impl EventWriter {
-    /// Creates `events.out.tfevents.<time>.<host>` in `dir` and writes the version record.
-    pub fn create(dir: &Path) -> Result<Self> {
+    /// Creates `events.out.tfevents.<time>.<host>.<pid>.<n>` in `dir` and writes the version
+    /// record, then a session start at `from`: TensorBoard drops the events of earlier files at
+    /// that step and later (those of an attempt a resumed run undoes).
+    pub fn create(dir: &Path, from: u64) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
-        let name = format!("events.out.tfevents.{}.{host}", wall_time() as u64);
+        // Unique to this writer: a restart within the same second must not truncate the file
+        // of the attempt before.
+        static WRITERS: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "events.out.tfevents.{}.{host}.{}.{}",
+            wall_time() as u64,
+            std::process::id(),
+            WRITERS.fetch_add(1, Ordering::Relaxed)
+        );
         let path = dir.join(name);
         let file =
             File::create(&path).map_err(|e| Error::io(format!("create {}", path.display()), e))?;
@@ -38,6 +49,14 @@ impl EventWriter {
         let mut event = Vec::new();
         put_double(&mut event, 1, wall_time());
         put_bytes(&mut event, 3, b"brain.Event:2");
+        writer.record(&event)?;
+        const START: u64 = 1;
+        let mut session_log = Vec::new();
+        put_varint_field(&mut session_log, 1, START);
+        let mut event = Vec::new();
+        put_double(&mut event, 1, wall_time());
+        put_varint_field(&mut event, 2, from);
+        put_bytes(&mut event, 7, &session_log);
         writer.record(&event)?;
         writer.flush()?;
         Ok(writer)

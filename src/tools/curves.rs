@@ -239,13 +239,14 @@ pub fn up_to(samples: Vec<(f64, f64)>, last: Option<f64>) -> Vec<(f64, f64)> {
     samples.into_iter().filter(|s| s.0 <= reach).collect()
 }
 
-/// A run's `config.yaml` without the settings that tell seeds apart.
+/// A run's `config.yaml` without the settings that tell seeds apart (and where a resumed one
+/// resumed from).
 pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
     let text = std::fs::read_to_string(run.join("config.yaml")).ok()?;
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
         return None;
     };
-    for key in ["seed", "run_dir"] {
+    for key in ["seed", "run_dir", "resume"] {
         map.remove(key);
     }
     Some(map)

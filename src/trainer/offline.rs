@@ -88,6 +88,7 @@ impl<'g> Offline<'g> {
             mut actor,
             checkpoints,
             state,
+            resumed,
         } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor)?;
@@ -95,7 +96,8 @@ impl<'g> Offline<'g> {
             Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
         let report = match group.rank() {
             0 => {
-                let report = Report::open(config, &checkpoints.run_dir, state.step)?;
+                let continues_from = resumed.then_some(state.step);
+                let report = Report::open(config, &checkpoints.run_dir, continues_from)?;
                 describe(config, &dataset, group.world_size());
                 Some(report)
             }
@@ -253,7 +255,18 @@ impl<'g> Offline<'g> {
         self.state.elapsed = self.clock.elapsed();
         self.state.eval_due = self.schedule.eval_due();
         let (state, learner) = (&self.state, &self.learner);
-        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
+        let error = setup::stop_with_checkpoint(
+            &self.checkpoints,
+            state,
+            learner,
+            self.group,
+            when,
+            request,
+        );
+        if let Some(report) = self.report.take() {
+            report.close_stopped();
+        }
+        error
     }
 }
 

@@ -23,9 +23,10 @@ pub(super) struct Report {
 }
 
 impl Report {
-    /// Creates the run directory with the resolved config in it and opens the logger; the
-    /// progress bar starts at global step `start` (where a resumed run continues).
-    pub(super) fn open(config: &Config, dir: &Path, start: u64) -> Result<Self> {
+    /// Creates the run directory with the resolved config in it and opens the logger, whose
+    /// files continue from global step `continues_from` (a resumed run's; None: a fresh run);
+    /// so does the progress bar.
+    pub(super) fn open(config: &Config, dir: &Path, continues_from: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let path = dir.join("config.yaml");
@@ -42,10 +43,13 @@ impl Report {
             }
         }
         std::fs::write(&path, yaml).map_err(|e| Error::io("write config.yaml", e))?;
-        let logger = Logger::open(&LoggerOptions::from_config(config, dir)?)?;
+        let logger = Logger::open(&LoggerOptions {
+            continues_from,
+            ..LoggerOptions::from_config(config, dir)?
+        })?;
         let progress = std::io::stderr()
             .is_terminal()
-            .then(|| progress_bar(start, config.steps));
+            .then(|| progress_bar(continues_from.unwrap_or(0), config.steps));
         let tasks = if config.multitask() {
             config.tasks()?
         } else {
@@ -150,6 +154,18 @@ impl Report {
             bar.finish_and_clear();
         }
         self.logger.close()
+    }
+
+    /// Closes the logs after a requested stop wrote its checkpoint: the videos reach the
+    /// trackers, and the runs there end as stopped, not failed. A failure here is a warning:
+    /// the stop is what the run reports.
+    pub(super) fn close_stopped(self) {
+        if let Some(bar) = &self.progress {
+            bar.finish_and_clear();
+        }
+        if let Err(e) = self.logger.close_stopped() {
+            eprintln!("warning: closing the logs after the stop: {e}");
+        }
     }
 
     fn log(&mut self, record: &Record) -> Result<()> {

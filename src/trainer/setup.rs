@@ -39,6 +39,8 @@ pub(super) struct Start<'g> {
     pub(super) actor: Actor,
     pub(super) checkpoints: CheckpointSettings,
     pub(super) state: TrainState,
+    /// Whether `state` comes from a checkpoint.
+    pub(super) resumed: bool,
 }
 
 /// The learner (identical on every rank: broadcast from rank 0, or loaded from the
@@ -64,11 +66,12 @@ pub(super) fn start<'g>(
     let mut actor = ActorSettings::from_config(config, rank.rank)?.make_actor(policy)?;
     let checkpoints =
         CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());
-    let state = match checkpoint::resume(&checkpoints, &mut learner, group)? {
-        Some(resumed) => resumed,
+    let resumed = checkpoint::resume(&checkpoints, &mut learner, group)?;
+    let (state, resumed) = match resumed {
+        Some(state) => (state, true),
         None => {
             learner.broadcast_parameters()?;
-            TrainState::default()
+            (TrainState::default(), false)
         }
     };
     if config.save_buffer && group.rank() == 0 {
@@ -90,6 +93,7 @@ pub(super) fn start<'g>(
         actor,
         checkpoints,
         state,
+        resumed,
     })
 }
 

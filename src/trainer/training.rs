@@ -91,16 +91,16 @@ impl<'g> Training<'g> {
             mut actor,
             checkpoints,
             state,
+            resumed,
         } = setup::start(config, rank, device, group)?;
         let pipeline = Pipeline::new(config, rank)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
-            0 => Some(Report::open(
-                config,
-                &checkpoints.run_dir,
-                state.step * world_size,
-            )?),
+            0 => {
+                let continues_from = resumed.then_some(state.step * world_size);
+                Some(Report::open(config, &checkpoints.run_dir, continues_from)?)
+            }
             _ => None,
         };
         Ok(Self {
@@ -438,7 +438,18 @@ impl<'g> Training<'g> {
             return e;
         }
         let (state, learner) = (&self.state, &self.learner);
-        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, when, request)
+        let error = setup::stop_with_checkpoint(
+            &self.checkpoints,
+            state,
+            learner,
+            self.group,
+            when,
+            request,
+        );
+        if let Some(report) = self.report.take() {
+            report.close_stopped();
+        }
+        error
     }
 }
 
