@@ -254,19 +254,9 @@ impl<'g> Offline<'g> {
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
         self.state.elapsed = self.clock.elapsed();
         self.state.eval_due = self.schedule.eval_due();
-        let (state, learner) = (&self.state, &self.learner);
-        let error = setup::stop_with_checkpoint(
-            &self.checkpoints,
-            state,
-            learner,
-            self.group,
-            when,
-            request,
-        );
-        if let Some(report) = self.report.take() {
-            report.close_stopped();
-        }
-        error
+        let (state, learner, report) = (&self.state, &self.learner, self.report.take());
+        let stop = setup::Stop { when, request };
+        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, stop, report)
     }
 }
 

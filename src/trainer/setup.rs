@@ -3,6 +3,7 @@
 //! what it trains with, fresh or resumed, and the checkpoint a stop leaves.
 use tch::Device;
 
+use super::report::Report;
 use super::stop::StopRequest;
 use crate::actor::{Actor, ActorSettings, Policy};
 use crate::agent::{AgentConfig, TorchNoise};
@@ -127,18 +128,31 @@ fn capture_graphs(learner: &mut Learner, policy: &mut Policy, say: bool) {
     }
 }
 
-/// Writes the checkpoint a stop promises; returns the error that ends the run (the save's own,
-/// if it failed).
+/// A requested stop: when it came, and who asked.
+pub(super) struct Stop<'a> {
+    pub(super) when: &'a str,
+    pub(super) request: StopRequest,
+}
+
+/// Writes the checkpoint a stop promises, then closes rank 0's logs as stopped; returns the
+/// error that ends the run (the save's own, if it failed).
 pub(super) fn stop_with_checkpoint(
     checkpoints: &CheckpointSettings,
     state: &TrainState,
     learner: &Learner,
     group: &ProcessGroup,
-    when: &str,
-    request: StopRequest,
+    stop: Stop<'_>,
+    report: Option<Report>,
 ) -> Error {
-    match checkpoint::save(checkpoints, state, learner, group) {
-        Ok(()) => Error::Stopped(format!("stopped {when}: {request}; checkpoint written")),
+    let error = match checkpoint::save(checkpoints, state, learner, group) {
+        Ok(()) => Error::Stopped(format!(
+            "stopped {}: {}; checkpoint written",
+            stop.when, stop.request
+        )),
         Err(e) => e,
+    };
+    if let Some(report) = report {
+        report.close_stopped();
     }
+    error
 }

@@ -437,19 +437,9 @@ impl<'g> Training<'g> {
         if let Err(e) = self.note_actor_state() {
             return e;
         }
-        let (state, learner) = (&self.state, &self.learner);
-        let error = setup::stop_with_checkpoint(
-            &self.checkpoints,
-            state,
-            learner,
-            self.group,
-            when,
-            request,
-        );
-        if let Some(report) = self.report.take() {
-            report.close_stopped();
-        }
-        error
+        let (state, learner, report) = (&self.state, &self.learner, self.report.take());
+        let stop = setup::Stop { when, request };
+        setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, stop, report)
     }
 }
 
