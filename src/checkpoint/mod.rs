@@ -382,7 +382,7 @@ mod tests {
             &group,
         )?;
         assert_eq!(integrity::learner_parts(&fresh), expected);
-        Ok(resumed)
+        Ok(resumed.map(|(state, _)| state))
     }
 
     fn rewrite_meta(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {

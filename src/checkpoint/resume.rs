@@ -61,7 +61,8 @@ fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {
 }
 
 /// Loads the learner state named by `resume` into `agent` (and this rank's share of the replay
-/// buffers when they were saved); returns the counters to continue from.
+/// buffers when they were saved); returns the counters to continue from, and the checkpoint's
+/// global step.
 ///
 /// Rank 0 alone reads and verifies the checkpoint; every other rank receives its state over the
 /// process group, so ranks on other nodes need no copy of the run directory, and all ranks agree
@@ -70,7 +71,7 @@ pub fn resume(
     settings: &CheckpointSettings,
     learner: &mut Learner,
     group: &ProcessGroup,
-) -> Result<Option<TrainState>> {
+) -> Result<Option<(TrainState, u64)>> {
     let loaded = if group.rank() == 0 {
         load_on_root(settings, learner)
     } else {
@@ -106,7 +107,7 @@ pub fn resume(
     )?;
 
     restore_buffer(settings, learner, group, &meta)?;
-    Ok(Some(TrainState {
+    let state = TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
         // another world size) continues from rank 0's count.
@@ -119,7 +120,8 @@ pub fn resume(
         eval_due: meta.eval_due,
         env_episodes,
         warm_start,
-    }))
+    };
+    Ok(Some((state, meta.global_step)))
 }
 
 /// Restores this rank's share of the replay buffers saved with the checkpoint. They live beside

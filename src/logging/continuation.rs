@@ -1,7 +1,8 @@
 //! Where a run's logs continue: rows of steps past the checkpoint a run resumes from (or any
 //! row, for a run that starts afresh in a directory whose earlier run reached no checkpoint)
 //! belong to an attempt that is undone; they are dropped before the run writes those steps
-//! again, so that every file holds each step once.
+//! again, so that every file holds each step once. The file as it was is kept beside it, as
+//! `<name>.before-<unix time>`: nothing a user may want to look at is lost.
 use std::fs;
 use std::path::Path;
 
@@ -36,8 +37,8 @@ fn csv_step(line: &str) -> Option<u64> {
     line.split(',').next()?.parse().ok()
 }
 
-/// Replaces `path`'s lines with those `keep` returns, through a temporary file (a crash
-/// leaves the old file or the new one); nothing happens when the file is absent or unchanged.
+/// Replaces `path`'s lines with those `keep` returns, the old file moved aside; nothing happens
+/// when the file is absent or unchanged.
 fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -> Result<()> {
     let Ok(text) = fs::read_to_string(path) else {
         return Ok(());
@@ -51,7 +52,19 @@ fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -
     if !kept.is_empty() {
         out.push('\n');
     }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let aside = (0..)
+        .map(|n| match n {
+            0 => path.with_file_name(format!("{name}.before-{secs}")),
+            n => path.with_file_name(format!("{name}.before-{secs}-{n}")),
+        })
+        .find(|aside| !aside.exists())
+        .unwrap_or_default();
     fs::write(&tmp, out)
+        .and_then(|_| fs::rename(path, &aside))
         .and_then(|_| fs::rename(&tmp, path))
         .map_err(|e| Error::io(format!("rewrite {}", path.display()), e))
 }
@@ -77,6 +90,14 @@ mod tests {
         drop_rows_after(dir.path(), Some(1000)).unwrap();
         let steps = |text: String| -> Vec<u64> { text.lines().filter_map(jsonl_step).collect() };
         assert_eq!(steps(fs::read_to_string(&jsonl).unwrap()), [0, 500, 1000]);
+        let kept: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("metrics.jsonl.before-"))
+            .collect();
+        assert_eq!(kept.len(), 1, "the file as it was stays beside it");
+        let before = fs::read_to_string(dir.path().join(&kept[0])).unwrap();
+        assert_eq!(steps(before), [0, 500, 1000, 1500]);
         assert_eq!(
             fs::read_to_string(&csv).unwrap(),
             "step,episode_reward\n0,1.5\n500,1.5\n1000,1.5\n"

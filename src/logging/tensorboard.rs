@@ -34,7 +34,7 @@ impl EventWriter {
         // of the attempt before.
         static WRITERS: AtomicU64 = AtomicU64::new(0);
         let name = format!(
-            "events.out.tfevents.{}.{host}.{}.{}",
+            "events.out.tfevents.{}.{host}.{:010}.{:06}",
             wall_time() as u64,
             std::process::id(),
             WRITERS.fetch_add(1, Ordering::Relaxed)

@@ -88,7 +88,7 @@ impl<'g> Offline<'g> {
             mut actor,
             checkpoints,
             state,
-            resumed,
+            resumed_from,
         } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor)?;
@@ -96,8 +96,7 @@ impl<'g> Offline<'g> {
             Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
         let report = match group.rank() {
             0 => {
-                let continues_from = resumed.then_some(state.step);
-                let report = Report::open(config, &checkpoints.run_dir, continues_from)?;
+                let report = Report::open(config, &checkpoints.run_dir, resumed_from)?;
                 describe(config, &dataset, group.world_size());
                 Some(report)
             }

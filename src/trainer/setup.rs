@@ -40,8 +40,9 @@ pub(super) struct Start<'g> {
     pub(super) actor: Actor,
     pub(super) checkpoints: CheckpointSettings,
     pub(super) state: TrainState,
-    /// Whether `state` comes from a checkpoint.
-    pub(super) resumed: bool,
+    /// The global step of the checkpoint `state` comes from; None for a fresh run. (Resumed at
+    /// another world size, `state.step` × world size may fall short of it.)
+    pub(super) resumed_from: Option<u64>,
 }
 
 /// The learner (identical on every rank: broadcast from rank 0, or loaded from the
@@ -68,11 +69,11 @@ pub(super) fn start<'g>(
     let checkpoints =
         CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());
     let resumed = checkpoint::resume(&checkpoints, &mut learner, group)?;
-    let (state, resumed) = match resumed {
-        Some(state) => (state, true),
+    let (state, resumed_from) = match resumed {
+        Some((state, global_step)) => (state, Some(global_step)),
         None => {
             learner.broadcast_parameters()?;
-            (TrainState::default(), false)
+            (TrainState::default(), None)
         }
     };
     if config.save_buffer && group.rank() == 0 {
@@ -94,7 +95,7 @@ pub(super) fn start<'g>(
         actor,
         checkpoints,
         state,
-        resumed,
+        resumed_from,
     })
 }
 
@@ -144,15 +145,17 @@ pub(super) fn stop_with_checkpoint(
     stop: Stop<'_>,
     report: Option<Report>,
 ) -> Error {
-    let error = match checkpoint::save(checkpoints, state, learner, group) {
-        Ok(()) => Error::Stopped(format!(
-            "stopped {}: {}; checkpoint written",
-            stop.when, stop.request
-        )),
+    match checkpoint::save(checkpoints, state, learner, group) {
+        Ok(()) => {
+            if let Some(report) = report {
+                report.close_stopped();
+            }
+            Error::Stopped(format!(
+                "stopped {}: {}; checkpoint written",
+                stop.when, stop.request
+            ))
+        }
+        // The logs close as a failed run's (their drop).
         Err(e) => e,
-    };
-    if let Some(report) = report {
-        report.close_stopped();
     }
-    error
 }

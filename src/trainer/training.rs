@@ -91,16 +91,13 @@ impl<'g> Training<'g> {
             mut actor,
             checkpoints,
             state,
-            resumed,
+            resumed_from,
         } = setup::start(config, rank, device, group)?;
         let pipeline = Pipeline::new(config, rank)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
-            0 => {
-                let continues_from = resumed.then_some(state.step * world_size);
-                Some(Report::open(config, &checkpoints.run_dir, continues_from)?)
-            }
+            0 => Some(Report::open(config, &checkpoints.run_dir, resumed_from)?),
             _ => None,
         };
         Ok(Self {
