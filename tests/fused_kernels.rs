@@ -566,7 +566,8 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations(devic
 /// drawn at random. Six iterations of MPPI amplify rounding (elites near the cut, softmax
 /// weights of values in the hundreds), so the actions and warm starts may differ from torch's
 /// by what torch's own differ by when the observations change by one part in a million (at
-/// most 4× that, plus 1e-5), and never by more than 1e-3.
+/// most 4× that, plus 1e-5), on an input where that is under 1e-3 (on some CPUs an input sits
+/// at an elite cut, where a nudge flips an elite: the next input is taken).
 fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) {
     use tdmpc2::agent::{AgentConfig, Planner, TorchNoise, WorldModel};
     for size in [1, 5] {
@@ -586,7 +587,6 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
             })
             .collect();
         model.load_named(heads).unwrap();
-        let obs = Tensor::randn([4, 24], (Kind::Float, device));
         // The first actions, the second (warm-started) actions and the last warm start.
         let plan = |fused: bool, obs: &Tensor| -> [Tensor; 3] {
             fused::set_enabled(fused);
@@ -600,27 +600,52 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
                 .unwrap();
             [first, second, planner.prev_mean().copy()]
         };
-        let torch = plan(false, &obs);
-        let nudged = [
-            plan(false, &(&obs * (1.0 + 1e-6))),
-            plan(false, &(&obs * (1.0 - 1e-6))),
-        ];
-        let fused = plan(true, &obs);
-        fused::set_enabled(false);
-        for (i, what) in ["first actions", "second actions", "warm start"]
-            .iter()
-            .enumerate()
-        {
-            let ours = largest_difference(&fused[i], &torch[i]);
-            let torchs = nudged
+        // An input where torch's own plan sits at an elite cut (a nudge of one part in a
+        // million moves it as far as any error would) shows nothing: it is skipped, said so,
+        // and one of the first few inputs must be stable.
+        let stable = (0..4).find(|&draw| {
+            tch::manual_seed(17 + draw);
+            let obs = Tensor::randn([4, 24], (Kind::Float, device));
+            let torch = plan(false, &obs);
+            let nudged = [
+                plan(false, &(&obs * (1.0 + 1e-6))),
+                plan(false, &(&obs * (1.0 - 1e-6))),
+            ];
+            let torchs: Vec<f64> = (0..3)
+                .map(|i| {
+                    (nudged.iter())
+                        .map(|n| largest_difference(&n[i], &torch[i]))
+                        .fold(0.0, f64::max)
+                })
+                .collect();
+            let bound = |torchs: f64| 4.0 * torchs + 1e-5;
+            if torchs.iter().any(|&t| bound(t) > 1e-3) {
+                eprintln!(
+                    "size {size}, input {draw}: torch's plan moves by {torchs:?} under a nudge \
+                     of one part in a million (an elite cut); the next input"
+                );
+                return false;
+            }
+            let fused = plan(true, &obs);
+            fused::set_enabled(false);
+            for (i, what) in ["first actions", "second actions", "warm start"]
                 .iter()
-                .map(|n| largest_difference(&n[i], &torch[i]))
-                .fold(0.0, f64::max);
-            assert!(
-                ours <= (4.0 * torchs + 1e-5).min(1e-3),
-                "size {size}, {what}: the fused plan differs from torch's by {ours}, torch's \
-                 from itself with the observations nudged by one part in a million by {torchs}"
-            );
-        }
+                .enumerate()
+            {
+                let ours = largest_difference(&fused[i], &torch[i]);
+                assert!(
+                    ours <= bound(torchs[i]),
+                    "size {size}, {what}: the fused plan differs from torch's by {ours}, \
+                     torch's from itself with the observations nudged by one part in a million \
+                     by {}",
+                    torchs[i]
+                );
+            }
+            true
+        });
+        assert!(
+            stable.is_some(),
+            "size {size}: torch's plan is at an elite cut on every input"
+        );
     }
 }
