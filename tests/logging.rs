@@ -109,6 +109,7 @@ def mlflow_runs(uri, experiment, metric):
         "name": r.info.run_name,
         "status": r.info.status,
         "params": r.data.params,
+        "tags": r.data.tags,
         "history": sorted([m.step, m.value] for m in client.get_metric_history(r.info.run_id, metric)),
     } for r in runs])
 "#;
@@ -344,6 +345,93 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     assert_eq!(done["params"]["seed"], "7");
     assert_eq!(run("crashed")["status"], "FAILED");
     assert_eq!(run("stopped")["status"], "KILLED");
+}
+
+/// The W&B run ids of a run directory's offline runs (`run-<id>.wandb`).
+fn wandb_offline_ids(run_dir: &Path) -> Vec<String> {
+    let run = read("wandb_offline_run", &[path_arg(run_dir)]);
+    run["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let name = Path::new(f.as_str().unwrap()).file_name().unwrap();
+            let name = name.to_string_lossy();
+            name.trim_start_matches("run-")
+                .trim_end_matches(".wandb")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A resumed run (a crash, then `resume=auto`) logs to the W&B and MLflow runs its directory
+/// logged to, with the settings it changed; a fresh run in the same directory starts new ones.
+#[test]
+fn a_resumed_logger_continues_its_tracker_runs() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let store: PathBuf = dir.path().join("mlruns");
+    let uri = format!("file://{}", store.display());
+    let options = |continues_from: Option<u64>, steps: u64| LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        mlflow: Some(MlflowOptions {
+            experiment: "resume-test".into(),
+            run_name: "walker-walk-7".into(),
+            tracking_uri: Some(uri.clone()),
+        }),
+        config: json!({"task": "walker-walk", "steps": steps}),
+        continues_from,
+        ..LoggerOptions::new(dir.path())
+    };
+    let eval =
+        |step: u64, reward: f64| Record::new(Phase::Eval, step).with("episode_reward", reward);
+    let mut logger = Logger::open(&options(None, 1000)).unwrap();
+    logger.log(&eval(500, 1.0)).unwrap();
+    logger.log(&eval(1000, 2.0)).unwrap();
+    drop(logger); // a crash after step 1000; the checkpoint is of step 500
+    let mut logger = Logger::open(&options(Some(500), 2000)).unwrap();
+    logger.log(&eval(1000, 3.0)).unwrap();
+    logger.log(&eval(1500, 4.0)).unwrap();
+    logger.close().unwrap();
+
+    let ids = wandb_offline_ids(dir.path());
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert_eq!(
+        ids[0], ids[1],
+        "the resumed attempt started another W&B run"
+    );
+    let runs = read(
+        "mlflow_runs",
+        &[
+            uri.clone(),
+            "resume-test".into(),
+            "eval/episode_reward".into(),
+        ],
+    );
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    let run = &runs[0];
+    assert_eq!(run["status"], "FINISHED");
+    // MLflow cannot drop the undone attempt's point of step 1000; both stay.
+    assert_eq!(
+        run["history"],
+        json!([[500, 1.0], [1000, 2.0], [1000, 3.0], [1500, 4.0]])
+    );
+    assert_eq!(run["params"]["steps"], "1000");
+    assert_eq!(run["tags"]["changed_on_resume.steps"], "2000", "{run}");
+    assert_eq!(run["tags"]["resumed_at_steps"], "500", "{run}");
+
+    // A fresh run in the same directory.
+    Logger::open(&options(None, 1000)).unwrap().close().unwrap();
+    let continued = ids[0].clone();
+    let ids = wandb_offline_ids(dir.path());
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let of_continued = ids.iter().filter(|id| **id == continued).count();
+    assert_eq!(of_continued, 2, "a fresh run continued the earlier W&B run");
+    let runs = read(
+        "mlflow_runs",
+        &[uri, "resume-test".into(), "eval/episode_reward".into()],
+    );
+    assert_eq!(runs.as_array().map(Vec::len), Some(2), "{runs}");
 }
 
 /// A square crossing a colour gradient: many colours, and motion between frames.

@@ -1,5 +1,6 @@
 //! MLflow through the Python `mlflow` package (`mlflow-skinny` suffices). The tracking URI is
 //! `MLFLOW_TRACKING_URI` when set, else the file store `file://<run_dir>/mlruns`.
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -7,6 +8,7 @@ use embedded_python as python;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
+use super::tracker_runs::{MlflowRun, TrackerRuns};
 use super::{Record, Sink, Video};
 use crate::error::{Error, Result};
 
@@ -14,6 +16,8 @@ use crate::error::{Error, Result};
 const PARAMS_PER_BATCH: usize = 100;
 /// MLflow's cap on a param value's length.
 const MAX_PARAM_LEN: usize = 6000;
+/// The tag listing the steps a continued run resumed at, comma-separated.
+const RESUMED_TAG: &str = "resumed_at_steps";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MlflowOptions {
@@ -34,11 +38,16 @@ pub struct Mlflow {
 }
 
 impl Mlflow {
-    /// Starts a run and logs `config`, flattened to `a.b` keys, as its params.
+    /// Starts a run and logs `config`, flattened to `a.b` keys, as its params. A resumed run
+    /// (`resumed`: its checkpoint's step and the runs its directory logged to) continues its
+    /// MLflow run when that run is still at this tracking URI: params it lacks are added,
+    /// changed ones (MLflow keeps params fixed) go to `changed_on_resume.<key>` tags, and the
+    /// `resumed_at_steps` tag lists where it resumed.
     pub fn create(
         opts: &MlflowOptions,
         run_dir: &Path,
         config: &serde_json::Value,
+        resumed: Option<(u64, &TrackerRuns)>,
     ) -> Result<Self> {
         let env_uri = std::env::var("MLFLOW_TRACKING_URI")
             .ok()
@@ -68,21 +77,36 @@ impl Mlflow {
             let client = mlflow
                 .getattr("MlflowClient")?
                 .call1((tracking_uri.as_str(),))?;
-            let experiment = client.call_method1("get_experiment_by_name", (&opts.experiment,))?;
-            let experiment_id = if experiment.is_none() {
-                client.call_method1("create_experiment", (&opts.experiment,))?
-            } else {
-                experiment.getattr("experiment_id")?
+            let continued = resumed.and_then(|(step, runs)| {
+                let run_id = runs.mlflow_run_at(&tracking_uri)?;
+                Some((step, continue_run(&client, run_id)?))
+            });
+            let (run_id, logged) = match continued {
+                Some((step, (run_id, logged, steps))) => {
+                    let steps = match steps {
+                        Some(before) => format!("{before},{step}"),
+                        None => step.to_string(),
+                    };
+                    client.call_method1("set_tag", (&run_id, RESUMED_TAG, steps))?;
+                    (run_id, logged)
+                }
+                None => (new_run(py, &client, opts)?, HashMap::new()),
             };
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("run_name", &opts.run_name)?;
-            let run = client.call_method("create_run", (experiment_id,), Some(&kwargs))?;
-            let run_id: String = run.getattr("info")?.getattr("run_id")?.extract()?;
             let param = entities.getattr("Param")?;
             for chunk in params.chunks(PARAMS_PER_BATCH) {
                 let batch = PyList::empty(py);
                 for (k, v) in chunk {
-                    batch.append(param.call1((k, v))?)?;
+                    match logged.get(k) {
+                        None => batch.append(param.call1((k, v))?)?,
+                        Some(before) if before != v => {
+                            let tag = format!("changed_on_resume.{k}");
+                            client.call_method1("set_tag", (&run_id, tag, v))?;
+                        }
+                        Some(_) => {}
+                    }
+                }
+                if batch.is_empty() {
+                    continue;
                 }
                 let kwargs = PyDict::new(py);
                 kwargs.set_item("params", batch)?;
@@ -105,12 +129,12 @@ impl Mlflow {
         })
     }
 
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
-    pub fn tracking_uri(&self) -> &str {
-        &self.tracking_uri
+    /// Where this run is found again.
+    pub fn tracker_run(&self) -> MlflowRun {
+        MlflowRun {
+            tracking_uri: self.tracking_uri.clone(),
+            run_id: self.run_id.clone(),
+        }
     }
 
     fn end(&mut self, status: &str) -> Result<()> {
@@ -181,6 +205,43 @@ impl Drop for Mlflow {
     fn drop(&mut self) {
         let _ = self.end("FAILED");
     }
+}
+
+/// A new run in the options' experiment, created when missing; its id.
+fn new_run(py: Python<'_>, client: &Bound<'_, PyAny>, opts: &MlflowOptions) -> PyResult<String> {
+    let experiment = client.call_method1("get_experiment_by_name", (&opts.experiment,))?;
+    let experiment_id = if experiment.is_none() {
+        client.call_method1("create_experiment", (&opts.experiment,))?
+    } else {
+        experiment.getattr("experiment_id")?
+    };
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("run_name", &opts.run_name)?;
+    let run = client.call_method("create_run", (experiment_id,), Some(&kwargs))?;
+    run.getattr("info")?.getattr("run_id")?.extract()
+}
+
+/// Marks `run_id` running again: its id, logged params and `resumed_at_steps` tag. None when
+/// the store no longer holds it (deleted, or another store at the same URI).
+fn continue_run(
+    client: &Bound<'_, PyAny>,
+    run_id: &str,
+) -> Option<(String, HashMap<String, String>, Option<String>)> {
+    let run = client.call_method1("get_run", (run_id,)).ok()?;
+    let info = run.getattr("info").ok()?;
+    let stage: String = info.getattr("lifecycle_stage").ok()?.extract().ok()?;
+    if stage != "active" {
+        return None;
+    }
+    let data = run.getattr("data").ok()?;
+    let params: HashMap<String, String> = data.getattr("params").ok()?.extract().ok()?;
+    let tags: HashMap<String, String> = data.getattr("tags").ok()?.extract().ok()?;
+    let kwargs = PyDict::new(client.py());
+    kwargs.set_item("status", "RUNNING").ok()?;
+    client
+        .call_method("update_run", (run_id,), Some(&kwargs))
+        .ok()?;
+    Some((run_id.to_owned(), params, tags.get(RESUMED_TAG).cloned()))
 }
 
 fn is_file_store(uri: &str) -> bool {

@@ -9,6 +9,7 @@ mod jsonl;
 pub mod mlflow;
 mod sink;
 pub mod tensorboard;
+mod tracker_runs;
 mod video;
 pub mod wandb;
 
@@ -27,6 +28,7 @@ pub use jsonl::Jsonl;
 pub use mlflow::{Mlflow, MlflowOptions};
 pub use sink::Sink;
 pub use tensorboard::EventWriter;
+pub use tracker_runs::{MlflowRun, TrackerRuns};
 use video::VideoWriter;
 pub use video::{video_path, write_video, Video, VIDEO_DIR, VIDEO_FPS, VIDEO_TAG};
 pub use wandb::{Wandb, WandbOptions};
@@ -164,12 +166,24 @@ impl Logger {
             let from = opts.continues_from.map_or(0, |step| step + 1);
             sinks.push(Box::new(EventWriter::create(&dir.join("tb"), from)?));
         }
+        // A resumed run continues the tracker runs its directory logged to.
+        let before = match opts.continues_from {
+            Some(_) => TrackerRuns::load(dir),
+            None => TrackerRuns::default(),
+        };
+        let mut runs = before.clone();
         if let Some(wandb) = &opts.wandb {
-            sinks.push(Box::new(Wandb::create(wandb, dir, &opts.config)?));
+            let wandb = Wandb::create(wandb, dir, &opts.config, before.wandb.as_deref())?;
+            runs.wandb = Some(wandb.id().to_owned());
+            sinks.push(Box::new(wandb));
         }
         if let Some(mlflow) = &opts.mlflow {
-            sinks.push(Box::new(Mlflow::create(mlflow, dir, &opts.config)?));
+            let resumed = opts.continues_from.map(|step| (step, &before));
+            let mlflow = Mlflow::create(mlflow, dir, &opts.config, resumed)?;
+            runs.mlflow = Some(mlflow.tracker_run());
+            sinks.push(Box::new(mlflow));
         }
+        runs.save(dir)?;
         Ok(Self {
             dir: dir.clone(),
             sinks,

@@ -32,11 +32,19 @@ static LIVE_RUNS: AtomicUsize = AtomicUsize::new(0);
 pub struct Wandb {
     /// `None` once finished.
     run: Option<Py<PyAny>>,
+    id: String,
 }
 
 impl Wandb {
-    /// Starts a run with `config` (the resolved config) as its config.
-    pub fn create(opts: &WandbOptions, run_dir: &Path, config: &serde_json::Value) -> Result<Self> {
+    /// Starts a run with `config` (the resolved config) as its config; with `continues`, the
+    /// run of that id continues (online; offline, a new offline run of that id, which
+    /// `wandb sync --id <id>` appends), its config updated to `config`.
+    pub fn create(
+        opts: &WandbOptions,
+        run_dir: &Path,
+        config: &serde_json::Value,
+        continues: Option<&str>,
+    ) -> Result<Self> {
         let config = serde_json::to_string(config)
             .map_err(|e| Error::Other(format!("config to JSON for wandb: {e}")))?;
         let requested = opts
@@ -52,7 +60,7 @@ impl Wandb {
                 })
                 .unwrap_or(false)
         });
-        let run = python::attach_exclusive(|py| -> python::Result<_> {
+        let (run, id) = python::attach_exclusive(|py| -> python::Result<_> {
             let wandb = py.import("wandb")?;
             let settings = PyDict::new(py);
             settings.set_item("silent", opts.silent)?;
@@ -67,20 +75,30 @@ impl Wandb {
             kwargs.set_item("name", opts.name.as_deref())?;
             kwargs.set_item("group", opts.group.as_deref())?;
             kwargs.set_item("dir", run_dir.to_string_lossy())?;
-            kwargs.set_item(
-                "config",
-                py.import("json")?.call_method1("loads", (config,))?,
-            )?;
+            let config = py.import("json")?.call_method1("loads", (config,))?;
+            kwargs.set_item("config", &config)?;
             kwargs.set_item("mode", &mode)?;
+            if let Some(id) = continues {
+                kwargs.set_item("id", id)?;
+                kwargs.set_item("resume", "allow")?;
+            }
             // Other runs in this process (tests, a second logger) stay untouched.
             kwargs.set_item("reinit", "create_new")?;
             kwargs.set_item(
                 "settings",
                 wandb.getattr("Settings")?.call((), Some(&settings))?,
             )?;
-            let run = wandb.getattr("init")?.call((), Some(&kwargs))?.unbind();
+            let run = wandb.getattr("init")?.call((), Some(&kwargs))?;
             LIVE_RUNS.fetch_add(1, Ordering::SeqCst);
-            Ok(run)
+            let id: String = run.getattr("id")?.extract()?;
+            if continues.is_some() {
+                // A resumed run's stored config replaces the one given to `init`.
+                let update = PyDict::new(py);
+                update.set_item("allow_val_change", true)?;
+                run.getattr("config")?
+                    .call_method("update", (config,), Some(&update))?;
+            }
+            Ok((run.unbind(), id))
         })
         .map_err(|e| {
             Error::Other(format!(
@@ -90,7 +108,12 @@ impl Wandb {
                 run_dir.display()
             ))
         })?;
-        Ok(Self { run: Some(run) })
+        Ok(Self { run: Some(run), id })
+    }
+
+    /// The run's id, which a resumed run continues.
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     fn run(&self) -> Result<&Py<PyAny>> {
