@@ -7,6 +7,7 @@ mod csv;
 mod gif;
 mod jsonl;
 pub mod mlflow;
+mod remote;
 mod sink;
 pub mod tensorboard;
 mod tracker_runs;
@@ -26,6 +27,7 @@ pub use console::{clock_time, console_line, Console};
 pub use csv::Csv;
 pub use jsonl::Jsonl;
 pub use mlflow::{Mlflow, MlflowOptions};
+use remote::Remote;
 pub use sink::Sink;
 pub use tensorboard::EventWriter;
 pub use tracker_runs::{MlflowRun, TrackerRuns};
@@ -148,7 +150,8 @@ pub struct Logger {
 
 impl Logger {
     /// Creates the run directory and every sink `opts` asks for; W&B and MLflow start their
-    /// runs here.
+    /// runs here (a failure to start is an error; later failures of theirs are warnings, see
+    /// [`remote`]).
     pub fn open(opts: &LoggerOptions) -> Result<Self> {
         let dir = &opts.run_dir;
         std::fs::create_dir_all(dir)
@@ -175,13 +178,13 @@ impl Logger {
         if let Some(wandb) = &opts.wandb {
             let wandb = Wandb::create(wandb, dir, &opts.config, before.wandb.as_deref())?;
             runs.wandb = Some(wandb.id().to_owned());
-            sinks.push(Box::new(wandb));
+            sinks.push(Box::new(Remote::new(Box::new(wandb))));
         }
         if let Some(mlflow) = &opts.mlflow {
             let resumed = opts.continues_from.map(|step| (step, &before));
             let mlflow = Mlflow::create(mlflow, dir, &opts.config, resumed)?;
             runs.mlflow = Some(mlflow.tracker_run());
-            sinks.push(Box::new(mlflow));
+            sinks.push(Box::new(Remote::new(Box::new(mlflow))));
         }
         runs.save(dir)?;
         Ok(Self {

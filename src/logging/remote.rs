@@ -1,0 +1,180 @@
+//! A tracker reached over the network (W&B, MLflow) must not end a run that may have days
+//! left: its failures are warnings, and the records it missed are sent again, in order, once
+//! it answers. `metrics.jsonl` holds every record whatever the trackers do.
+use std::collections::VecDeque;
+
+use super::{Record, Sink, Video};
+use crate::error::Result;
+
+/// The records kept for a tracker that does not answer; older ones are dropped past this.
+const BACKLOG: usize = 10_000;
+
+pub struct Remote {
+    inner: Box<dyn Sink>,
+    /// Records not yet delivered, oldest first.
+    backlog: VecDeque<Record>,
+    /// Records dropped because the backlog was full, in the current outage.
+    dropped: u64,
+    /// Whether the last attempt failed (warnings once per outage).
+    failing: bool,
+}
+
+impl Remote {
+    pub fn new(inner: Box<dyn Sink>) -> Self {
+        Self {
+            inner,
+            backlog: VecDeque::new(),
+            dropped: 0,
+            failing: false,
+        }
+    }
+
+    /// Sends the backlog in order; stops at the first failure.
+    fn deliver(&mut self) {
+        while let Some(record) = self.backlog.front() {
+            if let Err(e) = self.inner.write(record) {
+                if !self.failing {
+                    self.failing = true;
+                    eprintln!(
+                        "warning: {} does not take records ({e}); training goes on, and the \
+                         records are sent again once it answers (metrics.jsonl has them all)",
+                        self.inner.name()
+                    );
+                }
+                return;
+            }
+            self.backlog.pop_front();
+        }
+        if self.failing {
+            self.failing = false;
+            let lost = match self.dropped {
+                0 => String::new(),
+                n => format!(" ({n} of the oldest were dropped: more than {BACKLOG} waited)"),
+            };
+            eprintln!(
+                "{} takes records again: the missed ones were sent{lost}",
+                self.inner.name()
+            );
+            self.dropped = 0;
+        }
+    }
+
+    fn warn_unsent(&self, when: &str) {
+        if !self.backlog.is_empty() {
+            eprintln!(
+                "warning: {} missed {} records {when}; metrics.jsonl has them",
+                self.inner.name(),
+                self.backlog.len() as u64 + self.dropped
+            );
+        }
+    }
+}
+
+impl Sink for Remote {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn write(&mut self, record: &Record) -> Result<()> {
+        if self.backlog.len() == BACKLOG {
+            self.backlog.pop_front();
+            self.dropped += 1;
+        }
+        self.backlog.push_back(record.clone());
+        self.deliver();
+        Ok(())
+    }
+
+    fn video(&mut self, video: &Video) -> Result<()> {
+        if let Err(e) = self.inner.video(video) {
+            eprintln!(
+                "warning: {} did not take the video of step {} ({e}); it is in {}",
+                self.inner.name(),
+                video.step,
+                video.path.display()
+            );
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<()> {
+        self.deliver();
+        self.warn_unsent("at the end of the run");
+        self.inner.close()
+    }
+
+    fn close_stopped(&mut self) -> Result<()> {
+        self.deliver();
+        self.warn_unsent("before the stop");
+        self.inner.close_stopped()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::error::Error;
+    use crate::logging::Phase;
+
+    /// Takes records while `up`, keeping their steps.
+    struct Flaky {
+        up: Arc<Mutex<bool>>,
+        steps: Arc<Mutex<Vec<u64>>>,
+    }
+
+    impl Sink for Flaky {
+        fn name(&self) -> &'static str {
+            "flaky"
+        }
+
+        fn write(&mut self, record: &Record) -> Result<()> {
+            if !*self.up.lock().unwrap() {
+                return Err(Error::Other("connection refused".into()));
+            }
+            self.steps.lock().unwrap().push(record.step);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_outage_delays_records_in_order_and_never_fails_the_run() {
+        let up = Arc::new(Mutex::new(true));
+        let steps = Arc::new(Mutex::new(Vec::new()));
+        let mut remote = Remote::new(Box::new(Flaky {
+            up: up.clone(),
+            steps: steps.clone(),
+        }));
+        let record = |step| Record::new(Phase::Train, step).with("reward", 1.0);
+        remote.write(&record(1)).unwrap();
+        *up.lock().unwrap() = false;
+        remote.write(&record(2)).unwrap();
+        remote.write(&record(3)).unwrap();
+        assert_eq!(*steps.lock().unwrap(), [1]);
+        *up.lock().unwrap() = true;
+        remote.write(&record(4)).unwrap();
+        assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4]);
+        assert!(remote.backlog.is_empty() && !remote.failing);
+    }
+
+    #[test]
+    fn a_long_outage_keeps_the_latest_records() {
+        let up = Arc::new(Mutex::new(false));
+        let steps = Arc::new(Mutex::new(Vec::new()));
+        let mut remote = Remote::new(Box::new(Flaky {
+            up: up.clone(),
+            steps: steps.clone(),
+        }));
+        let total = BACKLOG as u64 + 5;
+        for step in 0..total {
+            remote.write(&Record::new(Phase::Train, step)).unwrap();
+        }
+        assert_eq!(remote.dropped, 5);
+        *up.lock().unwrap() = true;
+        remote.close().unwrap();
+        let steps = steps.lock().unwrap();
+        assert_eq!(steps.len(), BACKLOG);
+        assert_eq!((steps[0], *steps.last().unwrap()), (5, total - 1));
+    }
+}
