@@ -139,6 +139,27 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
     }
 }
 
+/// Dataset files hold no terminations: collecting a task whose episodes end early is refused
+/// (offline training would bootstrap through them), unless asked for with episodic=false.
+#[test]
+fn collecting_a_task_that_ends_episodes_early_is_refused() {
+    let data = tempfile::tempdir().unwrap();
+    let out = Command::new(common::tdmpc2_bin())
+        .args(["collect", "--episodes", "1", "--out"])
+        .arg(data.path())
+        .arg("task=lunarlander-continuous")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("task=lunarlander-continuous ends episodes early")
+            && stderr.contains("episodic=false"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0);
+}
+
 /// A dataset that does not fit the run is refused before training, naming the file and what
 /// differs; a directory holding one takes no second collection.
 #[test]

@@ -24,6 +24,15 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     if args.episodes == 0 {
         return Err(Error::Config("--episodes must be at least 1".into()));
     }
+    if config.episodic {
+        return Err(Error::Config(format!(
+            "collect: task={} ends episodes early (episodic=true), and dataset files (the \
+             official format) hold no terminations: offline training would bootstrap through \
+             every fall or crash. Collect a task that runs its episodes to the end, or pass \
+             episodic=false to collect anyway, the terminations lost",
+            config.task
+        )));
+    }
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
     let policy = super::playing_policy::build(config, &rank, config.num_envs, checkpoint)?;
