@@ -361,8 +361,7 @@ fn train(mut config: Config) -> Result<()> {
             trainer::lock::check_free(&config.run_dir())?;
             trainer::run_dir::refuse_a_bad_start(&config)?;
         }
-        let program =
-            std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+        let program = crate::this_binary::path()?;
         let plan = LaunchPlan {
             world_size: config.world_size,
             nnodes: config.nnodes,

@@ -51,6 +51,9 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// The exit code of a process that stopped because a stop was asked for.
 pub const STOPPED_EXIT_CODE: i32 = 3;
+/// The exit code of a process refused its input (a setting, a task, a file): the same input
+/// fails the same way again, so it is never restarted.
+pub const BAD_INPUT_EXIT_CODE: i32 = 2;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -71,13 +74,13 @@ impl Error {
     /// The process exit code: 2 for bad input, 3 for a requested stop, 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Config(_) => 2,
+            Error::Config(_) => BAD_INPUT_EXIT_CODE,
             Error::Env(
                 envs::Error::UnknownTask { .. }
                 | envs::Error::Unsupported { .. }
                 | envs::Error::FamilyMissing { .. }
                 | envs::Error::Renderer { .. },
-            ) => 2,
+            ) => BAD_INPUT_EXIT_CODE,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
             _ => 1,
         }

@@ -15,6 +15,7 @@ pub mod error;
 pub mod learner;
 pub mod logging;
 pub mod memory;
+pub mod this_binary;
 pub mod tools;
 pub mod trainer;
 

@@ -15,7 +15,7 @@ pub const ENV_WORKER: &str = "env-worker";
 /// How a vector env starts its worker processes: this very binary's `env-worker` subcommand,
 /// each of whose answers may take up to `env_timeout` (None: as long as the worker lives).
 pub fn env_worker_command(env_timeout: Option<Duration>) -> Result<WorkerCommand> {
-    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+    let program = crate::this_binary::path()?;
     let mut command = WorkerCommand::new(program, &[ENV_WORKER]);
     command.reply_limit = env_timeout.map(|after| ReplyLimit {
         after,

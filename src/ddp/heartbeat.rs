@@ -16,6 +16,13 @@ use pyo3::types::PyDict;
 use crate::error::{Error, Result};
 
 const BEAT: Duration = Duration::from_secs(1);
+/// The values of a node's `ended` key.
+const ENDED_WELL: i64 = 1;
+const FAILED: i64 = 2;
+
+fn ended_key(attempt: usize, node: usize) -> String {
+    format!("tdmpc2/ended/{attempt}/{node}")
+}
 
 /// The job's store between launchers, hosted by node 0's launcher for the life of the job.
 /// Ranks join their process group through it too (see [`AGENT_STORE_ENV`]), one key prefix per
@@ -82,6 +89,25 @@ impl JobStore {
                 .extract()
         })
         .map_err(Error::from)
+    }
+
+    /// Says how this node's ranks of `attempt` ended, before its heartbeat stops: the other
+    /// nodes then do not take a node that finished first (or stopped as asked) for lost while
+    /// they still write their checkpoint, and learn at once of one whose ranks failed.
+    pub fn mark_ended(&self, attempt: usize, well: bool) {
+        let _ = self.add(
+            &ended_key(attempt, self.node),
+            if well { ENDED_WELL } else { FAILED },
+        );
+    }
+
+    /// How `node`'s ranks of `attempt` ended; None while they run (or the store does not say).
+    fn ended(&self, attempt: usize, node: usize) -> Option<bool> {
+        match self.add(&ended_key(attempt, node), 0) {
+            Ok(ENDED_WELL) => Some(true),
+            Ok(FAILED) => Some(false),
+            _ => None,
+        }
     }
 
     /// Says this node's ranks of `attempt` finished; node 0 then waits (up to `limit`) for
@@ -169,20 +195,30 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
             if node == store.node {
                 continue;
             }
-            let silent = match moved {
-                Some(at) if at.elapsed() > watch.peer_timeout => Some(at.elapsed()),
-                None if started.elapsed() > watch.start_timeout => Some(started.elapsed()),
-                _ => None,
-            };
-            if let Some(silent) = silent {
-                return Some(PeerLost {
-                    node,
-                    why: format!(
-                        "its launcher sent no heartbeat for {} s (peer_timeout)",
-                        silent.as_secs()
-                    ),
-                });
+            match store.ended(watch.attempt, node) {
+                Some(true) => continue,
+                Some(false) => {
+                    return Some(PeerLost {
+                        node,
+                        why: "its ranks failed".into(),
+                    })
+                }
+                None => {}
             }
+            let why = match moved {
+                Some(at) if at.elapsed() > watch.peer_timeout => format!(
+                    "its launcher sent no heartbeat for {} s (peer_timeout)",
+                    at.elapsed().as_secs()
+                ),
+                None if started.elapsed() > watch.start_timeout => format!(
+                    "its launcher never joined within {} s (dist_timeout): check nnodes, \
+                     node_rank, master_addr and master_port on every node, and that node 0 \
+                     is reachable on master_port",
+                    started.elapsed().as_secs()
+                ),
+                _ => continue,
+            };
+            return Some(PeerLost { node, why });
         }
         std::thread::sleep(BEAT);
     }
@@ -192,6 +228,41 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Node 0's watch over node 1, which says how its ranks ended and never beats: what node 0
+    /// reports within `within`.
+    fn watch_a_node_that_ended(well: bool, within: Duration) -> Option<PeerLost> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let limit = Duration::from_secs(20);
+        let host = Arc::new(JobStore::open("127.0.0.1", port, 0, 2, limit, limit).unwrap());
+        let peer = JobStore::open("127.0.0.1", port, 1, 2, limit, limit).unwrap();
+        peer.mark_ended(0, well);
+        let watch = Watch {
+            attempt: 0,
+            peer_timeout: Duration::from_millis(500),
+            start_timeout: Duration::from_millis(500),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        spawn(host, watch, stop.clone(), move |lost| {
+            let _ = tx.send(lost);
+        })
+        .unwrap();
+        let lost = rx.recv_timeout(within).ok();
+        stop.store(true, Ordering::SeqCst);
+        lost
+    }
+
+    #[test]
+    fn a_node_that_ended_well_is_not_lost_and_one_that_failed_is_named_at_once() {
+        // Silent far past peer_timeout and start_timeout, but finished: not lost.
+        assert_eq!(watch_a_node_that_ended(true, Duration::from_secs(3)), None);
+        let lost = watch_a_node_that_ended(false, Duration::from_secs(10)).expect("not reported");
+        assert_eq!((lost.node, lost.why.as_str()), (1, "its ranks failed"));
+    }
 
     #[test]
     fn a_lost_peer_names_its_node() {

@@ -5,10 +5,11 @@
 //! - A rank that fails makes the launcher stop the others (SIGTERM, then SIGKILL after a grace
 //!   period) and exit non-zero, naming the rank and its last error lines.
 //! - Ctrl-C or SIGTERM is passed to every rank (rank 0 writes a checkpoint), then the launcher
-//!   exits non-zero.
+//!   exits non-zero; a second Ctrl-C kills the ranks.
 //! - With `max_restarts=K`, a failed job is started again, up to K times: every rank resumes
 //!   from the run directory's last checkpoint (as under torchrun, the ranks see
-//!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted.
+//!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted, nor is a rank
+//!   that refused its input (exit 2).
 use std::collections::VecDeque;
 use std::net::TcpListener;
 use std::process::Stdio;
@@ -23,10 +24,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::{affinity, heartbeat};
-use crate::error::{Error, Result, STOPPED_EXIT_CODE};
+use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE};
 
-/// How long ranks get to stop cleanly before they are killed.
+/// How long ranks get to end once one failed, before they are killed.
 const GRACE: Duration = Duration::from_secs(20);
+/// How long ranks get to end after a stop (Ctrl-C, SIGTERM, a rank that stopped as asked):
+/// rank 0 writes the checkpoint then, a large one with `save_buffer` too. A second Ctrl-C kills
+/// at once.
+const STOP_GRACE: Duration = Duration::from_secs(120);
 /// Error lines kept per rank for the failure report.
 const TAIL_LINES: usize = 12;
 
@@ -234,18 +239,19 @@ async fn supervise(
             },
             _ = interrupt.recv() => job.interrupt("interrupted (Ctrl-C)"),
             _ = terminate.recv() => job.interrupt("terminated (SIGTERM)"),
-            _ = timeout => {
-                eprintln!("[launcher] ranks still running after the grace period; killing them");
-                stop_all(&job.alive, libc::SIGKILL);
-                job.deadline = None;
-            }
+            _ = timeout => job.kill("ranks still running after the grace period"),
         }
     }
     // Drain what is left of the children's output.
     while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
         print_line(rank, &text, is_err);
     }
-    job.outcome()
+    let outcome = job.outcome();
+    if let Some(store) = store {
+        let well = matches!(outcome, Ok(()) | Err(Error::Stopped(_)));
+        store.mark_ended(restart, well);
+    }
+    outcome
 }
 
 /// Starts this node's ranks with their rank variables, their output forwarded and their exits
@@ -341,13 +347,24 @@ struct Supervision {
     running: usize,
     /// Each rank's last error lines.
     tails: Vec<VecDeque<String>>,
-    failure: Option<(usize, String)>,
+    failure: Option<Failure>,
     lost_peer: Option<heartbeat::PeerLost>,
     /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
     stopped: Option<usize>,
     interrupted: Option<&'static str>,
     /// When the ranks still running get SIGKILL.
     deadline: Option<tokio::time::Instant>,
+    /// Ranks the launcher killed: not failures of their own.
+    killed: Vec<usize>,
+    killing: bool,
+}
+
+/// The first rank that failed, how, and whether it refused its input (the same on every
+/// attempt, so never restarted).
+struct Failure {
+    rank: usize,
+    how: String,
+    config: bool,
 }
 
 impl Supervision {
@@ -363,6 +380,8 @@ impl Supervision {
             stopped: None,
             interrupted: None,
             deadline: None,
+            killed: Vec::new(),
+            killing: false,
         }
     }
 
@@ -391,57 +410,100 @@ impl Supervision {
     }
 
     fn on_exit(&mut self, rank: usize, status: std::io::Result<std::process::ExitStatus>) {
+        use std::os::unix::process::ExitStatusExt;
         self.running -= 1;
         self.alive[rank - self.first_rank] = None;
         let ok = matches!(&status, Ok(s) if s.success());
-        let asked_to_stop = matches!(&status, Ok(s) if s.code() == Some(STOPPED_EXIT_CODE));
-        if asked_to_stop && self.failure.is_none() {
+        let code = status.as_ref().ok().and_then(|s| s.code());
+        if self.killing && matches!(&status, Ok(s) if s.signal() == Some(libc::SIGKILL)) {
+            self.killed.push(rank);
+        } else if code == Some(STOPPED_EXIT_CODE) && self.failure.is_none() {
             // The others stop at the same step by agreement; the grace is a bound.
             self.stopped.get_or_insert(rank);
             self.deadline
-                .get_or_insert(tokio::time::Instant::now() + GRACE);
+                .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
         } else if !ok && self.failure.is_none() && self.interrupted.is_none() {
-            self.failure = Some((rank, describe(&status)));
+            self.failure = Some(Failure {
+                rank,
+                how: describe(&status),
+                config: code == Some(BAD_INPUT_EXIT_CODE),
+            });
             stop_all(&self.alive, libc::SIGTERM);
             self.deadline = Some(tokio::time::Instant::now() + GRACE);
         }
     }
 
     fn interrupt(&mut self, why: &'static str) {
-        self.interrupted.get_or_insert(why);
+        if self.interrupted.is_some() {
+            return self.kill("asked again to stop");
+        }
+        self.interrupted = Some(why);
         stop_all(&self.alive, libc::SIGTERM);
         self.deadline
-            .get_or_insert(tokio::time::Instant::now() + GRACE * 3);
+            .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
     }
 
-    /// Ok only when every rank exited 0; else what went wrong first.
+    fn kill(&mut self, why: &str) {
+        eprintln!("[launcher] {why}; killing the ranks still running");
+        self.killing = true;
+        stop_all(&self.alive, libc::SIGKILL);
+        self.deadline = None;
+    }
+
+    /// The ranks the launcher killed, for a message ("" when none).
+    fn killed_note(&self) -> String {
+        match self.killed.as_slice() {
+            [] => String::new(),
+            ranks => format!(
+                "; killed after the grace period: rank(s) {ranks:?}, so a checkpoint they were \
+                 writing may be missing"
+            ),
+        }
+    }
+
+    /// Ok only when every rank exited 0; else what went wrong first. A stop that was asked for
+    /// wins over a failure, so that Ctrl-C is never answered with a restart.
     fn outcome(self) -> Result<()> {
+        let killed = self.killed_note();
+        if let Some(why) = self.interrupted {
+            let failed = match &self.failure {
+                Some(f) => format!(" (after rank {} failed: {})", f.rank, f.how),
+                None => String::new(),
+            };
+            return Err(Error::Stopped(format!(
+                "{why}: all ranks stopped{failed}{killed}"
+            )));
+        }
         if let Some(lost) = self.lost_peer {
             return Err(Error::JobFailed(format!(
                 "{lost}; this node's ranks were stopped"
             )));
         }
-        if let Some((rank, how)) = &self.failure {
-            let tail = &self.tails[rank - self.first_rank];
+        if let Some(failure) = &self.failure {
+            let tail = &self.tails[failure.rank - self.first_rank];
             let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
+            let lines = match lines.is_empty() {
+                true => "  (none)".to_owned(),
+                false => lines.join("\n"),
+            };
+            let (rank, how) = (failure.rank, &failure.how);
+            if failure.config {
+                return Err(Error::Config(format!(
+                    "rank {rank} refused its input ({how}); the other ranks were \
+                     stopped. Its last error lines:\n{lines}"
+                )));
+            }
             return Err(Error::JobFailed(format!(
-                "rank {rank} failed ({how}); the other ranks were stopped. Its last error lines:\n{}",
-                if lines.is_empty() {
-                    "  (none)".to_owned()
-                } else {
-                    lines.join("\n")
-                }
+                "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
+                 error lines:\n{lines}"
             )));
-        }
-        if let Some(why) = self.interrupted {
-            return Err(Error::Stopped(format!("{why}: all ranks stopped")));
         }
         if let Some(rank) = self.stopped {
             let tail = &self.tails[rank - self.first_rank];
             let why = tail.back().map_or("", String::as_str);
             let why = why.strip_prefix("error: ").unwrap_or(why);
             return Err(Error::Stopped(format!(
-                "the job stopped (rank {rank}: {why})"
+                "the job stopped (rank {rank}: {why}){killed}"
             )));
         }
         Ok(())
@@ -455,8 +517,15 @@ fn forward(
     tx: mpsc::UnboundedSender<Event>,
 ) {
     tokio::spawn(async move {
-        let mut lines = BufReader::new(stream).lines();
-        while let Ok(Some(text)) = lines.next_line().await {
+        let mut reader = BufReader::new(stream);
+        let mut line = Vec::new();
+        // Bytes, not UTF-8 lines: a line that is not UTF-8 (a path in Latin-1 in a Python
+        // warning) must not end the forwarding, or the rank's next write fails on a closed pipe.
+        while matches!(reader.read_until(b'\n', &mut line).await, Ok(n) if n > 0) {
+            let text = String::from_utf8_lossy(&line)
+                .trim_end_matches(['\n', '\r'])
+                .to_owned();
+            line.clear();
             if tx.send(Event::Line { rank, text, is_err }).is_err() {
                 break;
             }
@@ -497,6 +566,89 @@ fn stop_all(alive: &[Option<u32>], sig: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    /// Supervision of two local ranks whose pids are unknown (nothing is signalled).
+    fn two_ranks() -> Supervision {
+        let plan = LaunchPlan {
+            world_size: 2,
+            nnodes: 1,
+            node_rank: 0,
+            master_addr: "127.0.0.1".into(),
+            master_port: 1,
+            cpu_affinity: false,
+            max_restarts: 3,
+            peer_timeout: Duration::from_secs(1),
+            dist_timeout: Duration::from_secs(1),
+            program: "tdmpc2".into(),
+            args: Vec::new(),
+        };
+        Supervision::new(&plan, vec![None, None])
+    }
+
+    fn exited(code: i32) -> std::io::Result<std::process::ExitStatus> {
+        Ok(std::process::ExitStatus::from_raw(code << 8))
+    }
+
+    fn signalled(signal: i32) -> std::io::Result<std::process::ExitStatus> {
+        Ok(std::process::ExitStatus::from_raw(signal))
+    }
+
+    #[test]
+    fn a_rank_that_refuses_its_input_is_not_restarted() {
+        let mut job = two_ranks();
+        job.on_exit(1, exited(BAD_INPUT_EXIT_CODE));
+        job.on_exit(0, signalled(libc::SIGTERM));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            err.to_string().contains("rank 1 refused its input"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn ctrl_c_after_a_failure_is_a_stop_not_a_restart() {
+        let mut job = two_ranks();
+        job.on_exit(1, exited(1));
+        job.interrupt("interrupted (Ctrl-C)");
+        job.on_exit(0, exited(STOPPED_EXIT_CODE));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
+        assert!(err.to_string().contains("after rank 1 failed"), "{err}");
+    }
+
+    #[test]
+    fn a_rank_killed_after_the_stop_grace_is_no_failure() {
+        let mut job = two_ranks();
+        job.on_exit(1, exited(STOPPED_EXIT_CODE));
+        job.kill("ranks still running after the grace period");
+        job.on_exit(0, signalled(libc::SIGKILL));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
+        assert!(err.to_string().contains("rank(s) [0]"), "{err}");
+    }
+
+    #[test]
+    fn output_that_is_not_utf8_is_forwarded_and_reading_goes_on() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let lines = runtime.block_on(async {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            let bytes = b"caf\xe9 /tmp/d\xe9j\xe0\nnext line\r\nlast".to_vec();
+            forward(std::io::Cursor::new(bytes), 1, true, tx);
+            let mut lines = Vec::new();
+            while let Some(Event::Line { text, .. }) = rx.recv().await {
+                lines.push(text);
+            }
+            lines
+        });
+        assert_eq!(
+            lines,
+            ["caf\u{fffd} /tmp/d\u{fffd}j\u{fffd}", "next line", "last"]
+        );
+    }
 
     #[test]
     fn ranks_sleep_while_waiting_unless_the_user_chose() {

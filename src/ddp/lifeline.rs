@@ -2,7 +2,10 @@
 //! SIGKILL or the OOM killer leaves its ranks training as orphans, each failing later on a
 //! broken output pipe with no checkpoint.
 //!
-//! The kernel sends the rank SIGHUP when its parent dies (`PR_SET_PDEATHSIG`). Its handler
+//! The kernel sends the rank SIGHUP when its parent dies (`PR_SET_PDEATHSIG`). A SIGHUP while
+//! the launcher lives is a terminal's hangup sent to the whole process group (an ssh session
+//! that ends under `nohup tdmpc2 train ...`): the launcher decides for its ranks, so the rank
+//! ignores it. Otherwise its handler
 //! points stdout and stderr at /dev/null (the pipes to the launcher are broken, and a write
 //! there would fail) and calls the rank's `on_orphaned` (the trainer passes its stop request, so
 //! the rank stops the way Ctrl-C stops it: every rank agrees at the next step and rank 0 writes a
@@ -18,8 +21,9 @@ use crate::error::{Error, Result};
 /// The launcher's pid, as it passes it to the ranks it starts.
 pub const LAUNCHER_PID_ENV: &str = "TDMPC2_LAUNCHER_PID";
 
-/// How long an orphaned rank may take to checkpoint before it is ended.
-const ORPHAN_GRACE: Duration = Duration::from_secs(3);
+/// How long an orphaned rank may take to agree on a step with the others and checkpoint
+/// before it is ended.
+const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
 
 /// Binds this process's life to the launcher named in the environment (nothing to do when no
@@ -41,6 +45,7 @@ pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
         .open("/dev/null")
         .map_err(|e| Error::io("open /dev/null", e))?;
     NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
+    LAUNCHER.store(launcher, Ordering::SeqCst);
     // SAFETY: the handler calls dup2, loads an atomic (ON_ORPHANED, set above) and calls
     // `on_orphaned`, which this function's contract requires to be async-signal-safe.
     unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
@@ -79,6 +84,9 @@ fn parent() -> libc::pid_t {
     unsafe { libc::getppid() }
 }
 
+/// The launcher's pid, stored before the handler is installed.
+static LAUNCHER: AtomicI32 = AtomicI32::new(0);
+
 /// /dev/null, opened before the handler may need it.
 static NULL_FD: AtomicI32 = AtomicI32::new(-1);
 
@@ -87,6 +95,10 @@ static NULL_FD: AtomicI32 = AtomicI32::new(-1);
 static ON_ORPHANED: OnceLock<fn()> = OnceLock::new();
 
 extern "C" fn orphaned(_: libc::c_int) {
+    // getppid is async-signal-safe; the kernel reparents a rank before it signals the death.
+    if parent() == LAUNCHER.load(Ordering::SeqCst) {
+        return;
+    }
     let null = NULL_FD.load(Ordering::SeqCst);
     if null >= 0 {
         for fd in [libc::STDOUT_FILENO, libc::STDERR_FILENO] {

@@ -141,13 +141,48 @@ impl Vars<'_> {
             rank,
             world_size,
             local_rank: self.number("SLURM_LOCALID")?.unwrap_or(0),
-            local_world_size: (self.0)("SLURM_NTASKS_PER_NODE")
-                .and_then(|v| v.split('(').next().and_then(|n| n.parse().ok()))
-                .unwrap_or(1),
+            local_world_size: self.slurm_tasks_on_this_node()?,
             master_addr,
             master_port: self.port(config.master_port)?,
         })
     }
+}
+
+impl Vars<'_> {
+    /// How many tasks of this job step run on this node: this node's entry (`SLURM_NODEID`) of
+    /// the step's tasks per node (`4(x2)`, or `3,2` when nodes differ), else of the job's; 1
+    /// when SLURM says neither.
+    fn slurm_tasks_on_this_node(&self) -> Result<usize> {
+        let node = self.number("SLURM_NODEID")?.unwrap_or(0);
+        for key in ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"] {
+            if let Some(list) = (self.0)(key) {
+                return tasks_on_node(&list, node).ok_or_else(|| {
+                    Error::Config(format!(
+                        "environment variable {key}={list} names no task count for node \
+                         {node} (SLURM_NODEID)"
+                    ))
+                });
+            }
+        }
+        Ok(1)
+    }
+}
+
+/// Entry `node` of a SLURM tasks-per-node list: `2(x3),1` holds 2, 2, 2, 1.
+fn tasks_on_node(list: &str, node: usize) -> Option<usize> {
+    let mut first = 0;
+    for entry in list.trim().split(',') {
+        let (count, repeat) = match entry.split_once("(x") {
+            Some((count, rest)) => (count, rest.strip_suffix(')')?.parse::<usize>().ok()?),
+            None => (entry, 1),
+        };
+        let count = count.parse::<usize>().ok()?;
+        if node < first + repeat {
+            return Some(count);
+        }
+        first += repeat;
+    }
+    None
 }
 
 /// The first host of a SLURM node list: `node[01-04,07],gpu2` → `node01`.
@@ -212,7 +247,10 @@ mod tests {
             ("SLURM_PROCID", "5"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_LOCALID", "1"),
-            ("SLURM_NTASKS_PER_NODE", "4(x2)"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_STEP_TASKS_PER_NODE", "4(x2)"),
+            // The job asked for 8 tasks on one node; the step runs 4 on each of 2.
+            ("SLURM_TASKS_PER_NODE", "8"),
             ("SLURM_JOB_NODELIST", "gpu[07-08]"),
         ])
         .unwrap();
@@ -249,6 +287,28 @@ mod tests {
         assert!(e.contains("launcher=torchrun") && e.contains("RANK"), "{e}");
         let e = info_with(&[], "slurm").unwrap_err().to_string();
         assert!(e.contains("SLURM_PROCID"), "{e}");
+    }
+
+    #[test]
+    fn slurm_tasks_per_node_lists() {
+        assert_eq!(tasks_on_node("4(x2)", 1), Some(4));
+        assert_eq!(tasks_on_node("2(x3),1", 2), Some(2));
+        assert_eq!(tasks_on_node("2(x3),1", 3), Some(1));
+        assert_eq!(tasks_on_node("3,2", 1), Some(2));
+        assert_eq!(tasks_on_node("3,2", 2), None);
+        assert_eq!(tasks_on_node("x", 0), None);
+        let e = info(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_TASKS_PER_NODE", "1(x2)"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("SLURM_TASKS_PER_NODE=1(x2)") && e.contains("node 3"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         flags.extend(["--config-path".to_string(), path.display().to_string()]);
     }
     let spawner = Spawner {
-        exe: std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?,
+        exe: crate::this_binary::path()?,
         flags,
         cores,
         parallel,
