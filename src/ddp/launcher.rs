@@ -76,7 +76,12 @@ enum Event {
         status: std::io::Result<std::process::ExitStatus>,
     },
     PeerLost(heartbeat::PeerLost),
+    /// A rank's stdout or stderr reached its end.
+    StreamEnded,
 }
+
+/// How long the launcher reads what the ranks wrote last, once they have all exited.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// How long this node's ranks get to stop once a peer node is gone (they are likely stuck in a
 /// collective with it, so a checkpoint is not to be expected).
@@ -242,9 +247,14 @@ async fn supervise(
             _ = timeout => job.kill("ranks still running after the grace period"),
         }
     }
-    // Drain what is left of the children's output.
-    while let Ok(Event::Line { rank, text, is_err }) = rx.try_recv() {
-        print_line(rank, &text, is_err);
+    // The ranks' last lines (the error that ended one) may still be in the pipes when their
+    // exits are seen.
+    let drained = tokio::time::Instant::now() + DRAIN;
+    while job.open_streams > 0 {
+        match tokio::time::timeout_at(drained, rx.recv()).await {
+            Ok(Some(event)) => job.on_event(event),
+            _ => break,
+        }
     }
     let outcome = job.outcome();
     if let Some(store) = store {
@@ -345,6 +355,8 @@ struct Supervision {
     first_rank: usize,
     alive: Vec<Option<u32>>,
     running: usize,
+    /// The ranks' stdout and stderr pipes not yet at their end.
+    open_streams: usize,
     /// Each rank's last error lines.
     tails: Vec<VecDeque<String>>,
     failure: Option<Failure>,
@@ -373,6 +385,7 @@ impl Supervision {
         Self {
             first_rank: plan.node_rank * local,
             running: local,
+            open_streams: 2 * local,
             alive,
             tails: vec![VecDeque::new(); local],
             failure: None,
@@ -398,6 +411,7 @@ impl Supervision {
                 }
             }
             Event::Exit { rank, status } => self.on_exit(rank, status),
+            Event::StreamEnded => self.open_streams = self.open_streams.saturating_sub(1),
             Event::PeerLost(lost) => {
                 if self.lost_peer.is_none() && self.interrupted.is_none() {
                     eprintln!("[launcher] {lost}; stopping this node's ranks");
@@ -527,9 +541,10 @@ fn forward(
                 .to_owned();
             line.clear();
             if tx.send(Event::Line { rank, text, is_err }).is_err() {
-                break;
+                return;
             }
         }
+        let _ = tx.send(Event::StreamEnded);
     });
 }
 
@@ -639,14 +654,23 @@ mod tests {
             let bytes = b"caf\xe9 /tmp/d\xe9j\xe0\nnext line\r\nlast".to_vec();
             forward(std::io::Cursor::new(bytes), 1, true, tx);
             let mut lines = Vec::new();
-            while let Some(Event::Line { text, .. }) = rx.recv().await {
-                lines.push(text);
+            while let Some(event) = rx.recv().await {
+                match event {
+                    Event::Line { text, .. } => lines.push(text),
+                    Event::StreamEnded => lines.push("(end)".into()),
+                    _ => {}
+                }
             }
             lines
         });
         assert_eq!(
             lines,
-            ["caf\u{fffd} /tmp/d\u{fffd}j\u{fffd}", "next line", "last"]
+            [
+                "caf\u{fffd} /tmp/d\u{fffd}j\u{fffd}",
+                "next line",
+                "last",
+                "(end)"
+            ]
         );
     }
 
