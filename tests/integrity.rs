@@ -9,7 +9,7 @@
 //!   it cannot play, naming the setting.
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -356,21 +356,7 @@ fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
 
     // 4 KB of garbage in the middle of the weights: same size, loads as tensors, yet damaged.
     let model = saved.join("model.safetensors");
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&model)
-        .unwrap();
-    let len = file.metadata().unwrap().len();
-    file.seek(SeekFrom::Start(len / 2)).unwrap();
-    let mut block = vec![0u8; 4096];
-    file.read_exact(&mut block).unwrap();
-    for b in &mut block {
-        *b = b.wrapping_mul(31).wrapping_add(7);
-    }
-    file.seek(SeekFrom::Start(len / 2)).unwrap();
-    file.write_all(&block).unwrap();
-    drop(file);
+    common::damage_middle(&model);
     assert!(
         tch::Tensor::read_safetensors(&model).is_ok(),
         "the damage is in tensor data, not the header"

@@ -344,6 +344,40 @@ fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
     }
 }
 
+/// A saved replay buffer whose bytes changed is refused on resume, naming the file and the way
+/// out; moved away, the run resumes without it.
+#[test]
+fn a_damaged_replay_buffer_is_refused_on_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = ["save_freq=400", "eval_freq=100000", "save_buffer=true"];
+    train(dir.path(), &[&settings[..], &["steps=400"]].concat());
+    let saved = dir.path().join("buffers/rank0/step_000000000400");
+    let file = saved.join("buffer.safetensors");
+    common::damage_middle(&file);
+    let mut args = vec!["train"];
+    args.extend(tiny());
+    args.extend_from_slice(&settings);
+    let resume = |extra: &[&str]| {
+        let extra: Vec<String> = [format!("run_dir={}", dir.path().display())]
+            .into_iter()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect();
+        tdmpc2(&args, &extra)
+    };
+    let out = resume(&["steps=800", "resume=auto"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{} is damaged", file.display())),
+        "{stderr}"
+    );
+    std::fs::rename(&saved, dir.path().join("damaged-buffer")).unwrap();
+    let out = resume(&["steps=800", "resume=auto"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("without replay buffers"), "{stderr}");
+}
+
 #[test]
 fn eval_loads_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

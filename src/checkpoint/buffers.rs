@@ -4,10 +4,46 @@ use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
-use super::{buffers_dir, fail, store};
+use super::{buffers_dir, fail, integrity, store, write_json};
 use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart};
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
+
+/// A saved buffer's files: the tensors, the ring's bookkeeping, and the crc32c of the first.
+const TENSORS: &str = "buffer.safetensors";
+const META: &str = "buffer.json";
+const HASH: &str = "buffer.crc32c";
+
+/// Writes a rank's buffer into `dir`, with the hash that a resume checks it against.
+pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<()> {
+    let path = dir.join(TENSORS);
+    Tensor::write_safetensors(tensors, &path)?;
+    let hash = format!("{:08x}\n", integrity::file_crc(&path)?);
+    std::fs::write(dir.join(HASH), hash)
+        .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
+    write_json(&dir.join(META), meta)
+}
+
+/// The tensors of the buffer saved in `dir`, once their bytes match the hash written with them
+/// (buffers saved before hashes were written are read unchecked).
+fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
+    let path = dir.join(TENSORS);
+    if let Ok(text) = std::fs::read_to_string(dir.join(HASH)) {
+        let saved = u32::from_str_radix(text.trim(), 16)
+            .map_err(|e| fail(&dir.join(HASH).display().to_string(), e))?;
+        let now = integrity::file_crc(&path)?;
+        if now != saved {
+            return Err(Error::Checkpoint(format!(
+                "{} is damaged: its bytes do not match the hash recorded when it was saved \
+                 (crc32c {now:08x}, saved {saved:08x}); move {} away to resume without this \
+                 replay buffer (it refills from new episodes), or resume an earlier checkpoint",
+                path.display(),
+                dir.display()
+            )));
+        }
+    }
+    Ok(Tensor::read_safetensors(&path)?)
+}
 
 /// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.
 pub(super) struct SavedBuffers<'a> {
@@ -69,11 +105,7 @@ impl SavedBuffers<'_> {
                 eprintln!("note: {note}");
             }
         }
-        buffer.gather(parts, |p| {
-            Ok(Tensor::read_safetensors(
-                found[p].1.join("buffer.safetensors"),
-            )?)
-        })
+        buffer.gather(parts, |p| read_checked(&found[p].1))
     }
 
     /// What a rank's buffer holds of the saved ones, when it is not the saved ring as it was.
@@ -102,7 +134,7 @@ impl SavedBuffers<'_> {
 }
 
 fn read_meta(dir: &Path) -> Result<BufferMeta> {
-    let path = dir.join("buffer.json");
+    let path = dir.join(META);
     let bytes =
         std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
     serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))

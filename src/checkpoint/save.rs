@@ -126,10 +126,7 @@ fn write_buffer(
     let written = store::save(
         &buffers_dir(&settings.run_dir, group.rank()),
         global_step,
-        |dir| {
-            Tensor::write_safetensors(&tensors, dir.join("buffer.safetensors"))?;
-            write_json(&dir.join("buffer.json"), &meta)
-        },
+        |dir| super::buffers::write(dir, &tensors, &meta),
     );
     let mut failed = Tensor::from_slice(&[f32::from(u8::from(written.is_err()))]);
     group.all_reduce_sum(&mut failed)?;

@@ -132,3 +132,23 @@ pub fn succeeds(command: &mut std::process::Command) -> std::process::Output {
     );
     out
 }
+
+/// Overwrites 4 KB in the middle of `path` with other bytes: the file keeps its size, and a
+/// safetensors file still loads (its header is at the start), yet its data is damaged.
+pub fn damage_middle(path: &std::path::Path) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let len = file.metadata().unwrap().len();
+    file.seek(SeekFrom::Start(len / 2)).unwrap();
+    let mut block = vec![0u8; 4096];
+    file.read_exact(&mut block).unwrap();
+    for b in &mut block {
+        *b = b.wrapping_mul(31).wrapping_add(7);
+    }
+    file.seek(SeekFrom::Start(len / 2)).unwrap();
+    file.write_all(&block).unwrap();
+}
