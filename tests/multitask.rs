@@ -122,6 +122,24 @@ fn assert_each_task_evaluated(run_dir: &Path, console: &str) {
         console.contains("  reacher-easy") && console.contains("normalized score"),
         "{console}"
     );
+    // Each training episode also logs its return under its task's name.
+    let train: Vec<serde_json::Value> = metrics(run_dir)
+        .into_iter()
+        .filter(|m| m["phase"] == "train" && m.get("episode_reward").is_some())
+        .collect();
+    assert!(!train.is_empty());
+    for row in &train {
+        let named: Vec<&str> = TASKS
+            .iter()
+            .copied()
+            .filter(|task| row.get(format!("episode_reward+{task}")).is_some())
+            .collect();
+        assert_eq!(named.len(), 1, "{row}");
+        assert_eq!(
+            row[format!("episode_reward+{}", named[0])],
+            row["episode_reward"]
+        );
+    }
 }
 
 /// The tasks of the episodes in `rank`'s buffer at its last checkpoint.

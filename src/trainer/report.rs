@@ -95,6 +95,8 @@ impl Report {
     }
 
     /// A finished training episode, with the statistics of the last update when there was one.
+    /// A multitask run's episode also logs its return under its task's name
+    /// (`episode_reward+<task>`), as evaluations do, so each task's training curve can be drawn.
     pub(super) fn episode(
         &mut self,
         global_step: u64,
@@ -112,6 +114,13 @@ impl Report {
             .with("steps_per_second", clock.rate(global_step));
         if let Some(s) = stats.success {
             record = record.with("episode_success", s);
+        }
+        let task = stats.task.and_then(|t| self.tasks.get(t as usize));
+        if let Some(task) = task {
+            record = record.with(&format!("episode_reward+{task}"), stats.reward);
+            if let Some(s) = stats.success {
+                record = record.with(&format!("episode_success+{task}"), s);
+            }
         }
         for (k, v) in update.map(UpdateStats::named).into_iter().flatten() {
             record = record.with(k, v);
