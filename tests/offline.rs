@@ -114,15 +114,16 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
         .iter()
         .any(|r| r["phase"] == "train" && r["step"] == 20 && r["total_loss"].is_number()));
 
-    // Stopped at 20 updates, then resumed: the same model and optimiser state at 40.
+    // Ended at update 13, between checkpoint points (as a stop's checkpoint falls), then
+    // resumed: the same model and optimiser state at 40.
     let split = tempfile::tempdir().unwrap();
-    train(data.path(), split.path(), &["steps=20".into()]);
+    train(data.path(), split.path(), &["steps=13".into()]);
     let resumed = train(
         data.path(),
         split.path(),
         &["steps=40".into(), "resume=auto".into()],
     );
-    assert!(resumed.contains("(step 20)"), "{resumed}");
+    assert!(resumed.contains("(step 13)"), "{resumed}");
     let last = |run: &Path| {
         let dir = run.join("checkpoints/step_000000000040");
         assert!(

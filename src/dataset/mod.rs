@@ -559,18 +559,19 @@ mod tests {
         }
     }
 
-    /// Prefetched batches are the stream's batches in its order, whatever the thread's timing.
+    /// Prefetched batches are those of their indices' streams, in order from the first asked
+    /// for, whatever the thread's timing.
     #[test]
-    fn prefetched_batches_are_those_drawn_in_order() {
+    fn prefetched_batches_are_those_of_their_streams_in_order() {
         let _turn = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let data = std::sync::Arc::new(Dataset::open(&write(dir.path()), &expected(2)).unwrap());
-        let prefetcher = Prefetcher::start(data.clone(), 8, Pcg64::seed_from_u64(5));
-        let mut rng = Pcg64::seed_from_u64(5);
-        for _ in 0..5 {
+        let stream = |k: u64| Pcg64::seed_from_u64(5 + 1000 * k);
+        let prefetcher = Prefetcher::start(data.clone(), 8, 3, stream);
+        for k in 3..8 {
             let (a, b) = (
                 prefetcher.next().unwrap(),
-                data.sample(8, &mut rng).unwrap(),
+                data.sample(8, &mut stream(k)).unwrap(),
             );
             assert!(a.obs.equal(&b.obs) && a.action.equal(&b.action));
             assert!(a.task.unwrap().equal(&b.task.unwrap()));

@@ -7,9 +7,9 @@ use super::Dataset;
 use crate::buffer::Batch;
 use crate::error::{Error, Result};
 
-/// Batches sampled on a thread of their own, a few ahead of the updates that take them, in the
-/// order one stream draws them: the run's batches do not depend on timing, and reading them
-/// from disk overlaps the updates.
+/// Batches sampled on a thread of their own, a few ahead of the updates that take them, each
+/// from the stream its index gives: the run's batches do not depend on timing (nor on where a
+/// run resumed), and reading them from disk overlaps the updates.
 pub struct Prefetcher {
     batches: Option<std::sync::mpsc::Receiver<Result<Batch>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -19,16 +19,24 @@ impl Prefetcher {
     /// Batches ready ahead of the one taken.
     const AHEAD: usize = 2;
 
-    pub fn start(dataset: Arc<Dataset>, batch_size: usize, mut rng: Pcg64) -> Self {
+    /// Batches `first`, `first + 1`, ..., batch `k` drawn from `stream(k)`.
+    pub fn start(
+        dataset: Arc<Dataset>,
+        batch_size: usize,
+        first: u64,
+        stream: impl Fn(u64) -> Pcg64 + Send + 'static,
+    ) -> Self {
         let (sender, batches) = std::sync::mpsc::sync_channel(Self::AHEAD);
         let thread = std::thread::Builder::new()
             .name("dataset-prefetch".into())
-            .spawn(move || loop {
-                let batch = dataset.sample(batch_size, &mut rng);
-                let failed = batch.is_err();
-                // The receiver gone: the run moved on to a new stream, or ended.
-                if sender.send(batch).is_err() || failed {
-                    return;
+            .spawn(move || {
+                for k in first.. {
+                    let batch = dataset.sample(batch_size, &mut stream(k));
+                    let failed = batch.is_err();
+                    // The receiver gone: the run ended.
+                    if sender.send(batch).is_err() || failed {
+                        return;
+                    }
                 }
             })
             .ok();

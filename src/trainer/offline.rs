@@ -45,7 +45,6 @@ pub(super) fn train(
 /// The run's own settings, taken once from the resolved config.
 struct Settings {
     steps: u64,
-    batch_size: usize,
     sync_freq: usize,
     eval_episodes: usize,
     /// A multitask run's number of tasks (each evaluated on its own).
@@ -92,8 +91,13 @@ impl<'g> Offline<'g> {
         } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor)?;
-        let batches =
-            Prefetcher::start(dataset.clone(), config.batch_size, streams.learner.clone());
+        let first_batch = state.step * config.sync_freq as u64;
+        let batches = Prefetcher::start(
+            dataset.clone(),
+            config.batch_size,
+            first_batch,
+            streams.batches(),
+        );
         let report = match group.rank() {
             0 => {
                 let report = Report::open(config, &checkpoints.run_dir, resumed_from)?;
@@ -105,7 +109,6 @@ impl<'g> Offline<'g> {
         Ok(Self {
             settings: Settings {
                 steps: config.steps,
-                batch_size: config.batch_size,
                 sync_freq: config.sync_freq,
                 eval_episodes: config.eval_episodes,
                 num_tasks: config.multitask().then_some(config.tasks()?.len()),
@@ -177,7 +180,7 @@ impl<'g> Offline<'g> {
         Ok(())
     }
 
-    /// Writes the checkpoint that is due, then re-derives every stream from this update.
+    /// Writes the checkpoint that is due (the streams need no re-deriving: each update's are).
     fn checkpoint_if_due(&mut self) -> Result<()> {
         if !self.schedule.save_due() {
             return Ok(());
@@ -185,13 +188,6 @@ impl<'g> Offline<'g> {
         self.state.elapsed = self.clock.elapsed();
         self.state.eval_due = self.schedule.eval_due();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
-        self.streams
-            .reseed(self.state.step, &mut self.learner, &mut self.actor)?;
-        self.batches = Prefetcher::start(
-            self.dataset.clone(),
-            self.settings.batch_size,
-            self.streams.learner.clone(),
-        );
         self.schedule.saved();
         Ok(())
     }
@@ -209,6 +205,10 @@ impl<'g> Offline<'g> {
         let batches = (0..self.settings.sync_freq)
             .map(|_| Ok(self.batches.next()?.to_device(self.device)))
             .collect::<Result<Vec<_>>>()?;
+        // Every update draws from streams of its own: a run resumed at any update (a stop's
+        // checkpoint too) draws what the uninterrupted run draws.
+        self.streams
+            .reseed_learner(self.state.step, &mut self.learner);
         let info = self.learner.update_on(&batches)?;
         self.state.step += 1;
         let done = self.state.step;

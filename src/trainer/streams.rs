@@ -1,5 +1,7 @@
 //! The run's random streams, re-derived from (seed, rank, step) at every checkpoint point, so
-//! that a run resumed from that checkpoint draws exactly what the uninterrupted run draws.
+//! that a run resumed from that checkpoint draws exactly what the uninterrupted run draws. An
+//! offline run derives them at every update (and each batch's from its index), so that any
+//! update, a stop's included, is such a point.
 use rand::SeedableRng;
 use rand_pcg::Pcg64;
 
@@ -17,6 +19,7 @@ enum Purpose {
     Learner = 4,
     ActingNoise = 5,
     RandomActions = 6,
+    Batch = 7,
 }
 
 pub(super) struct Streams {
@@ -59,12 +62,7 @@ impl Streams {
         actor: &mut Actor,
     ) -> crate::error::Result<()> {
         let seed = |rank, purpose| derive_seed(self.seed, rank, global_step, purpose);
-        // Seeds torch's generator and the learner's own CPU dropout-mask stream; the per-batch
-        // stream (Q heads) is shared by all ranks: no rank in its seed.
-        learner.set_noise(
-            Box::new(TorchNoise::seeded(seed(self.rank, Purpose::LearnerSamples))),
-            Box::new(HostNoise::seeded(seed(0, Purpose::SharedBatch))),
-        );
+        self.reseed_learner(global_step, learner);
         self.learner = Pcg64::seed_from_u64(seed(self.rank, Purpose::Learner));
         // In the strict loop acting shares torch's generator and the random actions share the
         // learner's stream, as they always did. Pipelined, the two threads draw concurrently:
@@ -79,6 +77,25 @@ impl Streams {
             actor.policy_mut().draw_from_torch();
         }
         Ok(())
+    }
+}
+
+impl Streams {
+    /// Re-derives the learner's noise at `counter`: torch's generator with the learner's own
+    /// CPU dropout-mask stream, and the per-batch stream (Q heads), shared by all ranks (no rank
+    /// in its seed).
+    pub(super) fn reseed_learner(&self, counter: u64, learner: &mut Learner) {
+        let seed = |rank, purpose| derive_seed(self.seed, rank, counter, purpose);
+        learner.set_noise(
+            Box::new(TorchNoise::seeded(seed(self.rank, Purpose::LearnerSamples))),
+            Box::new(HostNoise::seeded(seed(0, Purpose::SharedBatch))),
+        );
+    }
+
+    /// The stream that samples this rank's `batch`-th batch of an offline run.
+    pub(super) fn batches(&self) -> impl Fn(u64) -> Pcg64 + Send + 'static {
+        let (seed, rank) = (self.seed, self.rank);
+        move |batch| Pcg64::seed_from_u64(derive_seed(seed, rank, batch, Purpose::Batch))
     }
 }
 
