@@ -446,14 +446,27 @@ fn multirun_reports_a_failed_job_and_runs_the_others() {
     assert_eq!(summary[1]["status"], "ok", "{summary}");
 }
 
+/// A terminal's Ctrl-C (SIGINT to the sweep's whole process group) stops the sweep; its
+/// two-rank job is asked once, so it stops with a checkpoint instead of being killed.
 #[test]
 fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
+    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let run_dir = format!("run_dir={}", dir.path().display());
-    let mut args = vec!["train", "--multirun", "steps=100000", "seed=1,2", &run_dir];
+    let port = format!("master_port={}", common::free_port());
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "steps=100000",
+        "seed=1,2",
+        "world_size=2",
+        &port,
+        &run_dir,
+    ];
     args.extend(tiny());
     let mut sweep = Command::new(common::tdmpc2_bin())
         .args(&args)
+        .process_group(0)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -470,8 +483,8 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
             break;
         }
     }
-    // SAFETY: kill with our child's pid and SIGTERM has no other effect.
-    unsafe { libc::kill(sweep.id() as libc::pid_t, libc::SIGTERM) };
+    // SAFETY: SIGINT to the process group our child leads, as a terminal's Ctrl-C.
+    unsafe { libc::kill(-(sweep.id() as libc::pid_t), libc::SIGINT) };
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let status = sweep.wait().unwrap();

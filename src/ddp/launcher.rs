@@ -32,6 +32,9 @@ const GRACE: Duration = Duration::from_secs(20);
 /// rank 0 writes the checkpoint then, a large one with `save_buffer` too. A second Ctrl-C kills
 /// at once.
 const STOP_GRACE: Duration = Duration::from_secs(120);
+/// A stop signal this long after the first is a second request (kill now), not the same one
+/// delivered twice.
+const SECOND_REQUEST_AFTER: Duration = Duration::from_secs(1);
 /// Error lines kept per rank for the failure report.
 const TAIL_LINES: usize = 12;
 
@@ -364,6 +367,8 @@ struct Supervision {
     /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
     stopped: Option<usize>,
     interrupted: Option<&'static str>,
+    /// When the first stop signal came.
+    interrupted_at: Option<tokio::time::Instant>,
     /// When the ranks still running get SIGKILL.
     deadline: Option<tokio::time::Instant>,
     /// Ranks the launcher killed: not failures of their own.
@@ -392,6 +397,7 @@ impl Supervision {
             lost_peer: None,
             stopped: None,
             interrupted: None,
+            interrupted_at: None,
             deadline: None,
             killed: Vec::new(),
             killing: false,
@@ -448,10 +454,17 @@ impl Supervision {
     }
 
     fn interrupt(&mut self, why: &'static str) {
-        if self.interrupted.is_some() {
-            return self.kill("asked again to stop");
+        let now = tokio::time::Instant::now();
+        if let Some(first) = self.interrupted_at {
+            // One request often arrives twice (a terminal's Ctrl-C, and a wrapper passing it
+            // on): only a later one means "now".
+            if now - first > SECOND_REQUEST_AFTER {
+                self.kill("asked again to stop");
+            }
+            return;
         }
         self.interrupted = Some(why);
+        self.interrupted_at = Some(now);
         stop_all(&self.alive, libc::SIGTERM);
         self.deadline
             .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
@@ -631,6 +644,18 @@ mod tests {
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
         assert!(err.to_string().contains("after rank 1 failed"), "{err}");
+    }
+
+    #[test]
+    fn one_request_delivered_twice_is_no_second_request() {
+        let mut job = two_ranks();
+        job.interrupt("interrupted (Ctrl-C)");
+        job.interrupt("terminated (SIGTERM)");
+        assert!(!job.killing, "the same stop, passed on by a wrapper");
+        let first = job.interrupted_at.unwrap();
+        job.interrupted_at = Some(first - SECOND_REQUEST_AFTER * 2);
+        job.interrupt("interrupted (Ctrl-C)");
+        assert!(job.killing, "a second Ctrl-C kills");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -160,10 +160,16 @@ fn slug(index: usize, choices: &[(String, String)]) -> String {
         .collect()
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// Ctrl-C and SIGTERM received: the first stops the sweep (each running job is asked once to
+/// stop and checkpoints), a second kills the jobs.
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn stopping() -> bool {
+    SIGNALS.load(Ordering::SeqCst) > 0
 }
 
 /// `tdmpc2 train --multirun ...`: the jobs of `sweep`'s overrides (comma-separated values
@@ -262,7 +268,7 @@ fn run_all(spawner: &Spawner, jobs: &[Job], configs: &[Config]) -> Vec<Status> {
             let (next, statuses) = (&next, &statuses);
             scope.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= jobs.len() || STOP.load(Ordering::SeqCst) {
+                if i >= jobs.len() || stopping() {
                     return;
                 }
                 let status = run_job(spawner.command(&jobs[i], &configs[i], slot), i);
@@ -377,9 +383,14 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
 }
 
 /// Runs one job to its end, its output forwarded line by line behind `[job i]`; on a stop
-/// request it passes SIGTERM on (the job checkpoints and exits).
+/// request it passes SIGTERM on (the job checkpoints and exits), and on a second it kills the
+/// job's processes. A job runs in a process group of its own, so that a terminal's Ctrl-C
+/// reaches the sweep alone and the job is asked once (a launcher takes a second request as
+/// "kill the ranks now").
 fn run_job(mut command: Command, index: usize) -> Status {
+    use std::os::unix::process::CommandExt;
     command
+        .process_group(0)
         .env(
             crate::ddp::lifeline::LAUNCHER_PID_ENV,
             std::process::id().to_string(),
@@ -402,17 +413,22 @@ fn run_job(mut command: Command, index: usize) -> Status {
             .take()
             .map(|err| forward(err, prefix.clone(), true)),
     ];
-    let mut signalled = false;
+    let (mut signalled, mut killed) = (false, false);
     let exit = loop {
         match child.try_wait() {
             Ok(Some(exit)) => break Ok(exit),
             Ok(None) => {}
             Err(e) => break Err(e),
         }
-        if STOP.load(Ordering::SeqCst) && !signalled {
+        if stopping() && !signalled {
             // SAFETY: kill with a child's pid and SIGTERM has no other effect.
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
             signalled = true;
+        }
+        if SIGNALS.load(Ordering::SeqCst) > 1 && !killed {
+            // SAFETY: kill of the job's process group (its pid: it leads the group it made).
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            killed = true;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -516,7 +532,7 @@ fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
         .filter(|(_, s)| matches!(s, Status::Failed(_)))
         .map(|(job, s)| format!("job {} ({}) {s}", job.index, job.describe()))
         .collect();
-    if STOP.load(Ordering::SeqCst) {
+    if stopping() {
         return Err(Error::Stopped("the sweep was stopped by a signal".into()));
     }
     if !failed.is_empty() {
