@@ -223,59 +223,8 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     // rank starts; commands that run no rank need none.
     let rank = RankInfo::from_env(&config, &|key| std::env::var(key).ok())
         .map_or(0, |(rank, _)| rank.rank);
-    let options = config.env_options(rank)?;
-    if config.multitask() {
-        let specs = multitask_specs(&config, options)?;
-        config.resolve_tasks(&specs)?;
-        return Ok(config);
-    }
-    let env = envs::make_observed(&config.task, config.seed, options)?;
-    config.resolve(env.spec())?;
+    config.resolve_by_making_tasks(config.env_options(rank)?)?;
     Ok(config)
-}
-
-/// Each task's environment spec, in task-id order: the tasks of the project's venv made here
-/// one by one, those of a family with a venv of its own by one worker of that family. A task
-/// that cannot be made is named with its place in the list.
-fn multitask_specs(config: &Config, options: envs::EnvOptions) -> Result<Vec<envs::EnvSpec>> {
-    let tasks = config.tasks()?;
-    let cannot = |i: usize, e: envs::Error| {
-        Error::Config(format!(
-            "task={}: task {i} of {} ({}) cannot be made: {e}",
-            config.task,
-            tasks.len(),
-            tasks[i]
-        ))
-    };
-    let mut specs = vec![None; tasks.len()];
-    let mix = envs::TaskMix {
-        tasks: tasks.clone(),
-        padding: None,
-    };
-    for (away, indices) in mix.groups() {
-        if away.is_none() {
-            for i in indices {
-                let env = envs::make_observed(&tasks[i], config.seed, options)
-                    .map_err(|e| cannot(i, e))?;
-                specs[i] = Some(env.spec().clone());
-            }
-            continue;
-        }
-        let names: Vec<String> = indices.iter().map(|&i| tasks[i].clone()).collect();
-        let made = envs::specs_in_worker(&names, config.seed, options).map_err(|e| match e {
-            envs::Error::WorkerEnv { index, .. } => {
-                cannot(indices[index.min(indices.len() - 1)], e)
-            }
-            e => cannot(indices[0], e),
-        })?;
-        for (i, spec) in indices.into_iter().zip(made) {
-            specs[i] = Some(spec);
-        }
-    }
-    specs
-        .into_iter()
-        .map(|spec| spec.ok_or_else(|| Error::Config("a task has no spec".into())))
-        .collect()
 }
 
 pub fn run(cli: Cli) -> Result<()> {

@@ -291,6 +291,29 @@ fn multirun_checks_every_combination_before_running_any() {
         "something ran: {log}"
     );
 
+    // A multitask sweep resolves its tasks as `train` does; a task it cannot make is named.
+    let out = tdmpc2(&[
+        "train",
+        "--multirun",
+        "task=[Pendulum-v1,cartpole-swingup]",
+        "seed=1,2",
+        "--cfg",
+        "job",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let out = tdmpc2(&[
+        "train",
+        "--multirun",
+        "task=[Pendulum-v1,nosuch-task]",
+        "seed=1,2",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("task 1 of 2 (nosuch-task) cannot be made"),
+        "{}",
+        text(&out)
+    );
+
     let out = tdmpc2(&["train", "--multirun", "seed=1,2", "--jobs", "100000"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("--jobs 100000"), "{}", text(&out));
@@ -342,6 +365,12 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
         "{log}"
     );
     assert!(log.contains("not ready: task, resume, run_dir"), "{log}");
+    let out = doctor(&["task=[Pendulum-v1,nosuch-task]"], &[]);
+    let log = text(&out);
+    assert!(
+        log.contains("✗ task: task=[Pendulum-v1,nosuch-task]: task 1 of 2 (nosuch-task)"),
+        "{log}"
+    );
 
     // A new run directory is made to see that it can be, and removed again.
     let new = dir.path().join("new/run");

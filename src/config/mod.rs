@@ -10,6 +10,7 @@ mod defaults;
 mod overrides;
 mod resolve;
 mod resources;
+mod task_specs;
 mod tasks;
 mod validate;
 
@@ -25,6 +26,7 @@ pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, 
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
 pub use resources::most_local_cpu_ranks;
+pub use task_specs::task_specs;
 pub use tasks::{is_multitask, task_list, MT30};
 
 /// Every setting of a run. Field names follow the official TD-MPC2 config.

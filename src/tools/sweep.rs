@@ -347,17 +347,17 @@ fn gpu_slots(parallel: usize, gpus: Vec<String>) -> Option<Vec<Vec<String>>> {
 
 /// Every job's configuration, loaded and resolved against its task before anything runs.
 fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Config>> {
-    let mut specs: BTreeMap<String, envs::EnvSpec> = BTreeMap::new();
+    let mut specs: BTreeMap<String, Vec<envs::EnvSpec>> = BTreeMap::new();
     let mut configs = Vec::new();
     for job in jobs {
         let checked = (|| {
             let mut config = Config::load(&source(&job.overrides))?;
             let key = format!("{} obs={}", config.task, config.obs);
             if !specs.contains_key(&key) {
-                let env = envs::make_observed(&config.task, config.seed, config.env_options(0)?)?;
-                specs.insert(key.clone(), env.spec().clone());
+                let made = crate::config::task_specs(&config, config.env_options(0)?)?;
+                specs.insert(key.clone(), made);
             }
-            config.resolve(&specs[&key])?;
+            config.resolve_with_specs(&specs[&key])?;
             crate::trainer::run_dir::refuse_a_bad_start(&config)?;
             Ok::<_, Error>(config)
         })();

@@ -396,25 +396,27 @@ fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>
     }
 }
 
-/// The run's task is made and the settings resolve against it, as `train` does first (one
-/// task; a multitask run's tasks are checked when it starts).
+/// The run's task (each of a multitask run's) is made and the settings resolve against it,
+/// as `train` does first.
 fn check_task(report: &mut Report, config: &Config) {
     let resolved = || -> Result<String> {
         let mut config = config.clone();
-        let tasks = config.tasks()?;
-        if config.multitask() {
-            return Ok(format!(
-                "{} tasks (each is made when the run starts)",
-                tasks.len()
-            ));
-        }
-        let env = envs::make_observed(&config.task, config.seed, config.env_options(0)?)?;
-        config.resolve(env.spec())?;
-        Ok(format!("{} is made and the settings resolve", config.task))
+        config.resolve_by_making_tasks(config.env_options(0)?)?;
+        Ok(match config.multitask() {
+            true => format!(
+                "its {} tasks are made and the settings resolve",
+                config.tasks()?.len()
+            ),
+            false => format!("{} is made and the settings resolve", config.task),
+        })
     };
     match resolved() {
         Ok(detail) => report.line(Mark::Pass, "task", detail),
-        Err(e) => report.line(Mark::Fail, "task", e.to_string()),
+        Err(e) => {
+            let message = e.to_string();
+            let message = message.trim_start_matches("config error: ");
+            report.line(Mark::Fail, "task", message)
+        }
     }
 }
 
