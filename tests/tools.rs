@@ -164,12 +164,24 @@ fn plot_says_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("metrics.jsonl"),
-        "{\"phase\":\"eval\",\"step\":0,\"episode_reward\":1.0}\n",
+        "{\"phase\":\"eval\",\"step\":0,\"episode_reward\":1.0,\"q\":null}\n",
     )
     .unwrap();
+    let sweep_summary = dir.path().join("sweep.csv");
+    std::fs::write(&sweep_summary, "job,status\n").unwrap();
     let run = dir.path().to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let summary = sweep_summary.to_str().unwrap();
+    let cases: [(&[&str], &str); 8] = [
         (&[run, "--metric", "reward"], "available: episode_reward"),
+        (
+            &[run, "--metric", "q"],
+            "logs it in no eval record as a finite number",
+        ),
+        (&[summary], "no run directory among 1 path(s) given"),
+        (
+            &[run, "--out", "/nonexistent/dir/c.png"],
+            "the folder /nonexistent/dir does not exist",
+        ),
         (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
         (&["/nonexistent/run"], "holds no metrics.jsonl"),
         (
@@ -180,7 +192,7 @@ fn plot_says_what_is_wrong() {
                 "--out",
                 "/tmp/x.png",
             ],
-            "read the reference",
+            "--reference /nonexistent.csv: cannot be read",
         ),
         (
             &[
@@ -195,7 +207,7 @@ fn plot_says_what_is_wrong() {
     ];
     for (args, expected) in cases {
         let out = plot(args);
-        assert!(!out.status.success(), "{args:?} succeeded");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
         let message = text(&out);
         assert!(message.contains(expected), "{args:?}: {message}");
         assert!(!message.contains("panicked"), "{message}");

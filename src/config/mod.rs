@@ -217,11 +217,43 @@ impl Config {
     }
 }
 
+/// Where a run resumes from and where its nodes meet: they change with every resume or requeue.
+pub const PLACEMENT_SETTINGS: [&str; 4] = ["resume", "master_addr", "master_port", "node_rank"];
+
+/// The settings that change how a run executes, reports and keeps its files, not what it
+/// learns: runs that differ only in these (and their seed) are seeds of one configuration.
+pub const EXECUTION_SETTINGS: [&str; 26] = [
+    "resume",
+    "master_addr",
+    "master_port",
+    "node_rank",
+    "run_dir",
+    "checkpoint",
+    "verify_data",
+    "wandb_project",
+    "wandb_entity",
+    "wandb_name",
+    "wandb_silent",
+    "enable_wandb",
+    "enable_tensorboard",
+    "enable_mlflow",
+    "save_csv",
+    "save_video",
+    "save_agent",
+    "save_freq",
+    "save_buffer",
+    "keep_checkpoints",
+    "dist_timeout",
+    "launcher",
+    "peer_timeout",
+    "max_restarts",
+    "env_timeout",
+    "cpu_affinity",
+];
+
 /// The settings whose values differ from one saved config (YAML) to another, `key: old → new`
-/// in key order; where a run resumes from and where its nodes meet aside (they change with
-/// every resume or requeue). None where either does not parse.
+/// in key order; [`PLACEMENT_SETTINGS`] aside. None where either does not parse.
 pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
-    const PLACEMENT: [&str; 4] = ["resume", "master_addr", "master_port", "node_rank"];
     let parse = |text: &str| serde_yaml_ng::from_str::<BTreeMap<String, Value>>(text).ok();
     let (Some(old), Some(new)) = (parse(old), parse(new)) else {
         return Vec::new();
@@ -234,7 +266,7 @@ pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
     };
     let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     keys.into_iter()
-        .filter(|key| !PLACEMENT.contains(&key.as_str()) && old.get(*key) != new.get(*key))
+        .filter(|key| !PLACEMENT_SETTINGS.contains(&key.as_str()) && old.get(*key) != new.get(*key))
         .map(|key| format!("{key}: {} → {}", show(old.get(key)), show(new.get(key))))
         .collect()
 }

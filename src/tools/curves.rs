@@ -73,6 +73,11 @@ impl Metrics {
             .collect()
     }
 
+    /// Whether any `phase` record holds `metric`, as a number or not (NaN is logged as null).
+    pub fn logs(&self, phase: &str, metric: &str) -> bool {
+        self.of_phase(phase).any(|r| r.contains_key(metric))
+    }
+
     /// `metric` against `x` over the `phase` records that hold both.
     pub fn curve(&self, phase: &str, x: &str, metric: &str) -> Curve {
         self.of_phase(phase)
@@ -108,12 +113,14 @@ pub struct Band {
 }
 
 impl Band {
-    /// Aggregates curves point by point: the k-th record of every run that has one (runs of one
-    /// configuration evaluate at the same steps; along wall time the k-th evaluations match).
+    /// Aggregates curves point by point: the k-th record of every run (runs of one
+    /// configuration evaluate at the same steps; along wall time the k-th evaluations match),
+    /// as far as every run goes: a seed that stopped early would otherwise leave the mean and
+    /// change it with a jump.
     pub fn by_index(curves: &[Curve], spread: Spread) -> Self {
-        let longest = curves.iter().map(Vec::len).max().unwrap_or(0);
-        let columns = (0..longest).map(|k| {
-            let points: Vec<(f64, f64)> = curves.iter().filter_map(|c| c.get(k).copied()).collect();
+        let shortest = curves.iter().map(Vec::len).min().unwrap_or(0);
+        let columns = (0..shortest).map(|k| {
+            let points: Vec<(f64, f64)> = curves.iter().map(|c| c[k]).collect();
             let x = points.iter().map(|p| p.0).sum::<f64>() / points.len() as f64;
             (x, points.into_iter().map(|p| p.1).collect::<Vec<_>>())
         });
@@ -179,8 +186,12 @@ impl Ord for OrderedX {
 /// The official results CSV format (`step`, `reward`, `seed` columns, any order, more allowed):
 /// every (step, reward) sample.
 pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::io(format!("read the reference {}", path.display()), e))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::Config(format!(
+            "--reference {}: cannot be read ({e}); give an official results CSV",
+            path.display()
+        ))
+    })?;
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<&str> = lines
         .next()
@@ -239,14 +250,19 @@ pub fn up_to(samples: Vec<(f64, f64)>, last: Option<f64>) -> Vec<(f64, f64)> {
     samples.into_iter().filter(|s| s.0 <= reach).collect()
 }
 
-/// A run's `config.yaml` without the settings that tell seeds apart (and where a resumed one
-/// resumed from).
+/// A run's `config.yaml` (beside its `metrics.jsonl` when given that file) without its seed and
+/// the settings that change how it executed, not what it learned
+/// ([`crate::config::EXECUTION_SETTINGS`]: a sweep's parallel jobs get ports of their own).
 pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
-    let text = std::fs::read_to_string(run.join("config.yaml")).ok()?;
+    let dir = match run.is_dir() {
+        true => run,
+        false => run.parent()?,
+    };
+    let text = std::fs::read_to_string(dir.join("config.yaml")).ok()?;
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
         return None;
     };
-    for key in ["seed", "run_dir", "resume"] {
+    for key in std::iter::once("seed").chain(crate::config::EXECUTION_SETTINGS) {
         map.remove(key);
     }
     Some(map)
@@ -277,9 +293,12 @@ mod tests {
 
     #[test]
     fn bands_follow_the_spread_asked_for() {
-        let curves = vec![vec![(0.0, 1.0), (10.0, 4.0)], vec![(0.0, 3.0)]];
+        let curves = vec![
+            vec![(0.0, 1.0), (10.0, 4.0)],
+            vec![(0.0, 3.0), (10.0, 4.0), (20.0, -100.0)],
+        ];
         let b = Band::by_index(&curves, Spread::Minmax);
-        assert_eq!(b.x, [0.0, 10.0]);
+        assert_eq!(b.x, [0.0, 10.0], "as far as every seed goes");
         assert_eq!(b.mean, [2.0, 4.0]);
         assert_eq!((b.low[0], b.high[0]), (1.0, 3.0));
         let s = Band::by_index(&curves, Spread::Std);

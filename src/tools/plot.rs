@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 const FONT: &[u8] = include_bytes!("../../assets/DejaVuSans-subset.ttf");
 const FONT_NAME: &str = "sans-serif";
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct PlotArgs {
     /// Run directories (or their metrics.jsonl files).
     #[arg(value_name = "RUN_DIR", required = true)]
@@ -78,6 +78,21 @@ struct Series {
 
 pub fn run(args: &PlotArgs) -> Result<()> {
     let format = Format::of(&args.out)?;
+    let folder = match args.out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Err(Error::Config(format!(
+            "--out {}: the folder {} does not exist",
+            args.out.display(),
+            folder.display()
+        )));
+    }
+    let args = &PlotArgs {
+        runs: runs_given(&args.runs)?,
+        ..args.clone()
+    };
     if !(MIN_SIZE.0..=MAX_SIDE).contains(&args.width)
         || !(MIN_SIZE.1..=MAX_SIDE).contains(&args.height)
     {
@@ -133,6 +148,32 @@ pub fn run(args: &PlotArgs) -> Result<()> {
 enum Format {
     Png,
     Svg,
+}
+
+/// The runs among the paths given: run directories and `.jsonl` files. Other files (a sweep's
+/// `sweep.csv` beside its jobs, caught by `sweep/*`) are passed over, with a note.
+fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let (runs, others): (Vec<PathBuf>, Vec<PathBuf>) = paths
+        .iter()
+        .cloned()
+        .partition(|p| !p.is_file() || p.extension().is_some_and(|e| e == "jsonl"));
+    if !others.is_empty() {
+        let names: Vec<String> = others.iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "note: passing over {} (not a run directory nor its {})",
+            names.join(", "),
+            curves::METRICS_FILE
+        );
+    }
+    if runs.is_empty() {
+        return Err(Error::Config(format!(
+            "no run directory among {} path(s) given: give run directories (those `tdmpc2 \
+             train` wrote) or their {}",
+            paths.len(),
+            curves::METRICS_FILE
+        )));
+    }
+    Ok(runs)
 }
 
 impl Format {
@@ -249,6 +290,15 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
                 (2, "train") => format!("{label} (train)"),
                 _ => label.clone(),
             };
+            let (shortest, longest) = curves.iter().fold((usize::MAX, 0), |(lo, hi), c| {
+                (lo.min(c.len()), hi.max(c.len()))
+            });
+            if shortest < longest {
+                eprintln!(
+                    "note: {label}: its seeds logged {shortest} to {longest} {phase} points; the \
+                     curve is their mean as far as every seed goes ({shortest} points)"
+                );
+            }
             series.push(Series {
                 label,
                 band: Band::by_index(&curves, args.band),
@@ -296,6 +346,13 @@ fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>
         .collect::<Result<Vec<_>>>()?;
     for (run, metrics) in runs.iter().zip(&read) {
         let names = metrics.metric_names(phase);
+        if !names.contains(metric) && metrics.logs(phase, metric) {
+            return Err(Error::Config(format!(
+                "--metric {metric}: {} logs it in no {phase} record as a finite number (null \
+                 stands for NaN or an infinity there)",
+                run.display()
+            )));
+        }
         if !names.contains(metric) {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             return Err(Error::Config(format!(
