@@ -103,7 +103,12 @@ pub struct BenchArgs {
     /// vs matmul throughput), graphs (plan and update ms, eager and as CUDA graphs, on CUDA),
     /// ddp (data-parallel scaling of agent steps/s), loop (the training loop's agent steps/s
     /// over num_envs × pipeline × compile).
-    #[arg(long, value_delimiter = ',', default_value = "env,agent")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "env,agent",
+        value_parser = clap::builder::PossibleValuesParser::new(BENCH_CASES)
+    )]
     pub cases: Vec<String>,
     /// env: agent steps per measurement (all of a vector env's envs together).
     #[arg(long, default_value_t = 2000, value_parser = count)]
@@ -447,6 +452,11 @@ fn evaluate(config: Config) -> Result<()> {
     Ok(())
 }
 
+/// What `bench --cases` takes; an unknown case is refused before any is measured.
+const BENCH_CASES: [&str; 8] = [
+    "env", "buffer", "dataset", "video", "agent", "graphs", "ddp", "loop",
+];
+
 fn bench(args: &BenchArgs) -> Result<()> {
     for case in &args.cases {
         match case.as_str() {
@@ -513,8 +523,8 @@ fn bench(args: &BenchArgs) -> Result<()> {
             }
             other => {
                 return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: env, buffer, dataset, video, agent, graphs, ddp, \
-                     loop"
+                    "unknown bench case '{other}'; allowed: {}",
+                    BENCH_CASES.join(", ")
                 )))
             }
         }

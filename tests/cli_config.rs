@@ -396,6 +396,11 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
             &["bench", "--cases", "ddp", "--ranks", "100000"],
             "--ranks 100000: at most",
         ),
+        // An unknown case is refused before the known ones run.
+        (
+            &["bench", "--cases", "buffer,bogus"],
+            "invalid value 'bogus'",
+        ),
         (&["doctor", "--world-size", "100000"], "--world-size 100000"),
         (&["plot", ".", "--width", "100000"], "--width 100000"),
     ] {

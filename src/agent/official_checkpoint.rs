@@ -254,11 +254,18 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
 /// A file to write whose name says the format the command reads: a `.safetensors` file holding
 /// a torch pickle (or the reverse) would mislead whoever opens it next.
 fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Result<()> {
-    if out_path.extension().is_some_and(|e| e == extension) {
-        return Err(Error::Checkpoint {
+    let refuse = |message| {
+        Err(Error::Checkpoint {
             path: out_path.display().to_string(),
-            message: format!("named .{extension}, but {writes}"),
-        });
+            message,
+        })
+    };
+    if out_path.extension().is_some_and(|e| e == extension) {
+        return refuse(format!("named .{extension}, but {writes}"));
+    }
+    let folder = out_path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(folder) = folder.filter(|f| !f.is_dir()) {
+        return refuse(format!("the folder {} does not exist", folder.display()));
     }
     Ok(())
 }
@@ -317,6 +324,9 @@ mod tests {
             e.contains("agent.pt: named .pt, but import writes safetensors"),
             "{e}"
         );
+        let nowhere = dir.path().join("no-folder/agent.pt");
+        let e = export_official(&missing, &nowhere).unwrap_err().to_string();
+        assert!(e.contains("no-folder does not exist"), "{e}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 

@@ -208,8 +208,6 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         flags,
         cores,
         parallel,
-        threads_given: sweep.overrides.iter().any(|o| is_key(o, "num_threads")),
-        port_given: sweep.overrides.iter().any(|o| is_key(o, "master_port")),
         gpus: gpu_slots(parallel, visible_gpus()),
     };
     println!(
@@ -288,8 +286,6 @@ struct Spawner {
     flags: Vec<String>,
     cores: usize,
     parallel: usize,
-    threads_given: bool,
-    port_given: bool,
     /// The GPUs of each slot of parallel jobs, when there are enough to go round.
     gpus: Option<Vec<Vec<String>>>,
 }
@@ -299,14 +295,18 @@ impl Spawner {
         let mut command = Command::new(&self.exe);
         command.arg("train").args(&self.flags).args(&job.overrides);
         let ranks = config.world_size.max(1);
-        // Multi-rank jobs side by side would all rendezvous on one port.
-        if self.parallel > 1 && ranks > 1 && !self.port_given {
-            command.arg(format!(
-                "master_port={}",
-                config.master_port as usize + job.index
-            ));
+        // Multi-rank jobs side by side would all rendezvous on one port (the default or the
+        // one given): each takes its own, counted up (down near the top of the range).
+        if self.parallel > 1 && ranks > 1 {
+            let port = usize::from(config.master_port);
+            let port = match port + job.index {
+                up if up <= usize::from(u16::MAX) => up,
+                _ => port.saturating_sub(job.index),
+            };
+            command.arg(format!("master_port={port}"));
         }
-        if !self.threads_given {
+        // Unless the job's config sets them (on the command line or in its config file).
+        if config.num_threads.is_none() {
             let threads = (self.cores / (self.parallel * ranks)).max(1);
             command.arg(format!("num_threads={threads}"));
         }
