@@ -82,7 +82,8 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
             )))
         }
         Some(n) => n,
-        None => config.world_size,
+        // This node's ranks: those the check can start here.
+        None => (config.world_size / config.nnodes.max(1)).clamp(1, most),
     };
     // The user's own choice of renderer, if any (this process loads dm_control for state).
     let chosen_renderer = std::env::var("MUJOCO_GL").ok();
@@ -382,16 +383,17 @@ fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>
     let threads = crate::device::threads(num_threads, world_size);
     let wanted = threads * world_size;
     let detail = format!("{cores} cores for {world_size} rank(s) × {threads} thread(s)");
+    let advice = match threads {
+        1 => format!("run at most {cores} rank(s) on this machine"),
+        _ => format!("set num_threads={}", (cores / world_size).max(1)),
+    };
     if wanted <= cores {
         report.line(Mark::Pass, "cpus", detail);
     } else {
         report.line(
             Mark::Note,
             "cpus",
-            format!(
-                "{detail}: oversubscribed, ranks will slow each other; set num_threads={}",
-                (cores / world_size).max(1)
-            ),
+            format!("{detail}: oversubscribed, ranks will slow each other; {advice}"),
         );
     }
 }
