@@ -11,6 +11,12 @@ pub fn peak_bytes() -> Result<f64> {
     status_kib("VmHWM").map(|k| k * 1024.0)
 }
 
+/// Starts [`peak_bytes`] over from the memory resident now (Linux 4.0 and later).
+pub fn reset_peak() -> Result<()> {
+    std::fs::write("/proc/self/clear_refs", "5")
+        .map_err(|e| Error::io("reset the peak (clear_refs)", e))
+}
+
 fn status_kib(field: &str) -> Result<f64> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| Error::io("read /proc/self/status", e))?;

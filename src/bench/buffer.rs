@@ -1,8 +1,9 @@
 //! `tdmpc2 bench --cases buffer`: bytes a replay-buffer row takes and the memory a filled
 //! buffer adds to the process, for state rows (walker-run), pixel rows (one frame a row, as
-//! stored) and, as the baseline, pixel rows stored as whole float32 stacks.
+//! stored) and, as the baseline, pixel rows stored as whole float32 stacks; and the peak memory
+//! that reading a saved buffer back adds, torch's reader (the baseline) against ours.
 use serde_json::{json, Value};
-use tch::Device;
+use tch::{Device, Tensor};
 
 use crate::buffer::{Episode, ObsLayout, ReplayBuffer};
 use crate::error::Result;
@@ -40,6 +41,42 @@ fn cases() -> [BufferCase; 3] {
     ]
 }
 
+/// The peak memory reading `buffer`'s saved file adds, with torch's reader and with ours (each
+/// from the memory resident before it).
+fn restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<Value> {
+    let dir = tempfile_dir()?;
+    let path = dir.join("buffer.safetensors");
+    let (tensors, _) = buffer.export();
+    Tensor::write_safetensors(&tensors, &path)?;
+    drop(tensors);
+    let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let peak_added = |read: &dyn Fn() -> Result<Vec<(String, Tensor)>>| -> Result<f64> {
+        crate::memory::reset_peak()?;
+        let before = crate::memory::resident_bytes()?;
+        let tensors = read()?;
+        let peak = crate::memory::peak_bytes()? - before;
+        drop(tensors);
+        Ok(peak)
+    };
+    let torch = peak_added(&|| Ok(Tensor::read_safetensors(&path)?))?;
+    let ours = peak_added(&|| crate::checkpoint::tensor_file::read(&path))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(json!({
+        "case": "buffer restore", "layout": name, "file_bytes": file_bytes,
+        "peak_added_bytes_torch_reader": torch,
+        "peak_added_bytes_ours": ours,
+        "ratio": torch / ours.max(1.0),
+    }))
+}
+
+/// A fresh folder for the bench's files under the system's temporary folder.
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("tdmpc2-bench-buffer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| crate::error::Error::io("create a bench folder", e))?;
+    Ok(dir)
+}
+
 /// Fills one buffer of `rows` rows per case with 500-step episodes and prints a JSON line each.
 pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for case in cases() {
@@ -69,6 +106,7 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             "projected_bytes_for_1m_rows": per_row as f64 * MILLION,
             "peak_rss_bytes": crate::memory::peak_bytes()?,
         }));
+        print(&restore_peaks(case.name, &buffer)?);
         drop(buffer);
     }
     Ok(())

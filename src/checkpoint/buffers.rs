@@ -42,7 +42,7 @@ fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
             )));
         }
     }
-    Ok(Tensor::read_safetensors(&path)?)
+    super::tensor_file::read(&path)
 }
 
 /// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.

@@ -17,6 +17,7 @@ mod rank_rows;
 mod resume;
 mod save;
 pub mod store;
+pub mod tensor_file;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
