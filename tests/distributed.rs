@@ -987,6 +987,7 @@ fn inside_one_slurm_task_world_size_needs_the_builtin_launcher() {
         ("SLURM_PROCID", "0"),
         ("SLURM_NTASKS", "1"),
         ("SLURM_LOCALID", "0"),
+        ("SLURM_STEP_ID", "0"),
     ];
     let run = |launcher: &str| {
         Command::new(env!("CARGO_BIN_EXE_tdmpc2"))

@@ -60,9 +60,12 @@ impl RankInfo {
             _ => {}
         }
         // The built-in launcher's own ranks carry torchrun's variables; under SLURM it still
-        // starts them itself.
+        // starts them itself. A batch script or an salloc shell has SLURM's task variables too
+        // (task 0 of the allocation's tasks) but is no task of a step: only srun makes one
+        // (SLURM_STEP_ID), so `auto` reads them only there and otherwise starts the ranks.
         let use_torchrun_vars = launcher != "slurm";
-        let use_slurm_vars = launcher == "auto" || launcher == "slurm";
+        let in_srun_step = (vars.0)("SLURM_STEP_ID").is_some();
+        let use_slurm_vars = launcher == "slurm" || (launcher == "auto" && in_srun_step);
         if let (true, (Some(rank), Some(world_size))) = (use_torchrun_vars, torchrun_vars) {
             let info = vars.torchrun(config, rank, world_size)?;
             return info.checked().map(|i| (i, LaunchedBy::Torchrun));
@@ -245,6 +248,7 @@ mod tests {
     fn slurm_variables() {
         let (i, by) = info(&[
             ("SLURM_PROCID", "5"),
+            ("SLURM_STEP_ID", "0"),
             ("SLURM_NTASKS", "8"),
             ("SLURM_LOCALID", "1"),
             ("SLURM_NODEID", "1"),
@@ -278,11 +282,19 @@ mod tests {
 
     #[test]
     fn the_launcher_setting_picks_the_variables() {
-        let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+        let slurm = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "1"),
+            ("SLURM_STEP_ID", "0"),
+        ];
         // One SLURM task that starts its ranks itself.
         let (i, by) = info_with(&slurm, "builtin").unwrap();
         assert_eq!((by, i.world_size), (LaunchedBy::Nobody, 1));
         assert_eq!(info_with(&slurm, "auto").unwrap().1, LaunchedBy::Slurm);
+        // A batch script or an salloc shell: the allocation's variables, but no srun step.
+        let batch = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "8")];
+        assert_eq!(info_with(&batch, "auto").unwrap().1, LaunchedBy::Nobody);
+        assert_eq!(info_with(&batch, "slurm").unwrap().1, LaunchedBy::Slurm);
         let e = info_with(&slurm, "torchrun").unwrap_err().to_string();
         assert!(e.contains("launcher=torchrun") && e.contains("RANK"), "{e}");
         let e = info_with(&[], "slurm").unwrap_err().to_string();
@@ -300,6 +312,7 @@ mod tests {
         let e = info(&[
             ("SLURM_PROCID", "0"),
             ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_ID", "0"),
             ("SLURM_NODEID", "3"),
             ("SLURM_TASKS_PER_NODE", "1(x2)"),
         ])
