@@ -185,8 +185,7 @@ impl<'g> Offline<'g> {
         if !self.schedule.save_due() {
             return Ok(());
         }
-        self.state.elapsed = self.clock.elapsed();
-        self.state.eval_due = self.schedule.eval_due();
+        self.note_state();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         self.schedule.saved();
         Ok(())
@@ -231,8 +230,7 @@ impl<'g> Offline<'g> {
         if let Some(report) = self.report.take() {
             report.close()?;
         }
-        self.state.elapsed = self.clock.elapsed();
-        self.state.eval_due = self.schedule.eval_due();
+        self.note_state();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if self.group.rank() == 0 {
             let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
@@ -248,11 +246,16 @@ impl<'g> Offline<'g> {
         Ok(())
     }
 
+    /// What a checkpoint keeps of the run beside the learner: time, and an evaluation owed.
+    fn note_state(&mut self) {
+        self.state.elapsed = self.clock.elapsed();
+        self.state.eval_due = self.schedule.eval_due();
+    }
+
     /// Writes the checkpoint a stop promises; returns the error that ends the run (the save's
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
-        self.state.elapsed = self.clock.elapsed();
-        self.state.eval_due = self.schedule.eval_due();
+        self.note_state();
         let (state, learner, report) = (&self.state, &self.learner, self.report.take());
         let stop = setup::Stop { when, request };
         setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, stop, report)
