@@ -92,26 +92,7 @@ impl Mlflow {
                 }
                 None => (new_run(py, &client, opts)?, HashMap::new()),
             };
-            let param = entities.getattr("Param")?;
-            for chunk in params.chunks(PARAMS_PER_BATCH) {
-                let batch = PyList::empty(py);
-                for (k, v) in chunk {
-                    match logged.get(k) {
-                        None => batch.append(param.call1((k, v))?)?,
-                        Some(before) if before != v => {
-                            let tag = format!("changed_on_resume.{k}");
-                            client.call_method1("set_tag", (&run_id, tag, v))?;
-                        }
-                        Some(_) => {}
-                    }
-                }
-                if batch.is_empty() {
-                    continue;
-                }
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("params", batch)?;
-                client.call_method("log_batch", (&run_id,), Some(&kwargs))?;
-            }
+            log_params(&client, &entities.getattr("Param")?, &run_id, &params, &logged)?;
             Ok(Self {
                 client: client.unbind(),
                 metric: entities.getattr("Metric")?.unbind(),
@@ -205,6 +186,37 @@ impl Drop for Mlflow {
     fn drop(&mut self) {
         let _ = self.end("FAILED");
     }
+}
+
+/// Logs `params` to `run_id`, but for those it `logged` already: a changed value goes to a
+/// `changed_on_resume.<key>` tag (MLflow keeps params fixed).
+fn log_params(
+    client: &Bound<'_, PyAny>,
+    param: &Bound<'_, PyAny>,
+    run_id: &str,
+    params: &[(String, String)],
+    logged: &HashMap<String, String>,
+) -> PyResult<()> {
+    for chunk in params.chunks(PARAMS_PER_BATCH) {
+        let batch = PyList::empty(client.py());
+        for (k, v) in chunk {
+            match logged.get(k) {
+                None => batch.append(param.call1((k, v))?)?,
+                Some(before) if before != v => {
+                    let tag = format!("changed_on_resume.{k}");
+                    client.call_method1("set_tag", (run_id, tag, v))?;
+                }
+                Some(_) => {}
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let kwargs = PyDict::new(client.py());
+        kwargs.set_item("params", batch)?;
+        client.call_method("log_batch", (run_id,), Some(&kwargs))?;
+    }
+    Ok(())
 }
 
 /// A new run in the options' experiment, created when missing; its id.
