@@ -16,7 +16,9 @@ gpus=$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null ||
 # NCCL ranks).
 if (( gpus > 1 )); then world_size=$gpus device=cuda; else world_size=2 device=cpu; fi
 # A smaller planner and batch than the official defaults keep the CPU demo to a few minutes.
+# 1600 agent steps a rank (600 of them seeding), however many ranks.
+steps=$((1600 * world_size))
 exec "$bin" train task=Pendulum-v1 model_size=1 world_size="$world_size" device="$device" \
-    steps=3200 seed_steps=600 eval_freq=1600 eval_episodes=4 batch_size=64 \
+    steps="$steps" seed_steps=600 eval_freq=$((steps / 2)) eval_episodes=4 batch_size=64 \
     num_samples=128 num_elites=16 num_pi_trajs=8 iterations=3 \
     exp_name=demo run_dir="runs/demo/$(date +%Y%m%d-%H%M%S)" "$@"

@@ -3,7 +3,7 @@
 #   scripts/run_ddp.sh TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]
 #   scripts/run_ddp.sh dog-run 5 8 1 steps=20000000 eval_freq=100000
 # Sets everything up on first use, then starts WORLD_SIZE local ranks with the built-in launcher.
-# Environment: TDMPC2_BIN (default: the release build's tdmpc2).
+# Environment: TDMPC2_BIN (default: the release build's tdmpc2; given, setup is skipped).
 set -euo pipefail
 if [ $# -lt 2 ]; then
     echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]" >&2
@@ -14,9 +14,17 @@ shift 2
 world_size=8 sync_freq=1
 if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then world_size=$1; shift; fi
 if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then sync_freq=$1; shift; fi
+# Checked before the setup, which can take minutes.
+for pair in "MODEL_SIZE=$model_size" "WORLD_SIZE=$world_size" "SYNC_FREQ=$sync_freq"; do
+    if ! [[ ${pair#*=} =~ ^[1-9][0-9]*$ ]]; then
+        echo "$0: ${pair%%=*} is '${pair#*=}', not a positive whole number" >&2
+        echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]" >&2
+        exit 2
+    fi
+done
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-"$here/setup.sh" >&2
+if [ -z "${TDMPC2_BIN:-}" ]; then "$here/setup.sh" >&2; fi
 source "$here/env.sh"
 bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
     --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}

@@ -54,10 +54,20 @@ find_python() {
     return 1
 }
 
+# A venv whose creation failed half-way (no python3-venv package: a python but no pip) is made
+# again, not left to fail every later run.
+if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
+    say "the venv $venv has no pip (its creation failed?): making it again"
+    rm -rf "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
     python=$(find_python)
     say "creating venv $venv with $python ($("$python" --version 2>&1))"
-    "$python" -m venv "$venv"
+    if ! "$python" -m venv "$venv"; then
+        rm -rf "$venv"
+        echo "setup.sh: $python cannot make a venv; install its venv module (apt: python3-venv, or python3.12-venv)" >&2
+        exit 1
+    fi
 fi
 
 # The stamp records what the venv was built from; pip runs only when it changes.
@@ -104,7 +114,9 @@ done
 
 # Rendering (pixel observations, `tdmpc2 doctor`) goes through EGL headless: libEGL and a Mesa
 # or GPU driver, system packages this script cannot install. State runs do not need them.
-if ! ldconfig -p 2>/dev/null | grep -q 'libEGL\.so\.1'; then
+# ldconfig lives in /sbin, which a user's PATH may lack.
+ldconfig=$(PATH="$PATH:/sbin:/usr/sbin" command -v ldconfig || echo ldconfig)
+if ! "$ldconfig" -p 2>/dev/null | grep -q 'libEGL\.so\.1'; then
     say "note: no libEGL.so.1 on this machine: MuJoCo cannot render (pixel observations); install libegl1 and libgl1-mesa-dri (apt), or your GPU driver's EGL; state runs are unaffected"
 fi
 

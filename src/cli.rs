@@ -217,6 +217,24 @@ impl RunArgs {
 }
 
 /// Loads, validates and resolves the configuration against the task's environment.
+/// hydra's two-letter short flags, `-cn NAME` and `-cp DIR` (also `-cn=NAME`), as the long
+/// ones; clap takes one-letter shorts only.
+pub fn hydra_short_flags(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    args.into_iter()
+        .map(|arg| {
+            for (short, long) in [("-cn", "--config-name"), ("-cp", "--config-path")] {
+                if arg == short {
+                    return long.to_owned();
+                }
+                if let Some(value) = arg.strip_prefix(short).and_then(|v| v.strip_prefix('=')) {
+                    return format!("{long}={value}");
+                }
+            }
+            arg
+        })
+        .collect()
+}
+
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let mut config = Config::load(&args.source())?;
     // A task of a family with a venv of its own is made in a worker to read its spec: one that
@@ -535,6 +553,29 @@ fn bench(args: &BenchArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hydra_short_flags_read_as_the_long_ones() {
+        let args = [
+            "tdmpc2",
+            "train",
+            "-cn",
+            "config_ddp",
+            "-cp=configs",
+            "seed=1",
+        ];
+        assert_eq!(
+            hydra_short_flags(args.map(String::from)),
+            [
+                "tdmpc2",
+                "train",
+                "--config-name",
+                "config_ddp",
+                "--config-path=configs",
+                "seed=1"
+            ]
+        );
+    }
 
     #[test]
     fn a_restarted_job_resumes_only_when_there_is_a_checkpoint() {

@@ -144,6 +144,16 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     let out = run(&["walker-run"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
+    for (args, named) in [
+        (&["walker-run", "5", "two"][..], "WORLD_SIZE is 'two'"),
+        (&["walker-run", "five"], "MODEL_SIZE is 'five'"),
+        (&["walker-run", "5", "8", "0"], "SYNC_FREQ is '0'"),
+    ] {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

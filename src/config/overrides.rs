@@ -96,8 +96,18 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
             "cannot parse '{arg}': the key is empty"
         )));
     }
+    let bare = raw.trim();
+    let bracketed = bare.starts_with(['[', '{', '\'', '"']);
+    if bare.contains(',') && !bracketed {
+        return Err(Error::Config(format!(
+            "'{arg}': commas separate values to sweep; add --multirun (-m) to run one job per \
+             value, write a list as {key}=[a,b], or quote one value ({key}='a,b')"
+        )));
+    }
+    // `key=` is the empty string, as in hydra (null is `key=null`): a path left empty by an
+    // unset shell variable (`data_dir=$DATA`) is refused by name, not taken as no path.
     let value: Value = if raw.trim().is_empty() {
-        Value::Null
+        Value::String(String::new())
     } else {
         serde_yaml_ng::from_str(raw).map_err(|e| {
             Error::Config(format!(
@@ -210,10 +220,30 @@ fn keys_in(tree: &Value) -> usize {
     tree.as_mapping().map_or(0, Mapping::len)
 }
 
-/// `value` as the type serde `expected`, where that keeps its meaning.
+/// `value` as the type serde `expected`, where that keeps its meaning: also hydra's spellings,
+/// an integer with underscores (`steps=10_000_000`, as the official config writes it) and a
+/// boolean as yes/no/on/off or 1/0.
 fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
     const INTEGERS: [&str; 4] = ["usize", "u64", "u32", "u16"];
     match value {
+        Value::String(s) if INTEGERS.contains(&expected) => {
+            let grouped = s.starts_with(|c: char| c.is_ascii_digit())
+                && s.ends_with(|c: char| c.is_ascii_digit())
+                && s.chars().all(|c| c.is_ascii_digit() || c == '_')
+                && !s.contains("__");
+            let n: u64 = s.replace('_', "").parse().ok().filter(|_| grouped)?;
+            Some(Value::Number(n.into()))
+        }
+        Value::String(s) if expected == "a boolean" => match s.to_ascii_lowercase().as_str() {
+            "yes" | "on" | "true" => Some(Value::Bool(true)),
+            "no" | "off" | "false" => Some(Value::Bool(false)),
+            _ => None,
+        },
+        Value::Number(n) if expected == "a boolean" => match n.as_u64() {
+            Some(0) => Some(Value::Bool(false)),
+            Some(1) => Some(Value::Bool(true)),
+            _ => None,
+        },
         Value::Number(n) if INTEGERS.contains(&expected) => {
             let x = n.as_f64().filter(|_| n.is_f64())?;
             // 2^64 is exact as a float; anything below it and integral is a u64.

@@ -377,3 +377,31 @@ fn every_environment_seed_fits_32_bits() {
     assert!(e.contains("seed + num_envs × world_size - 1"), "{e}");
     load(&["seed=4294967294", "num_envs=2"]).unwrap();
 }
+
+/// hydra's spellings: integers grouped with underscores (the official config writes
+/// `steps: 10_000_000`), booleans as yes/no/on/off or 1/0, `key=` as the empty string (refused
+/// for a path or a name, by name), and commas, which sweep, only with --multirun.
+#[test]
+fn hydra_spellings_are_taken_and_empty_values_named() {
+    let c = load(&["steps=10_000_000", "compile=yes", "save_csv=0", "tf32=Off"]).unwrap();
+    assert_eq!(
+        (c.steps, c.compile, c.save_csv, c.tf32),
+        (10_000_000, true, false, false)
+    );
+    for bad in ["steps=1__0", "steps=_1", "compile=maybe", "compile=2"] {
+        assert!(error(&[bad]).contains("wrong type"), "{bad}");
+    }
+    for key in [
+        "data_dir",
+        "run_dir",
+        "checkpoint",
+        "exp_name",
+        "wandb_entity",
+    ] {
+        let e = error(&[&format!("{key}=")]);
+        assert!(e.contains(&format!("{key}= is empty")), "{e}");
+    }
+    let e = error(&["seed=1,2"]);
+    assert!(e.contains("add --multirun (-m)"), "{e}");
+    assert_eq!(load(&["exp_name='a,b'"]).unwrap().exp_name, "a,b");
+}

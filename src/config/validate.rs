@@ -347,6 +347,23 @@ impl Config {
                 ));
             }
         }
+        let named = [
+            ("data_dir", self.data_dir.as_deref()),
+            ("checkpoint", self.checkpoint.as_deref()),
+            ("run_dir", self.run_dir.as_deref()),
+            ("exp_name", Some(self.exp_name.as_str())),
+            ("wandb_project", Some(self.wandb_project.as_str())),
+            ("wandb_entity", self.wandb_entity.as_deref()),
+            ("wandb_name", self.wandb_name.as_deref()),
+        ];
+        if let Some((key, _)) = named
+            .iter()
+            .find(|(_, v)| v.is_some_and(|v| v.trim().is_empty()))
+        {
+            return Err(Error::Config(format!(
+                "{key}= is empty (an unset variable?); give a value, or leave {key} out"
+            )));
+        }
         if self.data_dir.is_some() {
             self.validate_offline()?;
         }

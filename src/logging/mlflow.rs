@@ -92,7 +92,13 @@ impl Mlflow {
                 }
                 None => (new_run(py, &client, opts)?, HashMap::new()),
             };
-            log_params(&client, &entities.getattr("Param")?, &run_id, &params, &logged)?;
+            log_params(
+                &client,
+                &entities.getattr("Param")?,
+                &run_id,
+                &params,
+                &logged,
+            )?;
             Ok(Self {
                 client: client.unbind(),
                 metric: entities.getattr("Metric")?.unbind(),

@@ -100,6 +100,16 @@ impl<'g> Training<'g> {
             0 => Some(Report::open(config, &checkpoints.run_dir, resumed_from)?),
             _ => None,
         };
+        let (local_steps, seed_steps) = (config.steps / world_size, config.resolved_seed_steps()?);
+        if group.rank() == 0 && local_steps < seed_steps {
+            eprintln!(
+                "warning: steps={} gives each of the {world_size} rank(s) {local_steps} agent \
+                 steps, fewer than seed_steps={seed_steps} (random actions before the first \
+                 update): this run makes no update; raise steps (to world_size × more than \
+                 seed_steps), or lower seed_steps",
+                config.steps
+            );
+        }
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
             // Without evaluation episodes, nothing waits for evaluation points.
