@@ -96,9 +96,7 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
             "cannot parse '{arg}': the key is empty"
         )));
     }
-    let bare = raw.trim();
-    let bracketed = bare.starts_with(['[', '{', '\'', '"']);
-    if bare.contains(',') && !bracketed {
+    if has_top_level_comma(raw) {
         return Err(Error::Config(format!(
             "'{arg}': commas separate values to sweep; add --multirun (-m) to run one job per \
              value, write a list as {key}=[a,b], or quote one value ({key}='a,b')"
@@ -116,6 +114,24 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
         })?
     };
     set_path(tree, key, value).map_err(Error::Config)
+}
+
+/// Whether `raw` holds a comma outside brackets and quotes: hydra's sweep separator
+/// (`seed=1,2`), where `task=[a,b]`, `run_dir=runs/[a,b]/0` and `'a,b'` hold one value.
+fn has_top_level_comma(raw: &str) -> bool {
+    let (mut depth, mut quote) = (0i32, None);
+    for c in raw.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '[' | '{') => depth += 1,
+            (None, ']' | '}') => depth -= 1,
+            (None, ',') if depth <= 0 => return true,
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Sets a dotted path inside the tree; every segment must already exist (the defaults name

@@ -404,4 +404,6 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
     let e = error(&["seed=1,2"]);
     assert!(e.contains("add --multirun (-m)"), "{e}");
     assert_eq!(load(&["exp_name='a,b'"]).unwrap().exp_name, "a,b");
+    let c = load(&["run_dir=runs/[a,b]/0"]).unwrap();
+    assert_eq!(c.run_dir.as_deref(), Some("runs/[a,b]/0"));
 }
