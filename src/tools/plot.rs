@@ -89,10 +89,6 @@ pub fn run(args: &PlotArgs) -> Result<()> {
             folder.display()
         )));
     }
-    let args = &PlotArgs {
-        runs: runs_given(&args.runs)?,
-        ..args.clone()
-    };
     if !(MIN_SIZE.0..=MAX_SIDE).contains(&args.width)
         || !(MIN_SIZE.1..=MAX_SIDE).contains(&args.height)
     {
@@ -106,6 +102,10 @@ pub fn run(args: &PlotArgs) -> Result<()> {
             "--reference is drawn against agent steps; use it with --x step or --x both".into(),
         ));
     }
+    let args = &PlotArgs {
+        runs: runs_given(&args.runs)?,
+        ..args.clone()
+    };
     let title = args.title.clone().unwrap_or_else(|| default_title(args));
     let panels = panels(args, &title)?;
     let series = panels
