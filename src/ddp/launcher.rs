@@ -366,14 +366,18 @@ struct Supervision {
     lost_peer: Option<heartbeat::PeerLost>,
     /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
     stopped: Option<usize>,
-    interrupted: Option<&'static str>,
-    /// When the first stop signal came.
-    interrupted_at: Option<tokio::time::Instant>,
+    interrupted: Option<Interruption>,
     /// When the ranks still running get SIGKILL.
     deadline: Option<tokio::time::Instant>,
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
     killing: bool,
+}
+
+/// Why the job was asked to stop, and when the first request came.
+struct Interruption {
+    why: &'static str,
+    at: tokio::time::Instant,
 }
 
 /// The first rank that failed, how, and whether it refused its input (the same on every
@@ -397,7 +401,6 @@ impl Supervision {
             lost_peer: None,
             stopped: None,
             interrupted: None,
-            interrupted_at: None,
             deadline: None,
             killed: Vec::new(),
             killing: false,
@@ -455,16 +458,15 @@ impl Supervision {
 
     fn interrupt(&mut self, why: &'static str) {
         let now = tokio::time::Instant::now();
-        if let Some(first) = self.interrupted_at {
+        if let Some(first) = &self.interrupted {
             // One request often arrives twice (a terminal's Ctrl-C, and a wrapper passing it
             // on): only a later one means "now".
-            if now - first > SECOND_REQUEST_AFTER {
+            if now - first.at > SECOND_REQUEST_AFTER {
                 self.kill("asked again to stop");
             }
             return;
         }
-        self.interrupted = Some(why);
-        self.interrupted_at = Some(now);
+        self.interrupted = Some(Interruption { why, at: now });
         stop_all(&self.alive, libc::SIGTERM);
         self.deadline
             .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
@@ -492,7 +494,7 @@ impl Supervision {
     /// wins over a failure, so that Ctrl-C is never answered with a restart.
     fn outcome(self) -> Result<()> {
         let killed = self.killed_note();
-        if let Some(why) = self.interrupted {
+        if let Some(Interruption { why, .. }) = self.interrupted {
             let failed = match &self.failure {
                 Some(f) => format!(" (after rank {} failed: {})", f.rank, f.how),
                 None => String::new(),
@@ -652,8 +654,8 @@ mod tests {
         job.interrupt("interrupted (Ctrl-C)");
         job.interrupt("terminated (SIGTERM)");
         assert!(!job.killing, "the same stop, passed on by a wrapper");
-        let first = job.interrupted_at.unwrap();
-        job.interrupted_at = Some(first - SECOND_REQUEST_AFTER * 2);
+        let first = job.interrupted.as_mut().unwrap();
+        first.at -= SECOND_REQUEST_AFTER * 2;
         job.interrupt("interrupted (Ctrl-C)");
         assert!(job.killing, "a second Ctrl-C kills");
     }

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::{Record, Sink, Video};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The records kept for a tracker that does not answer; older ones are dropped past this.
 const BACKLOG: usize = 10_000;
@@ -33,14 +33,7 @@ impl Remote {
     fn deliver(&mut self) {
         while let Some(record) = self.backlog.front() {
             if let Err(e) = self.inner.write(record) {
-                if !self.failing {
-                    self.failing = true;
-                    eprintln!(
-                        "warning: {} does not take records ({e}); training goes on, and the \
-                         records are sent again once it answers (metrics.jsonl has them all)",
-                        self.inner.name()
-                    );
-                }
+                self.failed(&e);
                 return;
             }
             self.backlog.pop_front();
@@ -56,6 +49,18 @@ impl Remote {
                 self.inner.name()
             );
             self.dropped = 0;
+        }
+    }
+
+    /// Warns once per outage.
+    fn failed(&mut self, e: &Error) {
+        if !self.failing {
+            self.failing = true;
+            eprintln!(
+                "warning: {} does not take records ({e}); training goes on, and the records \
+                 are sent again once it answers (metrics.jsonl has them all)",
+                self.inner.name()
+            );
         }
     }
 
@@ -76,6 +81,15 @@ impl Sink for Remote {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
+        // A healthy tracker takes the record as it is; only a failing one keeps copies.
+        if self.backlog.is_empty() {
+            match self.inner.write(record) {
+                Ok(()) => return Ok(()),
+                Err(e) => self.failed(&e),
+            }
+            self.backlog.push_back(record.clone());
+            return Ok(());
+        }
         if self.backlog.len() == BACKLOG {
             self.backlog.pop_front();
             self.dropped += 1;
@@ -118,10 +132,11 @@ mod tests {
     use crate::error::Error;
     use crate::logging::Phase;
 
-    /// Takes records while `up`, keeping their steps.
+    /// Takes records while `up`, keeping their steps; counts the attempts it refused.
     struct Flaky {
         up: Arc<Mutex<bool>>,
         steps: Arc<Mutex<Vec<u64>>>,
+        refused: Arc<Mutex<u64>>,
     }
 
     impl Sink for Flaky {
@@ -131,6 +146,7 @@ mod tests {
 
         fn write(&mut self, record: &Record) -> Result<()> {
             if !*self.up.lock().unwrap() {
+                *self.refused.lock().unwrap() += 1;
                 return Err(Error::Other("connection refused".into()));
             }
             self.steps.lock().unwrap().push(record.step);
@@ -142,9 +158,11 @@ mod tests {
     fn an_outage_delays_records_in_order_and_never_fails_the_run() {
         let up = Arc::new(Mutex::new(true));
         let steps = Arc::new(Mutex::new(Vec::new()));
+        let refused = Arc::new(Mutex::new(0));
         let mut remote = Remote::new(Box::new(Flaky {
             up: up.clone(),
             steps: steps.clone(),
+            refused: refused.clone(),
         }));
         let record = |step| Record::new(Phase::Train, step).with("reward", 1.0);
         remote.write(&record(1)).unwrap();
@@ -152,6 +170,9 @@ mod tests {
         remote.write(&record(2)).unwrap();
         remote.write(&record(3)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [1]);
+        // One attempt per record while it is down: a tracker that times out costs its
+        // timeout once per record, not twice.
+        assert_eq!(*refused.lock().unwrap(), 2);
         *up.lock().unwrap() = true;
         remote.write(&record(4)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4]);
@@ -165,6 +186,7 @@ mod tests {
         let mut remote = Remote::new(Box::new(Flaky {
             up: up.clone(),
             steps: steps.clone(),
+            refused: Arc::default(),
         }));
         let total = BACKLOG as u64 + 5;
         for step in 0..total {
