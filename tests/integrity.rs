@@ -256,6 +256,49 @@ fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
     );
 }
 
+/// A stop during a later evaluation keeps the episode that ended before it: in the replay
+/// buffer the checkpoint saves, in the episode count and in the logs.
+#[test]
+fn a_stop_during_an_evaluation_keeps_the_episode_that_ended_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Random actions up to step 400 (fast), slow evaluations at 0 and 400.
+    let slow = args(&[
+        "num_threads=1",
+        "steps=1000000",
+        "seed_steps=1000",
+        "eval_freq=400",
+        "eval_episodes=1",
+        "save_buffer=true",
+        "num_samples=1024",
+        "iterations=3",
+    ]);
+    let run = Watched::spawn(command("train", dir.path(), &slow));
+    let metrics = dir.path().join("metrics.jsonl");
+    let waiting = Instant::now();
+    while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.contains("\"eval\""))
+        && waiting.elapsed() < Duration::from_secs(300)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The evaluation at 0 is logged; the 400 random steps take well under a second, the
+    // evaluation at 400 several.
+    std::thread::sleep(Duration::from_secs(2));
+    run.signal("TERM");
+    let (status, stderr) = run.finish(Duration::from_secs(90));
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("during the evaluation at step 400"),
+        "{stderr}"
+    );
+    let saved = checkpoint(dir.path(), 400);
+    assert_eq!(meta(&saved)["episodes"], 2, "both episodes are counted");
+    let trains = common::metrics(dir.path())
+        .iter()
+        .filter(|l| l["phase"] == "train")
+        .count();
+    assert_eq!(trains, 2, "both episodes are logged");
+}
+
 #[test]
 fn a_run_directory_serves_one_run_at_a_time() {
     let dir = tempfile::tempdir().unwrap();

@@ -97,6 +97,30 @@ fn a_run_writes_config_metrics_and_checkpoints() {
     }
 }
 
+/// The last evaluation point may fall mid-episode (500 steps of 200-step episodes): it is
+/// still evaluated, at the end, as the official trainer evaluates at its last step.
+#[test]
+fn the_last_evaluation_point_is_evaluated_even_mid_episode() {
+    let dir = tempfile::tempdir().unwrap();
+    train(
+        dir.path(),
+        &["steps=500", "eval_freq=500", "eval_episodes=1"],
+    );
+    let evals: Vec<u64> = common::metrics(dir.path())
+        .iter()
+        .filter(|l| l["phase"] == "eval")
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evals, [0, 500]);
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(
+            &std::fs::read(checkpoint(dir.path(), 500).join("meta.json")).unwrap()
+        )
+        .unwrap()["eval_due"],
+        false
+    );
+}
+
 #[test]
 fn a_resumed_run_makes_exactly_the_same_updates() {
     // The first run ends at a checkpoint point, and acts and learns there once more: its final

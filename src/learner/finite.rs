@@ -3,6 +3,9 @@
 //!
 //! Every rank decides alike without a collective: the update statistics are all-reduced and
 //! the parameters identical on all ranks, so each rank sees the same values at the same step.
+//! The online loop checks at episode ends, which differ across ranks when episodes do (a
+//! multitask run, early terminations): then the first rank to see it fails, naming the
+//! divergence, and its launcher stops the others.
 use super::Learner;
 use crate::agent::UpdateStats;
 use crate::error::{Error, Result};

@@ -121,12 +121,15 @@ impl<'g> Offline<'g> {
             actor,
             checkpoints,
             streams,
-            schedule: Schedule::new(
-                Some(config.eval_freq),
-                config.save_freq,
-                state.step,
-                state.eval_due,
-            ),
+            schedule: match resumed_from {
+                None => Schedule::fresh(Some(config.eval_freq), config.save_freq),
+                Some(from) => Schedule::resumed(
+                    Some(config.eval_freq),
+                    config.save_freq,
+                    from,
+                    state.eval_due,
+                ),
+            },
             clock: Clock::new(state.elapsed),
             state,
             report,
@@ -225,13 +228,14 @@ impl<'g> Offline<'g> {
         Ok(())
     }
 
-    /// Closes the report and writes the final checkpoint.
+    /// Writes the final checkpoint, then closes the report: a failed save leaves the
+    /// trackers' runs failed, not finished.
     fn finish(mut self) -> Result<()> {
+        self.note_state();
+        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if let Some(report) = self.report.take() {
             report.close()?;
         }
-        self.note_state();
-        checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         if self.group.rank() == 0 {
             let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
             eprintln!(

@@ -13,16 +13,31 @@ pub(super) struct Schedule {
 }
 
 impl Schedule {
-    /// From global step `start`: a fresh run evaluates first; a resumed one already saved at
-    /// its first step, and evaluated unless `eval_due` (a stop came first). Without evaluations
-    /// (`eval_freq` None) nothing waits for them.
-    pub(super) fn new(eval_freq: Option<u64>, save_freq: u64, start: u64, eval_due: bool) -> Self {
+    /// A fresh run: it evaluates first. Without evaluations (`eval_freq` None) nothing waits
+    /// for them.
+    pub(super) fn fresh(eval_freq: Option<u64>, save_freq: u64) -> Self {
         Self {
             eval_freq,
             save_freq,
-            previous_step: start,
-            eval_due: eval_freq.is_some() && (start == 0 || eval_due),
+            previous_step: 0,
+            eval_due: eval_freq.is_some(),
             save_due: false,
+        }
+    }
+
+    /// A run resumed from its checkpoint at global step `from`: it saved there, and evaluated
+    /// unless `eval_due` (a stop came first). Steps below `from` (a resume at another world
+    /// size rounds the step down) cross no multiple again.
+    pub(super) fn resumed(
+        eval_freq: Option<u64>,
+        save_freq: u64,
+        from: u64,
+        eval_due: bool,
+    ) -> Self {
+        Self {
+            previous_step: from,
+            eval_due: eval_freq.is_some() && eval_due,
+            ..Self::fresh(eval_freq, save_freq)
         }
     }
 
@@ -33,8 +48,8 @@ impl Schedule {
                 .eval_freq
                 .is_some_and(|every| crossed(every, self.previous_step, step));
             self.save_due |= crossed(self.save_freq, self.previous_step, step);
+            self.previous_step = step;
         }
-        self.previous_step = step;
     }
 
     pub(super) fn eval_due(&self) -> bool {
@@ -70,7 +85,7 @@ mod tests {
 
     #[test]
     fn points_fall_due_at_the_first_step_past_each_multiple() {
-        let mut s = Schedule::new(Some(100), 250, 0, false);
+        let mut s = Schedule::fresh(Some(100), 250);
         assert!(s.eval_due() && !s.save_due(), "a fresh run evaluates first");
         s.evaluated();
         s.advance(98);
@@ -80,13 +95,31 @@ mod tests {
         s.evaluated();
         s.advance(260);
         assert!(s.eval_due() && s.save_due(), "260 crossed 200 and 250");
-        let resumed = Schedule::new(Some(100), 250, 260, false);
+        let resumed = Schedule::resumed(Some(100), 250, 260, false);
         assert!(!resumed.any_due());
-        let stopped_before_evaluating = Schedule::new(Some(100), 250, 260, true);
+        let stopped_before_evaluating = Schedule::resumed(Some(100), 250, 260, true);
         assert!(stopped_before_evaluating.eval_due());
-        let mut no_evaluations = Schedule::new(None, 250, 0, false);
+        let mut no_evaluations = Schedule::fresh(None, 250);
         assert!(!no_evaluations.any_due(), "nothing waits for evaluations");
         no_evaluations.advance(300);
         assert!(no_evaluations.save_due() && !no_evaluations.eval_due());
+    }
+
+    #[test]
+    fn a_resume_at_step_zero_does_not_evaluate_again() {
+        // Stopped after the first evaluation, before any step: the checkpoint owes none.
+        assert!(!Schedule::resumed(Some(100), 250, 0, false).eval_due());
+        assert!(Schedule::resumed(Some(100), 250, 0, true).eval_due());
+    }
+
+    #[test]
+    fn a_resume_that_rounds_its_step_down_crosses_no_point_twice() {
+        // Saved and evaluated at 1000 by two ranks, resumed by three: 999, then 1002.
+        let mut s = Schedule::resumed(Some(500), 1000, 1000, false);
+        s.advance(999);
+        s.advance(1002);
+        assert!(!s.any_due());
+        s.advance(1500);
+        assert!(s.eval_due() && !s.save_due());
     }
 }

@@ -112,13 +112,7 @@ impl<'g> Training<'g> {
         }
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
-            // Without evaluation episodes, nothing waits for evaluation points.
-            schedule: Schedule::new(
-                (config.eval_episodes > 0).then_some(config.eval_freq),
-                config.save_freq,
-                state.step * world_size,
-                state.eval_due,
-            ),
+            schedule: schedule(config, resumed_from, state.eval_due),
             clock: Clock::new(state.elapsed),
             checkpoints,
             group,
@@ -186,10 +180,11 @@ impl<'g> Training<'g> {
         )?;
         let evaluation = match outcome {
             Outcome::Done(evaluation) => evaluation,
-            // The episodes that just ended are not in the buffer nor counted: the
-            // checkpoint is the state before them.
+            // The episodes that ended before the evaluation go into the stop's checkpoint
+            // (its episode counts have them).
             Outcome::Stopped(request) => {
-                return Err(self.stop(&format!("during the evaluation at step {global}"), request))
+                self.store_finished_episodes()?;
+                return Err(self.stop(&format!("during the evaluation at step {global}"), request));
             }
         };
         if let Some(report) = &mut self.report {
@@ -202,8 +197,8 @@ impl<'g> Training<'g> {
         Ok(())
     }
 
-    /// Puts every finished episode into the buffer and logs it. The statistics are fetched on
-    /// every rank (the values are all-reduced), so a divergence stops all ranks alike.
+    /// Puts every finished episode into the buffer and logs it, after checking the last
+    /// update's statistics (all-reduced: the same on every rank; see `finite`).
     pub(super) fn store_finished_episodes(&mut self) -> Result<()> {
         let global = self.global_step();
         for i in self.actor.done() {
@@ -385,20 +380,24 @@ impl<'g> Training<'g> {
         }
     }
 
-    /// Makes what is owed, closes the report and writes the final checkpoint.
+    /// Makes what is owed (updates, and an evaluation whose point fell mid-episode), writes
+    /// the final checkpoint, then closes the report: a failed save leaves the trackers' runs
+    /// failed, not finished.
     pub(super) fn finish(mut self) -> Result<()> {
-        if self.pending > 0 {
-            self.update(self.pending)?;
-        }
+        self.drain_pipeline()?;
         let last = self.state.step.min(self.settings.local_steps + 1);
         let steady_rate = self.clock.steady_rate(last, self.settings.world_size);
-        if let Some(report) = self.report.take() {
-            report.close()?;
-        }
         self.state.step = self.settings.local_steps;
+        // The last point falls mid-episode unless num_envs × the episode length divides the
+        // steps of each rank; training is over, so its unfinished episodes give way to it.
+        self.schedule.advance(self.global_step());
+        self.evaluate_if_due()?;
         self.note_actor_state()?;
         if !self.holds_a_checkpoint_of_this_step()? {
             checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        }
+        if let Some(report) = self.report.take() {
+            report.close()?;
         }
         if self.group.rank() == 0 {
             let dir = self.checkpoints.run_dir.display();
@@ -456,6 +455,16 @@ fn run_updates(learner: &mut Learner, rng: &mut rand_pcg::Pcg64, count: u64) -> 
         info = learner.update(rng)?;
     }
     Ok(info)
+}
+
+/// The evaluation and checkpoint points, from the checkpoint's global step when resumed.
+/// Without evaluation episodes, nothing waits for evaluation points.
+fn schedule(config: &Config, resumed_from: Option<u64>, eval_due: bool) -> Schedule {
+    let eval_freq = (config.eval_episodes > 0).then_some(config.eval_freq);
+    match resumed_from {
+        None => Schedule::fresh(eval_freq, config.save_freq),
+        Some(from) => Schedule::resumed(eval_freq, config.save_freq, from, eval_due),
+    }
 }
 
 /// Whether `mine` holds on every rank (a collective on several ranks).
