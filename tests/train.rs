@@ -320,6 +320,27 @@ fn assert_resume_is_exact(extra: &[&str], first_steps: u64, resume_at: u64) -> t
     split
 }
 
+/// Resumed mid-episode without replay buffers, before seeding ends: the buffer has no episode
+/// when seeding ends (step 400; the next episode ends at 500), and the run pretrains once it
+/// has one instead of never.
+#[test]
+fn a_resume_without_buffers_pretrains_once_the_buffer_can_give_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = ["seed_steps=400", "eval_freq=100000", "eval_episodes=1"];
+    train(dir.path(), &[&settings[..], &["steps=300"]].concat());
+    let resume = format!("resume={}", checkpoint(dir.path(), 300).display());
+    let out = train(
+        dir.path(),
+        &[&settings[..], &["steps=600", resume.as_str()]].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("without replay buffers")
+            && stderr.contains("Pretraining agent on seed data (400 updates)"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
     // 400 steps a rank: a ring of 400 rows, which two 200-step episodes (402 rows) overfill.

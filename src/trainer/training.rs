@@ -69,6 +69,8 @@ pub(super) struct Training<'g> {
     clock: Clock,
     /// Set once every rank's buffer can give a batch.
     ready_to_update: bool,
+    /// Whether the seed-data pretraining is made (or was, before the checkpoint resumed from).
+    pretrained: bool,
     /// The last update's statistics (device tensors), logged with the next finished episode.
     last_info: Option<UpdateInfo>,
     /// With pipeline=true: the updates owed by the last step, made beside the next one.
@@ -110,6 +112,8 @@ impl<'g> Training<'g> {
                 config.steps
             );
         }
+        // A stop during pretraining saves the step where seeding ends, not a later one.
+        let pretrained = state.step > seed_steps;
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
             schedule: schedule(config, resumed_from, state.eval_due),
@@ -123,6 +127,7 @@ impl<'g> Training<'g> {
             state,
             report,
             ready_to_update: false,
+            pretrained,
             last_info: None,
             pending: 0,
         })
@@ -304,18 +309,19 @@ impl<'g> Training<'g> {
     }
 
     /// The updates this step makes: the pretraining burst when seeding ends, then
-    /// `updates_per_step` per step (owed to the next step when pipelined).
+    /// `updates_per_step` per step (owed to the next step when pipelined). A run resumed
+    /// without its replay buffers may find them unable to give a batch when seeding ends: it
+    /// pretrains once they can.
     pub(super) fn learn(&mut self) -> Result<()> {
-        let (step, seed_steps) = (self.state.step, self.settings.seed_steps);
-        let seeding_ends = step <= seed_steps && seed_steps < step + self.vector_step();
-        let learning = seeding_ends || step > seed_steps;
-        // Only a run resumed without its replay buffers can find it empty here.
+        let learning = self.state.step + self.vector_step() > self.settings.seed_steps;
         self.ready_to_update = self.ready_to_update || (learning && self.learner.ready()?);
         if !(learning && self.ready_to_update) {
             return Ok(());
         }
-        if seeding_ends {
-            return self.pretrain();
+        if !self.pretrained {
+            self.pretrain()?;
+            self.pretrained = true;
+            return Ok(());
         }
         if self.pipeline.is_some() {
             self.pending = self.settings.updates_per_step;
