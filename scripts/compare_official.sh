@@ -119,17 +119,42 @@ if [[ -z $out ]]; then
 fi
 : >"$out"
 load() { cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo null; }
+# The official side's JSON lines (scripts/compare_official.py with the given arguments).
+official_lines() { "$python" "$root/scripts/compare_official.py" "$@" | tee -a "$out"; }
 # Tags the JSON lines of ours with impl, round and the load average before and after.
 tag() { sed "s/^{/{\"impl\":\"ours\",\"round\":$1,\"load_average\":[$2,$(load)],/"; }
 
+# Ours with graphs measures the fused kernels off and on in calls of their own: a failure of
+# the fused kernels must not take the figures without them along.
 if [[ $device == cuda && $compile == true ]]; then
+    ours_calls=("--fused-kernels false" "--fused-kernels true")
     ours=("$bin" bench --cases graphs --device cuda --tasks "$task" --model-sizes "$sizes"
         --agent-repeats "$repeats")
 else
+    ours_calls=("")
     ours=("$bin" bench --cases agent --device "$device" --tasks "$task" --model-sizes "$sizes"
         --threads "$threads" --agent-repeats "$repeats")
 fi
 official=(--device "$device" --compile "$compile" --threads "$threads")
+
+# A measurement that fails is named and the others go on (one device call must bring back
+# every figure it can); the exit status says whether any failed.
+failed=()
+measure() {
+    local what=$1
+    shift
+    "$@" || {
+        echo "compare_official.sh: $what failed; going on with the rest" >&2
+        failed+=("$what")
+    }
+}
+# Ours: one bench call ($2 ...), its lines tagged with round $1 and the load average.
+ours_lines() {
+    local round=$1 before
+    shift
+    before=$(load)
+    "$@" | tag "$round" "$before" | tee -a "$out"
+}
 
 trainer_note=""
 if [[ $trainer_steps -gt 0 ]]; then
@@ -137,37 +162,44 @@ if [[ $trainer_steps -gt 0 ]]; then
 fi
 echo "torch $("$python" -c 'import torch; print(torch.__version__)'), device $device, compile=$compile, $task dims, $threads threads, $rounds rounds, model sizes $sizes, $repeats calls per measurement$trainer_note; lines in $out" >&2
 for ((round = 1; round <= rounds; round++)); do
-    before=$(load)
-    lines=$("${ours[@]}")
-    printf '%s\n' "$lines" | tag "$round" "$before" | tee -a "$out"
+    for call in "${ours_calls[@]}"; do
+        # shellcheck disable=SC2086 # the call's options are separate words
+        measure "ours, round $round${call:+ ($call)}" ours_lines "$round" "${ours[@]}" $call
+    done
     # One process per size: each compiles from a cold cache, as a fresh run would.
     for size in ${sizes//,/ }; do
-        "$python" "$root/scripts/compare_official.py" time "$checkout" --model-sizes "$size" \
-            --dims "$dims" "${official[@]}" --repeats "$repeats" --round "$round" | tee -a "$out"
+        measure "the official plan and update at model size $size, round $round" \
+            official_lines time "$checkout" --model-sizes "$size" --dims "$dims" "${official[@]}" \
+            --repeats "$repeats" --round "$round"
     done
 done
 # Ours on walker-run at model size $1 with $2 environments (one update per vector step) for as
 # many agent steps as the official trainer's, the rest of the arguments given to the bench.
 ours_trainer() {
-    local size=$1 envs=$2 before lines
+    local size=$1 envs=$2
     shift 2
-    before=$(load)
-    lines=$("$bin" bench --cases loop --loop-task walker-run --model-sizes "$size" --num-envs "$envs" \
-        --pipeline false --compile "$compile" --loop-steps $(((trainer_steps + envs - 1) / envs)) \
-        --device "$device" --threads "$threads" "$@")
-    printf '%s\n' "$lines" | tag 0 "$before" | tee -a "$out"
+    ours_lines 0 "$bin" bench --cases loop --loop-task walker-run --model-sizes "$size" \
+        --num-envs "$envs" --pipeline false --compile "$compile" \
+        --loop-steps $(((trainer_steps + envs - 1) / envs)) --device "$device" \
+        --threads "$threads" "$@"
 }
 if [[ $trainer_steps -gt 0 ]]; then
     for size in ${sizes//,/ }; do
         for envs in 1 16; do
-            ours_trainer "$size" "$envs"
+            measure "our loop at model size $size, $envs environments" ours_trainer "$size" "$envs"
             if [[ $device == cuda && $compile == true ]]; then
-                ours_trainer "$size" "$envs" --loop-set fused_kernels=true
+                measure "our loop at model size $size, $envs environments, fused kernels" \
+                    ours_trainer "$size" "$envs" --loop-set fused_kernels=true
             fi
         done
-        PYTHONPATH="$official_trainer_path:$PYTHONPATH" "$python" "$root/scripts/compare_official.py" \
-            trainer "$checkout" --model-sizes "$size" "${official[@]}" --steps "$trainer_steps" \
-            --seed-steps "$trainer_seed_steps" | tee -a "$out"
+        PYTHONPATH="$official_trainer_path:$PYTHONPATH" measure \
+            "the official trainer at model size $size" official_lines trainer "$checkout" \
+            --model-sizes "$size" "${official[@]}" --steps "$trainer_steps" \
+            --seed-steps "$trainer_seed_steps"
     done
 fi
-"$python" "$root/scripts/compare_official.py" summary "$out"
+"$python" "$root/scripts/compare_official.py" summary "$out" || failed+=("the summary")
+if [[ ${#failed[@]} -gt 0 ]]; then
+    printf 'compare_official.sh: failed: %s\n' "${failed[@]}" >&2
+    exit 1
+fi

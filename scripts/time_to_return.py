@@ -155,12 +155,25 @@ def rate_after_seeding(log_text, train, seeded):
     return None, None
 
 
+def keep(run_dir, saved):
+    """Copies what `tdmpc2 plot` reads of the run into the output folder."""
+    os.makedirs(saved, exist_ok=True)
+    for kept in ("metrics.jsonl", "config.yaml"):
+        if os.path.exists(os.path.join(run_dir, kept)):
+            shutil.copy(os.path.join(run_dir, kept), saved)
+
+
+# Seconds between copies of a running run's metrics (a device call killed outright keeps them).
+KEEP_EVERY = 30
+
+
 def run_one(args, name, deadline, scratch):
     settings, ends_at_target = RUNS[name]
     run_dir = os.path.join(scratch, f"walker-{name}")
     command = [args.bin, "train", *COMMON.split(), *settings.split(), *args.overrides]
     command.append(f"run_dir={run_dir}")
     log_path = os.path.join(scratch, f"walker-{name}.log")
+    saved = os.path.join(args.out, f"walker-{name}")
     print(f"[time_to_return] {name}: {' '.join(command[1:])}", flush=True)
     started = time.monotonic()
     with open(log_path, "w") as log:
@@ -170,10 +183,14 @@ def run_one(args, name, deadline, scratch):
             command, stdout=log, stderr=subprocess.STDOUT, process_group=0
         )
         watch, reached, why = Watch(os.path.join(run_dir, "metrics.jsonl")), None, "finished"
+        kept_at = time.monotonic()
         try:
             while process.poll() is None:
                 time.sleep(1)
                 watch.poll()
+                if time.monotonic() - kept_at >= KEEP_EVERY:
+                    keep(run_dir, saved)
+                    kept_at = time.monotonic()
                 if reached is None:
                     hit = first_at(watch.evals, args.target)
                     if hit is not None:
@@ -192,7 +209,11 @@ def run_one(args, name, deadline, scratch):
                     stop(process, deadline - time.monotonic())
             reap(process)
         except BaseException:
+            # Killed from outside (the device's limit): what the run logged still comes back.
             stop(process, grace=5)
+            keep(run_dir, saved)
+            with open(log_path) as f, open(os.path.join(args.out, "walker.log"), "a") as out:
+                out.write(f"===== {name} (interrupted): {' '.join(command)}\n{f.read()}\n")
             raise
     watch.poll()
     wall = time.monotonic() - started
@@ -205,11 +226,7 @@ def run_one(args, name, deadline, scratch):
         log_text = f.read()
     if process.returncode != 0 and why == "finished":
         why = f"failed (exit {process.returncode})"
-    saved = os.path.join(args.out, f"walker-{name}")
-    os.makedirs(saved, exist_ok=True)
-    for kept in ("metrics.jsonl", "config.yaml"):
-        if os.path.exists(os.path.join(run_dir, kept)):
-            shutil.copy(os.path.join(run_dir, kept), saved)
+    keep(run_dir, saved)
     rate, rate_from = rate_after_seeding(
         log_text, watch.train, seed_steps(os.path.join(run_dir, "config.yaml"))
     )

@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 
+/// The lines of a failed case's log that its error carries.
+const FAILURE_LINES: usize = 30;
+
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct LoopOptions {
@@ -121,10 +124,12 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
             let _ = std::fs::remove_dir_all(&dir);
             let log = String::from_utf8_lossy(&out.stderr);
             if !out.status.success() {
+                // The whole cause: a first run on a new machine is diagnosed from this alone.
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(FAILURE_LINES)..].join("\n");
                 return Err(Error::Other(format!(
                     "bench loop: model_size={size} num_envs={num_envs} pipeline={pipeline} \
-                     compile={compile} failed: {}",
-                    log.lines().last().unwrap_or("")
+                     compile={compile} failed; the end of its log:\n{tail}"
                 )));
             }
             let rate = parse_rate(&log).ok_or_else(|| {
