@@ -9,15 +9,51 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-/// The interpreter could not start or a Python call failed (its type and message).
+/// The interpreter could not start or a Python call failed (its type and message, then where
+/// it was raised: see [`describe`]).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("python: {0}")]
 pub struct Error(pub String);
 
 impl From<PyErr> for Error {
     fn from(err: PyErr) -> Self {
-        Error(err.to_string())
+        Error(describe(&err))
     }
+}
+
+/// What separates a Python error's message from the frames where it was raised.
+pub const TRACEBACK: &str = "\n  Python traceback (innermost last):";
+
+/// The innermost frames of a traceback kept in an error's text.
+const FRAMES: usize = 8;
+
+/// `Type: message`, then the innermost frames of the error's traceback: a library's exception
+/// deep inside an environment is found from its file and line.
+pub fn describe(err: &PyErr) -> String {
+    let message = err.to_string();
+    let Some(traceback) = Python::attach(|py| err.traceback(py).and_then(|tb| tb.format().ok()))
+    else {
+        return message;
+    };
+    // "Traceback (most recent call last):", then per frame its File line and maybe its code.
+    let lines: Vec<&str> = traceback.lines().skip(1).collect();
+    let frames: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].trim_start().starts_with("File "))
+        .collect();
+    let first = frames
+        .len()
+        .checked_sub(FRAMES)
+        .map_or(0, |skipped| frames[skipped]);
+    let kept: Vec<String> = lines[first..].iter().map(|l| format!("  {l}")).collect();
+    match kept.is_empty() {
+        true => message,
+        false => format!("{message}{TRACEBACK}\n{}", kept.join("\n")),
+    }
+}
+
+/// A Python error's text without its traceback: its type and message.
+pub fn message(text: &str) -> &str {
+    text.split(TRACEBACK).next().unwrap_or(text)
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -196,5 +232,49 @@ struct ImportTurn;
 impl Drop for ImportTurn {
     fn drop(&mut self) {
         IMPORT_TURN.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_keeps_where_it_was_raised_and_its_message_stays_first() {
+        let source =
+            "def inner(x):\n    return {}[x]\n\ndef outer():\n    return inner('solved')\n";
+        let text = with_python(|py| {
+            let module = load_module(py, source, "raiser")?;
+            module.getattr("outer")?.call0().map(|_| ())
+        })
+        .unwrap_err()
+        .0;
+        assert_eq!(message(&text), "KeyError: 'solved'", "{text}");
+        assert!(
+            text.contains("raiser.py\", line 2, in inner") && text.contains("in outer"),
+            "{text}"
+        );
+        // The innermost frame last, as Python prints it.
+        assert!(text.find("in outer") < text.find("in inner"), "{text}");
+    }
+
+    #[test]
+    fn a_deep_traceback_keeps_its_innermost_frames() {
+        // f0 calls f1 ... f11, which raises: twelve frames of their own.
+        let mut source = String::from("def f11():\n    raise ValueError('bottom')\n");
+        for i in 0..11 {
+            source += &format!("def f{i}():\n    return f{}()\n", i + 1);
+        }
+        let text = with_python(|py| {
+            let module = load_module(py, &source, "deep")?;
+            module.getattr("f0")?.call0().map(|_| ())
+        })
+        .unwrap_err()
+        .0;
+        assert_eq!(text.matches("File ").count(), FRAMES, "{text}");
+        assert!(
+            text.contains("in f11") && !text.contains("in f3\n"),
+            "{text}"
+        );
     }
 }

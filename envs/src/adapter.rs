@@ -159,7 +159,7 @@ impl Env for AdapterEnv {
                 .bind(py)
                 .call_method0(intern!(py, "render"))
                 .map_err(|e| match self.mujoco {
-                    true => crate::renderer::failure(e),
+                    true => crate::renderer::failure(e.into()),
                     false => Error::from(e),
                 })?;
             let (bytes, height, width): (Bound<'_, PyBytes>, usize, usize) = out.extract()?;

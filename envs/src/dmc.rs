@@ -158,9 +158,9 @@ impl DmcEnv {
         let camera = if domain == "quadruped" { 2 } else { 0 };
         python::attach_exclusive(|py| {
             // With a renderer, loading dm_control starts the OpenGL backend.
-            let module = module(py, renders).map_err(|e| match (renders, e) {
-                (true, Error::Python(e)) => crate::renderer::failure(e),
-                (_, e) => e,
+            let module = module(py, renders).map_err(|e| match renders {
+                true => crate::renderer::failure(e),
+                false => e,
             })?;
             let adapter = module.getattr("DmcAdapter")?.call1((domain, task, seed))?;
             let obs_dim: usize = adapter.getattr("obs_dim")?.extract()?;
@@ -225,7 +225,7 @@ impl Env for DmcEnv {
                 .adapter
                 .bind(py)
                 .call_method1(intern!(py, "render"), (size, self.camera))
-                .map_err(crate::renderer::failure)?;
+                .map_err(|e| crate::renderer::failure(e.into()))?;
             let bytes = frame.cast::<PyBytes>().map_err(PyErr::from)?;
             Ok(Frame {
                 height: size,

@@ -3,7 +3,7 @@ use std::fmt;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A Python exception, rendered with its type and message.
+    /// A Python exception: its type and message, then the innermost frames of its traceback.
     #[error("python: {0}")]
     Python(String),
     #[error("unknown task `{name}`{}", SuggestionList(suggestions))]
@@ -15,6 +15,17 @@ pub enum Error {
     ActionLength { expected: usize, got: usize },
     #[error("action component {index} is not finite ({value})")]
     NonFiniteAction { index: usize, value: f32 },
+    /// An env's observation is not as long as its spec says.
+    #[error(
+        "`{task}` env {index} returned an observation of {got} components, but its \
+         observation space has {expected}"
+    )]
+    ObsLength {
+        task: String,
+        index: usize,
+        expected: usize,
+        got: usize,
+    },
     #[error("step called before reset or after the episode ended; call reset first")]
     NeedsReset,
     #[error("task `{task}` is not supported: {reason}")]
@@ -123,7 +134,7 @@ impl fmt::Display for Renderers<'_> {
 
 impl From<pyo3::PyErr> for Error {
     fn from(err: pyo3::PyErr) -> Self {
-        Error::Python(err.to_string())
+        Error::Python(embedded_python::describe(&err))
     }
 }
 

@@ -78,9 +78,36 @@ pub fn check_for(renders: bool) -> Result<()> {
     }
 }
 
-/// A failure of the chosen backend, from the error a library raised (its last line).
-pub fn failure(cause: impl std::fmt::Display) -> Error {
-    let text = cause.to_string();
+/// Words of a Python error (its message or the files of its traceback) that place it in the
+/// OpenGL backend: MuJoCo's and dm_control's GL bindings, PyOpenGL, EGL, OSMesa, GLFW.
+const GL_MARKS: [&str; 8] = [
+    "egl",
+    "osmesa",
+    "glfw",
+    "opengl",
+    "gladloadgl",
+    "/_render/",
+    "mujoco/gl_context",
+    "mjr_",
+];
+
+/// An error raised while loading a renderer or rendering: a failure of the chosen backend when
+/// it comes from the OpenGL backend, else the error itself (a missing package, a bug in an
+/// adapter), with its traceback: never sent to debug EGL for what is not EGL's.
+pub fn failure(err: Error) -> Error {
+    match err {
+        Error::Python(text) if from_gl(&text) => backend_failure(embedded_python::message(&text)),
+        other => other,
+    }
+}
+
+fn from_gl(text: &str) -> bool {
+    let text = text.to_lowercase();
+    GL_MARKS.iter().any(|mark| text.contains(mark))
+}
+
+/// A failure of the chosen backend, said by the last line of what the library raised.
+fn backend_failure(text: &str) -> Error {
     let line = text
         .lines()
         .rev()
@@ -138,10 +165,29 @@ mod tests {
     }
 
     #[test]
-    fn a_library_error_becomes_its_last_line() {
-        let e = failure("Traceback (most recent call last):\n  File x\nAttributeError: boom\n")
-            .to_string();
-        assert!(e.contains("rendering failed: AttributeError: boom"), "{e}");
-        assert!(!e.contains("Traceback"), "{e}");
+    fn a_gl_error_becomes_its_last_line() {
+        let text = format!(
+            "ImportError: Cannot initialize a EGL device display.\nlast line: boom{}\n  File \
+             \"/site/dm_control/_render/pyopengl/egl_renderer.py\", line 3",
+            embedded_python::TRACEBACK
+        );
+        let e = failure(Error::Python(text)).to_string();
+        assert!(
+            e.contains("cannot render: rendering failed: last line: boom"),
+            "{e}"
+        );
+        assert!(!e.contains("egl_renderer.py"), "{e}");
+    }
+
+    #[test]
+    fn an_error_that_is_not_gl_s_stays_itself() {
+        for text in [
+            "ModuleNotFoundError: No module named 'dm_control'",
+            "KeyError: 'solved'\n  Python traceback (innermost last):\n    File \"adapter.py\"",
+            "Unsupported: made without a renderer",
+        ] {
+            let e = failure(Error::Python(text.into()));
+            assert!(matches!(&e, Error::Python(t) if t == text), "{e}");
+        }
     }
 }

@@ -104,6 +104,20 @@ pub struct VectorEnv {
     backend: Backend,
 }
 
+/// An environment must observe what its spec says (a gymnasium env may return other shapes
+/// than its observation space): workers check it too.
+fn check_obs(task: &str, index: usize, expected: usize, got: usize) -> Result<()> {
+    match got == expected {
+        true => Ok(()),
+        false => Err(Error::ObsLength {
+            task: task.to_string(),
+            index,
+            expected,
+            got,
+        }),
+    }
+}
+
 /// Env i runs in `workers[worker]` as that worker's env `local`.
 #[derive(Debug, Clone, Copy)]
 struct Slot {
@@ -263,7 +277,11 @@ impl VectorEnv {
     pub fn reset(&mut self, i: usize, seed: Option<u64>) -> Result<Vec<f32>> {
         self.check_index(i)?;
         match &mut self.backend {
-            Backend::InProcess(envs) => envs[i].reset(seed),
+            Backend::InProcess(envs) => {
+                let obs = envs[i].reset(seed)?;
+                check_obs(&self.task, i, self.spec.obs_dim(), obs.len())?;
+                Ok(obs)
+            }
             Backend::Workers {
                 workers,
                 layout,
@@ -323,7 +341,11 @@ impl VectorEnv {
             Backend::InProcess(envs) => which
                 .iter()
                 .zip(actions)
-                .map(|(&i, action)| envs[i].step(action))
+                .map(|(&i, action)| {
+                    let step = envs[i].step(action)?;
+                    check_obs(&self.task, i, self.spec.obs_dim(), step.obs.len())?;
+                    Ok(step)
+                })
                 .collect(),
             Backend::Workers {
                 workers,

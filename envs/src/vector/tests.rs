@@ -108,3 +108,44 @@ fn a_missing_worker_program_is_an_error() {
         "{e}"
     );
 }
+
+/// Observes one component more than its spec says after its first step.
+struct Overlong {
+    spec: EnvSpec,
+}
+
+impl Env for Overlong {
+    fn spec(&self) -> &EnvSpec {
+        &self.spec
+    }
+    fn reset(&mut self, _seed: Option<u64>) -> Result<Vec<f32>> {
+        Ok(vec![0.0; 2])
+    }
+    fn step(&mut self, _action: &[f32]) -> Result<Step> {
+        Ok(Step {
+            obs: vec![0.0; 3],
+            reward: 0.0,
+            terminated: false,
+            truncated: false,
+            success: None,
+        })
+    }
+}
+
+#[test]
+fn an_observation_unlike_the_spec_is_an_error_in_process_too() {
+    let spec = EnvSpec {
+        obs_shape: vec![2],
+        action_dim: 1,
+        episode_length: 10,
+    };
+    let env: Box<dyn Env> = Box::new(Overlong { spec });
+    let mut venv = VectorEnv::from_envs("overlong", vec![env]).unwrap();
+    venv.reset(0, None).unwrap();
+    let e = error_text(venv.step(&[0], &[0.0]));
+    assert_eq!(
+        e,
+        "`overlong` env 0 returned an observation of 3 components, but its observation space \
+         has 2"
+    );
+}
