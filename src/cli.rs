@@ -252,8 +252,10 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
 
 pub fn run(cli: Cli) -> Result<()> {
     // An environment whose simulator lives in a task family's own venv steps in a worker
-    // process of this binary (`envs::make("mw-reach", …)` anywhere in this process).
-    envs::set_default_worker(crate::actor::env_worker_command(None)?);
+    // process of this binary (`envs::make("mw-reach", …)` anywhere in this process); one
+    // that hangs (a simulator's import, EGL's start) is killed after the default env_timeout.
+    let env_timeout = crate::config::Config::default_env_timeout()?;
+    envs::set_default_worker(crate::actor::env_worker_command(Some(env_timeout))?);
     match cli.command {
         Command::Train(args) if args.multirun => {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)

@@ -65,6 +65,14 @@ impl Config {
         overrides::from_tree(tree()?, &BTreeMap::new())
     }
 
+    /// `env_timeout`'s default: the longest wait for an environment worker's answer before a
+    /// run's own config says otherwise (reading a task's spec, `doctor`).
+    pub fn default_env_timeout() -> Result<std::time::Duration> {
+        Ok(std::time::Duration::from_secs(
+            Self::defaults()?.env_timeout,
+        ))
+    }
+
     /// The defaults with a model-size preset, resolved for a task of the given dimensions and
     /// 500-step episodes (as DMControl's): the settings benchmarks and tests build agents from.
     pub fn for_dims(model_size: Option<u32>, obs_dim: usize, action_dim: usize) -> Result<Config> {
