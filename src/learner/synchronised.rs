@@ -31,7 +31,9 @@ impl UpdateParts<'_> {
     pub(super) fn run(&mut self, batches: &[Batch]) -> Result<UpdateInfo> {
         let (group, model, learner) = (self.group, &mut *self.model, &mut *self.updater);
         let (sample_noise, shared) = (&mut *self.sample_noise, &mut *self.shared);
-        if group.world_size() == 1 && batches.len() == 1 {
+        // A forced group of one rank runs the collectives all the same: it stands in for many
+        // ranks on one GPU.
+        if !group.is_real() && batches.len() == 1 {
             return Ok(learner.update(model, &batches[0], sample_noise, shared)?);
         }
         let micro = batches.len() as f64;
