@@ -10,6 +10,7 @@
 //! every rank is at an episode end. An environment waiting for that point still counts its
 //! steps, so that all ranks keep one step count.
 mod countdown;
+mod eval_point;
 pub mod evaluate;
 pub mod lock;
 mod offline;

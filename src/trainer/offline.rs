@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tch::Device;
 
-use super::evaluate::{self, Outcome};
+use super::eval_point::{self, EvalSettings, Point};
 use super::report::{Clock, Report};
 use super::schedule::Schedule;
 use super::setup;
@@ -46,9 +46,7 @@ pub(super) fn train(
 struct Settings {
     steps: u64,
     sync_freq: usize,
-    eval_episodes: usize,
-    /// A multitask run's number of tasks (each evaluated on its own).
-    num_tasks: Option<usize>,
+    eval: EvalSettings,
 }
 
 /// One rank's offline run as named steps: the state they share and what each does.
@@ -110,8 +108,7 @@ impl<'g> Offline<'g> {
             settings: Settings {
                 steps: config.steps,
                 sync_freq: config.sync_freq,
-                eval_episodes: config.eval_episodes,
-                num_tasks: config.multitask().then_some(config.tasks()?.len()),
+                eval: EvalSettings::from_config(config, false)?,
             },
             device,
             group,
@@ -150,27 +147,23 @@ impl<'g> Offline<'g> {
         if let Some(stats) = &stats {
             finite::check_stats(stats, i)?;
         }
-        if self.settings.eval_episodes > 0 {
+        if self.settings.eval.episodes > 0 {
             self.actor.policy_mut().load_weights(self.learner.model())?;
-            let seed = self.streams.evaluation_seed(i);
-            let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
-            let outcome = evaluate::evaluate(
-                &mut self.actor,
-                self.settings.eval_episodes,
-                self.settings.num_tasks,
-                seed,
-                self.group,
-                None,
-                say.as_ref().map(|say| say as &dyn Fn(&str)),
-            )?;
-            let evaluation = match outcome {
-                Outcome::Done(evaluation) => evaluation,
-                Outcome::Stopped(request) => {
-                    return Err(self.stop(&format!("during the evaluation at update {i}"), request))
-                }
+            let point = Point {
+                step: i,
+                episodes: 0,
+                clock: &self.clock,
             };
-            if let Some(report) = &mut self.report {
-                report.evaluation(i, &evaluation, 0, &self.clock)?;
+            let stopped = eval_point::evaluate_and_log(
+                &mut self.actor,
+                &self.settings.eval,
+                self.streams.evaluation_seed(i),
+                self.group,
+                self.report.as_mut(),
+                point,
+            )?;
+            if let Some(request) = stopped {
+                return Err(self.stop(&format!("during the evaluation at update {i}"), request));
             }
         }
         // Multiples of LOG_EVERY are logged already.

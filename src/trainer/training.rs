@@ -5,7 +5,7 @@ use std::time::Instant;
 use tch::{Device, Tensor};
 
 use super::countdown::Countdown;
-use super::evaluate::{self, Outcome};
+use super::eval_point::{self, EvalSettings, Point};
 use super::pipeline::Pipeline;
 use super::report::{Clock, Report};
 use super::schedule::Schedule;
@@ -30,11 +30,8 @@ struct LoopSettings {
     updates_per_step: u64,
     /// Updates of the seed-data pretraining: seed_steps / steps_per_update, at least one.
     pretrain_updates: u64,
-    eval_episodes: usize,
-    /// A multitask run's number of tasks (each evaluated on its own).
-    num_tasks: Option<usize>,
-    /// Whether rank 0 films each evaluation's first episode (`save_video`).
-    save_video: bool,
+    /// Rank 0 films each evaluation's first episode with `save_video`.
+    eval: EvalSettings,
 }
 
 impl LoopSettings {
@@ -47,9 +44,7 @@ impl LoopSettings {
             seed_steps,
             updates_per_step: config.num_envs as u64 / steps_per_update,
             pretrain_updates: (seed_steps / steps_per_update).max(1),
-            eval_episodes: config.eval_episodes,
-            num_tasks: config.multitask().then_some(config.tasks()?.len()),
-            save_video: config.save_video,
+            eval: EvalSettings::from_config(config, config.save_video)?,
         })
     }
 }
@@ -170,33 +165,24 @@ impl<'g> Training<'g> {
             return Ok(());
         }
         let global = self.global_step();
-        let seed = self.streams.evaluation_seed(global);
-        let mut video = Vec::new();
-        let films = self.settings.save_video && self.report.is_some();
-        let say = self.report.as_ref().map(|r| move |line: &str| r.note(line));
-        let outcome = evaluate::evaluate(
-            &mut self.actor,
-            self.settings.eval_episodes,
-            self.settings.num_tasks,
-            seed,
-            self.group,
-            films.then_some(&mut video),
-            say.as_ref().map(|say| say as &dyn Fn(&str)),
-        )?;
-        let evaluation = match outcome {
-            Outcome::Done(evaluation) => evaluation,
-            // The episodes that ended before the evaluation go into the stop's checkpoint
-            // (its episode counts have them).
-            Outcome::Stopped(request) => {
-                self.store_finished_episodes()?;
-                return Err(self.stop(&format!("during the evaluation at step {global}"), request));
-            }
+        let point = Point {
+            step: global,
+            episodes: self.state.episodes,
+            clock: &self.clock,
         };
-        if let Some(report) = &mut self.report {
-            report.evaluation(global, &evaluation, self.state.episodes, &self.clock)?;
-            if !video.is_empty() {
-                report.video(global, video)?;
-            }
+        let stopped = eval_point::evaluate_and_log(
+            &mut self.actor,
+            &self.settings.eval,
+            self.streams.evaluation_seed(global),
+            self.group,
+            self.report.as_mut(),
+            point,
+        )?;
+        // The episodes that ended before the evaluation go into the stop's checkpoint (its
+        // episode counts have them).
+        if let Some(request) = stopped {
+            self.store_finished_episodes()?;
+            return Err(self.stop(&format!("during the evaluation at step {global}"), request));
         }
         self.schedule.evaluated();
         Ok(())
