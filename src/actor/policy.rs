@@ -2,8 +2,8 @@
 //! with one warm start per environment, and its own stream of random draws.
 //!
 //! The copy is refreshed from the learner's model at the points the trainer chooses (after
-//! every update in the strict loop, one update behind with `pipeline=true`); it is a device
-//! copy of two flat buffers, never a round trip through the host.
+//! every update in the strict loop, one vector step's updates behind with `pipeline=true`); it
+//! is a device copy of two flat buffers, never a round trip through the host.
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};

@@ -109,6 +109,14 @@ impl<'g> Training<'g> {
         }
         // A stop during pretraining saves the step where seeding ends, not a later one.
         let pretrained = state.step > seed_steps;
+        if group.rank() == 0 && world_size > 1 && config.env_timeout >= config.dist_timeout {
+            eprintln!(
+                "warning: env_timeout={} is not below dist_timeout={}: a hung environment \
+                 worker may show as the other ranks' collective timing out instead of being \
+                 named; keep env_timeout below dist_timeout",
+                config.env_timeout, config.dist_timeout
+            );
+        }
         Ok(Self {
             settings: LoopSettings::from_config(config, world_size)?,
             schedule: schedule(config, resumed_from, state.eval_due),
