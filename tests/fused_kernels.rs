@@ -562,7 +562,7 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations(devic
 
 /// Plans with the fused kernels (refit, LayerNorm and activations, policy action, Q bootstrap)
 /// equal plans with torch's operations from the same draws, at model sizes 1 and 5, over two
-/// plans (the second warm-started) for several environments, with the zero-initialised heads
+/// plans (the second warm-started) for one and for several environments, with the zero-initialised heads
 /// drawn at random. Six iterations of MPPI amplify rounding (elites near the cut, softmax
 /// weights of values in the hundreds), so the actions and warm starts may differ from torch's
 /// by what torch's own differ by when the observations change by one part in a million (at
@@ -570,7 +570,8 @@ fn mppi_selection_refit_and_resampling_equal_the_planners_torch_operations(devic
 /// at an elite cut, where a nudge flips an elite: the next input is taken).
 fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) {
     use tdmpc2::agent::{AgentConfig, Planner, TorchNoise, WorldModel};
-    for size in [1, 5] {
+    // One environment too: its policy prior runs once for all the policy's trajectories.
+    for (size, envs) in [(1, 4), (5, 4), (5, 1)] {
         let config = AgentConfig::defaults(Some(size), 24, 6).unwrap();
         tch::manual_seed(5);
         let mut model = WorldModel::new(&config, device).unwrap();
@@ -587,16 +588,18 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
             })
             .collect();
         model.load_named(heads).unwrap();
-        // The first actions, the second (warm-started) actions and the last warm start.
+        // The first actions, the second (warm-started but for environment 1) actions and the
+        // last warm start.
+        let second_starts: Vec<bool> = (0..envs).map(|i| i == 1).collect();
         let plan = |fused: bool, obs: &Tensor| -> [Tensor; 3] {
             fused::set_enabled(fused);
-            let mut planner = Planner::new(&config, device, 4).unwrap();
+            let mut planner = Planner::new(&config, device, envs).unwrap();
             let mut noise = TorchNoise::seeded(11);
             let first = planner
-                .plan_batch(&model, obs, &[true; 4], false, &mut noise)
+                .plan_batch(&model, obs, &vec![true; envs], false, &mut noise)
                 .unwrap();
             let second = planner
-                .plan_batch(&model, obs, &[false, true, false, false], false, &mut noise)
+                .plan_batch(&model, obs, &second_starts, false, &mut noise)
                 .unwrap();
             [first, second, planner.prev_mean().copy()]
         };
@@ -605,7 +608,7 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
         // and one of the first few inputs must be stable.
         let stable = (0..4).find(|&draw| {
             tch::manual_seed(17 + draw);
-            let obs = Tensor::randn([4, 24], (Kind::Float, device));
+            let obs = Tensor::randn([envs as i64, 24], (Kind::Float, device));
             let torch = plan(false, &obs);
             let nudged = [
                 plan(false, &(&obs * (1.0 + 1e-6))),
@@ -621,7 +624,7 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
             let bound = |torchs: f64| 4.0 * torchs + 1e-5;
             if torchs.iter().any(|&t| bound(t) > 1e-3) {
                 eprintln!(
-                    "size {size}, input {draw}: torch's plan moves by {torchs:?} under a nudge \
+                    "size {size}, {envs} environments, input {draw}: torch's plan moves by {torchs:?} under a nudge \
                      of one part in a million (an elite cut); the next input"
                 );
                 return false;
@@ -635,7 +638,7 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
                 let ours = largest_difference(&fused[i], &torch[i]);
                 assert!(
                     ours <= bound(torchs[i]),
-                    "size {size}, {what}: the fused plan differs from torch's by {ours}, \
+                    "size {size}, {envs} environments, {what}: the fused plan differs from torch's by {ours}, \
                      torch's from itself with the observations nudged by one part in a million \
                      by {}",
                     torchs[i]
@@ -645,7 +648,7 @@ fn plans_with_the_fused_refit_equal_plans_with_torch_operations(device: Device) 
         });
         assert!(
             stable.is_some(),
-            "size {size}: torch's plan is at an elite cut on every input"
+            "size {size}, {envs} environments: torch's plan is at an elite cut on every input"
         );
     }
 }

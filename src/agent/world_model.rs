@@ -266,8 +266,15 @@ impl WorldModel {
         let out = self.policy.forward(&task::with_task(z, task));
         if task.is_none() && out.dim() == 2 && crate::cuda::fused::applies_to(&out) {
             let (low, dif) = (self.log_std_min, self.log_std_dif);
+            // The kernel reads one head row per noise row; torch's operations broadcast a
+            // single latent's (one environment's policy prior) to all of them.
+            let rows = eps.size()[0];
+            let head = match out.size()[0] {
+                1 if rows > 1 => out.expand([rows, out.size()[1]], false),
+                _ => out,
+            };
             return crate::cuda::fused::policy_action(
-                &out.contiguous(),
+                &head.contiguous(),
                 &eps.contiguous(),
                 None,
                 low,
