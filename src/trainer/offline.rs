@@ -68,6 +68,8 @@ struct Offline<'g> {
     clock: Clock,
     /// The last update's statistics (device tensors), logged with the next evaluation.
     last: Option<UpdateInfo>,
+    /// The update of the last checkpoint this process wrote.
+    saved_at: Option<u64>,
 }
 
 impl<'g> Offline<'g> {
@@ -131,6 +133,7 @@ impl<'g> Offline<'g> {
             state,
             report,
             last: None,
+            saved_at: None,
         })
     }
 
@@ -183,6 +186,7 @@ impl<'g> Offline<'g> {
         }
         self.note_state();
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
+        self.saved_at = Some(self.state.step);
         self.schedule.saved();
         Ok(())
     }
@@ -254,7 +258,12 @@ impl<'g> Offline<'g> {
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
         self.note_state();
         let (state, learner, report) = (&self.state, &self.learner, self.report.take());
-        let stop = setup::Stop { when, request };
+        let saved_here = self.saved_at == Some(self.state.step);
+        let stop = setup::Stop {
+            when,
+            request,
+            saved_here,
+        };
         setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, stop, report)
     }
 }

@@ -129,10 +129,13 @@ fn capture_graphs(learner: &mut Learner, policy: &mut Policy, say: bool) {
     }
 }
 
-/// A requested stop: when it came, and who asked.
+/// A requested stop: when it came, who asked, and whether this run wrote the checkpoint of
+/// this very step already (a stop seen in the pass that saved: that checkpoint is the exact
+/// state, and a second one would replace it with the environments' next episodes counted).
 pub(super) struct Stop<'a> {
     pub(super) when: &'a str,
     pub(super) request: StopRequest,
+    pub(super) saved_here: bool,
 }
 
 /// Writes the checkpoint a stop promises, then closes rank 0's logs as stopped; returns the
@@ -145,7 +148,11 @@ pub(super) fn stop_with_checkpoint(
     stop: Stop<'_>,
     report: Option<Report>,
 ) -> Error {
-    match checkpoint::save(checkpoints, state, learner, group) {
+    let saved = match stop.saved_here {
+        true => Ok(()),
+        false => checkpoint::save(checkpoints, state, learner, group),
+    };
+    match saved {
         Ok(()) => {
             if let Some(report) = report {
                 report.close_stopped();

@@ -70,6 +70,8 @@ pub(super) struct Training<'g> {
     last_info: Option<UpdateInfo>,
     /// With pipeline=true: the updates owed by the last step, made beside the next one.
     pending: u64,
+    /// The global step of the last checkpoint this process wrote.
+    saved_at: Option<u64>,
 }
 
 impl<'g> Training<'g> {
@@ -133,6 +135,7 @@ impl<'g> Training<'g> {
             pretrained,
             last_info: None,
             pending: 0,
+            saved_at: None,
         })
     }
 
@@ -234,6 +237,7 @@ impl<'g> Training<'g> {
         self.note_actor_state()?;
         checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         let global = self.global_step();
+        self.saved_at = Some(global);
         self.streams
             .reseed(global, &mut self.learner, &mut self.actor)?;
         self.schedule.saved();
@@ -444,7 +448,12 @@ impl<'g> Training<'g> {
             return e;
         }
         let (state, learner, report) = (&self.state, &self.learner, self.report.take());
-        let stop = setup::Stop { when, request };
+        let saved_here = self.saved_at == Some(self.global_step());
+        let stop = setup::Stop {
+            when,
+            request,
+            saved_here,
+        };
         setup::stop_with_checkpoint(&self.checkpoints, state, learner, self.group, stop, report)
     }
 }
