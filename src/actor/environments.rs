@@ -197,7 +197,7 @@ mod tests {
             Placement::InProcess,
             "native tasks step in process"
         );
-        assert_eq!(s.env_timeout, Duration::from_secs(300));
+        assert_eq!(s.env_timeout, Config::default_env_timeout().unwrap());
         for overrides in [
             &["task=mw-reach"][..],
             &["task=mw-reach", "num_envs=3", "env_workers=0"],
