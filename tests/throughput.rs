@@ -62,8 +62,24 @@ fn two_ranks_with_four_environments_each_keep_identical_learners() {
         1 + 3,
         "evaluations at 0, 1600, 3200: {evals}"
     );
+    // Rank 0's four environments end their episodes together: one record a step, their mean.
     let train = std::fs::read_to_string(dir.path().join("train.csv")).unwrap();
-    assert_eq!(train.lines().count(), 1 + 8, "rank 0's episodes: {train}");
+    assert_eq!(
+        train.lines().count(),
+        1 + 2,
+        "rank 0's episode ends: {train}"
+    );
+    let rows = common::metrics(dir.path());
+    let trains: Vec<_> = rows.iter().filter(|r| r["phase"] == "train").collect();
+    for row in trains {
+        assert_eq!(row["episodes_ended"], 4.0, "{row}");
+        let (min, mean, max) = (
+            row["episode_reward_min"].as_f64().unwrap(),
+            row["episode_reward"].as_f64().unwrap(),
+            row["episode_reward_max"].as_f64().unwrap(),
+        );
+        assert!(min <= mean && mean <= max, "{row}");
+    }
 }
 
 #[test]

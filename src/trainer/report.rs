@@ -94,32 +94,66 @@ impl Report {
         self.logger.video(global_step, frames)
     }
 
-    /// A finished training episode, with the statistics of the last update when there was one.
-    /// A multitask run's episode also logs its return under its task's name
-    /// (`episode_reward+<task>`), as evaluations do, so each task's training curve can be drawn.
-    pub(super) fn episode(
+    /// The training episodes that ended at one step, as one record (trackers keep one point
+    /// a step: W&B merges the records of a step, TensorBoard keeps the last), with the
+    /// statistics of the last update when there was one. Several episodes (one per
+    /// environment that ended) log their mean, with `episodes_ended`, `episode_reward_min` and
+    /// `episode_reward_max`. A multitask run's episodes also log their returns under their
+    /// tasks' names (`episode_reward+<task>`, the mean of that task's), as evaluations do, so
+    /// each task's training curve can be drawn.
+    pub(super) fn episodes(
         &mut self,
         global_step: u64,
-        stats: &EpisodeStats,
+        ended: &[EpisodeStats],
         episodes: u64,
         clock: &Clock,
         update: Option<&UpdateStats>,
     ) -> Result<()> {
+        let Some(first) = ended.first() else {
+            return Ok(());
+        };
+        let mean = |values: &[f64]| values.iter().sum::<f64>() / values.len() as f64;
+        let rewards: Vec<f64> = ended.iter().map(|e| e.reward).collect();
+        let lengths: Vec<f64> = ended.iter().map(|e| e.length as f64).collect();
+        let terminated: Vec<f64> = ended.iter().map(|e| e.terminated as u8 as f64).collect();
         let mut record = Record::new(Phase::Train, global_step)
-            .with("episode_reward", stats.reward)
-            .with("episode_length", stats.length as f64)
-            .with("episode_terminated", stats.terminated as u8 as f64)
+            .with("episode_reward", mean(&rewards))
+            .with("episode_length", mean(&lengths))
+            .with("episode_terminated", mean(&terminated))
             .with("episode", episodes as f64)
             .with("elapsed_time", clock.elapsed())
             .with("steps_per_second", clock.rate(global_step));
-        if let Some(s) = stats.success {
-            record = record.with("episode_success", s);
+        if ended.len() > 1 {
+            let (min, max) = rewards
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &r| {
+                    (lo.min(r), hi.max(r))
+                });
+            record = record
+                .with("episodes_ended", ended.len() as f64)
+                .with("episode_reward_min", min)
+                .with("episode_reward_max", max);
         }
-        let task = stats.task.and_then(|t| self.tasks.get(t as usize));
-        if let Some(task) = task {
-            record = record.with(&format!("episode_reward+{task}"), stats.reward);
-            if let Some(s) = stats.success {
-                record = record.with(&format!("episode_success+{task}"), s);
+        let successes: Vec<f64> = ended.iter().filter_map(|e| e.success).collect();
+        if !successes.is_empty() {
+            record = record.with("episode_success", mean(&successes));
+        }
+        if first.task.is_some() {
+            let mut tasks: Vec<u32> = ended.iter().filter_map(|e| e.task).collect();
+            tasks.sort_unstable();
+            tasks.dedup();
+            for task in tasks {
+                let Some(name) = self.tasks.get(task as usize) else {
+                    continue;
+                };
+                let of_task: Vec<&EpisodeStats> =
+                    ended.iter().filter(|e| e.task == Some(task)).collect();
+                let rewards: Vec<f64> = of_task.iter().map(|e| e.reward).collect();
+                record = record.with(&format!("episode_reward+{name}"), mean(&rewards));
+                let successes: Vec<f64> = of_task.iter().filter_map(|e| e.success).collect();
+                if !successes.is_empty() {
+                    record = record.with(&format!("episode_success+{name}"), mean(&successes));
+                }
             }
         }
         for (k, v) in update.map(UpdateStats::named).into_iter().flatten() {

@@ -199,32 +199,38 @@ impl<'g> Training<'g> {
         Ok(())
     }
 
-    /// Puts every finished episode into the buffer and logs it, after checking the last
-    /// update's statistics (all-reduced: the same on every rank; see `finite`).
+    /// Puts every finished episode into the buffer and logs them (one record a step: see
+    /// `Report::episodes`), after checking the last update's statistics (all-reduced: the same
+    /// on every rank; see `finite`).
     pub(super) fn store_finished_episodes(&mut self) -> Result<()> {
-        let global = self.global_step();
+        let mut ended = Vec::new();
         for i in self.actor.done() {
             let Some((episode, stats)) = self.actor.take_episode(i) else {
                 continue;
             };
             self.learner.add_episode(&episode)?;
             self.state.episodes += 1;
-            let update = match &self.last_info {
-                Some(info) => Some(UpdateInfo::fetch(info)?),
-                None => None,
-            };
-            if let Some(stats) = &update {
-                finite::check_stats(stats, global)?;
-            }
-            if let Some(report) = &mut self.report {
-                report.episode(
-                    global,
-                    &stats,
-                    self.state.episodes,
-                    &self.clock,
-                    update.as_ref(),
-                )?;
-            }
+            ended.push(stats);
+        }
+        if ended.is_empty() {
+            return Ok(());
+        }
+        let global = self.global_step();
+        let update = match &self.last_info {
+            Some(info) => Some(UpdateInfo::fetch(info)?),
+            None => None,
+        };
+        if let Some(stats) = &update {
+            finite::check_stats(stats, global)?;
+        }
+        if let Some(report) = &mut self.report {
+            report.episodes(
+                global,
+                &ended,
+                self.state.episodes,
+                &self.clock,
+                update.as_ref(),
+            )?;
         }
         Ok(())
     }
