@@ -28,5 +28,7 @@ if [ -z "${TDMPC2_BIN:-}" ]; then "$here/setup.sh" >&2; fi
 source "$here/env.sh"
 bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
     --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
+# launcher=builtin: these ranks are local even inside a SLURM step (an `srun --pty bash`),
+# whose variables launcher=auto would follow; a key=value after it still wins.
 exec "$bin" train --config-name=config_ddp task="$task" model_size="$model_size" \
-    world_size="$world_size" sync_freq="$sync_freq" "$@"
+    world_size="$world_size" sync_freq="$sync_freq" launcher=builtin "$@"

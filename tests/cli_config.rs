@@ -141,6 +141,17 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     assert_eq!(defaults, [1, 8, 1, 20_000, 100_000].map(Some));
     let option_next = job(&["walker-run", "1"]);
     assert_eq!(option_next[1], Some(8), "an option is not a world size");
+    // Local ranks even inside a SLURM step, unless the user says otherwise.
+    let launcher = |args: &[&str]| {
+        let out = run(&[args, &["--cfg", "job"]].concat());
+        let c: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).expect("YAML");
+        c["launcher"].as_str().map(String::from)
+    };
+    assert_eq!(launcher(&["walker-run", "1"]).as_deref(), Some("builtin"));
+    assert_eq!(
+        launcher(&["walker-run", "1", "launcher=torchrun"]).as_deref(),
+        Some("torchrun")
+    );
     let out = run(&["walker-run"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage:"));
