@@ -58,6 +58,9 @@ def wandb_offline_run(run_dir):
                        for i in rec.history.item}
                 out["history"].append(row)
             elif kind == "run":
+                out["name"] = rec.run.display_name
+                out["group"] = rec.run.run_group
+                out["tags"] = list(rec.run.tags)
                 for item in rec.run.config.update:
                     out["config"][item.key] = json.loads(item.value_json)
             elif kind == "exit":
@@ -227,7 +230,8 @@ fn wandb_options(mode: &str) -> WandbOptions {
         project: "tdmpc2-test".into(),
         entity: None,
         name: Some("walker-walk-7".into()),
-        group: Some("test".into()),
+        group: Some("walker-walk-test".into()),
+        tags: vec!["walker-walk".into(), "test".into(), "seed:7".into()],
         silent: true,
         mode: Some(mode.into()),
     }
@@ -262,6 +266,13 @@ fn wandb_offline_run_holds_config_and_history() {
     assert_eq!(points("train/episode_reward"), [(500, 12.5), (1000, 40.25)]);
     assert_eq!(points("eval/episode_reward"), [(500, 25.0), (1000, 80.5)]);
     assert_eq!(points("train/episode"), [(500, 1.0), (1000, 2.0)]);
+    assert_eq!(points("eval/step"), [(500, 500.0), (1000, 1000.0)]);
+    assert_eq!(run["group"], "walker-walk-test", "{run}");
+    assert_eq!(
+        run["tags"],
+        json!(["walker-walk", "test", "seed:7"]),
+        "{run}"
+    );
 }
 
 #[test]

@@ -107,8 +107,10 @@ impl LoggerOptions {
     }
 
     /// The sinks a config asks for (`save_csv`, `enable_tensorboard`, `enable_wandb`,
-    /// `enable_mlflow`), with the console on. Runs are named `wandb_name`, else `<task>-<seed>`,
-    /// and grouped by `exp_name`.
+    /// `enable_mlflow`), with the console on. W&B runs are named as the official logger names
+    /// them: `wandb_name`, else the seed, in the group `<task>-<exp_name>` (exp_name's other
+    /// characters than letters and digits as `-`), tagged with both and `seed:<seed>`. MLflow
+    /// runs are named `wandb_name`, else `<task>-<seed>`, in the experiment `exp_name`.
     pub fn from_config(cfg: &Config, run_dir: &Path) -> Result<Self> {
         let config =
             serde_json::to_value(cfg).map_err(|e| Error::Other(format!("config to JSON: {e}")))?;
@@ -116,6 +118,7 @@ impl LoggerOptions {
             .wandb_name
             .clone()
             .unwrap_or_else(|| format!("{}-{}", cfg.task, cfg.seed));
+        let exp = wandb_safe(&cfg.exp_name);
         Ok(Self {
             run_dir: run_dir.to_owned(),
             console: true,
@@ -124,8 +127,13 @@ impl LoggerOptions {
             wandb: cfg.enable_wandb.then(|| WandbOptions {
                 project: cfg.wandb_project.clone(),
                 entity: cfg.wandb_entity.clone(),
-                name: Some(run_name.clone()),
-                group: Some(cfg.exp_name.clone()),
+                name: Some(
+                    cfg.wandb_name
+                        .clone()
+                        .unwrap_or_else(|| cfg.seed.to_string()),
+                ),
+                group: Some(format!("{}-{exp}", cfg.task)),
+                tags: vec![cfg.task.clone(), exp.clone(), format!("seed:{}", cfg.seed)],
                 silent: cfg.wandb_silent,
                 mode: None,
             }),
@@ -248,6 +256,20 @@ impl Logger {
     }
 }
 
+/// A name W&B takes in groups and tags: every run of characters other than ASCII letters and
+/// digits as one `-`.
+fn wandb_safe(name: &str) -> String {
+    let mut safe = String::new();
+    for c in name.chars() {
+        match c.is_ascii_alphanumeric() {
+            true => safe.push(c),
+            false if !safe.ends_with('-') => safe.push('-'),
+            false => {}
+        }
+    }
+    safe
+}
+
 fn first_error(results: impl Iterator<Item = Result<()>>) -> Result<()> {
     let mut first = Ok(());
     for result in results {
@@ -368,7 +390,7 @@ mod tests {
             overrides: vec![
                 "task=walker-walk".into(),
                 "seed=3".into(),
-                "exp_name=abl".into(),
+                "exp_name=abl_1".into(),
                 "enable_wandb=true".into(),
                 "enable_mlflow=true".into(),
                 "enable_tensorboard=false".into(),
@@ -380,11 +402,12 @@ mod tests {
         let opts = LoggerOptions::from_config(&cfg, Path::new("runs/x")).unwrap();
         assert!(!opts.tensorboard && opts.save_csv && opts.console);
         let wandb = opts.wandb.unwrap();
-        assert_eq!(wandb.name.as_deref(), Some("walker-walk-3"));
-        assert_eq!(wandb.group.as_deref(), Some("abl"));
+        assert_eq!(wandb.name.as_deref(), Some("3"));
+        assert_eq!(wandb.group.as_deref(), Some("walker-walk-abl-1"));
+        assert_eq!(wandb.tags, ["walker-walk", "abl-1", "seed:3"]);
         assert!(wandb.silent);
         let mlflow = opts.mlflow.unwrap();
-        assert_eq!(mlflow.experiment, "abl");
+        assert_eq!(mlflow.experiment, "abl_1");
         assert_eq!(mlflow.run_name, "walker-walk-3");
         assert_eq!(opts.config["seed"], 3);
         assert_eq!(opts.config["task"], "walker-walk");

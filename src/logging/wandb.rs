@@ -18,6 +18,7 @@ pub struct WandbOptions {
     /// The run's display name; W&B picks one when `None`.
     pub name: Option<String>,
     pub group: Option<String>,
+    pub tags: Vec<String>,
     /// `wandb_silent`: no W&B lines on the terminal.
     pub silent: bool,
     /// "offline", "online", "disabled"... `None`: `WANDB_MODE` when set, else online with
@@ -74,6 +75,7 @@ impl Wandb {
             kwargs.set_item("entity", opts.entity.as_deref())?;
             kwargs.set_item("name", opts.name.as_deref())?;
             kwargs.set_item("group", opts.group.as_deref())?;
+            kwargs.set_item("tags", &opts.tags)?;
             kwargs.set_item("dir", run_dir.to_string_lossy())?;
             let config = py.import("json")?.call_method1("loads", (config,))?;
             kwargs.set_item("config", &config)?;
@@ -151,8 +153,11 @@ impl Sink for Wandb {
         let run = self.run()?;
         python::attach_exclusive(|py| -> python::Result<_> {
             let data = PyDict::new(py);
+            let phase = record.phase.name();
+            // The step as a key too, as the official logger has it (an x-axis for panels).
+            data.set_item(format!("{phase}/step"), record.step)?;
             for (k, v) in &record.values {
-                data.set_item(format!("{}/{k}", record.phase.name()), v)?;
+                data.set_item(format!("{phase}/{k}"), v)?;
             }
             let kwargs = PyDict::new(py);
             kwargs.set_item("step", record.step)?;
