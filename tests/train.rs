@@ -211,13 +211,19 @@ fn the_default_loop_reproduces_the_recorded_run() {
     )
     .unwrap();
     let evals = std::fs::read_to_string(dir.path().join("eval.csv")).unwrap();
-    let column = |i: usize| -> Vec<f64> {
+    let column = |name: &str| -> Vec<f64> {
+        let header = evals.lines().next().unwrap();
+        let i = header.split(',').position(|c| c == name).unwrap();
         let value = |l: &str| l.split(',').nth(i).unwrap().parse().unwrap();
         evals.lines().skip(1).map(value).collect()
     };
+    assert!(
+        evals.starts_with("step,episode_reward,"),
+        "the official's first columns"
+    );
     let run = serde_json::json!({
         "learner_parts": meta["learner_parts"],
-        "eval": column(0).iter().zip(column(4)).map(|(&step, r)| {
+        "eval": column("step").iter().zip(column("episode_reward")).map(|(&step, r)| {
             serde_json::json!({"step": step as u64, "episode_reward": r})
         }).collect::<Vec<_>>(),
     });

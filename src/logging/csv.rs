@@ -37,9 +37,11 @@ impl CsvFile {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
-        let new: Vec<&String> = (record.values.keys())
+        let mut new: Vec<&String> = (record.values.keys())
             .filter(|k| !self.columns.contains(k))
             .collect();
+        // `step,episode_reward` first, as the official eval.csv (read by column position).
+        new.sort_by_key(|k| k.as_str() != "episode_reward");
         if !new.is_empty() {
             let columns: Vec<String> = self
                 .columns

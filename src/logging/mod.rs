@@ -324,7 +324,10 @@ mod tests {
         let eval = std::fs::read_to_string(dir.path().join("eval.csv")).unwrap();
         assert_eq!(eval, "step,episode_reward\n10,15\n20,30\n");
         let train = std::fs::read_to_string(dir.path().join("train.csv")).unwrap();
-        assert_eq!(train, "step,episode,episode_reward\n20,2,3\n");
+        assert_eq!(
+            train, "step,episode_reward,episode\n20,3,2\n",
+            "step and the return first"
+        );
     }
 
     /// Columns follow the records: a key that appears later widens the file (earlier rows get
