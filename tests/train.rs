@@ -43,7 +43,7 @@ fn a_run_writes_config_metrics_and_checkpoints() {
     assert!(
         stdout
             .lines()
-            .any(|l| l.starts_with("eval") && l.contains("I: 400")),
+            .any(|l| l.starts_with("eval") && l.contains("I: 400 ")),
         "{stdout}"
     );
 

@@ -33,25 +33,47 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
-/// Seconds as hours, minutes and seconds: `0:01:02`.
+/// Seconds as Python's `timedelta` prints them, as the official console does: `0:01:02`,
+/// `1 day, 1:00:00`.
 pub fn clock_time(seconds: u64) -> String {
-    let t = seconds;
-    format!("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+    let (days, t) = (seconds / 86_400, seconds % 86_400);
+    let hms = format!("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60);
+    match days {
+        0 => hms,
+        1 => format!("1 day, {hms}"),
+        n => format!("{n} days, {hms}"),
+    }
 }
 
-/// `train  E: 12  I: 6,000  R: 512.3  T: 0:01:02 ...`.
+/// A count with thousands separators, as the official console prints counts: `6,000`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// `train  E: 12  I: 6,000  R: 512.3  S: 1.0  T: 0:01:02 ...`.
 pub fn console_line(record: &Record) -> String {
     let mut line = format!("{:<6}", record.phase.name());
     let v = |k: &str| record.values.get(k).copied();
     if let Some(e) = v("episode") {
-        line += &format!("  E: {:<6}", e as u64);
+        line += &format!("  E: {:<6}", grouped(e as u64));
     }
-    line += &format!("  I: {:<10}", record.step);
+    line += &format!("  I: {:<10}", grouped(record.step));
     if let Some(r) = v("episode_reward") {
         line += &format!("  R: {r:<9.1}");
     }
     if let Some(s) = v("episode_reward_std") {
         line += &format!("  ±{s:<7.1}");
+    }
+    if let Some(s) = v("episode_success") {
+        line += &format!("  S: {s:<4.1}");
     }
     if let Some(t) = v("elapsed_time") {
         line += &format!("  T: {}", clock_time(t as u64));
@@ -87,9 +109,16 @@ mod tests {
         let line = console_line(&r);
         assert!(line.starts_with("eval"), "{line}");
         assert!(
-            line.contains("I: 6000") && line.contains("R: 512.3") && line.contains("T: 1:02:05"),
+            line.contains("I: 6,000") && line.contains("R: 512.3") && line.contains("T: 1:02:05"),
             "{line}"
         );
+        let line = console_line(&Record::new(Phase::Train, 1_234_567).with("episode_success", 1.0));
+        assert!(
+            line.contains("I: 1,234,567") && line.contains("S: 1.0"),
+            "{line}"
+        );
+        assert_eq!(clock_time(90_000), "1 day, 1:00:00");
+        assert_eq!(clock_time(3 * 86_400 + 62), "3 days, 0:01:02");
         let line = console_line(
             &r.with("episode_reward+walker-run", 20.5)
                 .with("episode_score+normalized", 2.5),
