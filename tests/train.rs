@@ -395,6 +395,35 @@ fn a_resume_to_more_steps_keeps_the_saved_replay_buffer_in_its_larger_ring() {
     }
 }
 
+/// A resume takes only the replay buffers saved with its checkpoint: those an earlier run left
+/// in the run directory at the same step (its checkpoints removed, a run without
+/// save_buffer=true written there since) are named and passed over, not restored as if saved.
+#[test]
+fn a_resume_passes_over_buffers_not_saved_with_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = ["save_freq=400", "eval_freq=100000"];
+    train(
+        dir.path(),
+        &[&settings[..], &["steps=400", "save_buffer=true"]].concat(),
+    );
+    std::fs::remove_dir_all(dir.path().join("checkpoints")).unwrap();
+    std::fs::remove_file(dir.path().join("metrics.jsonl")).unwrap();
+    train(dir.path(), &[&settings[..], &["steps=400"]].concat());
+    let out = train(
+        dir.path(),
+        &[&settings[..], &["steps=800", "resume=auto"]].concat(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stale = dir.path().join("buffers/rank0/step_000000000400");
+    assert!(
+        stderr.contains(&format!(
+            "{} is not the replay buffer saved with the checkpoint of step 400",
+            stale.display()
+        )) && stderr.contains("resuming without replay buffers"),
+        "{stderr}"
+    );
+}
+
 /// A saved replay buffer whose bytes changed is refused on resume, naming the file and the way
 /// out; moved away, the run resumes without it.
 #[test]

@@ -14,14 +14,22 @@ const TENSORS: &str = "buffer.safetensors";
 const META: &str = "buffer.json";
 const HASH: &str = "buffer.crc32c";
 
-/// Writes a rank's buffer into `dir`, with the hash that a resume checks it against.
-pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<()> {
+/// Writes a rank's buffer into `dir`, with the hash that a resume checks it against; returns
+/// that hash (the checkpoint records every rank's).
+pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<u32> {
     let path = dir.join(TENSORS);
     Tensor::write_safetensors(tensors, &path)?;
-    let hash = format!("{:08x}\n", integrity::file_crc(&path)?);
-    std::fs::write(dir.join(HASH), hash)
+    let crc = integrity::file_crc(&path)?;
+    std::fs::write(dir.join(HASH), format!("{crc:08x}\n"))
         .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
-    write_json(&dir.join(META), meta)
+    write_json(&dir.join(META), meta)?;
+    Ok(crc)
+}
+
+/// The hash recorded with the buffer saved in `dir`, if any.
+fn recorded_hash(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join(HASH)).ok()?;
+    u32::from_str_radix(text.trim(), 16).ok()
 }
 
 /// The tensors of the buffer saved in `dir`, once their bytes match the hash written with them
@@ -54,21 +62,47 @@ pub(super) struct SavedBuffers<'a> {
     pub run_dir: &'a Path,
     pub step: u64,
     pub dealing: Dealing,
+    /// The hash of each saved rank's buffer, as the checkpoint recorded it: none when it saved
+    /// none (None: a checkpoint from before they were recorded, whose buffers are taken as
+    /// found).
+    pub hashes: Option<Vec<u32>>,
 }
 
 impl SavedBuffers<'_> {
-    /// The buffer directories of the saved ranks with episodes for `rank`: those found, and
-    /// the saved ranks of those not found.
+    /// The buffer directories of the saved ranks with episodes for `rank`: those found (and
+    /// saved with this checkpoint), and the saved ranks of those not found.
     fn locate(&self, rank: usize) -> (Vec<(usize, PathBuf)>, Vec<usize>) {
         let (mut found, mut missing) = (Vec::new(), Vec::new());
         for saved_rank in self.dealing.sources(rank) {
-            let at = |run: &Path| store::at(&buffers_dir(run, saved_rank), self.step);
+            let at = |run: &Path| {
+                store::at(&buffers_dir(run, saved_rank), self.step)
+                    .filter(|dir| self.saved_with_the_checkpoint(saved_rank, dir))
+            };
             match at(self.source_run).or_else(|| at(self.run_dir)) {
                 Some(dir) => found.push((saved_rank, dir)),
                 None => missing.push(saved_rank),
             }
         }
         (found, missing)
+    }
+
+    /// Whether `dir` holds the buffer `saved_rank` wrote with this checkpoint; one that is not
+    /// (another run's at the same step, a save cut short) is named and passed over.
+    fn saved_with_the_checkpoint(&self, saved_rank: usize, dir: &Path) -> bool {
+        let Some(hashes) = &self.hashes else {
+            return true;
+        };
+        let expected = hashes.get(saved_rank).copied();
+        let recorded = recorded_hash(dir);
+        if recorded.is_none() || recorded != expected {
+            eprintln!(
+                "warning: {} is not the replay buffer saved with the checkpoint of step {} \
+                 (another run's at the same step, or a save cut short): passed over",
+                dir.display(),
+                self.step
+            );
+        }
+        recorded.is_some() && recorded == expected
     }
 
     /// Fills `buffer` with what this rank takes of the saved buffers. Warns when no rank found

@@ -152,6 +152,12 @@ struct Meta {
     /// known for checkpoints written before it was recorded.
     #[serde(default)]
     offline: Option<bool>,
+    /// The crc32c of each rank's saved replay buffer (none without `save_buffer=true`): a
+    /// resume takes only the buffers saved with this checkpoint, not another run's left at the
+    /// same step, nor those of a save cut short. Not known for checkpoints written before it
+    /// was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    buffer_hashes: Option<Vec<u32>>,
 }
 
 const MODEL: &str = "model.safetensors";

@@ -86,7 +86,7 @@ pub fn resume(
     let mut header = Tensor::from_slice(&counters.header(status));
     group.broadcast_from_root(&mut header)?;
     let header = Vec::<f64>::try_from(header)?;
-    let (meta, env_episodes, warm_starts) = match (loaded, header[0] as u8) {
+    let (meta, env_episodes, warm_starts, buffer_hashes) = match (loaded, header[0] as u8) {
         (Err(e), _) => return Err(e),
         (_, 2) => {
             return Err(Error::Checkpoint(
@@ -94,8 +94,13 @@ pub fn resume(
             ))
         }
         (_, 0) => return Ok(None),
-        (Ok(Some((meta, warm_starts))), _) => (Counters::of(&meta), meta.env_episodes, warm_starts),
-        (Ok(None), _) => (Counters::from_header(&header), Vec::new(), None),
+        (Ok(Some((meta, warm_starts))), _) => (
+            Counters::of(&meta),
+            meta.env_episodes,
+            warm_starts,
+            meta.buffer_hashes,
+        ),
+        (Ok(None), _) => (Counters::from_header(&header), Vec::new(), None, None),
     };
     let env_episodes = share_env_episodes(&env_episodes, settings.num_envs, group)?;
     let warm_start = share_warm_start(warm_starts.as_ref(), settings.warm_start_len, group)?;
@@ -106,7 +111,8 @@ pub fn resume(
         meta.policy_optim_step,
     )?;
 
-    restore_buffer(settings, learner, group, &meta)?;
+    let buffer_hashes = share_buffer_hashes(buffer_hashes.as_deref(), meta.world_size, group)?;
+    restore_buffer(settings, learner, group, &meta, buffer_hashes)?;
     let state = TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
@@ -132,6 +138,7 @@ fn restore_buffer(
     learner: &mut Learner,
     group: &ProcessGroup,
     meta: &Counters,
+    hashes: Option<Vec<u32>>,
 ) -> Result<()> {
     let source_run = resume_source(settings)
         .ok()
@@ -146,8 +153,38 @@ fn restore_buffer(
             from: meta.world_size,
             to: group.world_size(),
         },
+        hashes,
     };
     saved.restore(learner.buffer_mut(), group)
+}
+
+/// The hashes of the `saved_ranks` replay buffers saved with the checkpoint, sent by rank 0
+/// (which alone read it): empty when it saved none, `None` when it did not record them.
+fn share_buffer_hashes(
+    saved: Option<&[u32]>,
+    saved_ranks: usize,
+    group: &ProcessGroup,
+) -> Result<Option<Vec<u32>>> {
+    // What the checkpoint says (0: nothing, 1: no buffers, 2: the hashes), then the hashes.
+    let mut values = vec![0i64; saved_ranks + 1];
+    match saved {
+        Some([]) => values[0] = 1,
+        Some(hashes) if hashes.len() == saved_ranks => {
+            values[0] = 2;
+            for (value, &hash) in values[1..].iter_mut().zip(hashes) {
+                *value = i64::from(hash);
+            }
+        }
+        _ => {}
+    }
+    let mut shared = Tensor::from_slice(&values);
+    group.broadcast_from_root(&mut shared)?;
+    let values = Vec::<i64>::try_from(shared)?;
+    Ok(match values[0] {
+        1 => Some(Vec::new()),
+        2 => Some(values[1..].iter().map(|&h| h as u32).collect()),
+        _ => None,
+    })
 }
 
 /// This rank's planner warm start of `len` values, sent by rank 0 from the checkpoint's `saved`

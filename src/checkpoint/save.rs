@@ -54,9 +54,10 @@ fn write(
     let (parts, checksums) = rank_checksums(learner, group)?;
     let env_episodes = gather_env_episodes(&state.env_episodes, group)?;
     let warm_starts = gather_warm_starts(&state.warm_start, group)?;
-    if settings.save_buffer {
-        write_buffer(settings, learner, group, global_step)?;
-    }
+    let buffer_hashes = match settings.save_buffer {
+        true => write_buffer(settings, learner, group, global_step)?,
+        false => Vec::new(),
+    };
     if group.rank() != 0 {
         return Ok(global_step);
     }
@@ -84,6 +85,7 @@ fn write(
         eval_due: state.eval_due,
         env_episodes,
         offline: Some(settings.counts_updates),
+        buffer_hashes: Some(buffer_hashes),
     };
     let mut tensors = optim("model_optim", model_state);
     tensors.extend(optim("policy_optim", policy_state));
@@ -113,26 +115,37 @@ fn write(
     Ok(global_step)
 }
 
-/// Writes this rank's replay buffer, and returns once every rank has written its own: the
-/// checkpoint that needs them appears only then, so a job killed in between resumes the previous
-/// checkpoint, whose buffers are all there. A rank that failed fails them all.
+/// Writes this rank's replay buffer, and returns once every rank has written its own, with
+/// every rank's hash of it: the checkpoint that needs them appears only then, so a job killed
+/// in between resumes the previous checkpoint, whose buffers are all there. A rank that failed
+/// fails them all.
 fn write_buffer(
     settings: &CheckpointSettings,
     learner: &Learner,
     group: &ProcessGroup,
     global_step: u64,
-) -> Result<()> {
+) -> Result<Vec<u32>> {
     let (tensors, meta) = learner.buffer().export();
+    let mut hash = 0;
     let written = store::save(
         &buffers_dir(&settings.run_dir, group.rank()),
         global_step,
-        |dir| super::buffers::write(dir, &tensors, &meta),
+        |dir| {
+            hash = super::buffers::write(dir, &tensors, &meta)?;
+            Ok(())
+        },
     );
     let mut failed = Tensor::from_slice(&[f32::from(u8::from(written.is_err()))]);
     group.all_reduce_sum(&mut failed)?;
     written?;
     match failed.double_value(&[0]) as u64 {
-        0 => Ok(()),
+        0 => {
+            let hashes = rank_rows::gather(&Tensor::from_slice(&[i64::from(hash)]), group)?;
+            Ok(Vec::<i64>::try_from(hashes.reshape([-1]))?
+                .into_iter()
+                .map(|h| h as u32)
+                .collect())
+        }
         n => Err(Error::Checkpoint(format!(
             "step {global_step}: {n} other rank(s) could not write their replay buffer (see \
              their errors); no checkpoint written"
