@@ -176,15 +176,29 @@ impl Config {
         }
     }
 
-    /// The run directory: `run_dir`, else `runs/<task>/<exp_name>/<seed>`.
+    /// The run directory: `run_dir`, else `runs/<task>/<exp_name>/<seed>`; a run that a W&B
+    /// sweep's agent started (it sets `WANDB_SWEEP_ID` and `WANDB_RUN_ID`) gets
+    /// `<seed>-<run id>`, so that the sweep's runs of one seed do not share a directory (a
+    /// second would be refused as a finished run's).
     pub fn run_dir(&self) -> PathBuf {
-        match &self.run_dir {
-            Some(dir) => PathBuf::from(dir),
-            None => PathBuf::from("runs")
-                .join(self.run_name())
-                .join(&self.exp_name)
-                .join(self.seed.to_string()),
+        let sweep_run = std::env::var_os("WANDB_SWEEP_ID")
+            .and_then(|_| std::env::var("WANDB_RUN_ID").ok())
+            .filter(|id| !id.is_empty());
+        self.run_dir_of(sweep_run.as_deref())
+    }
+
+    pub(super) fn run_dir_of(&self, sweep_run: Option<&str>) -> PathBuf {
+        if let Some(dir) = &self.run_dir {
+            return PathBuf::from(dir);
         }
+        let last = match sweep_run {
+            Some(id) => format!("{}-{id}", self.seed),
+            None => self.seed.to_string(),
+        };
+        PathBuf::from("runs")
+            .join(self.run_name())
+            .join(&self.exp_name)
+            .join(last)
     }
 
     /// The task as the default run directory names it: a list of tasks joined by `+`

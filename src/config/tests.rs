@@ -339,6 +339,24 @@ fn several_tasks_resolve_to_one_padded_model_with_each_tasks_sizes() {
 }
 
 #[test]
+fn a_w_and_b_sweep_run_gets_a_directory_of_its_own() {
+    let config = load(&["task=walker-run", "seed=2"]).unwrap();
+    assert_eq!(
+        config.run_dir_of(Some("ab12cd")),
+        std::path::Path::new("runs/walker-run/default/2-ab12cd")
+    );
+    assert_eq!(
+        config.run_dir_of(None),
+        std::path::Path::new("runs/walker-run/default/2")
+    );
+    let given = load(&["run_dir=mine"]).unwrap();
+    assert_eq!(
+        given.run_dir_of(Some("ab12cd")),
+        std::path::Path::new("mine")
+    );
+}
+
+#[test]
 fn several_tasks_need_states_and_no_terminations() {
     let e = error(&["task=[walker-run,cup-catch]", "obs=rgb"]);
     assert!(
