@@ -363,6 +363,13 @@ fn load_on_root(
         exp_avg_sq: get("policy_optim.exp_avg_sq")?,
     };
     let scale = get("scale")?;
+    if scale.numel() != 1 {
+        return Err(Error::Checkpoint(format!(
+            "{}: its scale has {} values, not one",
+            dir.display(),
+            scale.numel()
+        )));
+    }
     let warm_starts = tensors
         .iter()
         .find(|(n, _)| n == WARM_START)

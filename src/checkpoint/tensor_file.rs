@@ -56,13 +56,16 @@ pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
             .iter()
             .try_fold(1i64, |n, &d| (d >= 0).then(|| n.checked_mul(d)).flatten());
         let bytes = numel.and_then(|n| (n as u64).checked_mul(kind.elt_size_in_bytes() as u64));
-        if bytes != Some(end.saturating_sub(begin)) || end < begin || data_start + end > file_len {
+        let past_the_end = data_start
+            .checked_add(end)
+            .is_none_or(|last| last > file_len);
+        if bytes != Some(end.saturating_sub(begin)) || end < begin || past_the_end {
             return Err(bad(format!(
                 "tensor {name}: shape {:?} of {} does not fit bytes {begin}..{end} of the \
                  file's {} data bytes",
                 entry.shape,
                 entry.dtype,
-                file_len - data_start
+                file_len.saturating_sub(data_start)
             )));
         }
         let tensor = Tensor::f_empty(&entry.shape, (kind, tch::Device::Cpu))?;
@@ -144,5 +147,17 @@ mod tests {
         std::fs::write(&path, b"12345678").unwrap();
         let e = read(&path).unwrap_err().to_string();
         assert!(e.contains("not a safetensors file"), "{e}");
+        // Offsets near u64::MAX: named, not an overflow that wraps into a read elsewhere.
+        let huge = u64::MAX - 4;
+        let header = format!(
+            r#"{{"t":{{"dtype":"U8","shape":[4],"data_offsets":[{},{huge}]}}}}"#,
+            huge - 4
+        );
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend(header.as_bytes());
+        file.extend([0u8; 4]);
+        std::fs::write(&path, file).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("does not fit bytes"), "{e}");
     }
 }
