@@ -99,8 +99,17 @@ impl Sink for Remote {
         Ok(())
     }
 
+    /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
+    /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
-        if let Err(e) = self.inner.video(video) {
+        self.deliver();
+        let sent = match self.backlog.is_empty() {
+            true => self.inner.video(video),
+            false => Err(Error::Other(
+                "records of earlier steps wait to be sent".into(),
+            )),
+        };
+        if let Err(e) = sent {
             eprintln!(
                 "warning: {} did not take the video of step {} ({e}); it is in {}",
                 self.inner.name(),
@@ -152,6 +161,43 @@ mod tests {
             self.steps.lock().unwrap().push(record.step);
             Ok(())
         }
+
+        /// A video counts as its step, in the same order as the records.
+        fn video(&mut self, video: &Video) -> Result<()> {
+            if !*self.up.lock().unwrap() {
+                return Err(Error::Other("connection refused".into()));
+            }
+            self.steps.lock().unwrap().push(video.step);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_video_follows_the_records_owed_before_it() {
+        let up = Arc::new(Mutex::new(false));
+        let steps = Arc::new(Mutex::new(Vec::new()));
+        let mut remote = Remote::new(Box::new(Flaky {
+            up: up.clone(),
+            steps: steps.clone(),
+            refused: Arc::default(),
+        }));
+        let video = |step| Video {
+            step,
+            path: "eval_video/x.gif".into(),
+            gif: Vec::new(),
+            width: 1,
+            height: 1,
+            frames: 1,
+        };
+        remote.write(&Record::new(Phase::Eval, 5)).unwrap();
+        remote.video(&video(5)).unwrap();
+        assert!(steps.lock().unwrap().is_empty());
+        remote.write(&Record::new(Phase::Eval, 6)).unwrap();
+        // Back before the next record: the records owed go first.
+        *up.lock().unwrap() = true;
+        remote.video(&video(6)).unwrap();
+        // The video of step 5 was given up (it is in the run directory), never sent late.
+        assert_eq!(*steps.lock().unwrap(), [5, 6, 6]);
     }
 
     #[test]
