@@ -28,17 +28,43 @@ pub fn save(
     }
     // Every rank has written its part (a CPU collective: gloo, also beside NCCL).
     group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
-    let mut roots = vec![buffers_dir(&settings.run_dir, group.rank())];
-    if group.rank() == 0 {
-        roots.push(checkpoints_dir(&settings.run_dir));
-    }
-    for root in roots {
-        // A checkpoint that could not be removed costs disk space, not the run.
-        if let Err(e) = store::prune(&root, global_step, settings.keep) {
-            eprintln!("warning: keep_checkpoints={}: {e}", settings.keep);
-        }
+    // A checkpoint or buffer that could not be removed costs disk space, not the run.
+    let warn = |e: Error| eprintln!("warning: keep_checkpoints={}: {e}", settings.keep);
+    let kept = match group.rank() {
+        0 => store::prune(
+            &checkpoints_dir(&settings.run_dir),
+            global_step,
+            settings.keep,
+        )
+        .unwrap_or_else(|e| {
+            warn(e);
+            Vec::new()
+        }),
+        _ => Vec::new(),
+    };
+    // Each rank keeps the buffers of the checkpoints rank 0 kept, and no other: a buffer left
+    // at a step without a checkpoint must not push out a kept checkpoint's.
+    let kept = share_kept_steps(&kept, settings.keep, group)?;
+    let buffers = buffers_dir(&settings.run_dir, group.rank());
+    if let Err(e) = store::prune_to(&buffers, global_step, &kept) {
+        warn(e);
     }
     Ok(())
+}
+
+/// Rank 0's `kept` steps (at most `keep - 1`) on every rank.
+fn share_kept_steps(kept: &[u64], keep: usize, group: &ProcessGroup) -> Result<Vec<u64>> {
+    let mut values = vec![-1i64; keep.saturating_sub(1).max(1)];
+    for (value, &step) in values.iter_mut().zip(kept) {
+        *value = step as i64;
+    }
+    let mut shared = Tensor::from_slice(&values);
+    group.broadcast_from_root(&mut shared)?;
+    Ok(Vec::<i64>::try_from(shared)?
+        .into_iter()
+        .filter(|&step| step >= 0)
+        .map(|step| step as u64)
+        .collect())
 }
 
 /// Writes this rank's part of the checkpoint; returns its global step.

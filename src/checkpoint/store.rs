@@ -122,15 +122,29 @@ fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
 }
 
 /// Removes the checkpoints under `root` older than `step` but the newest `keep - 1` of them, so
-/// that `keep` remain with `step`'s own. Later ones, if any, stay.
-pub fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
+/// that `keep` remain with `step`'s own; returns the steps of those older ones kept. Later
+/// ones, if any, stay.
+pub fn prune(root: &Path, step: u64, keep: usize) -> Result<Vec<u64>> {
     let mut older: Vec<(u64, PathBuf)> = complete(root)
         .into_iter()
         .filter(|(at, _)| *at < step)
         .collect();
     older.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
-    for (_, dir) in older.into_iter().skip(keep.saturating_sub(1)) {
+    let kept = keep.saturating_sub(1).min(older.len());
+    for (_, dir) in older.split_off(kept) {
         fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+    }
+    Ok(older.into_iter().map(|(at, _)| at).collect())
+}
+
+/// Removes the entries under `root` older than `step` whose steps are not in `kept` (a rank's
+/// replay buffers, kept for the checkpoints kept and no other).
+pub fn prune_to(root: &Path, step: u64, kept: &[u64]) -> Result<()> {
+    for (at, dir) in complete(root) {
+        if at < step && !kept.contains(&at) {
+            fs::remove_dir_all(&dir)
+                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        }
     }
     Ok(())
 }
@@ -239,10 +253,28 @@ mod tests {
             steps
         };
         // Step 500 is left from before a resume at an earlier step.
-        prune(root.path(), 300, 2).unwrap();
+        assert_eq!(prune(root.path(), 300, 2).unwrap(), [200]);
         assert_eq!(steps(), [200, 300, 500]);
-        prune(root.path(), 300, 1).unwrap();
+        assert!(prune(root.path(), 300, 1).unwrap().is_empty());
         assert_eq!(steps(), [300, 500]);
         prune(&root.path().join("absent"), 300, 1).unwrap();
+    }
+
+    /// A rank's buffers follow the checkpoints kept: one left at a step without a checkpoint
+    /// goes, and pushes out none of theirs.
+    #[test]
+    fn buffers_are_pruned_to_the_checkpoints_kept() {
+        let root = tempfile::tempdir().unwrap();
+        for step in [100, 150, 200, 300] {
+            save(root.path(), step, |_| Ok(())).unwrap();
+        }
+        prune_to(root.path(), 300, &[100]).unwrap();
+        let mut left: Vec<u64> = complete(root.path())
+            .into_iter()
+            .map(|(at, _)| at)
+            .collect();
+        left.sort();
+        assert_eq!(left, [100, 300]);
+        prune_to(&root.path().join("absent"), 300, &[]).unwrap();
     }
 }
