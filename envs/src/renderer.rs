@@ -79,17 +79,21 @@ pub fn check_for(renders: bool) -> Result<()> {
 }
 
 /// Words of a Python error (its message or the files of its traceback) that place it in the
-/// OpenGL backend: MuJoCo's and dm_control's GL bindings, PyOpenGL, EGL, OSMesa, GLFW.
-const GL_MARKS: [&str; 8] = [
+/// OpenGL backend: MuJoCo's and dm_control's GL bindings, PyOpenGL, EGL, OSMesa, GLFW. Whole
+/// words (`EGL_BAD_DISPLAY`, `libEGL.so.1`, `.../mujoco/egl/...`), not parts of others.
+const GL_WORDS: [&str; 9] = [
     "egl",
+    "libegl",
     "osmesa",
+    "libosmesa",
     "glfw",
     "opengl",
+    "pyopengl",
     "gladloadgl",
-    "/_render/",
-    "mujoco/gl_context",
-    "mjr_",
+    "mjr",
 ];
+/// Folders of the GL bindings, as a traceback's files name them.
+const GL_FOLDERS: [&str; 2] = ["/_render/", "/mujoco/gl_context"];
 
 /// An error raised while loading a renderer or rendering: a failure of the chosen backend when
 /// it comes from the OpenGL backend, else the error itself (a missing package, a bug in an
@@ -103,7 +107,10 @@ pub fn failure(err: Error) -> Error {
 
 fn from_gl(text: &str) -> bool {
     let text = text.to_lowercase();
-    GL_MARKS.iter().any(|mark| text.contains(mark))
+    GL_FOLDERS.iter().any(|folder| text.contains(folder))
+        || text
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| GL_WORDS.contains(&word) || word.starts_with("mjr"))
 }
 
 /// A failure of the chosen backend, said by the last line of what the library raised.
@@ -185,6 +192,7 @@ mod tests {
             "ModuleNotFoundError: No module named 'dm_control'",
             "KeyError: 'solved'\n  Python traceback (innermost last):\n    File \"adapter.py\"",
             "Unsupported: made without a renderer",
+            "ValueError: a negligible reward in /home/segler/run.py",
         ] {
             let e = failure(Error::Python(text.into()));
             assert!(matches!(&e, Error::Python(t) if t == text), "{e}");

@@ -327,8 +327,9 @@ impl Actor {
     /// `starts[i]` (its task one that the environment holds, see [`TaskAssignment::holds`]), all
     /// at once.
     /// With `video`, environment 0's episode is filmed into it: the first frame, then one after
-    /// each step. The training episodes are not touched: call it with every environment at an
-    /// episode boundary. `interrupted` is asked before each step; once it says so the episodes
+    /// each step. The training episodes are not touched, but their environments are reset:
+    /// call it with every environment at an episode boundary (or when training is over).
+    /// `interrupted` is asked before each step; once it says so the episodes
     /// are left where they are and `None` comes back (a stop must not wait for a long episode).
     pub fn evaluate(
         &mut self,

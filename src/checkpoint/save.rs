@@ -36,35 +36,47 @@ pub fn save(
             global_step,
             settings.keep,
         )
-        .unwrap_or_else(|e| {
-            warn(e);
-            Vec::new()
-        }),
-        _ => Vec::new(),
+        .map_err(warn)
+        .ok(),
+        _ => None,
     };
     // Each rank keeps the buffers of the checkpoints rank 0 kept, and no other: a buffer left
-    // at a step without a checkpoint must not push out a kept checkpoint's.
-    let kept = share_kept_steps(&kept, settings.keep, group)?;
-    let buffers = buffers_dir(&settings.run_dir, group.rank());
-    if let Err(e) = store::prune_to(&buffers, global_step, &kept) {
-        warn(e);
+    // at a step without a checkpoint must not push out a kept checkpoint's. When rank 0 could
+    // not prune, the buffers stay as they are.
+    if let Some(kept) = share_kept_steps(kept.as_deref(), group)? {
+        let buffers = buffers_dir(&settings.run_dir, group.rank());
+        if let Err(e) = store::prune_to(&buffers, global_step, &kept) {
+            warn(e);
+        }
     }
     Ok(())
 }
 
-/// Rank 0's `kept` steps (at most `keep - 1`) on every rank.
-fn share_kept_steps(kept: &[u64], keep: usize, group: &ProcessGroup) -> Result<Vec<u64>> {
-    let mut values = vec![-1i64; keep.saturating_sub(1).max(1)];
-    for (value, &step) in values.iter_mut().zip(kept) {
-        *value = step as i64;
-    }
-    let mut shared = Tensor::from_slice(&values);
+/// Rank 0's `kept` steps on every rank; `None` when rank 0 has none to give (it could not
+/// prune). Their count goes first, so that only they cross.
+fn share_kept_steps(kept: Option<&[u64]>, group: &ProcessGroup) -> Result<Option<Vec<u64>>> {
+    let count = kept.map_or(-1, |k| k.len() as i64);
+    let mut shared = Tensor::from_slice(&[count]);
     group.broadcast_from_root(&mut shared)?;
-    Ok(Vec::<i64>::try_from(shared)?
-        .into_iter()
-        .filter(|&step| step >= 0)
-        .map(|step| step as u64)
-        .collect())
+    let count = shared.int64_value(&[0]);
+    if count < 0 {
+        return Ok(None);
+    }
+    let steps: Vec<i64> = match kept {
+        Some(kept) => kept.iter().map(|&s| s as i64).collect(),
+        None => vec![0; count as usize],
+    };
+    if steps.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    let mut shared = Tensor::from_slice(&steps);
+    group.broadcast_from_root(&mut shared)?;
+    Ok(Some(
+        Vec::<i64>::try_from(shared)?
+            .into_iter()
+            .map(|s| s as u64)
+            .collect(),
+    ))
 }
 
 /// Writes this rank's part of the checkpoint; returns its global step.

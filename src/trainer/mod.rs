@@ -5,7 +5,7 @@
 //! `steps`, `eval_freq` and `save_freq` count global agent steps; each rank runs
 //! `steps / world_size` of them, `num_envs` per vector step. Evaluation and checkpoints happen
 //! at the first episode end at or after each multiple of their frequency, the way the official
-//! trainer evaluates; with episodes of different lengths across ranks (a multitask run, or
+//! trainer evaluates (the last evaluation point at the end, mid-episode if need be); with episodes of different lengths across ranks (a multitask run, or
 //! early terminations) the ranks agree on the first vector step where every environment of
 //! every rank is at an episode end. An environment waiting for that point still counts its
 //! steps, so that all ranks keep one step count.

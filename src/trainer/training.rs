@@ -109,8 +109,10 @@ impl<'g> Training<'g> {
                 config.steps
             );
         }
-        // A stop during pretraining saves the step where seeding ends, not a later one.
-        let pretrained = state.step > seed_steps;
+        // The pretraining burst is a run's first updates: made once the learner has updated
+        // and no stop left some of it owed.
+        let pretrained =
+            learner.updater().model_optim.step_count() > 0 && state.pretrain_updates == 0;
         if group.rank() == 0 && world_size > 1 && config.env_timeout >= config.dist_timeout {
             eprintln!(
                 "warning: env_timeout={} is not below dist_timeout={}: a hung environment \
@@ -119,7 +121,7 @@ impl<'g> Training<'g> {
                 config.env_timeout, config.dist_timeout
             );
         }
-        Ok(Self {
+        let mut training = Self {
             settings: LoopSettings::from_config(config, world_size)?,
             schedule: schedule(config, resumed_from, state.eval_due),
             clock: Clock::new(state.elapsed),
@@ -136,7 +138,15 @@ impl<'g> Training<'g> {
             last_info: None,
             pending: 0,
             saved_at: None,
-        })
+        };
+        // The checkpoint resumed from, when it is this run's and of this very step, is the
+        // state a stop before the first step would save: it keeps it (a second one would count
+        // the environments' next episodes).
+        let resumed_here = resumed_from == Some(training.global_step());
+        if resumed_here && training.holds_a_checkpoint_of_this_step()? {
+            training.saved_at = resumed_from;
+        }
+        Ok(training)
     }
 
     pub(super) fn running(&self) -> bool {
@@ -358,6 +368,10 @@ impl<'g> Training<'g> {
             };
             if let Some(request) = request {
                 self.state.pretrain_updates = update;
+                // Updates made since a checkpoint of this step: the stop's records them.
+                if update > done {
+                    self.saved_at = None;
+                }
                 let when = format!(
                     "during pretraining (after {update} of {updates} updates) at step {}",
                     self.global_step()
