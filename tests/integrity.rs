@@ -40,6 +40,14 @@ fn meta(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap()
 }
 
+/// Polls `ready` until it holds or `limit` has passed.
+fn wait_until(limit: Duration, ready: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ready() && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -220,10 +228,7 @@ fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
     ]);
     let run = Watched::spawn(command("train", dir.path(), &slow));
     let config = dir.path().join("config.yaml");
-    let waiting = Instant::now();
-    while !config.exists() && waiting.elapsed() < Duration::from_secs(120) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(Duration::from_secs(120), || config.exists());
     assert!(config.exists(), "the run started");
     // Well into the first evaluation (the one at step 0).
     std::thread::sleep(Duration::from_secs(10));
@@ -274,12 +279,9 @@ fn a_stop_during_an_evaluation_keeps_the_episode_that_ended_before_it() {
     ]);
     let run = Watched::spawn(command("train", dir.path(), &slow));
     let metrics = dir.path().join("metrics.jsonl");
-    let waiting = Instant::now();
-    while !std::fs::read_to_string(&metrics).is_ok_and(|m| m.contains("\"eval\""))
-        && waiting.elapsed() < Duration::from_secs(300)
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(Duration::from_secs(300), || {
+        std::fs::read_to_string(&metrics).is_ok_and(|m| m.contains("\"eval\""))
+    });
     // The evaluation at 0 is logged; the 400 random steps take well under a second, the
     // evaluation at 400 several.
     std::thread::sleep(Duration::from_secs(2));
@@ -305,12 +307,9 @@ fn a_run_directory_serves_one_run_at_a_time() {
     let long = args(&["steps=1000000", "num_threads=1"]);
     let first = Watched::spawn(command("train", dir.path(), &long));
     let lock = dir.path().join(".lock");
-    let waiting = Instant::now();
-    while !std::fs::read_to_string(&lock).is_ok_and(|t| t.contains("host="))
-        && waiting.elapsed() < Duration::from_secs(120)
-    {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_until(Duration::from_secs(120), || {
+        std::fs::read_to_string(&lock).is_ok_and(|t| t.contains("host="))
+    });
     let pid = first.child.id();
     let owner = std::fs::read_to_string(&lock).unwrap();
     assert!(owner.contains(&format!("pid={pid}\n")), "{owner}");

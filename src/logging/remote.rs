@@ -172,15 +172,23 @@ mod tests {
         }
     }
 
+    type Shared<T> = Arc<Mutex<T>>;
+
+    /// A `Remote` over a `Flaky` tracker, up or not, with its switch, the steps it took and
+    /// the attempts it refused.
+    fn flaky(up: bool) -> (Remote, Shared<bool>, Shared<Vec<u64>>, Shared<u64>) {
+        let (up, steps, refused) = (Arc::new(Mutex::new(up)), Arc::default(), Arc::default());
+        let remote = Remote::new(Box::new(Flaky {
+            up: Arc::clone(&up),
+            steps: Arc::clone(&steps),
+            refused: Arc::clone(&refused),
+        }));
+        (remote, up, steps, refused)
+    }
+
     #[test]
     fn a_video_follows_the_records_owed_before_it() {
-        let up = Arc::new(Mutex::new(false));
-        let steps = Arc::new(Mutex::new(Vec::new()));
-        let mut remote = Remote::new(Box::new(Flaky {
-            up: up.clone(),
-            steps: steps.clone(),
-            refused: Arc::default(),
-        }));
+        let (mut remote, up, steps, _) = flaky(false);
         let video = |step| Video {
             step,
             path: "eval_video/x.gif".into(),
@@ -202,14 +210,7 @@ mod tests {
 
     #[test]
     fn an_outage_delays_records_in_order_and_never_fails_the_run() {
-        let up = Arc::new(Mutex::new(true));
-        let steps = Arc::new(Mutex::new(Vec::new()));
-        let refused = Arc::new(Mutex::new(0));
-        let mut remote = Remote::new(Box::new(Flaky {
-            up: up.clone(),
-            steps: steps.clone(),
-            refused: refused.clone(),
-        }));
+        let (mut remote, up, steps, refused) = flaky(true);
         let record = |step| Record::new(Phase::Train, step).with("reward", 1.0);
         remote.write(&record(1)).unwrap();
         *up.lock().unwrap() = false;
@@ -227,13 +228,7 @@ mod tests {
 
     #[test]
     fn a_long_outage_keeps_the_latest_records() {
-        let up = Arc::new(Mutex::new(false));
-        let steps = Arc::new(Mutex::new(Vec::new()));
-        let mut remote = Remote::new(Box::new(Flaky {
-            up: up.clone(),
-            steps: steps.clone(),
-            refused: Arc::default(),
-        }));
+        let (mut remote, up, steps, _) = flaky(false);
         let total = BACKLOG as u64 + 5;
         for step in 0..total {
             remote.write(&Record::new(Phase::Train, step)).unwrap();
