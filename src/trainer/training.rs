@@ -417,7 +417,11 @@ impl<'g> Training<'g> {
         self.schedule.advance(self.global_step());
         self.evaluate_if_due()?;
         self.note_actor_state()?;
-        if !self.holds_a_checkpoint_of_this_step()? {
+        // A checkpoint of this step written here (or resumed from) is the state at this step;
+        // the final one is an iteration later (the loop acts and learns at the last step too,
+        // as the official one does): under the same name it would make a resume from it
+        // repeat that iteration.
+        if self.saved_at != Some(self.global_step()) {
             checkpoint::save(&self.checkpoints, &self.state, &self.learner, self.group)?;
         }
         if let Some(report) = self.report.take() {
@@ -435,11 +439,8 @@ impl<'g> Training<'g> {
         Ok(())
     }
 
-    /// Whether the run directory holds a checkpoint of this step already (written at its
-    /// checkpoint point, or the one resumed from): it is the state at this step. The final one
-    /// is an iteration later (the loop acts and learns at the last step too, as the official
-    /// one does); under the same name it would make a resume from it repeat that iteration.
-    /// Rank 0's answer: the other ranks may not see the run directory.
+    /// Whether the run directory holds a checkpoint of this step (the one resumed from, when it
+    /// is this run's). Rank 0's answer: the other ranks may not see the run directory.
     fn holds_a_checkpoint_of_this_step(&self) -> Result<bool> {
         let dir = checkpoint::checkpoints_dir(&self.checkpoints.run_dir);
         let held = checkpoint::store::at(&dir, self.global_step()).is_some();
