@@ -546,6 +546,69 @@ fn sigterm_stops_every_rank_after_a_checkpoint() {
     assert!(latest.join("model.safetensors").is_file());
 }
 
+/// Under `srun --kill-on-bad-exit` (the sbatch's) or torchrun, the first rank to exit ends the
+/// others: a rank that left a stop (exit 3) before rank 0 had written the checkpoint the stop
+/// promises would take that write with it. Here the ranks run as a launcher's tasks (its
+/// variables set, no launcher of ours), and the first to exit has the other killed at once.
+#[test]
+fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let mut ranks: Vec<std::process::Child> = (0..2)
+        .map(|rank: usize| {
+            Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+                .args(tiny_train())
+                // The official size: a checkpoint rank 0 takes a while to write.
+                .args(["model_size=5", "steps=1000000", "save_freq=1000000"])
+                .arg("eval_freq=1000000")
+                .arg(format!("run_dir={}", dir.path().display()))
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Into training: the first episodes (200 steps a rank) have ended.
+    let trained = wait_for_train_record(dir.path(), 400, Duration::from_secs(240));
+    for rank in &ranks {
+        Command::new("kill")
+            .args(["-TERM", &rank.id().to_string()])
+            .status()
+            .unwrap();
+    }
+    let first = loop {
+        if let Some(i) = (0..2).find(|&i| ranks[i].try_wait().unwrap().is_some()) {
+            break i;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let other = &mut ranks[1 - first];
+    let _ = other.kill();
+    let _ = other.wait();
+    let out = ranks.remove(first).wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(trained, "no episode ended: {stderr}");
+    assert_eq!(out.status.code(), Some(3), "a requested stop: {stderr}");
+    let step: u64 = stderr
+        .split(" at step ")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|n| n.trim().replace(',', "").parse().ok())
+        .unwrap_or_else(|| panic!("no stop step in: {stderr}"));
+    let (latest, _) =
+        tdmpc2::checkpoint::store::latest(&dir.path().join("checkpoints")).expect("a checkpoint");
+    assert_eq!(
+        latest, step,
+        "rank {first} left the stop at step {step} before its checkpoint was written"
+    );
+}
+
 #[test]
 fn lr_scale_and_warmup_set_the_optimiser_rates() {
     let single = ProcessGroup::alone(RankInfo::single(&config(B, 1)));

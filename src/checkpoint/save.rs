@@ -13,9 +13,9 @@ use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 use crate::learner::Learner;
 
-/// Writes a checkpoint at the current step (every rank calls this at the same point), then,
-/// with `keep_checkpoints`, removes the older ones beyond it once every rank has written its
-/// part.
+/// Writes a checkpoint at the current step (every rank calls this at the same point), returns
+/// on every rank once it is written, then, with `keep_checkpoints`, removes the older ones
+/// beyond it.
 pub fn save(
     settings: &CheckpointSettings,
     state: &TrainState,
@@ -23,11 +23,13 @@ pub fn save(
     group: &ProcessGroup,
 ) -> Result<()> {
     let global_step = write(settings, state, learner, group)?;
+    // Every rank has written its part, rank 0 the checkpoint (a CPU collective: gloo, also
+    // beside NCCL). No rank leaves before: under `srun --kill-on-bad-exit` or torchrun, the
+    // first rank to exit (a stop's exit 3) ends the others, rank 0's write with them.
+    group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
     if settings.keep == 0 {
         return Ok(());
     }
-    // Every rank has written its part (a CPU collective: gloo, also beside NCCL).
-    group.all_reduce_sum(&mut Tensor::from_slice(&[1.0f32]))?;
     // A checkpoint or buffer that could not be removed costs disk space, not the run.
     let warn = |e: Error| eprintln!("warning: keep_checkpoints={}: {e}", settings.keep);
     let kept = match group.rank() {
