@@ -77,6 +77,16 @@ pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
     setting.unwrap_or_else(|| (cores() / local_ranks.max(1)).max(1))
 }
 
+/// A rank's threads: the setting; else the CPUs its launcher allotted to it alone, at most the
+/// cores it may run on (an srun task bound to its CPUs already sees only its own: sharing them
+/// again among the node's ranks would leave most idle); else its share of the node's cores.
+pub fn rank_threads(setting: Option<usize>, rank: &RankInfo) -> usize {
+    match (setting, rank.own_cpus) {
+        (None, Some(own)) => own.min(cores()).max(1),
+        _ => threads(setting, rank.local_world_size),
+    }
+}
+
 /// TF32 matmuls and cudnn's autotuner on CUDA, as the official code sets them (matmul
 /// precision "high"; convolutions keep torch's default, TF32); `tf32=false` keeps full float32,
 /// convolutions included. Set through the embedded torch, which shares its libtorch (and so
@@ -113,6 +123,7 @@ mod tests {
             local_world_size,
             master_addr: "127.0.0.1".into(),
             master_port: 12355,
+            own_cpus: None,
         }
     }
 
@@ -228,5 +239,19 @@ mod tests {
         assert_eq!(threads(Some(3), 8), 3);
         assert!(threads(None, 1) >= 1);
         assert_eq!(threads(None, 10_000), 1);
+    }
+
+    /// An srun task with `--cpus-per-task` takes its own CPUs (no more than it may run on),
+    /// never a share of them; a setting still wins.
+    #[test]
+    fn a_rank_with_cpus_of_its_own_keeps_them() {
+        let own = |n| RankInfo {
+            own_cpus: Some(n),
+            ..rank(0, 4)
+        };
+        assert_eq!(rank_threads(None, &own(1)), 1);
+        assert_eq!(rank_threads(None, &own(usize::MAX)), cores());
+        assert_eq!(rank_threads(Some(3), &own(8)), 3);
+        assert_eq!(rank_threads(None, &rank(0, 4)), threads(None, 4));
     }
 }

@@ -11,6 +11,9 @@ pub struct RankInfo {
     pub local_world_size: usize,
     pub master_addr: String,
     pub master_port: u16,
+    /// The CPUs its launcher allotted to this rank alone (SLURM's `--cpus-per-task`), which it
+    /// shares with no other rank of its node; `None` when its node's ranks share their CPUs.
+    pub own_cpus: Option<usize>,
 }
 
 /// Which launcher set the environment.
@@ -33,6 +36,7 @@ impl RankInfo {
             local_world_size: 1,
             master_addr: config.master_addr.clone(),
             master_port: config.master_port,
+            own_cpus: None,
         }
     }
 
@@ -127,12 +131,22 @@ impl Vars<'_> {
             local_world_size: self.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size),
             master_addr: (self.0)("MASTER_ADDR").unwrap_or_else(|| config.master_addr.clone()),
             master_port: self.port(config.master_port)?,
+            own_cpus: None,
         })
     }
 
-    /// A SLURM task: the master is MASTER_ADDR, else the job's first node.
+    /// A SLURM task: the master is MASTER_ADDR, else the step's first node; its CPUs are its own
+    /// with `--cpus-per-task`.
     fn slurm(&self, config: &Config, rank: usize, world_size: usize) -> Result<RankInfo> {
-        let nodes = (self.0)("SLURM_JOB_NODELIST").or_else(|| (self.0)("SLURM_NODELIST"));
+        // The step's own nodes first: a step on part of the allocation (`srun -r2`,
+        // `--exclude`) need not run on the job's first node.
+        let nodes = [
+            "SLURM_STEP_NODELIST",
+            "SLURM_JOB_NODELIST",
+            "SLURM_NODELIST",
+        ]
+        .iter()
+        .find_map(|key| (self.0)(key));
         let master_addr = match (self.0)("MASTER_ADDR") {
             Some(addr) => addr,
             None => nodes
@@ -147,6 +161,7 @@ impl Vars<'_> {
             local_world_size: self.slurm_tasks_on_this_node()?,
             master_addr,
             master_port: self.port(config.master_port)?,
+            own_cpus: self.number("SLURM_CPUS_PER_TASK")?.filter(|&n| n > 0),
         })
     }
 }
@@ -234,6 +249,8 @@ mod tests {
             ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "10.1.2.3"),
             ("MASTER_PORT", "29500"),
+            // The built-in launcher's ranks inside one SLURM task a node (its CPUs are theirs).
+            ("SLURM_CPUS_PER_TASK", "32"),
         ])
         .unwrap();
         assert_eq!(by, LaunchedBy::Torchrun);
@@ -242,6 +259,7 @@ mod tests {
             (3, 4, 1, 2)
         );
         assert_eq!((i.master_addr.as_str(), i.master_port), ("10.1.2.3", 29500));
+        assert_eq!(i.own_cpus, None, "these ranks share their node's CPUs");
     }
 
     #[test]
@@ -255,7 +273,9 @@ mod tests {
             ("SLURM_STEP_TASKS_PER_NODE", "4(x2)"),
             // The job asked for 8 tasks on one node; the step runs 4 on each of 2.
             ("SLURM_TASKS_PER_NODE", "8"),
-            ("SLURM_JOB_NODELIST", "gpu[07-08]"),
+            ("SLURM_JOB_NODELIST", "gpu[05-08]"),
+            ("SLURM_STEP_NODELIST", "gpu[07-08]"),
+            ("SLURM_CPUS_PER_TASK", "8"),
         ])
         .unwrap();
         assert_eq!(by, LaunchedBy::Slurm);
@@ -264,6 +284,11 @@ mod tests {
             (5, 8, 1, 4)
         );
         assert_eq!((i.master_addr.as_str(), i.master_port), ("gpu07", 12355));
+        assert_eq!(
+            i.own_cpus,
+            Some(8),
+            "srun's --cpus-per-task are the task's own"
+        );
     }
 
     #[test]

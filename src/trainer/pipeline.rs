@@ -31,7 +31,7 @@ impl Pipeline {
             return Ok(None);
         }
         let (actor_threads, learner_threads) = split_threads(
-            crate::device::threads(config.num_threads, rank.local_world_size),
+            crate::device::rank_threads(config.num_threads, rank),
             config.actor_threads,
         )?;
         tch::set_num_threads(learner_threads as i32);

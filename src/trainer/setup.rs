@@ -16,7 +16,7 @@ use crate::learner::{Learner, LearnerSettings};
 
 pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, ProcessGroup)> {
     let device = crate::device::select(&config.device, rank, config.dist_backend == "gloo")?;
-    tch::set_num_threads(crate::device::threads(config.num_threads, rank.local_world_size) as i32);
+    tch::set_num_threads(crate::device::rank_threads(config.num_threads, rank) as i32);
     crate::device::set_tf32(device, config.tf32)?;
     let (group, backend) = GroupSettings::from_config(config).join(rank.clone(), device)?;
     let pinned = match config.cpu_affinity {

@@ -135,6 +135,7 @@ pub(super) fn rank_check() -> Result<()> {
         master_port: var("MASTER_PORT")?
             .parse()
             .map_err(|_| Error::Config("MASTER_PORT is not a port".into()))?,
+        own_cpus: None,
     };
     let (backend, device) = match var("TDMPC2_DOCTOR_BACKEND")?.as_str() {
         "nccl" => (Backend::Nccl, Device::Cuda(info.local_rank)),
