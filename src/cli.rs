@@ -370,8 +370,8 @@ fn check_world_size(config: &Config, rank: &RankInfo, launched_by: LaunchedBy) -
     }
     Err(Error::Config(format!(
         "world_size={} disagrees with {by}, which started this process as rank {} of {}. \
-         Either let the launcher decide (one process per rank: leave world_size out or set \
-         it to {}), or run one process that starts world_size ranks itself with \
+         Either let the launcher decide (one process per rank: set world_size={}, which \
+         also overrides a config file's, e.g. config_ddp's 8), or run one process that starts world_size ranks itself with \
          launcher=builtin (e.g. inside `sbatch --ntasks=1`)",
         config.world_size, rank.rank, rank.world_size, rank.world_size
     )))
