@@ -20,6 +20,9 @@ const BEAT: Duration = Duration::from_secs(1);
 const ENDED_WELL: i64 = 1;
 const FAILED: i64 = 2;
 
+/// What the job is (set by node 0, checked by the other nodes).
+const JOB_KEY: &str = "tdmpc2/job";
+
 fn ended_key(attempt: usize, node: usize) -> String {
     format!("tdmpc2/ended/{attempt}/{node}")
 }
@@ -38,15 +41,17 @@ pub const AGENT_STORE_ENV: &str = "TDMPC2_AGENT_STORE";
 
 impl JobStore {
     /// Node 0 hosts the store on `port`; the other nodes connect to it at `addr:port`, waiting
-    /// up to `start_timeout` for it. Each later operation waits at most `op_timeout`.
+    /// up to `start_timeout` for it, and must run the same `job` (see [`JobStore::join`]). Each
+    /// later operation waits at most `op_timeout`.
     pub fn open(
         addr: &str,
         port: u16,
         node: usize,
         nnodes: usize,
-        start_timeout: Duration,
-        op_timeout: Duration,
+        job: &str,
+        timeouts: (Duration, Duration),
     ) -> Result<Self> {
+        let (start_timeout, op_timeout) = timeouts;
         let store = embedded_python::with_python(|py| {
             let dist = py.import("torch.distributed")?;
             let timedelta = py.import("datetime")?.getattr("timedelta")?;
@@ -74,11 +79,47 @@ impl JobStore {
             };
             Error::Other(format!("cannot {role}: {e}"))
         })?;
-        Ok(Self {
+        let store = Self {
             store,
             node,
             nnodes,
+        };
+        store.join(job, &format!("{addr}:{port}"))?;
+        Ok(store)
+    }
+
+    /// Node 0 says which job it hosts; every other node checks that it runs the same one and
+    /// claims its node rank. A launcher given another world size or task, or a node rank
+    /// another launcher has, and a node of another job that reached this job's store (two jobs
+    /// on one master_port), are refused here: they would form no job, or start ranks among
+    /// this job's and stop it when they fail.
+    fn join(&self, job: &str, at: &str) -> Result<()> {
+        let hosted = embedded_python::with_python(|py| {
+            let store = self.store.bind(py);
+            if self.node == 0 {
+                store.call_method1("set", (JOB_KEY, job))?;
+                return Ok(job.to_owned());
+            }
+            let bytes: Vec<u8> = store.call_method1("get", (JOB_KEY,))?.extract()?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
         })
+        .map_err(|e| Error::Other(format!("cannot read the job node 0 hosts at {at}: {e}")))?;
+        if hosted != job {
+            return Err(Error::Config(format!(
+                "node {} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`: give every \
+                 node the same settings (node_rank aside), and each job a master_port of its own",
+                self.node
+            )));
+        }
+        if self.add(&format!("tdmpc2/node/{}", self.node), 1)? != 1 {
+            return Err(Error::Config(format!(
+                "node_rank={} is taken: another launcher joined the job at {at} as node {0}; \
+                 give each node its own node_rank (0 to nnodes-1), and each job a master_port of \
+                 its own",
+                self.node
+            )));
+        }
+        Ok(())
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
@@ -229,16 +270,26 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
 mod tests {
     use super::*;
 
+    const JOB: &str = "world_size=2 nnodes=2 task=walker-run seed=1";
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port()
+    }
+
+    fn open(port: u16, node: usize, job: &str) -> Result<JobStore> {
+        let limit = Duration::from_secs(20);
+        JobStore::open("127.0.0.1", port, node, 2, job, (limit, limit))
+    }
+
     /// Node 0's watch over node 1, which says how its ranks ended and never beats: what node 0
     /// reports within `within`.
     fn watch_a_node_that_ended(well: bool, within: Duration) -> Option<PeerLost> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap()
-            .port();
-        let limit = Duration::from_secs(20);
-        let host = Arc::new(JobStore::open("127.0.0.1", port, 0, 2, limit, limit).unwrap());
-        let peer = JobStore::open("127.0.0.1", port, 1, 2, limit, limit).unwrap();
+        let port = free_port();
+        let host = Arc::new(open(port, 0, JOB).unwrap());
+        let peer = open(port, 1, JOB).unwrap();
         peer.mark_ended(0, well);
         let watch = Watch {
             attempt: 0,
@@ -262,6 +313,20 @@ mod tests {
         assert_eq!(watch_a_node_that_ended(true, Duration::from_secs(3)), None);
         let lost = watch_a_node_that_ended(false, Duration::from_secs(10)).expect("not reported");
         assert_eq!((lost.node, lost.why.as_str()), (1, "its ranks failed"));
+    }
+
+    /// A node of another job (or given other settings) and a second launcher claiming a node
+    /// rank are refused, naming what differs; the job's own node joins.
+    #[test]
+    fn only_the_hosted_jobs_nodes_join_each_once() {
+        let port = free_port();
+        let _host = open(port, 0, JOB).unwrap();
+        let other = "world_size=2 nnodes=2 task=dog-run seed=1";
+        let e = open(port, 1, other).err().expect("another job").to_string();
+        assert!(e.contains(other) && e.contains(JOB), "{e}");
+        let _node = open(port, 1, JOB).unwrap();
+        let e = open(port, 1, JOB).err().expect("node 1 again").to_string();
+        assert!(e.contains("node_rank=1 is taken"), "{e}");
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub struct LaunchPlan {
     /// and how long the job may take to form (`dist_timeout`).
     pub peer_timeout: Duration,
     pub dist_timeout: Duration,
+    /// What every node's launcher must agree on (world size, nodes, task, seed, steps): a
+    /// launcher started with other settings, or one of another job, is refused.
+    pub job: String,
     /// The worker's command line (the same subcommand and arguments as the launcher's).
     pub program: std::path::PathBuf,
     pub args: Vec<String>,
@@ -122,8 +125,8 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             plan.master_port,
             plan.node_rank,
             plan.nnodes,
-            plan.dist_timeout,
-            plan.peer_timeout,
+            &plan.job,
+            (plan.dist_timeout, plan.peer_timeout),
         )?;
         Some(Arc::new(store))
     } else {
@@ -610,6 +613,7 @@ mod tests {
             max_restarts: 3,
             peer_timeout: Duration::from_secs(1),
             dist_timeout: Duration::from_secs(1),
+            job: String::new(),
             program: "tdmpc2".into(),
             args: Vec::new(),
         };
