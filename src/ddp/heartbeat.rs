@@ -16,9 +16,24 @@ use pyo3::types::PyDict;
 use crate::error::{Error, Result};
 
 const BEAT: Duration = Duration::from_secs(1);
-/// The values of a node's `ended` key.
-const ENDED_WELL: i64 = 1;
-const FAILED: i64 = 2;
+/// How a node's ranks of an attempt ended (the value of its `ended` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Finished, or stopped as asked.
+    Well = 1,
+    /// Failed: the job may be restarted.
+    Failed = 2,
+    /// Refused their input (exit 2): a restart would fail the same way.
+    Refused = 3,
+}
+
+impl Ended {
+    fn from_value(value: i64) -> Option<Self> {
+        [Self::Well, Self::Failed, Self::Refused]
+            .into_iter()
+            .find(|ended| *ended as i64 == value)
+    }
+}
 
 /// What the job is (set by node 0, checked by the other nodes).
 const JOB_KEY: &str = "tdmpc2/job";
@@ -135,23 +150,19 @@ impl JobStore {
     /// Says how this node's ranks of `attempt` ended, before its heartbeat stops: the other
     /// nodes then do not take a node that finished first (or stopped as asked) for lost while
     /// they still write their checkpoint, and learn at once of one whose ranks failed.
-    pub fn mark_ended(&self, attempt: usize, well: bool) {
-        let _ = self.add(
-            &ended_key(attempt, self.node),
-            if well { ENDED_WELL } else { FAILED },
-        );
+    pub fn mark_ended(&self, attempt: usize, ended: Ended) {
+        let _ = self.add(&ended_key(attempt, self.node), ended as i64);
     }
 
     /// How `node`'s ranks of `attempt` ended; None while they run (or the store does not say).
-    fn ended(&self, attempt: usize, node: usize) -> Option<bool> {
-        match self.add(&ended_key(attempt, node), 0) {
-            Ok(ENDED_WELL) => Some(true),
-            Ok(FAILED) => Some(false),
-            _ => None,
-        }
+    fn ended(&self, attempt: usize, node: usize) -> Option<Ended> {
+        self.add(&ended_key(attempt, node), 0)
+            .ok()
+            .and_then(Ended::from_value)
     }
 
-    /// Says this node's ranks of `attempt` finished; node 0 then waits (up to `limit`) for
+    /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
+    /// then waits (up to `limit`) for
     /// every node to say so, so that no launcher loses the store while its ranks still end.
     pub fn finish(&self, attempt: usize, limit: Duration) {
         let key = |node: usize| format!("tdmpc2/done/{attempt}/{node}");
@@ -184,6 +195,8 @@ pub struct Watch {
 pub struct PeerLost {
     pub node: usize,
     pub why: String,
+    /// Its ranks refused their input: the job cannot form again by restarting.
+    pub refused: bool,
 }
 
 impl std::fmt::Display for PeerLost {
@@ -226,6 +239,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                     return Some(PeerLost {
                         node: 0,
                         why: format!("its launcher's store does not answer ({e})"),
+                        refused: false,
                     })
                 }
             };
@@ -237,11 +251,19 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                 continue;
             }
             match store.ended(watch.attempt, node) {
-                Some(true) => continue,
-                Some(false) => {
+                Some(Ended::Well) => continue,
+                Some(Ended::Failed) => {
                     return Some(PeerLost {
                         node,
                         why: "its ranks failed".into(),
+                        refused: false,
+                    })
+                }
+                Some(Ended::Refused) => {
+                    return Some(PeerLost {
+                        node,
+                        why: "its ranks refused their input (its log names the setting)".into(),
+                        refused: true,
                     })
                 }
                 None => {}
@@ -259,7 +281,11 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                 ),
                 _ => continue,
             };
-            return Some(PeerLost { node, why });
+            return Some(PeerLost {
+                node,
+                why,
+                refused: false,
+            });
         }
         std::thread::sleep(BEAT);
     }
@@ -286,11 +312,11 @@ mod tests {
 
     /// Node 0's watch over node 1, which says how its ranks ended and never beats: what node 0
     /// reports within `within`.
-    fn watch_a_node_that_ended(well: bool, within: Duration) -> Option<PeerLost> {
+    fn watch_a_node_that_ended(ended: Ended, within: Duration) -> Option<PeerLost> {
         let port = free_port();
         let host = Arc::new(open(port, 0, JOB).unwrap());
         let peer = open(port, 1, JOB).unwrap();
-        peer.mark_ended(0, well);
+        peer.mark_ended(0, ended);
         let watch = Watch {
             attempt: 0,
             peer_timeout: Duration::from_millis(500),
@@ -310,9 +336,19 @@ mod tests {
     #[test]
     fn a_node_that_ended_well_is_not_lost_and_one_that_failed_is_named_at_once() {
         // Silent far past peer_timeout and start_timeout, but finished: not lost.
-        assert_eq!(watch_a_node_that_ended(true, Duration::from_secs(3)), None);
-        let lost = watch_a_node_that_ended(false, Duration::from_secs(10)).expect("not reported");
+        assert_eq!(
+            watch_a_node_that_ended(Ended::Well, Duration::from_secs(3)),
+            None
+        );
+        let within = Duration::from_secs(10);
+        let lost = watch_a_node_that_ended(Ended::Failed, within).expect("not reported");
         assert_eq!((lost.node, lost.why.as_str()), (1, "its ranks failed"));
+        assert!(!lost.refused, "a failure may be restarted");
+        let lost = watch_a_node_that_ended(Ended::Refused, within).expect("not reported");
+        assert!(
+            lost.refused && lost.why.contains("refused their input"),
+            "{lost}"
+        );
     }
 
     /// A node of another job (or given other settings) and a second launcher claiming a node
@@ -334,6 +370,7 @@ mod tests {
         let lost = PeerLost {
             node: 1,
             why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
+            refused: false,
         };
         assert_eq!(
             lost.to_string(),

@@ -146,11 +146,13 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     wait_for_port(&plan.master_addr, plan.master_port)?;
                 }
             }
-            Ok(()) => {
+            // Node 0 hosts the store: it waits for the others to end too, or they would take
+            // its going for a lost node.
+            result @ (Ok(()) | Err(Error::Stopped(_))) => {
                 if let Some(store) = &store {
                     store.finish(restart, plan.peer_timeout);
                 }
-                return Ok(());
+                return result;
             }
             result => return result,
         }
@@ -264,8 +266,14 @@ async fn supervise(
     }
     let outcome = job.outcome();
     if let Some(store) = store {
-        let well = matches!(outcome, Ok(()) | Err(Error::Stopped(_)));
-        store.mark_ended(restart, well);
+        store.mark_ended(
+            restart,
+            match outcome {
+                Ok(()) | Err(Error::Stopped(_)) => heartbeat::Ended::Well,
+                Err(Error::Config(_)) => heartbeat::Ended::Refused,
+                Err(_) => heartbeat::Ended::Failed,
+            },
+        );
     }
     outcome
 }
@@ -424,8 +432,11 @@ impl Supervision {
             }
             Event::Exit { rank, status } => self.on_exit(rank, status),
             Event::StreamEnded => self.open_streams = self.open_streams.saturating_sub(1),
+            // A rank here that stopped as agreed means the job is stopping: a node whose
+            // launcher leaves now is no loss.
             Event::PeerLost(lost) => {
-                if self.lost_peer.is_none() && self.interrupted.is_none() {
+                if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
+                {
                     eprintln!("[launcher] {lost}; stopping this node's ranks");
                     self.lost_peer = Some(lost);
                     stop_all(&self.alive, libc::SIGTERM);
@@ -507,9 +518,11 @@ impl Supervision {
             )));
         }
         if let Some(lost) = self.lost_peer {
-            return Err(Error::JobFailed(format!(
-                "{lost}; this node's ranks were stopped"
-            )));
+            let why = format!("{lost}; this node's ranks were stopped");
+            return Err(match lost.refused {
+                true => Error::Config(why),
+                false => Error::JobFailed(why),
+            });
         }
         if let Some(failure) = &self.failure {
             let tail = &self.tails[failure.rank - self.first_rank];
@@ -650,6 +663,41 @@ mod tests {
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
         assert!(err.to_string().contains("after rank 1 failed"), "{err}");
+    }
+
+    /// Another node whose ranks refused their input ends this node's job as refused (exit 2,
+    /// never restarted: it would fail the same way); one that failed may be restarted.
+    #[test]
+    fn a_peer_that_refused_its_input_is_not_restarted() {
+        for (refused, config) in [(true, true), (false, false)] {
+            let mut job = two_ranks();
+            job.on_event(Event::PeerLost(heartbeat::PeerLost {
+                node: 1,
+                why: "its ranks ended".into(),
+                refused,
+            }));
+            job.on_exit(0, exited(STOPPED_EXIT_CODE));
+            job.on_exit(1, exited(STOPPED_EXIT_CODE));
+            let err = job.outcome().unwrap_err();
+            assert_eq!(matches!(err, Error::Config(_)), config, "{err}");
+            assert_eq!(!config, matches!(err, Error::JobFailed(_)), "{err}");
+        }
+    }
+
+    /// Ranks here stopped as agreed (a stop asked on another node): that node's launcher
+    /// leaving afterwards is the job ending, not a loss to restart from.
+    #[test]
+    fn a_peer_leaving_after_an_agreed_stop_is_no_failure() {
+        let mut job = two_ranks();
+        job.on_exit(1, exited(STOPPED_EXIT_CODE));
+        job.on_event(Event::PeerLost(heartbeat::PeerLost {
+            node: 0,
+            why: "its launcher's store does not answer".into(),
+            refused: false,
+        }));
+        job.on_exit(0, exited(STOPPED_EXIT_CODE));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
     }
 
     #[test]
