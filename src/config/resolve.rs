@@ -65,10 +65,14 @@ impl Config {
             ));
         }
         self.check_resources(&Machine::this())?;
-        // Offline, the replay buffer is not used: batches come from the dataset files.
+        // Offline, the replay buffer is not used: batches come from the dataset files (whose
+        // episodes are checked against the horizon as they are read).
         match self.offline() {
             true => Ok(()),
-            false => self.check_episode_fits(length),
+            false => {
+                self.check_horizon_fits(length)?;
+                self.check_episode_fits(length)
+            }
         }
     }
 
@@ -107,7 +111,11 @@ impl Config {
         self.task_dim = super::tasks::task_dim(&self.task, self.model_size);
         self.action_dims = Some(specs.iter().map(|s| s.action_dim).collect());
         self.episode_lengths = Some(specs.iter().map(|s| s.episode_length).collect());
-        Ok(())
+        let shortest = specs.iter().map(|s| s.episode_length).min().unwrap_or(0);
+        match self.offline() {
+            true => Ok(()),
+            false => self.check_horizon_fits(shortest),
+        }
     }
 
     /// The official discount of episodes of `length` steps: (L/d − 1)/(L/d) with d =
@@ -132,6 +140,24 @@ impl Config {
     /// Whether the run trains one multitask model on several tasks.
     pub fn multitask(&self) -> bool {
         super::tasks::is_multitask(&self.task)
+    }
+
+    /// An update samples horizon + 1 consecutive rows of one episode, which has L + 1 (its
+    /// first observation too): a longer horizon would leave the buffer never able to give a
+    /// batch, and the run would never learn.
+    fn check_horizon_fits(&self, length: usize) -> Result<()> {
+        if self.horizon <= length {
+            return Ok(());
+        }
+        Err(range(
+            "horizon",
+            self.horizon,
+            &format!(
+                "must be <= the episode length of {} ({length} steps): an update samples \
+                 horizon + 1 consecutive observations of one episode",
+                self.task
+            ),
+        ))
     }
 
     /// Each rank keeps min(buffer_size, steps / world_size) rows, and an episode of L steps

@@ -251,6 +251,33 @@ fn resolve_derives_the_official_fields() {
     assert_eq!(c.discount, Some(0.995));
 }
 
+/// A horizon longer than an episode (the shortest task's, with several) leaves the buffer never
+/// able to give a batch: refused, naming the length. Offline, the dataset's episodes decide.
+#[test]
+fn the_horizon_fits_in_an_episode() {
+    let spec = |episode_length| envs::EnvSpec {
+        obs_shape: vec![3],
+        action_dim: 1,
+        episode_length,
+    };
+    load(&["horizon=200"]).unwrap().resolve(&spec(200)).unwrap();
+    let e = load(&["horizon=201"])
+        .unwrap()
+        .resolve(&spec(200))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("horizon=201 is out of range") && e.contains("(200 steps)"),
+        "{e}"
+    );
+    let mut tasks = load(&["task=[walker-run,mw-reach]", "horizon=101"]).unwrap();
+    let e = tasks
+        .resolve_tasks(&[spec(500), spec(100)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("(100 steps)"), "the shortest task's: {e}");
+}
+
 #[test]
 fn pixels_take_the_encoders_latent_and_refuse_any_other() {
     let spec = envs::EnvSpec {
