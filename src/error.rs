@@ -81,6 +81,9 @@ impl Error {
                 | envs::Error::FamilyMissing { .. }
                 | envs::Error::Renderer { .. },
             ) => BAD_INPUT_EXIT_CODE,
+            Error::Agent(
+                crate::agent::Error::Output { .. } | crate::agent::Error::Mismatch { .. },
+            ) => BAD_INPUT_EXIT_CODE,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
             _ => 1,
         }

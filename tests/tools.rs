@@ -574,15 +574,38 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
         assert!(a.equal(b), "{name} changed on the way");
     }
 
+    // Nothing is overwritten: not a file written before, not a checkpoint's own.
+    for (verb, input, output) in [("export", &run, &pt), ("import", &pt, &model)] {
+        let before = std::fs::read(output).unwrap();
+        let out = tdmpc2(&[verb, &input.to_string_lossy(), &output.to_string_lossy()]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(
+            text(&out).contains("exists; give a new file"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(
+            std::fs::read(output).unwrap(),
+            before,
+            "{verb} kept the file"
+        );
+    }
+
     let missing = dir.path().join("nothing-here");
-    let out = tdmpc2(&["export", &missing.to_string_lossy(), &pt.to_string_lossy()]);
+    let fresh = dir.path().join("fresh.pt");
+    let out = tdmpc2(&[
+        "export",
+        &missing.to_string_lossy(),
+        &fresh.to_string_lossy(),
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nothing-here"), "{}", text(&out));
 
+    let fresh = dir.path().join("fresh.safetensors");
     let out = tdmpc2(&[
         "import",
         &missing.to_string_lossy(),
-        &back.to_string_lossy(),
+        &fresh.to_string_lossy(),
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
@@ -590,7 +613,7 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
         "{}",
         text(&out)
     );
-    let out = tdmpc2(&["import", &run.to_string_lossy(), &back.to_string_lossy()]);
+    let out = tdmpc2(&["import", &run.to_string_lossy(), &fresh.to_string_lossy()]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("run: not a file"), "{}", text(&out));
 
@@ -600,7 +623,7 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
         &run.to_string_lossy(),
         &unwritable.to_string_lossy(),
     ]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no-such-dir"), "{}", text(&out));
 
     let mut damaged = std::fs::read(&model).unwrap();

@@ -26,6 +26,10 @@ pub enum Error {
     Fused(#[from] crate::cuda::fused::FusedError),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
+    /// A file to write that cannot be written as given (bad input: it exists, has no folder, is
+    /// named for another format).
+    #[error("output {path}: {message}")]
+    Output { path: String, message: String },
     /// A state dict read whole whose parameters are not this model's (other sizes, tasks or
     /// layers).
     #[error("checkpoint {path} does not fit this model: {message}")]

@@ -184,15 +184,6 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         "safetensors",
         "export writes torch's format, e.g. agent.pt",
     )?;
-    if out_path.is_dir() {
-        return Err(Error::Checkpoint {
-            path: out_path.display().to_string(),
-            message: format!(
-                "is a directory; give the file to write, e.g. {}",
-                out_path.join("agent.pt").display()
-            ),
-        });
-    }
     let fail = |path: &Path, message: String| Error::Checkpoint {
         path: path.display().to_string(),
         message,
@@ -253,9 +244,12 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
 
 /// A file to write whose name says the format the command reads: a `.safetensors` file holding
 /// a torch pickle (or the reverse) would mislead whoever opens it next.
+/// The file import or export is to write, refused before anything is read when it is named for
+/// the other format, has no folder, or exists: neither ever replaces a file (a checkpoint's
+/// own, the run's config) with what it writes.
 fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Result<()> {
     let refuse = |message| {
-        Err(Error::Checkpoint {
+        Err(Error::Output {
             path: out_path.display().to_string(),
             message,
         })
@@ -266,6 +260,21 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
     let folder = out_path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(folder) = folder.filter(|f| !f.is_dir()) {
         return refuse(format!("the folder {} does not exist", folder.display()));
+    }
+    if out_path.is_dir() {
+        return refuse(format!(
+            "is a directory; give the file to write, e.g. {}",
+            out_path
+                .join(if extension == "pt" {
+                    "model.safetensors"
+                } else {
+                    "agent.pt"
+                })
+                .display()
+        ));
+    }
+    if out_path.exists() {
+        return refuse("exists; give a new file (nothing is ever overwritten)".into());
     }
     Ok(())
 }
@@ -328,6 +337,23 @@ mod tests {
         let e = export_official(&missing, &nowhere).unwrap_err().to_string();
         assert!(e.contains("no-folder does not exist"), "{e}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// Neither replaces a file: a checkpoint's own meta.json or model, the run's config.
+    #[test]
+    fn an_existing_output_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nothing-here");
+        let kept = dir.path().join("meta.json");
+        std::fs::write(&kept, "{}").unwrap();
+        for e in [
+            export_official(&missing, &kept).unwrap_err(),
+            import_official(&missing, &kept).unwrap_err(),
+        ] {
+            assert!(matches!(e, Error::Output { .. }), "bad input: {e}");
+            assert!(e.to_string().contains("meta.json: exists"), "{e}");
+        }
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "{}");
     }
 
     #[test]
