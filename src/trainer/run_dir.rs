@@ -15,17 +15,32 @@ use crate::error::{Error, Result};
 
 const JOB: &str = ".job";
 
-/// What `train` refuses before anything starts: a `resume` path that names no checkpoint, and a
-/// run directory whose checkpoints are not this run's to continue.
+/// What `train` refuses before anything starts: a `resume` path that names no checkpoint, a
+/// `checkpoint` (which train would not read), and a run directory whose checkpoints are not this
+/// run's to continue.
 pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
+    refuse_a_checkpoint_to_start_from(config)?;
     resume_source_of(config)?;
     refuse_a_used_run_dir(config)
+}
+
+/// `checkpoint=` is what eval, collect and export read; train would leave it unread, and a run
+/// meant to go on from it would start from scratch.
+fn refuse_a_checkpoint_to_start_from(config: &Config) -> Result<()> {
+    match &config.checkpoint {
+        None => Ok(()),
+        Some(path) => Err(Error::Config(format!(
+            "checkpoint={path} is read by eval and collect, not by train: to go on from a \
+             checkpoint, give resume={path} (or resume=auto for this run directory's latest)"
+        ))),
+    }
 }
 
 /// Rank 0's hold on the run directory, this job's from here on. A bad `resume` path is refused
 /// before the directory is made; a used directory once its lock is held, so that two runs
 /// starting together cannot both find it unused.
 pub fn claim(config: &Config) -> Result<RunLock> {
+    refuse_a_checkpoint_to_start_from(config)?;
     resume_source_of(config)?;
     let lock = RunLock::acquire(&config.run_dir())?;
     refuse_a_used_run_dir(config)?;
@@ -100,6 +115,19 @@ mod tests {
             ..Source::default()
         })
         .unwrap()
+    }
+
+    #[test]
+    fn train_refuses_a_checkpoint_it_would_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = refuse_a_bad_start(&config(dir.path(), "checkpoint=/runs/x/1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not by train") && e.contains("resume=/runs/x/1"),
+            "{e}"
+        );
+        refuse_a_bad_start(&config(dir.path(), "resume=null")).unwrap();
     }
 
     #[test]
