@@ -236,7 +236,9 @@ pub fn hydra_short_flags(args: impl IntoIterator<Item = String>) -> Vec<String> 
 }
 
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
-    let mut config = Config::load(&args.source())?;
+    let source = args.source();
+    source.refuse_derived_settings()?;
+    let mut config = Config::load(&source)?;
     // A task of a family with a venv of its own is made in a worker to read its spec: one that
     // hangs there is named after env_timeout, as a rank's would be.
     let env_timeout = std::time::Duration::from_secs(config.env_timeout);

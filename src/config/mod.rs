@@ -161,6 +161,35 @@ pub struct Source {
     pub overrides: Vec<String>,
 }
 
+/// The fields `resolve` derives from the task alone. A saved resolved config holds them (and is
+/// derived again); a setting on the command line would be replaced, and `episode_length` would
+/// be taken for the mark of a config resolved before.
+pub const DERIVED_FIELDS: [&str; 6] = [
+    "obs_shape",
+    "action_dim",
+    "episode_length",
+    "bin_size",
+    "action_dims",
+    "episode_lengths",
+];
+
+impl Source {
+    /// Refuses a command-line setting of a field derived from the task.
+    pub fn refuse_derived_settings(&self) -> Result<()> {
+        for arg in &self.overrides {
+            let key = arg.split_once('=').map_or(arg.as_str(), |(key, _)| key);
+            let key = key.trim().trim_start_matches('+');
+            if DERIVED_FIELDS.contains(&key) {
+                return Err(Error::Config(format!(
+                    "{key} is derived from the task (bin_size from vmin, vmax and num_bins): \
+                     it cannot be set"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     /// Builds a config from the compiled-in defaults, an optional named file laid over them,
     /// then `key=value` overrides. Validates everything that does not need the environment.

@@ -452,3 +452,28 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
     let c = load(&["run_dir=runs/[a,b]/0"]).unwrap();
     assert_eq!(c.run_dir.as_deref(), Some("runs/[a,b]/0"));
 }
+
+/// A field derived from the task, set on the command line, is refused (it would be replaced,
+/// and `episode_length` taken for a config resolved before); settings beside them pass.
+#[test]
+fn derived_fields_cannot_be_set_on_the_command_line() {
+    let source = |args: &[&str]| Source {
+        overrides: args.iter().map(|a| a.to_string()).collect(),
+        ..Source::default()
+    };
+    for key in DERIVED_FIELDS {
+        let e = source(&["steps=10", &format!("{key}=3")])
+            .refuse_derived_settings()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("{key} is derived from the task")),
+            "{e}"
+        );
+    }
+    let e = source(&["+episode_length=5"]).refuse_derived_settings();
+    assert!(e.is_err(), "with hydra's + too");
+    source(&["discount=0.9", "seed_steps=1000", "task=walker-run"])
+        .refuse_derived_settings()
+        .unwrap();
+}

@@ -183,6 +183,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
              CPU cores)"
         )));
     }
+    sweep.refuse_derived_settings()?;
     let source = |overrides: Vec<String>| Source {
         overrides,
         ..sweep.clone()
