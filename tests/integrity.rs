@@ -466,6 +466,14 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         stderr.contains("The model is built from this command's settings (model_size=5"),
         "{stderr}"
     );
+    // Another task of the same sizes plays, with a warning that names both.
+    let out = eval(&["task=gym:Pendulum-v1", "eval_episodes=1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ok(&out);
+    assert!(
+        stderr.contains("was trained on task=Pendulum-v1; playing it on task=gym:Pendulum-v1"),
+        "{stderr}"
+    );
     // collect plays with the same policy: the same refusal, before it makes its --out.
     let data = dir.path().join("dataset");
     let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))

@@ -239,6 +239,13 @@ pub fn verify_model(path: &Path) -> Result<()> {
     verify_files(dir, &meta, &[MODEL])
 }
 
+/// The task the checkpoint that holds the weights file `model` was trained on; None for a file
+/// outside a checkpoint (an imported one) or metadata that cannot be read.
+pub fn trained_task(model: &Path) -> Option<String> {
+    let dir = model.parent()?;
+    read_meta(dir).ok().map(|meta| meta.task)
+}
+
 /// The global step of the checkpoint in `dir`: from its name, else from its metadata (a
 /// checkpoint copied under another name).
 pub fn step_of(dir: &Path) -> Option<u64> {

@@ -20,6 +20,16 @@ pub fn build(
         Some(path) => {
             let weights = crate::checkpoint::model_file(Path::new(path))?;
             crate::checkpoint::verify_model(&weights)?;
+            // Another task with the same sizes loads (a transfer, or a mistake): say so.
+            if let Some(trained) = crate::checkpoint::trained_task(&weights) {
+                if trained != config.task {
+                    eprintln!(
+                        "warning: checkpoint={path} was trained on task={trained}; playing it \
+                         on task={}",
+                        config.task
+                    );
+                }
+            }
             Some(weights)
         }
         None => None,
