@@ -377,6 +377,15 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
         "{log}"
     );
     assert!(log.contains("not ready: task, resume, run_dir"), "{log}");
+    // A device the run could not take (no GPU here, or too few) fails as the run would.
+    if !tch::Cuda::is_available() {
+        let log = text(&doctor(&["device=cuda"], &[]));
+        assert!(
+            log.contains("✗ device: device=cuda with 1 local ranks, but 0 GPU(s)"),
+            "{log}"
+        );
+        assert!(log.contains("not ready: device"), "{log}");
+    }
     let out = doctor(&["task=[Pendulum-v1,nosuch-task]"], &[]);
     let log = text(&out);
     assert!(
@@ -406,6 +415,7 @@ fn doctor_passes_here_and_forms_a_two_rank_group() {
         "✓ process group: 2 ranks over",
         "= 3 in",
         "✓ task: dog-run is made and the settings resolve",
+        "✓ device: device=auto: rank → ",
         "✓ run_dir: ",
         "ready to train",
     ] {

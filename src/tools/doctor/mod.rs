@@ -90,6 +90,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     let mut report = Report { failures: vec![] };
     let torch_ok = check_python(&mut report);
     check_gpus(&mut report, torch_ok);
+    check_device(&mut report, &config, world_size);
     if torch_ok {
         families::check_dm_control(&mut report);
         families::check_families(&mut report, &config);
@@ -283,6 +284,47 @@ fn loaded_libraries() -> Vec<PathBuf> {
 fn file_name_has(path: &Path, stem: &str) -> bool {
     path.file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with(stem))
+}
+
+/// The device each of this node's ranks would take, by the rule a rank follows: a setting it
+/// cannot have (device=cuda without a GPU, more ranks than GPUs) fails as the run would.
+fn check_device(report: &mut Report, config: &Config, local_ranks: usize) {
+    let share_gpus = config.dist_backend == "gloo";
+    let devices: Result<Vec<tch::Device>> = (0..local_ranks)
+        .map(|local_rank| {
+            let rank = crate::ddp::RankInfo {
+                rank: local_rank,
+                world_size: local_ranks,
+                local_rank,
+                local_world_size: local_ranks,
+                ..crate::ddp::RankInfo::single(config)
+            };
+            crate::device::select(&config.device, &rank, share_gpus)
+        })
+        .collect();
+    match devices {
+        Ok(devices) => {
+            let names: Vec<String> = devices
+                .iter()
+                .map(|device| match device {
+                    tch::Device::Cuda(index) => format!("cuda:{index}"),
+                    _ => "cpu".into(),
+                })
+                .collect();
+            report.line(
+                Mark::Pass,
+                "device",
+                format!("device={}: rank → {}", config.device, names.join(", ")),
+            );
+        }
+        Err(e) => report.line(
+            Mark::Fail,
+            "device",
+            e.to_string()
+                .trim_start_matches("config error: ")
+                .to_owned(),
+        ),
+    }
 }
 
 /// GPUs and the CUDA versions of the driver and of the wheel; NCCL. Informational: a run on
