@@ -3,7 +3,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, Source};
+use crate::config::{Config, Source, MODEL_SIZES};
 use crate::ddp::launcher::{self, LaunchPlan};
 use crate::ddp::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
@@ -484,6 +484,7 @@ const BENCH_CASES: [&str; 8] = [
 ];
 
 fn bench(args: &BenchArgs) -> Result<()> {
+    check_bench(args)?;
     for case in &args.cases {
         match case.as_str() {
             "env" => crate::bench::env::run(args.env_steps, &mut |line| println!("{line}"))?,
@@ -534,18 +535,7 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 crate::bench::ddp::run(&options, &mut |line| println!("{line}"))?;
             }
             "loop" => {
-                let options = crate::bench::train_loop::LoopOptions {
-                    task: args.loop_task.clone(),
-                    model_sizes: args.model_sizes.clone(),
-                    num_envs: args.num_envs.clone(),
-                    pipeline: args.pipeline.clone(),
-                    vector_steps: args.loop_steps,
-                    compile: args.compile.clone(),
-                    device: args.device.clone(),
-                    threads: args.threads,
-                    settings: args.loop_settings.clone(),
-                };
-                crate::bench::train_loop::run(&options, &mut |line| println!("{line}"))?;
+                crate::bench::train_loop::run(&loop_options(args), &mut |line| println!("{line}"))?;
             }
             other => {
                 return Err(Error::Config(format!(
@@ -554,6 +544,63 @@ fn bench(args: &BenchArgs) -> Result<()> {
                 )))
             }
         }
+    }
+    Ok(())
+}
+
+fn loop_options(args: &BenchArgs) -> crate::bench::train_loop::LoopOptions {
+    crate::bench::train_loop::LoopOptions {
+        task: args.loop_task.clone(),
+        model_sizes: args.model_sizes.clone(),
+        num_envs: args.num_envs.clone(),
+        pipeline: args.pipeline.clone(),
+        vector_steps: args.loop_steps,
+        compile: args.compile.clone(),
+        device: args.device.clone(),
+        threads: args.threads,
+        settings: args.loop_settings.clone(),
+    }
+}
+
+/// What no case could run with is refused before the first runs (exit 2): a model size, a
+/// task, a device this machine lacks, a loop setting `train` would refuse.
+fn check_bench(args: &BenchArgs) -> Result<()> {
+    let runs = |case: &str| args.cases.iter().any(|c| c == case);
+    if ["agent", "graphs", "loop"].into_iter().any(runs) {
+        if let Some(size) = args.model_sizes.iter().find(|s| !MODEL_SIZES.contains(s)) {
+            return Err(Error::Config(format!(
+                "--model-sizes {size}: allowed: {MODEL_SIZES:?}"
+            )));
+        }
+        let rank = RankInfo {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master_addr: String::new(),
+            master_port: 0,
+            own_cpus: None,
+        };
+        crate::device::select(&args.device, &rank, false).map_err(|e| {
+            let why = e.to_string();
+            let why = why.trim_start_matches("config error: ").to_owned();
+            Error::Config(format!("--device {}: {why}", args.device))
+        })?;
+    }
+    if runs("agent") || runs("graphs") {
+        if let Some(task) = args
+            .tasks
+            .iter()
+            .find(|task| crate::bench::agent::task_dims(task).is_err())
+        {
+            return Err(Error::Config(format!(
+                "--tasks {task}: allowed: {}",
+                crate::bench::agent::TASKS.join(", ")
+            )));
+        }
+    }
+    if runs("loop") {
+        crate::bench::train_loop::check(&loop_options(args))?;
     }
     Ok(())
 }

@@ -422,6 +422,16 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
             &["bench", "--cases", "buffer,bogus"],
             "invalid value 'bogus'",
         ),
+        // What no case could run with is refused before the first case (env) runs.
+        (&["bench", "--model-sizes", "2"], "--model-sizes 2: allowed"),
+        (
+            &["bench", "--cases", "env,agent", "--tasks", "foo"],
+            "--tasks foo: allowed: walker-run, dog-run",
+        ),
+        (
+            &["bench", "--cases", "env,loop", "--loop-set", "stepz=1"],
+            "unknown key 'stepz'",
+        ),
         (&["doctor", "--world-size", "100000"], "--world-size 100000"),
         (&["plot", ".", "--width", "100000"], "--width 100000"),
     ] {

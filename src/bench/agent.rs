@@ -104,13 +104,17 @@ pub struct BenchReport {
     pub cases: Vec<BenchCase>,
 }
 
+/// The tasks whose dimensions the agent and graph benches take.
+pub const TASKS: [&str; 2] = ["walker-run", "dog-run"];
+
 /// Dimensions of the benchmarked tasks: (obs_dim, action_dim).
 pub fn task_dims(task: &str) -> Result<(usize, usize)> {
     match task {
         "walker-run" => Ok((24, 6)),
         "dog-run" => Ok((223, 38)),
         _ => Err(Error::Config(format!(
-            "bench: unknown task `{task}` in --tasks (allowed: walker-run, dog-run)"
+            "bench: unknown task `{task}` in --tasks (allowed: {})",
+            TASKS.join(", ")
         ))),
     }
 }

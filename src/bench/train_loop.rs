@@ -79,7 +79,9 @@ fn parse_rate(log: &str) -> Option<f64> {
     line[open + 1..].split_whitespace().next()?.parse().ok()
 }
 
-pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
+/// Refuses, before any case runs, options that no case could run with: every case's
+/// settings are loaded as `tdmpc2 train` would (a misspelt `--loop-set` key, a model size).
+pub fn check(options: &LoopOptions) -> Result<()> {
     if options.vector_steps == 0
         || options.num_envs.is_empty()
         || options.num_envs.contains(&0)
@@ -102,6 +104,26 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
              e.g. fused_kernels=true)"
         )));
     }
+    let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
+    for &size in &options.model_sizes {
+        for (num_envs, pipeline, compile) in cases(options) {
+            let overrides = train_args(options, episode_length, size, num_envs, pipeline, compile);
+            crate::config::Config::load(&crate::config::Source {
+                overrides,
+                ..Default::default()
+            })
+            .map_err(|e| {
+                let why = e.to_string();
+                let why = why.trim_start_matches("config error: ");
+                Error::Config(format!("bench loop (--loop-set, --model-sizes): {why}"))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
+    check(options)?;
     let program = std::env::current_exe().map_err(|e| Error::io("locate tdmpc2", e))?;
     let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
     for &size in &options.model_sizes {
@@ -203,6 +225,15 @@ mod tests {
         let err = run(&options, &mut |_| panic!("nothing is measured")).unwrap_err();
         assert!(
             err.to_string().contains("--loop-set \"fused_kernels\""),
+            "{err}"
+        );
+        let misspelt = LoopOptions {
+            settings: vec!["fused_kernel=true".into()],
+            ..options
+        };
+        let err = run(&misspelt, &mut |_| panic!("nothing is measured")).unwrap_err();
+        assert!(
+            matches!(err, Error::Config(_)) && err.to_string().contains("fused_kernel"),
             "{err}"
         );
     }
