@@ -320,9 +320,7 @@ fn check_device(report: &mut Report, config: &Config, local_ranks: usize) {
         Err(e) => report.line(
             Mark::Fail,
             "device",
-            e.to_string()
-                .trim_start_matches("config error: ")
-                .to_owned(),
+            e.to_string().trim_start_matches("config error: "),
         ),
     }
 }
