@@ -114,9 +114,13 @@ impl SavedBuffers<'_> {
         group.all_reduce_sum(&mut finders)?;
         if finders.double_value(&[0]) == 0.0 {
             if rank == 0 {
+                let why = match self.hashes.as_deref() {
+                    Some([]) => "the checkpoint saved none (save_buffer=true saves them)",
+                    _ => "none of those saved was found beside the checkpoint or in run_dir",
+                };
                 eprintln!(
-                    "warning: resuming without replay buffers (saved with save_buffer=true); \
-                     the buffer refills from new episodes"
+                    "warning: resuming without replay buffers: {why}; the buffer refills from \
+                     new episodes"
                 );
             }
             return Ok(());
