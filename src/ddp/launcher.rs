@@ -120,6 +120,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     // Several nodes: node 0's launcher hosts the job's store for every attempt, and the
     // launchers watch each other through it.
     let store = if plan.nnodes > 1 {
+        check_master_resolves(&plan.master_addr, plan.master_port)?;
         let store = heartbeat::JobStore::open(
             &plan.master_addr,
             plan.master_port,
@@ -156,6 +157,21 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             }
             result => return result,
         }
+    }
+}
+
+/// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
+/// the store would retry it until dist_timeout and torch print its C++ frames on the way.
+fn check_master_resolves(addr: &str, port: u16) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Error::Config(format!(
+            "master_addr={addr} resolves to no address: give node 0's address or host name"
+        ))),
+        Err(e) => Err(Error::Config(format!(
+            "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
+        ))),
     }
 }
 
@@ -698,6 +714,19 @@ mod tests {
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
+    }
+
+    #[test]
+    fn a_master_addr_that_does_not_resolve_is_refused() {
+        check_master_resolves("127.0.0.1", 29500).unwrap();
+        check_master_resolves("localhost", 29500).unwrap();
+        let e = check_master_resolves("not..a.host", 29500).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("master_addr=not..a.host cannot be resolved"),
+            "{e}"
+        );
     }
 
     #[test]
