@@ -477,3 +477,16 @@ fn derived_fields_cannot_be_set_on_the_command_line() {
         .refuse_derived_settings()
         .unwrap();
 }
+
+/// exp_name may nest folders under runs/<task>/ but never leave that tree.
+#[test]
+fn exp_name_stays_under_the_runs_tree() {
+    load(&["exp_name=sweep/a"]).unwrap();
+    for bad in ["/tmp/x", "..", "../../x", "a/../../b", "."] {
+        let e = error(&[&format!("exp_name={bad}")]);
+        assert!(
+            e.contains(&format!("exp_name={bad} is a folder under runs")),
+            "{e}"
+        );
+    }
+}

@@ -364,6 +364,19 @@ impl Config {
                 "{key}= is empty (an unset variable?); give a value, or leave {key} out"
             )));
         }
+        // exp_name is a folder under runs/<task>/: it may nest, never leave that tree.
+        let exp_name = std::path::Path::new(&self.exp_name);
+        let leaves = exp_name.is_absolute()
+            || exp_name
+                .components()
+                .any(|part| !matches!(part, std::path::Component::Normal(_)));
+        if leaves {
+            return Err(Error::Config(format!(
+                "exp_name={} is a folder under runs/<task>/ and stays in it: no leading /, no \
+                 . or .. (give run_dir=PATH to write elsewhere)",
+                self.exp_name
+            )));
+        }
         if self.data_dir.is_some() {
             self.validate_offline()?;
         }
