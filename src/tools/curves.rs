@@ -41,8 +41,9 @@ impl Metrics {
             }
             match serde_json::from_str::<serde_json::Value>(line) {
                 Ok(serde_json::Value::Object(record)) => records.push(record),
-                // A run killed while writing leaves a cut last line; everything before it counts.
-                Err(_) if i + 1 == text.lines().count() => {}
+                // A run killed while writing leaves a cut last line; everything before it counts
+                // (a file of that one line alone is no metrics file).
+                Err(_) if i + 1 == text.lines().count() && !records.is_empty() => {}
                 _ => {
                     return Err(Error::Config(format!(
                         "{} line {}: not a JSON object",
@@ -343,6 +344,10 @@ mod tests {
             m.curve("eval", "step", "episode_reward"),
             [(0.0, 1.5), (10.0, 2.5)]
         );
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join(METRICS_FILE), "not json\n").unwrap();
+        let e = Metrics::read(other.path()).err().unwrap().to_string();
+        assert!(e.contains("line 1: not a JSON object"), "{e}");
         assert_eq!(
             m.metric_names("train").into_iter().collect::<Vec<_>>(),
             ["episode_reward", "fps"]
