@@ -20,8 +20,17 @@ const CLEAR: u16 = 256;
 const END: u16 = 257;
 const MAX_CODES: u16 = 4096;
 
-/// `frames` (all of one size) as a GIF that shows `fps` frames a second, as closely as GIF's
-/// centisecond delays allow.
+/// Each frame's delay in centiseconds at `fps`: frame k ends at round(100·(k+1)/fps), at least
+/// 1 cs a frame (players show 0 as their own default).
+fn delays(fps: u32) -> impl Iterator<Item = u16> {
+    let fps = u64::from(fps.max(1));
+    let end = move |k: u64| (100 * k + fps / 2) / fps;
+    (0u64..).map(move |k| (end(k + 1) - end(k)).max(1) as u16)
+}
+
+/// `frames` (all of one size) as a GIF that shows `fps` frames a second: GIF counts delays in
+/// centiseconds, so each frame's is rounded with the rest carried to the next (15 fps: 7, 6, 7
+/// centiseconds, repeated), and the whole plays as long as the episode's frames at `fps`.
 pub fn encode(frames: &[Frame], fps: u32) -> Result<Vec<u8>> {
     let first = frames
         .first()
@@ -44,7 +53,6 @@ pub fn encode(frames: &[Frame], fps: u32) -> Result<Vec<u8>> {
         )));
     };
     let palette = Palette::fitted(frames);
-    let delay = (100.0 / fps.max(1) as f64).round().max(1.0) as u16;
 
     let mut out = Vec::with_capacity(frames.len() * width * height / 4);
     out.extend_from_slice(b"GIF89a");
@@ -61,7 +69,7 @@ pub fn encode(frames: &[Frame], fps: u32) -> Result<Vec<u8>> {
     out.extend_from_slice(&[0x03, 0x01, 0x00, 0x00, 0x00]);
     let mut shown = vec![UNCHANGED; width * height];
     let mut indices = vec![0u8; width * height];
-    for frame in frames {
+    for (frame, delay) in frames.iter().zip(delays(fps)) {
         // Graphic control: keep the frame in place (what it leaves transparent shows the one
         // before), `delay` centiseconds.
         out.extend_from_slice(&[0x21, 0xf9, 0x04, 0x05]);
@@ -314,6 +322,18 @@ mod tests {
             out.extend_from_slice(&entry);
             previous = Some(entry);
         }
+    }
+
+    /// Frame k ends at round(100·(k+1)/fps) centiseconds: 15 fps plays 15 frames a second
+    /// exactly (7, 7, 6, …), not 14.3 with every delay rounded to 7.
+    #[test]
+    fn delays_carry_their_rounding() {
+        let first: Vec<u16> = delays(15).take(6).collect();
+        assert_eq!(first, [7, 6, 7, 7, 6, 7]);
+        let second: u32 = delays(15).take(15).map(u32::from).sum();
+        assert_eq!(second, 100, "15 frames are one second");
+        assert!(delays(1000).take(50).all(|d| d >= 1), "no frame of 0 cs");
+        assert_eq!(delays(0).next(), Some(100));
     }
 
     #[test]
