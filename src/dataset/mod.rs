@@ -651,6 +651,58 @@ mod tests {
         );
     }
 
+    /// tensordict from mid-2023 to mid-2024, which wrote the official datasets, pickled a
+    /// TensorDict's entries in its own dict subclass (`tensordict.utils._StringOnlyDict`) and a
+    /// lock set (protocol 2 names it `__builtin__.set`); with `__slots__` and no `__getstate__`
+    /// the state is a pair. Both forms are read.
+    #[test]
+    fn a_2023_tensordict_pickle_is_read() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let (with_state, with_slots) =
+            (dir.path().join("chunk_0.pt"), dir.path().join("chunk_1.pt"));
+        let script = format!(
+            "import sys, types, torch, tensordict\n\
+             class _StringOnlyDict(dict): pass\n\
+             _StringOnlyDict.__module__ = 'tensordict.utils'\n\
+             SLOTS = ('_tensordict', '_batch_size', '_device', '_is_shared', '_lock_id')\n\
+             class TensorDict:\n    __slots__ = SLOTS\n\
+             class StatedTensorDict:\n    __slots__ = SLOTS\n    \
+             def __getstate__(self):\n        return {{s: getattr(self, s) for s in SLOTS}}\n\
+             for cls in (TensorDict, StatedTensorDict):\n    \
+             cls.__module__ = 'tensordict.tensordict'\n\
+             def filled(cls):\n    td = cls.__new__(cls)\n    \
+             td._tensordict = _StringOnlyDict(obs=torch.zeros(2, 6, 3), action=torch.zeros(2, 6, 2), \
+             reward=torch.zeros(2, 6), task=torch.ones(2, 6, dtype=torch.int32))\n    \
+             td._batch_size = torch.Size([2, 6]); td._device = None; td._is_shared = False\n    \
+             td._lock_id = set()\n    return td\n\
+             names = ('tensordict.tensordict', 'tensordict.utils')\n\
+             real = {{n: sys.modules.get(n) for n in names}}\n\
+             utils = types.ModuleType(names[1]); utils._StringOnlyDict = _StringOnlyDict\n\
+             sys.modules[names[1]] = utils\n\
+             try:\n    for cls, path in ((StatedTensorDict, '{}'), (TensorDict, '{}')):\n        \
+             td_module = types.ModuleType(names[0]); td_module.TensorDict = cls\n        \
+             cls.__name__ = cls.__qualname__ = 'TensorDict'\n        \
+             sys.modules[names[0]] = td_module\n        \
+             torch.save(filled(cls), path)\n\
+             finally:\n    for n in names:\n        sys.modules.pop(n)\n        \
+             real[n] is not None and sys.modules.__setitem__(n, real[n])\n",
+            with_state.display(),
+            with_slots.display()
+        );
+        embedded_python::attach_exclusive(|py| {
+            let code = std::ffi::CString::new(script).unwrap();
+            py.run(&code, None, None)
+                .map_err(embedded_python::Error::from)
+        })
+        .unwrap();
+        let data = Dataset::open(&[with_state, with_slots], &expected(2)).unwrap();
+        assert_eq!(
+            (data.episodes(), data.episodes_per_task(2)),
+            (4, vec![0, 4])
+        );
+    }
+
     /// A file whose pickle would run a command is refused, and the command never runs.
     #[test]
     fn pickled_code_is_refused_not_run() {

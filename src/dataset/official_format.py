@@ -6,6 +6,7 @@ torch.save), read without running pickled code and written with tensordict.
 each into inert data; any other name is refused. It returns, per tensor, where its bytes lie in
 the file, so that the trainer reads rows straight from disk.
 """
+import _compat_pickle
 import collections
 import json
 import pickle
@@ -60,7 +61,10 @@ class _TensorDict(dict):
     """A TensorDict's entries (nested ones as nested dicts) and its batch size."""
 
     def __setstate__(self, state):
-        # Versions that pickle the object's __dict__.
+        # Versions that pickle the object's __dict__, or (with __slots__) a pair of the
+        # __dict__ and the slots' values.
+        if isinstance(state, tuple) and len(state) == 2:
+            state = {**(state[0] or {}), **(state[1] or {})}
         entries = _entries(state)
         self.update(entries)
         self.batch_size = entries.batch_size
@@ -94,6 +98,11 @@ _ALLOWED = {
     ("tensordict.tensordict", "TensorDict"): _TensorDict,
     ("copyreg", "_reconstructor"): lambda cls, base, state: cls(),
     ("builtins", "object"): object,
+    ("builtins", "set"): set,
+    ("builtins", "frozenset"): frozenset,
+    # tensordict from mid-2023 to mid-2024 (the official datasets' time) kept a TensorDict's
+    # entries in a dict subclass of its own.
+    ("tensordict.utils", "_StringOnlyDict"): dict,
 }
 for _name, _dtype in _DTYPES.items():
     _ALLOWED[("torch", _name)] = _StorageType(_dtype)
@@ -101,6 +110,11 @@ for _name, _dtype in _DTYPES.items():
 
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
+        # Protocols 0-2 (torch.save's default is 2) name Python 2's modules
+        # (`__builtin__.set`): mapped as pickle's own find_class maps them, then checked.
+        if (module, name) not in _ALLOWED:
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         try:
             return _ALLOWED[(module, name)]
         except KeyError:
