@@ -292,9 +292,21 @@ fn call(dist: &Py<PyModule>, op: &str, tensor: &Tensor) -> Result<()> {
 
 fn collective_error(op: &str, e: embedded_python::Error) -> Error {
     Error::Collective(format!(
-        "collective {op} failed ({e}); another rank probably stopped (see its output), or the \
-         collective timed out (dist_timeout)"
+        "collective {op} failed ({e}); {}",
+        likely_cause(&e.0)
     ))
+}
+
+/// What a failed collective most likely means, from what the backend said.
+fn likely_cause(said: &str) -> &'static str {
+    if said.contains("Duplicate GPU detected") {
+        // A launcher showed several of a node's ranks the same single GPU (e.g. srun tasks
+        // sharing one GPU without --gpus-per-task): each took it as its own.
+        return "two ranks of one node are on the same GPU, which NCCL refuses: give each rank \
+                a GPU of its own (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES listing one \
+                GPU per local rank), or set dist_backend=gloo to let ranks share GPUs";
+    }
+    "another rank probably stopped (see its output), or the collective timed out (dist_timeout)"
 }
 
 /// Wraps a tch tensor as a `torch.Tensor` sharing its storage (torch must be imported).
@@ -309,6 +321,14 @@ fn to_python<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyAny
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gpu_shared_by_two_nccl_ranks_is_named() {
+        let nccl = "DistBackendError: NCCL error: invalid usage, NCCL version 2.27.3\n\
+                    Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000";
+        assert!(likely_cause(nccl).contains("same GPU"));
+        assert!(likely_cause("Connection closed by peer").contains("another rank"));
+    }
 
     #[test]
     fn backend_follows_the_setting_and_the_device() {
