@@ -554,6 +554,8 @@ fn sigterm_stops_every_rank_after_a_checkpoint() {
 fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port().to_string();
+    // Each rank's log in a file: a pipe nobody reads while it runs could fill and block it.
+    let log = |rank: usize| dir.path().join(format!("rank{rank}.log"));
     let mut ranks: Vec<std::process::Child> = (0..2)
         .map(|rank: usize| {
             Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
@@ -569,7 +571,7 @@ fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
                 .stdout(Stdio::null())
-                .stderr(Stdio::piped())
+                .stderr(std::fs::File::create(log(rank)).unwrap())
                 .spawn()
                 .unwrap()
         })
@@ -582,19 +584,30 @@ fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
             .status()
             .unwrap();
     }
+    let stopping = Instant::now();
     let first = loop {
         if let Some(i) = (0..2).find(|&i| ranks[i].try_wait().unwrap().is_some()) {
-            break i;
+            break Some(i);
+        }
+        if stopping.elapsed() > Duration::from_secs(120) {
+            break None;
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let other = &mut ranks[1 - first];
-    let _ = other.kill();
-    let _ = other.wait();
-    let out = ranks.remove(first).wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    // As srun --kill-on-bad-exit: the first rank's exit ends the other at once.
+    for (i, rank) in ranks.iter_mut().enumerate() {
+        if first != Some(i) {
+            let _ = rank.kill();
+        }
+    }
+    let first = first.expect("no rank ended within 120 s of the stop");
+    let status = ranks[first].wait().unwrap();
+    for rank in &mut ranks {
+        let _ = rank.wait();
+    }
+    let stderr = std::fs::read_to_string(log(first)).unwrap();
     assert!(trained, "no episode ended: {stderr}");
-    assert_eq!(out.status.code(), Some(3), "a requested stop: {stderr}");
+    assert_eq!(status.code(), Some(3), "a requested stop: {stderr}");
     let step: u64 = stderr
         .split(" at step ")
         .nth(1)

@@ -157,6 +157,10 @@ pub(super) fn stop_with_checkpoint(
             if let Some(report) = report {
                 report.close_stopped();
             }
+            // No rank leaves before rank 0 has closed its logs as stopped either: under srun
+            // --kill-on-bad-exit or torchrun the first rank to exit ends the others. The
+            // checkpoint is written whatever this says (a rank gone now changes nothing).
+            let _ = group.all_reduce_sum(&mut tch::Tensor::from_slice(&[1.0f32]));
             Error::Stopped(format!(
                 "stopped {}: {}; checkpoint written",
                 stop.when, stop.request
