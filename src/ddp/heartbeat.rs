@@ -49,6 +49,8 @@ pub struct JobStore {
     store: Py<PyAny>,
     node: usize,
     nnodes: usize,
+    /// Whether this launcher holds its node rank (given back when it leaves).
+    claimed: bool,
 }
 
 /// Set (to "1") for ranks whose launcher hosts the job's store: they rendezvous through it.
@@ -94,10 +96,11 @@ impl JobStore {
             };
             Error::Other(format!("cannot {role}: {e}"))
         })?;
-        let store = Self {
+        let mut store = Self {
             store,
             node,
             nnodes,
+            claimed: false,
         };
         store.join(job, &format!("{addr}:{port}"))?;
         Ok(store)
@@ -108,7 +111,7 @@ impl JobStore {
     /// another launcher has, and a node of another job that reached this job's store (two jobs
     /// on one master_port), are refused here: they would form no job, or start ranks among
     /// this job's and stop it when they fail.
-    fn join(&self, job: &str, at: &str) -> Result<()> {
+    fn join(&mut self, job: &str, at: &str) -> Result<()> {
         let hosted = embedded_python::with_python(|py| {
             let store = self.store.bind(py);
             if self.node == 0 {
@@ -126,7 +129,9 @@ impl JobStore {
                 self.node
             )));
         }
-        if self.add(&format!("tdmpc2/node/{}", self.node), 1)? != 1 {
+        let claim = format!("tdmpc2/node/{}", self.node);
+        if self.add(&claim, 1)? != 1 {
+            let _ = self.add(&claim, -1);
             return Err(Error::Config(format!(
                 "node_rank={} is taken: another launcher joined the job at {at} as node {0}; \
                  give each node its own node_rank (0 to nnodes-1), and each job a master_port of \
@@ -134,6 +139,7 @@ impl JobStore {
                 self.node
             )));
         }
+        self.claimed = true;
         Ok(())
     }
 
@@ -164,6 +170,23 @@ impl JobStore {
     /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
     /// then waits (up to `limit`) for
     /// every node to say so, so that no launcher loses the store while its ranks still end.
+    /// Waits (up to `limit`) until every node has said how its ranks of `attempt` ended, and
+    /// returns a node whose ranks refused their input, if one did: then no attempt can form.
+    pub fn refused_node(&self, attempt: usize, limit: Duration) -> Option<usize> {
+        let started = Instant::now();
+        loop {
+            let ended: Vec<Option<Ended>> =
+                (0..self.nnodes).map(|n| self.ended(attempt, n)).collect();
+            if let Some(node) = ended.iter().position(|e| *e == Some(Ended::Refused)) {
+                return Some(node);
+            }
+            if ended.iter().all(Option::is_some) || started.elapsed() >= limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn finish(&self, attempt: usize, limit: Duration) {
         let key = |node: usize| format!("tdmpc2/done/{attempt}/{node}");
         let _ = self.add(&key(self.node), 1);
@@ -177,6 +200,15 @@ impl JobStore {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A launcher that leaves gives its node rank back, so that one started in its place may join.
+impl Drop for JobStore {
+    fn drop(&mut self) {
+        if self.claimed && self.node != 0 {
+            let _ = self.add(&format!("tdmpc2/node/{}", self.node), -1);
         }
     }
 }
@@ -360,9 +392,28 @@ mod tests {
         let other = "world_size=2 nnodes=2 task=dog-run seed=1";
         let e = open(port, 1, other).err().expect("another job").to_string();
         assert!(e.contains(other) && e.contains(JOB), "{e}");
-        let _node = open(port, 1, JOB).unwrap();
+        let node = open(port, 1, JOB).unwrap();
         let e = open(port, 1, JOB).err().expect("node 1 again").to_string();
         assert!(e.contains("node_rank=1 is taken"), "{e}");
+        drop(node);
+        let _again = open(port, 1, JOB).expect("a launcher in the place of one that left");
+    }
+
+    /// A node whose ranks refused their input is found once every node has ended; none is
+    /// when they all ended otherwise, or when the wait runs out.
+    #[test]
+    fn a_refused_node_is_found_among_the_ended() {
+        let port = free_port();
+        let host = open(port, 0, JOB).unwrap();
+        let peer = open(port, 1, JOB).unwrap();
+        let short = Duration::from_millis(300);
+        host.mark_ended(0, Ended::Failed);
+        assert_eq!(host.refused_node(0, short), None, "node 1 has not ended");
+        peer.mark_ended(0, Ended::Refused);
+        assert_eq!(host.refused_node(0, short), Some(1));
+        host.mark_ended(1, Ended::Failed);
+        peer.mark_ended(1, Ended::Well);
+        assert_eq!(host.refused_node(1, Duration::from_secs(20)), None);
     }
 
     #[test]

@@ -120,7 +120,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     // Several nodes: node 0's launcher hosts the job's store for every attempt, and the
     // launchers watch each other through it.
     let store = if plan.nnodes > 1 {
-        check_master_resolves(&plan.master_addr, plan.master_port)?;
+        check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
         let store = heartbeat::JobStore::open(
             &plan.master_addr,
             plan.master_port,
@@ -137,6 +137,16 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     loop {
         match runtime.block_on(supervise(plan, restart, store.as_ref())) {
             Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
+                // A node whose ranks refused their input would refuse it on every attempt.
+                let refused = store
+                    .as_ref()
+                    .and_then(|store| store.refused_node(restart, plan.peer_timeout));
+                if let Some(node) = refused {
+                    return Err(Error::Config(format!(
+                        "{why}\n[launcher] node {node}'s ranks refused their input (its log names \
+                         the setting): not restarted"
+                    )));
+                }
                 restart += 1;
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
@@ -155,23 +165,50 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                 }
                 return result;
             }
-            result => return result,
+            // Node 0 keeps the store up until the others have ended too, so that they read how
+            // this node's ranks ended (a refusal is never restarted) before it goes.
+            result => {
+                if let Some(store) = store.as_ref().filter(|_| plan.node_rank == 0) {
+                    store.refused_node(restart, plan.peer_timeout);
+                }
+                return result;
+            }
         }
     }
 }
 
 /// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
 /// the store would retry it until dist_timeout and torch print its C++ frames on the way.
-fn check_master_resolves(addr: &str, port: u16) -> Result<()> {
+/// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
+/// on a cluster still coming up) is asked again until `limit`, then the run fails (exit 1,
+/// restartable); a name the resolver does not know is bad input.
+fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
     use std::net::ToSocketAddrs;
-    match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(Error::Config(format!(
-            "master_addr={addr} resolves to no address: give node 0's address or host name"
-        ))),
-        Err(e) => Err(Error::Config(format!(
-            "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
-        ))),
+    let started = std::time::Instant::now();
+    loop {
+        let e = match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {
+                return Err(Error::Config(format!(
+                    "master_addr={addr} resolves to no address: give node 0's address or host \
+                     name"
+                )))
+            }
+            Err(e) => e,
+        };
+        let for_now = e.to_string().contains("Temporary failure");
+        if !for_now {
+            return Err(Error::Config(format!(
+                "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
+            )));
+        }
+        if started.elapsed() >= limit {
+            return Err(Error::Other(format!(
+                "master_addr={addr} could not be resolved within {} s (dist_timeout): {e}",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_secs(2));
     }
 }
 
@@ -718,9 +755,10 @@ mod tests {
 
     #[test]
     fn a_master_addr_that_does_not_resolve_is_refused() {
-        check_master_resolves("127.0.0.1", 29500).unwrap();
-        check_master_resolves("localhost", 29500).unwrap();
-        let e = check_master_resolves("not..a.host", 29500).unwrap_err();
+        let limit = Duration::from_secs(1);
+        check_master_resolves("127.0.0.1", 29500, limit).unwrap();
+        check_master_resolves("localhost", 29500, limit).unwrap();
+        let e = check_master_resolves("not..a.host", 29500, limit).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
         assert!(
             e.to_string()
