@@ -587,6 +587,9 @@ fn check_bench(args: &BenchArgs) -> Result<()> {
             Error::Config(format!("--device {}: {why}", args.device))
         })?;
     }
+    if runs("graphs") {
+        crate::bench::graphs::cuda_device(&args.device)?;
+    }
     if runs("agent") || runs("graphs") {
         if let Some(task) = args
             .tasks

@@ -47,6 +47,15 @@ fn choose(
                 visible_devices()
             )));
         }
+        // Every local rank would take that one GPU, which NCCL refuses.
+        if rank.local_world_size > 1 && !share_gpus {
+            return Err(Error::Config(format!(
+                "device={setting} with {} local ranks puts them all on GPU {index}: use \
+                 device=cuda (local rank r takes GPU r), or dist_backend=gloo to let ranks \
+                 share GPUs",
+                rank.local_world_size
+            )));
+        }
         return Ok(Device::Cuda(index));
     }
     if bound_per_task && visible == 1 {
@@ -198,6 +207,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("cuda:<index>"), "{e}");
+        // One GPU named for several local ranks: all on it, which only gloo allows.
+        let e = choose("cuda:1", &rank(1, 2), 2, false, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 local ranks puts them all on GPU 1"), "{e}");
+        assert_eq!(
+            choose("cuda:1", &rank(1, 2), 2, false, true).unwrap(),
+            Device::Cuda(1)
+        );
     }
 
     #[test]

@@ -413,7 +413,7 @@ fn a_damaged_replay_buffer_is_refused_on_resume() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("without replay buffers: none of those saved was found"),
+        stderr.contains("without replay buffers: none was found"),
         "{stderr}"
     );
 }

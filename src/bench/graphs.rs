@@ -32,7 +32,7 @@ pub struct GraphOptions {
 }
 
 /// The CUDA device graphs need, or why there is none.
-fn cuda_device(setting: &str) -> Result<Device> {
+pub fn cuda_device(setting: &str) -> Result<Device> {
     let device = match setting {
         "cpu" => Device::Cpu,
         _ => Device::Cuda(0),

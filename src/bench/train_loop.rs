@@ -104,19 +104,29 @@ pub fn check(options: &LoopOptions) -> Result<()> {
              e.g. fused_kernels=true)"
         )));
     }
-    let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
+    let spec = envs::make(&options.task, 0)?.spec().clone();
     for &size in &options.model_sizes {
         for (num_envs, pipeline, compile) in cases(options) {
-            let overrides = train_args(options, episode_length, size, num_envs, pipeline, compile);
-            crate::config::Config::load(&crate::config::Source {
-                overrides,
+            let source = crate::config::Source {
+                overrides: train_args(
+                    options,
+                    spec.episode_length,
+                    size,
+                    num_envs,
+                    pipeline,
+                    compile,
+                ),
                 ..Default::default()
-            })
-            .map_err(|e| {
-                let why = e.to_string();
-                let why = why.trim_start_matches("config error: ");
-                Error::Config(format!("bench loop (--loop-set, --model-sizes): {why}"))
-            })?;
+            };
+            source
+                .refuse_derived_settings()
+                .and_then(|()| crate::config::Config::load(&source))
+                .and_then(|mut config| config.resolve(&spec))
+                .map_err(|e| {
+                    let why = e.to_string();
+                    let why = why.trim_start_matches("config error: ");
+                    Error::Config(format!("bench loop (--loop-set, --model-sizes): {why}"))
+                })?;
         }
     }
     Ok(())

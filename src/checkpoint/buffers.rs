@@ -116,7 +116,7 @@ impl SavedBuffers<'_> {
             if rank == 0 {
                 let why = match self.hashes.as_deref() {
                     Some([]) => "the checkpoint saved none (save_buffer=true saves them)",
-                    _ => "none of those saved was found beside the checkpoint or in run_dir",
+                    _ => "none was found beside the checkpoint or in run_dir",
                 };
                 eprintln!(
                     "warning: resuming without replay buffers: {why}; the buffer refills from \

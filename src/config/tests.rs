@@ -482,6 +482,7 @@ fn derived_fields_cannot_be_set_on_the_command_line() {
 #[test]
 fn exp_name_stays_under_the_runs_tree() {
     load(&["exp_name=sweep/a"]).unwrap();
+    load(&["exp_name=./b"]).unwrap();
     for bad in ["/tmp/x", "..", "../../x", "a/../../b", "."] {
         let e = error(&[&format!("exp_name={bad}")]);
         assert!(

@@ -366,14 +366,19 @@ impl Config {
         }
         // exp_name is a folder under runs/<task>/: it may nest, never leave that tree.
         let exp_name = std::path::Path::new(&self.exp_name);
+        use std::path::Component;
+        let parts: Vec<Component> = exp_name.components().collect();
         let leaves = exp_name.is_absolute()
-            || exp_name
-                .components()
-                .any(|part| !matches!(part, std::path::Component::Normal(_)));
+            || parts
+                .iter()
+                .any(|part| !matches!(part, Component::Normal(_) | Component::CurDir))
+            || !parts
+                .iter()
+                .any(|part| matches!(part, Component::Normal(_)));
         if leaves {
             return Err(Error::Config(format!(
                 "exp_name={} is a folder under runs/<task>/ and stays in it: no leading /, no \
-                 . or .. (give run_dir=PATH to write elsewhere)",
+                 .. and not . alone (give run_dir=PATH to write elsewhere)",
                 self.exp_name
             )));
         }

@@ -325,7 +325,7 @@ mod tests {
     }
 
     /// Frame k ends at round(100·(k+1)/fps) centiseconds: 15 fps plays 15 frames a second
-    /// exactly (7, 7, 6, …), not 14.3 with every delay rounded to 7.
+    /// exactly (7, 6, 7, …), not 14.3 with every delay rounded to 7.
     #[test]
     fn delays_carry_their_rounding() {
         let first: Vec<u16> = delays(15).take(6).collect();

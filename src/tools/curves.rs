@@ -41,9 +41,8 @@ impl Metrics {
             }
             match serde_json::from_str::<serde_json::Value>(line) {
                 Ok(serde_json::Value::Object(record)) => records.push(record),
-                // A run killed while writing leaves a cut last line; everything before it counts
-                // (a file of that one line alone is no metrics file).
-                Err(_) if i + 1 == text.lines().count() && !records.is_empty() => {}
+                // A run killed while writing leaves a cut last line; everything before it counts.
+                Err(e) if e.is_eof() && i + 1 == text.lines().count() => {}
                 _ => {
                     return Err(Error::Config(format!(
                         "{} line {}: not a JSON object",
@@ -348,6 +347,9 @@ mod tests {
         std::fs::write(other.path().join(METRICS_FILE), "not json\n").unwrap();
         let e = Metrics::read(other.path()).err().unwrap().to_string();
         assert!(e.contains("line 1: not a JSON object"), "{e}");
+        // Killed while writing its first record: no records yet, no error.
+        std::fs::write(other.path().join(METRICS_FILE), "{\"phase\":\"ev").unwrap();
+        assert!(Metrics::read(other.path()).is_ok());
         assert_eq!(
             m.metric_names("train").into_iter().collect::<Vec<_>>(),
             ["episode_reward", "fps"]

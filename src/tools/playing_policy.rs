@@ -20,9 +20,14 @@ pub fn build(
         Some(path) => {
             let weights = crate::checkpoint::model_file(Path::new(path))?;
             crate::checkpoint::verify_model(&weights)?;
-            // Another task with the same sizes loads (a transfer, or a mistake): say so.
+            // Another task with the same sizes loads (a transfer, or a mistake): say so. Lists
+            // compare as lists (mt30 is its thirty tasks).
             if let Some(trained) = crate::checkpoint::trained_task(&weights) {
-                if trained != config.task {
+                let same = |a: &str, b: &str| {
+                    let list = crate::config::task_list;
+                    a == b || matches!((list(a), list(b)), (Ok(x), Ok(y)) if x == y)
+                };
+                if !same(&trained, &config.task) {
                     eprintln!(
                         "warning: checkpoint={path} was trained on task={trained}; playing it \
                          on task={}",

@@ -31,7 +31,8 @@ fn refuse_a_checkpoint_to_start_from(config: &Config) -> Result<()> {
         None => Ok(()),
         Some(path) => Err(Error::Config(format!(
             "checkpoint={path} is read by eval and collect, not by train: to go on from a \
-             checkpoint, give resume={path} (or resume=auto for this run directory's latest)"
+             run's checkpoint, give resume={path} (or resume=auto for this run directory's \
+             latest); train starts from no weights file alone"
         ))),
     }
 }

@@ -69,10 +69,12 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     if args.render_check {
         return render::render_check();
     }
-    let config = Config::load(&Source {
+    let source = Source {
         overrides: args.overrides.clone(),
         ..Source::default()
-    })?;
+    };
+    source.refuse_derived_settings()?;
+    let config = Config::load(&source)?;
     let most = crate::config::most_local_cpu_ranks();
     let world_size = match args.world_size {
         Some(n) if n == 0 || n > most => {
