@@ -361,9 +361,16 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     std::fs::write(&file, "").unwrap();
     let run_dir = format!("run_dir={}", file.join("run").display());
     let resume = format!("resume={}", dir.path().join("no-run").display());
-    let out = doctor(&["task=nosuch", &run_dir, &resume], &[]);
+    let out = doctor(
+        &["task=nosuch", &run_dir, &resume, "checkpoint=/runs/x/1"],
+        &[],
+    );
     let log = text(&out);
     assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("✗ checkpoint: checkpoint=/runs/x/1 is read by eval and collect"),
+        "{log}"
+    );
     assert!(log.contains("✗ task: unknown task `nosuch`"), "{log}");
     assert!(
         log.contains(&format!("✗ resume: {resume}: not a checkpoint directory")),
@@ -376,7 +383,10 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
         )),
         "{log}"
     );
-    assert!(log.contains("not ready: task, resume, run_dir"), "{log}");
+    assert!(
+        log.contains("not ready: task, checkpoint, resume, run_dir"),
+        "{log}"
+    );
     // A device the run could not take (no GPU here, or too few) fails as the run would.
     if !tch::Cuda::is_available() {
         let log = text(&doctor(&["device=cuda"], &[]));

@@ -26,7 +26,7 @@ pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
 
 /// `checkpoint=` is what eval, collect and export read; train would leave it unread, and a run
 /// meant to go on from it would start from scratch.
-fn refuse_a_checkpoint_to_start_from(config: &Config) -> Result<()> {
+pub fn refuse_a_checkpoint_to_start_from(config: &Config) -> Result<()> {
     match &config.checkpoint {
         None => Ok(()),
         Some(path) => Err(Error::Config(format!(

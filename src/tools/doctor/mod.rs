@@ -466,6 +466,14 @@ fn check_task(report: &mut Report, config: &Config) {
 
 /// The checkpoint a `resume` setting names (nothing to say for a fresh run).
 fn check_resume(report: &mut Report, config: &Config) {
+    if let Err(e) = crate::trainer::run_dir::refuse_a_checkpoint_to_start_from(config) {
+        let why = e.to_string();
+        report.line(
+            Mark::Fail,
+            "checkpoint",
+            why.trim_start_matches("config error: "),
+        );
+    }
     if !crate::checkpoint::resumes(config.resume.as_deref()) {
         return;
     }
