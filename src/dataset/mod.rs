@@ -236,6 +236,19 @@ impl Chunk {
             )));
         }
         let file = File::open(path).map_err(|e| fail(e.to_string()))?;
+        // The official datasets hold none; a file that ends episodes early would be trained
+        // through its terminations (offline runs take no terminations).
+        if index.tensors.contains_key("terminated") {
+            let terminated = field("terminated", &["float32", "bool"])?;
+            if let Some(e) =
+                first_terminated(&file, &terminated, episodes, length).map_err(&fail)?
+            {
+                return Err(fail(format!(
+                    "episode {e} terminates early (`terminated` is set after its first row): \
+                     offline training takes no terminations, and would bootstrap through it"
+                )));
+            }
+        }
         let tasks = match index.tensors.contains_key("task") {
             true => {
                 let task = field("task", &["int64", "int32"])?;
@@ -259,6 +272,32 @@ impl Chunk {
             tasks,
         })
     }
+}
+
+/// The first episode whose `terminated` is set (non-zero, not NaN) in a row after its first
+/// (the first row's is a filler, NaN in the official online format).
+fn first_terminated(
+    file: &File,
+    terminated: &Field,
+    episodes: usize,
+    length: usize,
+) -> std::result::Result<Option<usize>, String> {
+    for e in 0..episodes {
+        let bytes = terminated
+            .read(file, e, 1, length - 1)
+            .map_err(|err| err.to_string())?;
+        let set = match terminated.item {
+            4 => bytes.chunks_exact(4).any(|b| {
+                let value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                value != 0.0 && !value.is_nan()
+            }),
+            _ => bytes.iter().any(|&b| b != 0),
+        };
+        if set {
+            return Ok(Some(e));
+        }
+    }
+    Ok(None)
 }
 
 /// Each episode's task id (that of its first row), checked against the run's task count.
@@ -610,6 +649,44 @@ mod tests {
             e.contains("data_dir=") && e.contains("no dataset file"),
             "{e}"
         );
+    }
+
+    /// A `terminated` entry is read: a file whose episodes end early is refused, naming the
+    /// episode; one of zeros (and the first row's NaN filler) opens.
+    #[test]
+    fn a_file_with_terminations_is_refused() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let (ends, runs) = (dir.path().join("chunk_0.pt"), dir.path().join("chunk_1.pt"));
+        let script = format!(
+            "import torch\n\
+             from tensordict import TensorDict\n\
+             def td(terminated):\n    return TensorDict({{'obs': torch.zeros(2, 6, 3), \
+             'action': torch.zeros(2, 6, 2), 'reward': torch.zeros(2, 6), \
+             'task': torch.ones(2, 6, dtype=torch.int64), 'terminated': terminated}}, \
+             batch_size=[2, 6])\n\
+             running = torch.zeros(2, 6); running[:, 0] = float('nan')\n\
+             ending = running.clone(); ending[1, 3] = 1.0\n\
+             torch.save(td(ending), '{}'); torch.save(td(running), '{}')\n",
+            ends.display(),
+            runs.display()
+        );
+        embedded_python::attach_exclusive(|py| {
+            let code = std::ffi::CString::new(script).unwrap();
+            py.run(&code, None, None)
+                .map_err(embedded_python::Error::from)
+        })
+        .unwrap();
+        let e = Dataset::open(&[ends], &expected(2))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("chunk_0.pt") && e.contains("episode 1 terminates early"),
+            "{e}"
+        );
+        let data = Dataset::open(&[runs], &expected(2)).unwrap();
+        assert_eq!(data.episodes(), 2);
     }
 
     /// TensorDicts pickled as their `__dict__` (versions before tensordict's reducer, under
