@@ -47,8 +47,9 @@ fn choose(
                 visible_devices()
             )));
         }
-        // Every local rank would take that one GPU, which NCCL refuses.
-        if rank.local_world_size > 1 && !share_gpus {
+        // Every local rank would take that one GPU, which NCCL refuses (unless the scheduler
+        // shows each task only its own).
+        if rank.local_world_size > 1 && !share_gpus && !bound_per_task {
             return Err(Error::Config(format!(
                 "device={setting} with {} local ranks puts them all on GPU {index}: use \
                  device=cuda (local rank r takes GPU r), or dist_backend=gloo to let ranks \
@@ -215,6 +216,11 @@ mod tests {
         assert_eq!(
             choose("cuda:1", &rank(1, 2), 2, false, true).unwrap(),
             Device::Cuda(1)
+        );
+        assert_eq!(
+            choose("cuda:0", &rank(1, 2), 1, true, false).unwrap(),
+            Device::Cuda(0),
+            "srun --gpus-per-task=1: each task's own GPU is its cuda:0"
         );
     }
 

@@ -49,8 +49,6 @@ pub struct JobStore {
     store: Py<PyAny>,
     node: usize,
     nnodes: usize,
-    /// Whether this launcher holds its node rank (given back when it leaves).
-    claimed: bool,
 }
 
 /// Set (to "1") for ranks whose launcher hosts the job's store: they rendezvous through it.
@@ -96,11 +94,10 @@ impl JobStore {
             };
             Error::Other(format!("cannot {role}: {e}"))
         })?;
-        let mut store = Self {
+        let store = Self {
             store,
             node,
             nnodes,
-            claimed: false,
         };
         store.join(job, &format!("{addr}:{port}"))?;
         Ok(store)
@@ -111,7 +108,7 @@ impl JobStore {
     /// another launcher has, and a node of another job that reached this job's store (two jobs
     /// on one master_port), are refused here: they would form no job, or start ranks among
     /// this job's and stop it when they fail.
-    fn join(&mut self, job: &str, at: &str) -> Result<()> {
+    fn join(&self, job: &str, at: &str) -> Result<()> {
         let hosted = embedded_python::with_python(|py| {
             let store = self.store.bind(py);
             if self.node == 0 {
@@ -133,13 +130,14 @@ impl JobStore {
         if self.add(&claim, 1)? != 1 {
             let _ = self.add(&claim, -1);
             return Err(Error::Config(format!(
-                "node_rank={} is taken: another launcher joined the job at {at} as node {0}; \
+                "node_rank={} is taken: another launcher joined the job at {at} as node {0} (the \
+                 same node_rank given twice, another job on this master_port, or a launcher of \
+                 this job started again: a node is never replaced, start the whole job again); \
                  give each node its own node_rank (0 to nnodes-1), and each job a master_port of \
                  its own",
                 self.node
             )));
         }
-        self.claimed = true;
         Ok(())
     }
 
@@ -162,31 +160,37 @@ impl JobStore {
 
     /// How `node`'s ranks of `attempt` ended; None while they run (or the store does not say).
     fn ended(&self, attempt: usize, node: usize) -> Option<Ended> {
-        self.add(&ended_key(attempt, node), 0)
-            .ok()
-            .and_then(Ended::from_value)
+        self.ended_or_gone(attempt, node).ok().flatten()
     }
 
-    /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
-    /// then waits (up to `limit`) for
-    /// every node to say so, so that no launcher loses the store while its ranks still end.
-    /// Waits (up to `limit`) until every node has said how its ranks of `attempt` ended, and
-    /// returns a node whose ranks refused their input, if one did: then no attempt can form.
+    /// As [`Self::ended`], with the store's failure (node 0 gone) as an error.
+    fn ended_or_gone(&self, attempt: usize, node: usize) -> Result<Option<Ended>> {
+        Ok(Ended::from_value(self.add(&ended_key(attempt, node), 0)?))
+    }
+
+    /// Waits (up to `limit`, and no longer once the store is gone) until every node has said
+    /// how its ranks of `attempt` ended, and returns a node whose ranks refused their input, if
+    /// one did: then no attempt can form.
     pub fn refused_node(&self, attempt: usize, limit: Duration) -> Option<usize> {
         let started = Instant::now();
         loop {
-            let ended: Vec<Option<Ended>> =
-                (0..self.nnodes).map(|n| self.ended(attempt, n)).collect();
-            if let Some(node) = ended.iter().position(|e| *e == Some(Ended::Refused)) {
-                return Some(node);
-            }
-            if ended.iter().all(Option::is_some) || started.elapsed() >= limit {
+            let ended: Result<Vec<Option<Ended>>> = (0..self.nnodes)
+                .map(|n| self.ended_or_gone(attempt, n))
+                .collect();
+            let Ok(ended) = ended else {
                 return None;
+            };
+            let refused = ended.iter().position(|e| *e == Some(Ended::Refused));
+            if ended.iter().all(Option::is_some) || started.elapsed() >= limit {
+                return refused;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
+    /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
+    /// then waits (up to `limit`) for every node to say so, so that no launcher loses the store
+    /// while its ranks still end.
     pub fn finish(&self, attempt: usize, limit: Duration) {
         let key = |node: usize| format!("tdmpc2/done/{attempt}/{node}");
         let _ = self.add(&key(self.node), 1);
@@ -200,15 +204,6 @@ impl JobStore {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-/// A launcher that leaves gives its node rank back, so that one started in its place may join.
-impl Drop for JobStore {
-    fn drop(&mut self) {
-        if self.claimed && self.node != 0 {
-            let _ = self.add(&format!("tdmpc2/node/{}", self.node), -1);
         }
     }
 }
@@ -392,11 +387,9 @@ mod tests {
         let other = "world_size=2 nnodes=2 task=dog-run seed=1";
         let e = open(port, 1, other).err().expect("another job").to_string();
         assert!(e.contains(other) && e.contains(JOB), "{e}");
-        let node = open(port, 1, JOB).unwrap();
+        let _node = open(port, 1, JOB).unwrap();
         let e = open(port, 1, JOB).err().expect("node 1 again").to_string();
         assert!(e.contains("node_rank=1 is taken"), "{e}");
-        drop(node);
-        let _again = open(port, 1, JOB).expect("a launcher in the place of one that left");
     }
 
     /// A node whose ranks refused their input is found once every node has ended; none is
@@ -407,13 +400,26 @@ mod tests {
         let host = open(port, 0, JOB).unwrap();
         let peer = open(port, 1, JOB).unwrap();
         let short = Duration::from_millis(300);
-        host.mark_ended(0, Ended::Failed);
-        assert_eq!(host.refused_node(0, short), None, "node 1 has not ended");
-        peer.mark_ended(0, Ended::Refused);
-        assert_eq!(host.refused_node(0, short), Some(1));
+        host.mark_ended(0, Ended::Refused);
+        assert_eq!(
+            host.refused_node(0, short),
+            Some(0),
+            "its own, once the wait runs out"
+        );
+        peer.mark_ended(0, Ended::Failed);
+        assert_eq!(peer.refused_node(0, Duration::from_secs(20)), Some(0));
         host.mark_ended(1, Ended::Failed);
         peer.mark_ended(1, Ended::Well);
         assert_eq!(host.refused_node(1, Duration::from_secs(20)), None);
+        // Node 0 gone: no wait for keys that cannot come.
+        drop(host);
+        let started = Instant::now();
+        assert_eq!(peer.refused_node(2, Duration::from_secs(20)), None);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     #[test]

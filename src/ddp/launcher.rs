@@ -92,6 +92,11 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// How long this node's ranks get to stop once a peer node is gone (they are likely stuck in a
 /// collective with it, so a checkpoint is not to be expected).
 const PEER_GRACE: Duration = Duration::from_secs(5);
+/// How soon after a node's ranks end every other node has said how its own ended: a beat to
+/// notice, then its ranks' stop within PEER_GRACE.
+const ENDED_WITHIN: Duration = Duration::from_secs(8);
+/// How long node 0 keeps the store up after every node has ended, so that they read it.
+const READ_GRACE: Duration = Duration::from_secs(2);
 
 /// Sets its flag when dropped: ends the heartbeat of a finished attempt, however it ended.
 struct StopOnDrop(Arc<AtomicBool>);
@@ -137,10 +142,12 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     loop {
         match runtime.block_on(supervise(plan, restart, store.as_ref())) {
             Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
-                // A node whose ranks refused their input would refuse it on every attempt.
+                // A node whose ranks refused their input would refuse it on every attempt. The
+                // others say how they ended within moments of this node (their watch sees its
+                // ranks end within a beat, then stops their own).
                 let refused = store
                     .as_ref()
-                    .and_then(|store| store.refused_node(restart, plan.peer_timeout));
+                    .and_then(|store| store.refused_node(restart, ENDED_WITHIN));
                 if let Some(node) = refused {
                     return Err(Error::Config(format!(
                         "{why}\n[launcher] node {node}'s ranks refused their input (its log names \
@@ -165,11 +172,13 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                 }
                 return result;
             }
-            // Node 0 keeps the store up until the others have ended too, so that they read how
-            // this node's ranks ended (a refusal is never restarted) before it goes.
+            // Node 0 keeps the store up until the others have ended too, and a little longer:
+            // a node that ended reads how the others did right after (a refusal is never
+            // restarted), and must find the store.
             result => {
                 if let Some(store) = store.as_ref().filter(|_| plan.node_rank == 0) {
                     store.refused_node(restart, plan.peer_timeout);
+                    std::thread::sleep(READ_GRACE);
                 }
                 return result;
             }
@@ -196,6 +205,7 @@ fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
             }
             Err(e) => e,
         };
+        // glibc's words for EAI_AGAIN (libtorch builds against glibc).
         let for_now = e.to_string().contains("Temporary failure");
         if !for_now {
             return Err(Error::Config(format!(
