@@ -38,6 +38,13 @@ impl Ended {
 /// What the job is (set by node 0, checked by the other nodes).
 const JOB_KEY: &str = "tdmpc2/job";
 
+/// Beats missed after which a node that has not said it ended is taken for gone.
+const SILENT: Duration = Duration::from_secs(3);
+
+fn heartbeat_key(attempt: usize, node: usize) -> String {
+    format!("tdmpc2/heartbeat/{attempt}/{node}")
+}
+
 fn ended_key(attempt: usize, node: usize) -> String {
     format!("tdmpc2/ended/{attempt}/{node}")
 }
@@ -172,35 +179,58 @@ impl JobStore {
     /// how its ranks of `attempt` ended, and returns a node whose ranks refused their input, if
     /// one did: then no attempt can form.
     pub fn refused_node(&self, attempt: usize, limit: Duration) -> Option<usize> {
-        let started = Instant::now();
-        loop {
-            let ended: Result<Vec<Option<Ended>>> = (0..self.nnodes)
-                .map(|n| self.ended_or_gone(attempt, n))
-                .collect();
-            let Ok(ended) = ended else {
-                return None;
-            };
-            let refused = ended.iter().position(|e| *e == Some(Ended::Refused));
-            if ended.iter().all(Option::is_some) || started.elapsed() >= limit {
-                return refused;
+        let store_gone = std::cell::Cell::new(false);
+        self.wait_for_nodes(attempt, limit, |node| {
+            match self.ended_or_gone(attempt, node) {
+                Ok(ended) => ended.is_some(),
+                Err(_) => {
+                    store_gone.set(true);
+                    true
+                }
             }
-            std::thread::sleep(Duration::from_millis(100));
+        });
+        if store_gone.get() {
+            return None;
         }
+        (0..self.nnodes).find(|&node| self.ended(attempt, node) == Some(Ended::Refused))
     }
 
     /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
     /// then waits (up to `limit`) for every node to say so, so that no launcher loses the store
-    /// while its ranks still end.
+    /// while its ranks still end. A node that stopped beating without saying so is gone (its
+    /// launcher killed, say): node 0 waits for it no longer than a few beats.
     pub fn finish(&self, attempt: usize, limit: Duration) {
         let key = |node: usize| format!("tdmpc2/done/{attempt}/{node}");
         let _ = self.add(&key(self.node), 1);
         if self.node != 0 {
             return;
         }
+        self.wait_for_nodes(attempt, limit, |node| {
+            self.add(&key(node), 0).unwrap_or(0) > 0
+        });
+    }
+
+    /// Waits (up to `limit`) until every node is `settled` or has stopped beating for
+    /// `SILENT` (gone: its launcher killed, say).
+    fn wait_for_nodes(&self, attempt: usize, limit: Duration, settled: impl Fn(usize) -> bool) {
+        let beats = |node: usize| self.add(&heartbeat_key(attempt, node), 0).unwrap_or(-1);
+        let mut last: Vec<(i64, Instant)> = (0..self.nnodes)
+            .map(|n| (beats(n), Instant::now()))
+            .collect();
         let started = Instant::now();
         while started.elapsed() < limit {
-            let done = (0..self.nnodes).all(|node| self.add(&key(node), 0).unwrap_or(0) > 0);
-            if done {
+            let mut waiting = false;
+            for (node, (count, moved)) in last.iter_mut().enumerate() {
+                if settled(node) {
+                    continue;
+                }
+                let now = beats(node);
+                if now != *count {
+                    (*count, *moved) = (now, Instant::now());
+                }
+                waiting |= moved.elapsed() < SILENT;
+            }
+            if !waiting {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -253,7 +283,7 @@ pub fn spawn(
 }
 
 fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
-    let key = |node: usize| format!("tdmpc2/heartbeat/{}/{node}", watch.attempt);
+    let key = |node: usize| heartbeat_key(watch.attempt, node);
     let started = Instant::now();
     // Per node: its last counter value and when it last moved.
     let mut seen: Vec<(i64, Option<Instant>)> = vec![(0, None); store.nnodes];
