@@ -124,19 +124,9 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         .map_err(|e| Error::io("start the launcher runtime", e))?;
     // Several nodes: node 0's launcher hosts the job's store for every attempt, and the
     // launchers watch each other through it.
-    let store = if plan.nnodes > 1 {
-        check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
-        let store = heartbeat::JobStore::open(
-            &plan.master_addr,
-            plan.master_port,
-            plan.node_rank,
-            plan.nnodes,
-            &plan.job,
-            (plan.dist_timeout, plan.peer_timeout),
-        )?;
-        Some(Arc::new(store))
-    } else {
-        None
+    let store = match plan.nnodes {
+        1 => None,
+        _ => Some(Arc::new(job_store(plan)?)),
     };
     let mut restart = 0;
     loop {
@@ -184,6 +174,20 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             }
         }
     }
+}
+
+/// The job's store between the launchers of several nodes, hosted by node 0's and joined by
+/// the others' once `master_addr` resolves.
+fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
+    check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
+    heartbeat::JobStore::open(
+        &plan.master_addr,
+        plan.master_port,
+        plan.node_rank,
+        plan.nnodes,
+        &plan.job,
+        (plan.dist_timeout, plan.peer_timeout),
+    )
 }
 
 /// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
