@@ -3,7 +3,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{Config, Source, MODEL_SIZES};
+use crate::arg_values::count;
+use crate::config::{Config, Source};
 use crate::ddp::launcher::{self, LaunchPlan};
 use crate::ddp::{LaunchedBy, RankInfo};
 use crate::error::{Error, Result};
@@ -42,7 +43,7 @@ pub enum Command {
         output: PathBuf,
     },
     /// Environment and agent benchmarks, printed as JSON lines.
-    Bench(Box<BenchArgs>),
+    Bench(Box<crate::bench::command::BenchArgs>),
     /// One rank of `bench --cases ddp` (started by the bench itself).
     #[command(hide = true)]
     BenchWorker(crate::bench::ddp::WorkerArgs),
@@ -94,116 +95,6 @@ pub struct CollectArgs {
     /// official datasets hold training episodes); without it, uniform random actions.
     #[command(flatten)]
     pub run: RunArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// What to measure: env (environment steps/s), buffer (replay-buffer bytes per row and
-    /// memory), dataset (offline batches read from dataset files: memory and ms), video (evaluation videos: rendering and encoding), agent (plan and update ms
-    /// vs matmul throughput), graphs (plan and update ms, eager and as CUDA graphs, on CUDA),
-    /// ddp (data-parallel scaling of agent steps/s), loop (the training loop's agent steps/s
-    /// over num_envs × pipeline × compile).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "env,agent",
-        value_parser = clap::builder::PossibleValuesParser::new(BENCH_CASES)
-    )]
-    pub cases: Vec<String>,
-    /// env: agent steps per measurement (all of a vector env's envs together).
-    #[arg(long, default_value_t = 2000, value_parser = count)]
-    pub env_steps: usize,
-    /// buffer: rows of each replay buffer measured.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(2..))]
-    pub buffer_rows: u64,
-    /// dataset: megabytes of the dataset written and read.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
-    pub dataset_mb: u64,
-    /// video: the task filmed.
-    #[arg(long, default_value = "cartpole-swingup")]
-    pub video_task: String,
-    /// video: frames rendered at each size, and encoded.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
-    pub video_frames: u64,
-    /// agent, graphs: model sizes to time (official presets: 1, 5, 19, 48, 317).
-    #[arg(long, value_delimiter = ',', default_value = "1,5")]
-    pub model_sizes: Vec<u32>,
-    /// agent, graphs: task dimensions to time (walker-run and/or dog-run).
-    #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
-    pub tasks: Vec<String>,
-    /// agent: environment counts of batched plans to time besides one (per-environment ms).
-    #[arg(long, value_delimiter = ',', default_value = "4,16", value_parser = count)]
-    pub plan_envs: Vec<usize>,
-    /// agent: torch threads (default: all cores).
-    #[arg(long, value_parser = thread_count)]
-    pub threads: Option<usize>,
-    /// agent: timed calls per plan and per update measurement (after one warm-up call).
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub agent_repeats: u64,
-    /// agent: where to run the model.
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
-    pub device: String,
-    /// ddp: rank counts to measure; each rank gets cores / ranks threads.
-    #[arg(long, value_delimiter = ',', default_value = "1,2", value_parser = count)]
-    pub ranks: Vec<usize>,
-    /// ddp: micro-batches per synchronised update.
-    #[arg(long, default_value_t = 1, value_parser = count)]
-    pub sync_freq: usize,
-    /// ddp: timed agent steps (plan + update) per rank.
-    #[arg(long, default_value_t = 30, value_parser = count)]
-    pub ddp_steps: usize,
-    /// ddp: untimed agent steps before the timed ones.
-    #[arg(long, default_value_t = 3)]
-    pub ddp_warmup: usize,
-    /// ddp: repetitions of the measurements (medians are reported).
-    #[arg(long, default_value_t = 3, value_parser = count)]
-    pub ddp_rounds: usize,
-    /// loop: the task trained (Pendulum-v1 is native: the loop's own costs; walker-run adds
-    /// dm_control in worker processes).
-    #[arg(long, default_value = "Pendulum-v1")]
-    pub loop_task: String,
-    /// loop: environments per rank to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16", value_parser = count)]
-    pub num_envs: Vec<usize>,
-    /// loop: pipeline settings to measure.
-    #[arg(long, value_delimiter = ',', default_value = "false,true")]
-    pub pipeline: Vec<bool>,
-    /// loop: timed vector steps per case (after seeding).
-    #[arg(long, default_value_t = 30, value_parser = count)]
-    pub loop_steps: usize,
-    /// loop: `compile` settings to measure (CUDA graphs on CUDA; the CPU runs eagerly either
-    /// way).
-    #[arg(long, value_delimiter = ',', default_value = "true")]
-    pub compile: Vec<bool>,
-    /// loop: a `KEY=VALUE` setting for every case's run (repeatable), e.g. fused_kernels=true.
-    #[arg(long = "loop-set", value_name = "KEY=VALUE")]
-    pub loop_settings: Vec<String>,
-    /// graphs: also profile one plan and one update, eager and as a graph: the kernels the
-    /// device ran and their device time (torch's profiler with CUDA activity).
-    #[arg(long)]
-    pub kernels: bool,
-    /// graphs: the `fused_kernels` settings to measure the update and plans with (our fused
-    /// CUDA kernels, or torch's operations).
-    #[arg(long, value_delimiter = ',', default_value = "false,true")]
-    pub fused_kernels: Vec<bool>,
-}
-
-/// A count of one or more.
-fn count(text: &str) -> std::result::Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(0) => Err("must be at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(format!("{e} (give a whole number of at least 1)")),
-    }
-}
-
-/// A torch thread count, at most 4096 (torch takes an i32; more is a typo).
-fn thread_count(text: &str) -> std::result::Result<usize, String> {
-    const MOST: usize = 4096;
-    match count(text)? {
-        n if n > MOST => Err(format!("at most {MOST}")),
-        n => Ok(n),
-    }
 }
 
 impl RunArgs {
@@ -320,7 +211,7 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
-        Command::Bench(args) => bench(&args),
+        Command::Bench(args) => crate::bench::command::run(&args),
         Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
         Command::EnvWorker => Ok(envs::serve_worker()?),
         Command::Plot(args) => crate::tools::plot::run(&args),
@@ -475,136 +366,6 @@ fn evaluate(config: Config) -> Result<()> {
         line["by_task"] = by_task.into();
     }
     println!("{line}");
-    Ok(())
-}
-
-/// What `bench --cases` takes; an unknown case is refused before any is measured.
-const BENCH_CASES: [&str; 8] = [
-    "env", "buffer", "dataset", "video", "agent", "graphs", "ddp", "loop",
-];
-
-fn bench(args: &BenchArgs) -> Result<()> {
-    check_bench(args)?;
-    for case in &args.cases {
-        match case.as_str() {
-            "env" => crate::bench::env::run(args.env_steps, &mut |line| println!("{line}"))?,
-            "buffer" => crate::bench::buffer::run(args.buffer_rows as usize, &mut |line| {
-                println!("{line}")
-            })?,
-            "dataset" => crate::bench::dataset::run(args.dataset_mb as usize, &mut |line| {
-                println!("{line}")
-            })?,
-            "video" => crate::bench::video::run(
-                &args.video_task,
-                args.video_frames as usize,
-                &mut |line| println!("{line}"),
-            )?,
-            "agent" => {
-                let options = crate::bench::agent::BenchOptions {
-                    model_sizes: args.model_sizes.clone(),
-                    tasks: args.tasks.clone(),
-                    plan_envs: args.plan_envs.clone(),
-                    threads: args.threads,
-                    device: args.device.clone(),
-                    plan_repeats: args.agent_repeats as usize,
-                    update_repeats: args.agent_repeats as usize,
-                    ..Default::default()
-                };
-                crate::bench::agent::run(&options, &mut |line| println!("{line}"))?;
-            }
-            "graphs" => {
-                let options = crate::bench::graphs::GraphOptions {
-                    model_sizes: args.model_sizes.clone(),
-                    tasks: args.tasks.clone(),
-                    repeats: args.agent_repeats as usize,
-                    device: args.device.clone(),
-                    kernels: args.kernels,
-                    fused_kernels: args.fused_kernels.clone(),
-                };
-                crate::bench::graphs::run(&options, &mut |line| println!("{line}"))?;
-            }
-            "ddp" => {
-                let options = crate::bench::ddp::DdpOptions {
-                    ranks: args.ranks.clone(),
-                    sync_freq: args.sync_freq,
-                    steps: args.ddp_steps,
-                    warmup: args.ddp_warmup,
-                    rounds: args.ddp_rounds,
-                    seed: 1,
-                };
-                crate::bench::ddp::run(&options, &mut |line| println!("{line}"))?;
-            }
-            "loop" => {
-                crate::bench::train_loop::run(&loop_options(args), &mut |line| println!("{line}"))?;
-            }
-            other => {
-                return Err(Error::Config(format!(
-                    "unknown bench case '{other}'; allowed: {}",
-                    BENCH_CASES.join(", ")
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
-fn loop_options(args: &BenchArgs) -> crate::bench::train_loop::LoopOptions {
-    crate::bench::train_loop::LoopOptions {
-        task: args.loop_task.clone(),
-        model_sizes: args.model_sizes.clone(),
-        num_envs: args.num_envs.clone(),
-        pipeline: args.pipeline.clone(),
-        vector_steps: args.loop_steps,
-        compile: args.compile.clone(),
-        device: args.device.clone(),
-        threads: args.threads,
-        settings: args.loop_settings.clone(),
-    }
-}
-
-/// What no case could run with is refused before the first runs (exit 2): a model size, a
-/// task, a device this machine lacks, a loop setting `train` would refuse.
-fn check_bench(args: &BenchArgs) -> Result<()> {
-    let runs = |case: &str| args.cases.iter().any(|c| c == case);
-    if ["agent", "graphs", "loop"].into_iter().any(runs) {
-        if let Some(size) = args.model_sizes.iter().find(|s| !MODEL_SIZES.contains(s)) {
-            return Err(Error::Config(format!(
-                "--model-sizes {size}: allowed: {MODEL_SIZES:?}"
-            )));
-        }
-        let rank = RankInfo {
-            rank: 0,
-            world_size: 1,
-            local_rank: 0,
-            local_world_size: 1,
-            master_addr: String::new(),
-            master_port: 0,
-            own_cpus: None,
-        };
-        crate::device::select(&args.device, &rank, false).map_err(|e| {
-            let why = e.to_string();
-            let why = why.trim_start_matches("config error: ").to_owned();
-            Error::Config(format!("--device {}: {why}", args.device))
-        })?;
-    }
-    if runs("graphs") {
-        crate::bench::graphs::cuda_device(&args.device)?;
-    }
-    if runs("agent") || runs("graphs") {
-        if let Some(task) = args
-            .tasks
-            .iter()
-            .find(|task| crate::bench::agent::task_dims(task).is_err())
-        {
-            return Err(Error::Config(format!(
-                "--tasks {task}: allowed: {}",
-                crate::bench::agent::TASKS.join(", ")
-            )));
-        }
-    }
-    if runs("loop") {
-        crate::bench::train_loop::check(&loop_options(args))?;
-    }
     Ok(())
 }
 

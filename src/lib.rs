@@ -1,6 +1,7 @@
 //! tdmpc2: a distributed TD-MPC2 trainer.
 pub mod actor;
 pub mod agent;
+pub mod arg_values;
 pub mod bench;
 pub mod buffer;
 pub mod cache;

@@ -2,6 +2,7 @@
 //! and the trainer's parts and whole.
 pub mod agent;
 pub mod buffer;
+pub mod command;
 pub mod dataset;
 pub mod ddp;
 pub mod env;

@@ -651,6 +651,16 @@ mod tests {
         );
     }
 
+    /// Runs a script that writes dataset files, alone in the interpreter (it may swap modules).
+    fn run_python(script: String) {
+        embedded_python::attach_exclusive(|py| {
+            let code = std::ffi::CString::new(script).unwrap();
+            py.run(&code, None, None)
+                .map_err(embedded_python::Error::from)
+        })
+        .unwrap();
+    }
+
     /// A `terminated` entry is read: a file whose episodes end early is refused, naming the
     /// episode; one of zeros (and the first row's NaN filler) opens.
     #[test]
@@ -671,12 +681,7 @@ mod tests {
             ends.display(),
             runs.display()
         );
-        embedded_python::attach_exclusive(|py| {
-            let code = std::ffi::CString::new(script).unwrap();
-            py.run(&code, None, None)
-                .map_err(embedded_python::Error::from)
-        })
-        .unwrap();
+        run_python(script);
         let e = Dataset::open(&[ends], &expected(2))
             .err()
             .unwrap()
@@ -715,12 +720,7 @@ mod tests {
              real is not None and sys.modules.__setitem__('tensordict.tensordict', real)\n",
             file.display()
         );
-        embedded_python::attach_exclusive(|py| {
-            let code = std::ffi::CString::new(script).unwrap();
-            py.run(&code, None, None)
-                .map_err(embedded_python::Error::from)
-        })
-        .unwrap();
+        run_python(script);
         let data = Dataset::open(&[file], &expected(2)).unwrap();
         assert_eq!(
             (data.episodes(), data.episodes_per_task(2)),
@@ -767,12 +767,7 @@ mod tests {
             with_state.display(),
             with_slots.display()
         );
-        embedded_python::attach_exclusive(|py| {
-            let code = std::ffi::CString::new(script).unwrap();
-            py.run(&code, None, None)
-                .map_err(embedded_python::Error::from)
-        })
-        .unwrap();
+        run_python(script);
         let data = Dataset::open(&[with_state, with_slots], &expected(2)).unwrap();
         assert_eq!(
             (data.episodes(), data.episodes_per_task(2)),

@@ -11,7 +11,6 @@
 //!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted, nor is a rank
 //!   that refused its input (exit 2).
 use std::collections::VecDeque;
-use std::net::TcpListener;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use tokio::sync::mpsc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::{affinity, heartbeat};
+use super::{affinity, heartbeat, rendezvous};
 use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE};
 
 /// How long ranks get to end once one failed, before they are killed.
@@ -116,7 +115,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         )));
     }
     if plan.node_rank == 0 {
-        check_port_free(&plan.master_addr, plan.master_port)?;
+        rendezvous::check_port_free(&plan.master_addr, plan.master_port)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -151,7 +150,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     plan.max_restarts
                 );
                 if plan.node_rank == 0 && store.is_none() {
-                    wait_for_port(&plan.master_addr, plan.master_port)?;
+                    rendezvous::wait_for_port(&plan.master_addr, plan.master_port)?;
                 }
             }
             // Node 0 hosts the store: it waits for the others to end too, or they would take
@@ -179,7 +178,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
 /// The job's store between the launchers of several nodes, hosted by node 0's and joined by
 /// the others' once `master_addr` resolves.
 fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
-    check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
+    rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
     heartbeat::JobStore::open(
         &plan.master_addr,
         plan.master_port,
@@ -190,67 +189,8 @@ fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
     )
 }
 
-/// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
-/// the store would retry it until dist_timeout and torch print its C++ frames on the way.
-/// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
-/// on a cluster still coming up) is asked again until `limit`, then the run fails (exit 1,
-/// restartable); a name the resolver does not know is bad input.
-fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
-    use std::net::ToSocketAddrs;
-    let started = std::time::Instant::now();
-    loop {
-        let e = match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
-            Ok(Some(_)) => return Ok(()),
-            Ok(None) => {
-                return Err(Error::Config(format!(
-                    "master_addr={addr} resolves to no address: give node 0's address or host \
-                     name"
-                )))
-            }
-            Err(e) => e,
-        };
-        // glibc's words for EAI_AGAIN (libtorch builds against glibc).
-        let for_now = e.to_string().contains("Temporary failure");
-        if !for_now {
-            return Err(Error::Config(format!(
-                "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
-            )));
-        }
-        if started.elapsed() >= limit {
-            return Err(Error::Other(format!(
-                "master_addr={addr} could not be resolved within {} s (dist_timeout): {e}",
-                limit.as_secs()
-            )));
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    }
-}
-
 /// The variable that tells a rank how many times its job was restarted (torchrun's name).
 pub const RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
-
-/// Waits (briefly) for the last attempt's rendezvous store to let go of master_port.
-fn wait_for_port(addr: &str, port: u16) -> Result<()> {
-    let started = std::time::Instant::now();
-    loop {
-        match check_port_free(addr, port) {
-            Err(e) if started.elapsed() > Duration::from_secs(30) => return Err(e),
-            Err(_) => std::thread::sleep(Duration::from_millis(200)),
-            Ok(()) => return Ok(()),
-        }
-    }
-}
-
-/// Rank 0's rendezvous store binds master_port: fail now, clearly, rather than hang later.
-fn check_port_free(addr: &str, port: u16) -> Result<()> {
-    let local = matches!(addr, "127.0.0.1" | "localhost" | "0.0.0.0" | "::1");
-    let bind_addr = if local { "127.0.0.1" } else { "0.0.0.0" };
-    TcpListener::bind((bind_addr, port)).map(drop).map_err(|e| {
-        Error::Config(format!(
-            "master_port={port} is not free on this machine ({e}); pick another with master_port=PORT"
-        ))
-    })
-}
 
 /// Environment defaults for spawned ranks, unless already set: OpenMP threads that sleep rather
 /// than spin while they wait. Ranks share the machine's cores, and spinning threads made a rank
@@ -765,20 +705,6 @@ mod tests {
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
-    }
-
-    #[test]
-    fn a_master_addr_that_does_not_resolve_is_refused() {
-        let limit = Duration::from_secs(1);
-        check_master_resolves("127.0.0.1", 29500, limit).unwrap();
-        check_master_resolves("localhost", 29500, limit).unwrap();
-        let e = check_master_resolves("not..a.host", 29500, limit).unwrap_err();
-        assert!(matches!(e, Error::Config(_)), "{e}");
-        assert!(
-            e.to_string()
-                .contains("master_addr=not..a.host cannot be resolved"),
-            "{e}"
-        );
     }
 
     #[test]

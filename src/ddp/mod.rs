@@ -4,6 +4,7 @@ pub mod group;
 pub mod heartbeat;
 pub mod lifeline;
 pub mod rank;
+pub mod rendezvous;
 
 pub use group::{Backend, GroupSettings, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};

@@ -1,0 +1,84 @@
+//! Where the ranks of a job meet: `master_addr` must resolve, and `master_port` be free for
+//! the rendezvous store that rank 0 (or node 0's launcher) binds.
+use std::net::TcpListener;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
+/// the store would retry it until dist_timeout and torch print its C++ frames on the way.
+/// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
+/// on a cluster still coming up) is asked again until `limit`, then the run fails (exit 1,
+/// restartable); a name the resolver does not know is bad input.
+pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    let started = std::time::Instant::now();
+    loop {
+        let e = match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
+            Ok(Some(_)) => return Ok(()),
+            Ok(None) => {
+                return Err(Error::Config(format!(
+                    "master_addr={addr} resolves to no address: give node 0's address or host \
+                     name"
+                )))
+            }
+            Err(e) => e,
+        };
+        // glibc's words for EAI_AGAIN (libtorch builds against glibc).
+        let for_now = e.to_string().contains("Temporary failure");
+        if !for_now {
+            return Err(Error::Config(format!(
+                "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
+            )));
+        }
+        if started.elapsed() >= limit {
+            return Err(Error::Other(format!(
+                "master_addr={addr} could not be resolved within {} s (dist_timeout): {e}",
+                limit.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// Waits (briefly) for the last attempt's rendezvous store to let go of master_port.
+pub fn wait_for_port(addr: &str, port: u16) -> Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        match check_port_free(addr, port) {
+            Err(e) if started.elapsed() > Duration::from_secs(30) => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            Ok(()) => return Ok(()),
+        }
+    }
+}
+
+/// Rank 0's rendezvous store binds master_port: fail now, clearly, rather than hang later.
+pub fn check_port_free(addr: &str, port: u16) -> Result<()> {
+    let local = matches!(addr, "127.0.0.1" | "localhost" | "0.0.0.0" | "::1");
+    let bind_addr = if local { "127.0.0.1" } else { "0.0.0.0" };
+    TcpListener::bind((bind_addr, port)).map(drop).map_err(|e| {
+        Error::Config(format!(
+            "master_port={port} is not free on this machine ({e}); pick another with master_port=PORT"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_master_addr_that_does_not_resolve_is_refused() {
+        let limit = Duration::from_secs(1);
+        check_master_resolves("127.0.0.1", 29500, limit).unwrap();
+        check_master_resolves("localhost", 29500, limit).unwrap();
+        let e = check_master_resolves("not..a.host", 29500, limit).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert!(
+            e.to_string()
+                .contains("master_addr=not..a.host cannot be resolved"),
+            "{e}"
+        );
+    }
+}
