@@ -72,11 +72,19 @@ usage() {
     exit 2
 }
 
-# Runs $2 ... for at most $1 seconds (SIGKILL 10 s after the SIGTERM): a hung collective must
-# not take the rest of a device call with it. Says so when the limit cut it.
+# Runs $2 ... for at most $1 seconds (SIGKILL 10 s after the SIGTERM), and never past $deadline
+# (SECONDS) when it is set: a hung collective must not take the rest of a device call with it.
+# Says so when the limit cut it, or when no time was left to start it.
 limited() {
     local limit=$1 rc=0
     shift
+    if [[ -n ${deadline:-} ]] && ((deadline - SECONDS < limit)); then
+        limit=$((deadline - SECONDS))
+        if ((limit < 10)); then
+            echo "[gpu_check] no time left for: $*" >&2
+            return 124
+        fi
+    fi
     timeout -k 10 "$limit" "$@" || rc=$?
     if [[ $rc == 124 || $rc == 137 ]]; then
         echo "[gpu_check] cut after $limit s: $*" >&2
@@ -90,8 +98,13 @@ run_tests() {
     for test in "${tests[@]}"; do
         echo "[gpu_check] $test"
         # shellcheck disable=SC2046 # `only` prints separate words
-        limited "${TEST_LIMIT:-300}" "$dir/${test%% *}" --ignored --test-threads=1 $(only "$test") ||
+        limited "${TEST_LIMIT:-300}" "$dir/${test%% *}" --ignored --test-threads=1 $(only "$test") \
+            2>&1 | tee "$tmp/test.log" || failed=1
+        # A name that matches no test runs none and exits 0.
+        if grep -q "^running 0 tests" "$tmp/test.log"; then
+            echo "[gpu_check] $test: no test of that name ran" >&2
             failed=1
+        fi
     done
     return $failed
 }
@@ -151,11 +164,12 @@ run_compare() {
     # A wrapper, not a link: a link would hide the venv (or the installation) the Python is in.
     printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" >"$venv/bin/python"
     chmod +x "$venv/bin/python"
-    echo "[gpu_check] official vs ours on CUDA, model sizes $sizes $*: $out/compare.jsonl"
+    echo "[gpu_check] official vs ours on CUDA, model sizes $sizes $*: $out/compare.jsonl, compare.log"
     TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
-        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) "$here/compare_official.sh" "$dir/official" \
+        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) limited "${COMPARE_LIMIT:-570}" \
+        "$here/compare_official.sh" "$dir/official" \
         --device cuda --rounds 1 --model-sizes "$sizes" --bin "$dir/tdmpc2" \
-        --out "$out/compare.jsonl" "$@"
+        --out "$out/compare.jsonl" "$@" 2>&1 | tee "$out/compare.log"
 }
 
 # Puts the dm_control that --build packed on PYTHONPATH, for the DMControl tasks.
@@ -163,7 +177,9 @@ with_dm_control() {
     [[ -f $dir/dmc.tar.xz ]] || { echo "[gpu_check] no $dir/dmc.tar.xz: see --build" >&2; return 2; }
     local extra
     extra=$(mktemp -d)
-    tar -xJf "$dir/dmc.tar.xz" -C "$extra" || { echo "[gpu_check] cannot unpack $dir/dmc.tar.xz" >&2; return 2; }
+    # By Python's tarfile: the device may have no xz program.
+    "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+        "$dir/dmc.tar.xz" "$extra" || { echo "[gpu_check] cannot unpack $dir/dmc.tar.xz" >&2; return 2; }
     export PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable
     # What it needs from this Python (numpy, scipy, lxml, absl) is here, or nothing can run.
     "$python" -c 'from dm_control import suite; suite.load("walker", "run")' || {
@@ -178,6 +194,11 @@ run_walker() {
     with_dm_control || return 2
     local runs=$1 seconds=$2
     shift 2
+    # Each run brings back two files, and a device call at most 8 in all.
+    if [[ $runs == *,*,* ]]; then
+        echo "[gpu_check] --walker $runs: at most two runs a call (a device call brings back 8 files)" >&2
+        return 2
+    fi
     echo "[gpu_check] walker-run $runs, $seconds s at most: $out/walker.jsonl"
     "$python" "$here/time_to_return.py" --bin "$dir/tdmpc2" --out "$out" --runs "$runs" \
         --seconds "$seconds" "$@"
@@ -251,7 +272,9 @@ for line in sys.stdin:
     if [[ -d $site/dm_control && -d $site/mujoco ]]; then
         tar -C "$site" -c --exclude=__pycache__ --exclude=mujoco/experimental \
             --exclude='mujoco/_render_filament*' --exclude=dm_control/locomotion \
-            --exclude=dm_control/blender mujoco dm_control dm_env tree glfw |
+            --exclude=dm_control/blender --exclude=dm_control/suite/dog_assets \
+            --exclude=dm_control/mujoco/testing --exclude='*_test.py' \
+            mujoco dm_control dm_env tree glfw |
             xz -T2 -6 >"$dir/dmc.tar.xz"
     else
         echo "[gpu_check] no dm_control in $site: --learn, --walker and --compare's trainers will not run" >&2
@@ -267,11 +290,20 @@ for line in sys.stdin:
     fi
     # Which source the binaries are: --run copies it beside the results.
     { git -C "$root" rev-parse HEAD && git -C "$root" status --short; } >"$dir/BUILD" 2>/dev/null || true
+    # The device takes the working tree and what is carried, 64 MiB in all.
+    tree=$(git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -n 1 | cut -f1)
+    carried=$(du -sb "$dir" | cut -f1)
+    echo "[gpu_check] working tree $((tree >> 20)) MiB + $dir $((carried >> 20)) MiB = $(((tree + carried) >> 20)) MiB (the device takes 64)"
+    if ((tree + carried > 64 << 20)); then
+        echo "[gpu_check] too large to carry whole: carry fewer of $dir's files" >&2
+    fi
     echo "[gpu_check] binaries in $dir (run them with: scripts/gpu_check.sh --run $dir)"
     ;;
 --run)
     dir=${2:-$root/target/gpu-check}
-    [[ -x $dir/tdmpc2 ]] || { echo "[gpu_check] no binaries in $dir: build them with --build" >&2; exit 2; }
+    [[ -f $dir/tdmpc2 ]] || { echo "[gpu_check] no binaries in $dir: build them with --build" >&2; exit 2; }
+    # A copy may lose the files' modes.
+    chmod +x "$dir"/tdmpc2 "${names[@]/#/$dir/}" 2>/dev/null || true
     python=python3
     if [[ -n ${TDMPC2_VENV:-} && -x $TDMPC2_VENV/bin/python ]]; then
         python=$TDMPC2_VENV/bin/python
@@ -279,16 +311,27 @@ for line in sys.stdin:
     # torch/lib, the nvidia wheels' lib folders and libpython, in case the venv the binaries
     # were linked against (their rpath) is not at the same place here.
     mapfile -t found < <("$python" -c '
-import glob, os, sysconfig, torch
+import glob, os, sys, sysconfig, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
 dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
 dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
 dirs.append(sysconfig.get_config_var("LIBDIR"))
+dirs.append(os.path.join(sys.base_prefix, "lib"))
 print(site)
-print(":".join(dirs))')
+print(":".join(d for d in dirs if d))')
+    if [[ ${#found[@]} -lt 2 ]]; then
+        echo "[gpu_check] $python cannot import torch: the binaries need its libraries" >&2
+        exit 2
+    fi
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
     export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export TDMPC2_BIN=$dir/tdmpc2
+    # A library the binaries cannot find fails every step within seconds: name it first.
+    if missing=$(ldd "$dir/tdmpc2" 2>/dev/null | grep "not found"); then
+        echo "[gpu_check] libraries not found for tdmpc2 (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):" >&2
+        echo "$missing" >&2
+    fi
+    tmp=$(mktemp -d)
     # The parity fixtures, where this checkout has them (the binaries name the build's).
     export TDMPC2_TEST_DATA=$root/tests/data
     out=${OUT:-$(mktemp -d)}
@@ -317,11 +360,18 @@ print(":".join(dirs))')
         fi
         ;;
     --all)
-        # One device call does it all: the tests, the figures, then learning until SECONDS.
-        deadline=$((SECONDS + ${4:-540}))
+        # One device call does it all: the tests, the figures, then learning until SECONDS. The
+        # tests may take at most 40 % of it and the figures until 75 %, whatever each step's own
+        # limit, so that every phase has its turn.
+        total=${4:-540}
+        end=$((SECONDS + total))
+        deadline=$((SECONDS + total * 40 / 100))
         run_tests 2>&1 | tee "$out/tests.log" || status=1
+        deadline=$((SECONDS > end - total / 4 ? SECONDS + 30 : end - total / 4))
+        deadline=$((deadline > end ? end : deadline))
         run_bench >"$out/bench.log" 2>&1 || status=1
-        run_learn $((deadline - SECONDS)) || status=1
+        deadline=
+        run_learn $((end - SECONDS)) || status=1
         ;;
     *)
         usage
