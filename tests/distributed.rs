@@ -659,16 +659,20 @@ fn a_checkpoint_moves_between_world_sizes() {
     // that goes on at another world size started from exactly the saved state. The saved replay
     // buffers (one 200-step episode, 201 rows, per 200 steps a rank) are dealt out to the new
     // ranks: (filled rows, episodes) of each rank's buffer at the end.
-    for (from, to, buffers) in [
-        (2usize, 1usize, [(800, 4)].as_slice()),
-        (1, 2, &[(400, 2); 2]),
+    // From 1 rank to 2 with seed_steps=300, the checkpoint's 400 steps are each new rank's
+    // 200: below seed_steps, yet the learner is trained, so the new ranks learn at once.
+    for (from, to, seed_steps, buffers) in [
+        (2usize, 1usize, 200, [(800, 4)].as_slice()),
+        (1, 2, 300, &[(400, 2); 2]),
     ] {
+        let seed_steps = format!("seed_steps={seed_steps}");
         let (first, second) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
             .args(tiny_train())
             .args([
                 format!("world_size={from}"),
                 "steps=480".into(),
+                seed_steps.clone(),
                 "save_freq=400".into(),
                 "eval_freq=400".into(),
                 "save_buffer=true".into(),
@@ -693,6 +697,7 @@ fn a_checkpoint_moves_between_world_sizes() {
             .args([
                 format!("world_size={to}"),
                 "steps=800".into(),
+                seed_steps.clone(),
                 "save_freq=200".into(),
                 "keep_checkpoints=1".into(),
                 "eval_freq=800".into(),
@@ -763,6 +768,21 @@ fn a_checkpoint_moves_between_world_sizes() {
             meta(first.path(), 400)["rank_checksums"][0],
             "the resumed run trained on"
         );
+        // A trained learner makes one update a local step from the first on, none at random.
+        let updates = |m: &serde_json::Value| m["model_optim_step"].as_u64().unwrap();
+        let saved = updates(&meta(first.path(), 400));
+        if from < to {
+            assert!(
+                saved > 0,
+                "{from} → {to} ranks: the saved learner was trained"
+            );
+            let made = updates(&end) - saved;
+            assert_eq!(
+                made,
+                800 / to as u64 - 400 / to as u64,
+                "{from} → {to} ranks"
+            );
+        }
     }
 }
 

@@ -157,10 +157,17 @@ impl<'g> Training<'g> {
         self.state.step * self.settings.world_size
     }
 
+    /// Whether this step acts at random and learns nothing: up to seed_steps, unless the
+    /// learner has already made its pretraining. A run resumed on more ranks than saved it
+    /// starts at a lower local step, below seed_steps again, with a trained learner.
+    fn seeding(&self) -> bool {
+        !self.pretrained && self.state.step <= self.settings.seed_steps
+    }
+
     /// Notes what fell due; whether this step is a checkpoint point: an evaluation or a
     /// checkpoint is due and every environment is at an episode boundary.
     pub(super) fn begin_step(&mut self) -> Result<bool> {
-        if self.state.step > self.settings.seed_steps {
+        if !self.seeding() {
             self.clock.steady_from(self.state.step);
         }
         self.schedule.advance(self.global_step());
@@ -289,7 +296,7 @@ impl<'g> Training<'g> {
     /// One vector step of the environments: random actions while seeding, then the policy's.
     /// Pipelined, the updates the last step owed run beside it.
     pub(super) fn act(&mut self) -> Result<()> {
-        let explore = self.state.step > self.settings.seed_steps;
+        let explore = !self.seeding();
         let owed = std::mem::take(&mut self.pending);
         let Some(pipeline) = &self.pipeline else {
             let acting = match explore {
@@ -327,7 +334,8 @@ impl<'g> Training<'g> {
     /// without its replay buffers may find them unable to give a batch when seeding ends: it
     /// pretrains once they can.
     pub(super) fn learn(&mut self) -> Result<()> {
-        let learning = self.state.step + self.vector_step() > self.settings.seed_steps;
+        let learning =
+            self.pretrained || self.state.step + self.vector_step() > self.settings.seed_steps;
         self.ready_to_update = self.ready_to_update || (learning && self.learner.ready()?);
         if !(learning && self.ready_to_update) {
             return Ok(());
