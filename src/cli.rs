@@ -137,10 +137,33 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     // The first environment made loads dm_control's renderer for the whole process: rank 0
     // films with save_video. A launcher's variables that do not parse are reported when the
     // rank starts; commands that run no rank need none.
-    let rank = RankInfo::from_env(&config, &|key| std::env::var(key).ok())
-        .map_or(0, |(rank, _)| rank.rank);
+    let launched = RankInfo::from_env(&config, &|key| std::env::var(key).ok()).ok();
+    if let Some((rank, by)) = &launched {
+        adopt_launchers_world_size(&mut config, rank, *by)?;
+    }
+    let rank = launched.map_or(0, |(rank, _)| rank.rank);
     config.resolve_by_making_tasks(config.env_options(rank)?)?;
     Ok(config)
+}
+
+/// Under torchrun or SLURM the launcher decides the world size (and, from its ranks per node,
+/// the nodes): taken before the checks that depend on them (memory per node, steps per rank),
+/// which would otherwise pass for one rank.
+fn adopt_launchers_world_size(
+    config: &mut Config,
+    rank: &RankInfo,
+    launched_by: LaunchedBy,
+) -> Result<()> {
+    check_world_size(config, rank, launched_by)?;
+    if launched_by == LaunchedBy::Nobody || config.world_size == rank.world_size {
+        return Ok(());
+    }
+    config.world_size = rank.world_size;
+    if rank.world_size.is_multiple_of(rank.local_world_size.max(1)) {
+        config.nnodes = rank.world_size / rank.local_world_size.max(1);
+        config.node_rank = rank.rank / rank.local_world_size.max(1);
+    }
+    config.validate()
 }
 
 pub fn run(cli: Cli) -> Result<()> {

@@ -471,3 +471,40 @@ fn task_lists_resolve_per_task_and_name_a_missing_task() {
         "{stderr}"
     );
 }
+
+/// Under torchrun (or SLURM) the launcher's world size is the run's before any check that
+/// depends on it: steps per rank, ranks per node.
+#[test]
+fn a_launchers_world_size_is_checked_as_the_configs() {
+    let under_torchrun = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(args)
+            .envs([
+                ("RANK", "0"),
+                ("WORLD_SIZE", "4"),
+                ("LOCAL_RANK", "0"),
+                ("LOCAL_WORLD_SIZE", "2"),
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = under_torchrun(&["train", "--cfg", "job", "task=Pendulum-v1", "steps=600"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("each of the world_size=4 ranks runs steps / world_size = 150 steps"),
+        "{stderr}"
+    );
+    let out = under_torchrun(&["train", "--cfg", "job", "task=Pendulum-v1", "steps=1000"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (job["world_size"].as_u64(), job["nnodes"].as_u64()),
+        (Some(4), Some(2)),
+        "two nodes of two ranks"
+    );
+}
