@@ -437,6 +437,35 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         &["resume=auto", "steps=300"],
         "is at step 400, past this run's steps=300",
     );
+    // Several ranks: the launcher refuses it before starting any; a checkpoint that does not
+    // fit the model (found once rank 0 loads it) is exit 2 on every rank, and not restarted.
+    refused(
+        &[
+            "resume=auto",
+            "steps=800",
+            "task=gym:Pendulum-v1",
+            "world_size=2",
+            &port,
+        ],
+        "the checkpoint was trained on task=Pendulum-v1, this run has task=gym:Pendulum-v1",
+    );
+    let port = format!("master_port={}", free_port());
+    let mut all = settings.clone();
+    all.extend(args(&[
+        "resume=auto",
+        "steps=800",
+        "model_size=5",
+        "world_size=2",
+        "max_restarts=1",
+        &port,
+    ]));
+    let out = run("train", dir.path(), &all);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rank 0 refused the checkpoint") && !stderr.contains("restarting"),
+        "{stderr}"
+    );
     assert_eq!(
         std::fs::read(dir.path().join("metrics.jsonl")).unwrap(),
         metrics,

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-pub use resume::{resume, resume_source_of, resumes};
+pub use resume::{check_resume_source, resume, resume_source_of, resumes};
 pub use save::save;
 
 /// Where and what a run checkpoints, taken once from the config.

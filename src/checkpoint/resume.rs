@@ -13,7 +13,7 @@ use super::{
 use crate::agent::AdamState;
 use crate::buffer::Dealing;
 use crate::ddp::ProcessGroup;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE};
 use crate::learner::Learner;
 
 /// Whether a `resume` setting asks for a checkpoint (`auto` or a path), not a fresh run.
@@ -26,6 +26,17 @@ pub fn resumes(setting: Option<&str>) -> bool {
 /// mistyped path leaves nothing behind.
 pub fn resume_source_of(config: &crate::config::Config) -> Result<Option<PathBuf>> {
     resume_source(&CheckpointSettings::from_config(config))
+}
+
+/// Refuses, from its `meta.json` alone, a checkpoint `resume` names that this run cannot
+/// continue (another task, online against offline, past `steps`): a launcher checks it before
+/// starting any rank.
+pub fn check_resume_source(config: &crate::config::Config) -> Result<()> {
+    let settings = CheckpointSettings::from_config(config);
+    match resume_source(&settings)? {
+        None => Ok(()),
+        Some(dir) => check_continues(&read_meta(&dir)?, &settings, &dir),
+    }
 }
 
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
@@ -77,10 +88,12 @@ pub fn resume(
     } else {
         Ok(None)
     };
-    // What rank 0 found: status (0 fresh, 1 resumed, 2 failed), then the counters.
+    // What rank 0 found: status (0 fresh, 1 resumed, 2 failed, 3 refused as bad input), then
+    // the counters.
     let (status, counters) = match &loaded {
         Ok(None) => (0.0, Counters::default()),
         Ok(Some((meta, _))) => (1.0, Counters::of(meta)),
+        Err(e) if e.exit_code() == BAD_INPUT_EXIT_CODE => (3.0, Counters::default()),
         Err(_) => (2.0, Counters::default()),
     };
     let mut header = Tensor::from_slice(&counters.header(status));
@@ -91,6 +104,12 @@ pub fn resume(
         (_, 2) => {
             return Err(Error::Checkpoint(
                 "resume: rank 0 could not load the checkpoint (see its error)".into(),
+            ))
+        }
+        // Exit 2 on every rank, so that a launcher restarts no refusal.
+        (_, 3) => {
+            return Err(Error::Config(
+                "resume: rank 0 refused the checkpoint for these settings (see its error)".into(),
             ))
         }
         (_, 0) => return Ok(None),

@@ -9,7 +9,9 @@
 use std::path::Path;
 
 use super::lock::RunLock;
-use crate::checkpoint::{checkpoints_dir, resume_source_of, resumes, step_of, store};
+use crate::checkpoint::{
+    check_resume_source, checkpoints_dir, resume_source_of, resumes, step_of, store,
+};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -20,7 +22,7 @@ const JOB: &str = ".job";
 /// run's to continue.
 pub fn refuse_a_bad_start(config: &Config) -> Result<()> {
     refuse_a_checkpoint_to_start_from(config)?;
-    resume_source_of(config)?;
+    check_resume_source(config)?;
     refuse_a_used_run_dir(config)
 }
 

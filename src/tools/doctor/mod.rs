@@ -477,7 +477,10 @@ fn check_resume(report: &mut Report, config: &Config) {
     if !crate::checkpoint::resumes(config.resume.as_deref()) {
         return;
     }
-    match crate::checkpoint::resume_source_of(config) {
+    let source = crate::checkpoint::resume_source_of(config);
+    // A checkpoint train would refuse for these settings (another task, past steps).
+    let source = source.and_then(|dir| crate::checkpoint::check_resume_source(config).map(|_| dir));
+    match source {
         Ok(Some(dir)) => report.line(Mark::Pass, "resume", format!("from {}", dir.display())),
         Ok(None) => report.line(Mark::Pass, "resume", "no checkpoint yet: a fresh run"),
         Err(Error::Config(why)) => report.line(Mark::Fail, "resume", why),
