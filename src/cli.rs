@@ -1,4 +1,5 @@
 //! The command line: `tdmpc2 train|import|bench`, hydra style (`key=value`, `--config-name`).
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -107,18 +108,23 @@ impl RunArgs {
     }
 }
 
-/// Loads, validates and resolves the configuration against the task's environment.
 /// hydra's two-letter short flags, `-cn NAME` and `-cp DIR` (also `-cn=NAME`), as the long
-/// ones; clap takes one-letter shorts only.
-pub fn hydra_short_flags(args: impl IntoIterator<Item = String>) -> Vec<String> {
+/// ones; clap takes one-letter shorts only. Arguments are taken as the OS gives them: a path
+/// that is not UTF-8 reaches clap, which names it, where `std::env::args` panics.
+pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
     args.into_iter()
         .map(|arg| {
             for (short, long) in [("-cn", "--config-name"), ("-cp", "--config-path")] {
-                if arg == short {
-                    return long.to_owned();
+                let bytes = arg.as_bytes();
+                if bytes == short.as_bytes() {
+                    return long.into();
                 }
-                if let Some(value) = arg.strip_prefix(short).and_then(|v| v.strip_prefix('=')) {
-                    return format!("{long}={value}");
+                if let Some(value) = bytes
+                    .strip_prefix(short.as_bytes())
+                    .and_then(|v| v.strip_prefix(b"="))
+                {
+                    return OsString::from_vec([long.as_bytes(), b"=", value].concat());
                 }
             }
             arg
@@ -126,6 +132,7 @@ pub fn hydra_short_flags(args: impl IntoIterator<Item = String>) -> Vec<String> 
         .collect()
 }
 
+/// Loads, validates and resolves the configuration against the task's environment.
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     let source = args.source();
     source.refuse_derived_settings()?;
@@ -267,7 +274,7 @@ fn train(mut config: Config) -> Result<()> {
                 config.world_size, config.nnodes, config.task, config.seed, config.steps
             ),
             program,
-            args: std::env::args().skip(1).collect(),
+            args: std::env::args_os().skip(1).collect(),
         };
         return launcher::launch(&plan);
     }
@@ -407,7 +414,7 @@ mod tests {
             "seed=1",
         ];
         assert_eq!(
-            hydra_short_flags(args.map(String::from)),
+            hydra_short_flags(args.map(OsString::from)),
             [
                 "tdmpc2",
                 "train",

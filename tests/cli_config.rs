@@ -508,3 +508,34 @@ fn a_launchers_world_size_is_checked_as_the_configs() {
         "two nodes of two ranks"
     );
 }
+
+/// An argument that is not UTF-8 (a Latin-1 file name) is named or refused, never a panic.
+#[test]
+fn arguments_that_are_not_utf8_are_refused_not_a_panic() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let latin1 = |text: &[u8]| OsString::from_vec(text.to_vec());
+    for args in [
+        vec![
+            "plot".into(),
+            latin1(b"caf\xe9"),
+            "--out".into(),
+            "x.png".into(),
+        ],
+        vec!["train".into(), latin1(b"seed=\xe9")],
+        vec![
+            "train".into(),
+            latin1(b"-cp=/nowhere/caf\xe9"),
+            "-cn".into(),
+            "x".into(),
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

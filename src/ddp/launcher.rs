@@ -57,7 +57,7 @@ pub struct LaunchPlan {
     pub job: String,
     /// The worker's command line (the same subcommand and arguments as the launcher's).
     pub program: std::path::PathBuf,
-    pub args: Vec<String>,
+    pub args: Vec<std::ffi::OsString>,
 }
 
 impl LaunchPlan {
