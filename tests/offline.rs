@@ -141,7 +141,8 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
 }
 
 /// Dataset files hold no terminations: collecting a task whose episodes end early is refused
-/// (offline training would bootstrap through them), unless asked for with episodic=false.
+/// (offline training would bootstrap through them), unless asked for with episodic=false; nor
+/// pixels.
 #[test]
 fn collecting_a_task_that_ends_episodes_early_is_refused() {
     let data = tempfile::tempdir().unwrap();
@@ -156,6 +157,20 @@ fn collecting_a_task_that_ends_episodes_early_is_refused() {
     assert!(
         stderr.contains("task=lunarlander-continuous ends episodes early")
             && stderr.contains("episodic=false"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0);
+    // Pixels: the files hold states. Refused before the episodes are played.
+    let out = Command::new(common::tdmpc2_bin())
+        .args(["collect", "--episodes", "1", "--out"])
+        .arg(data.path())
+        .args(["task=cartpole-swingup", "obs=rgb"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("collect: obs=rgb") && !stderr.contains("episode 1/1"),
         "{stderr}"
     );
     assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0);

@@ -33,6 +33,13 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
             config.task
         )));
     }
+    // Refused before the episodes are played: the files would need them as states.
+    if config.obs_kind()? != envs::ObsKind::State {
+        return Err(Error::Config(format!(
+            "collect: obs={}: dataset files (the official format) hold states, and offline              training takes states only; collect with obs=state",
+            config.obs
+        )));
+    }
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
     let policy = super::playing_policy::build(config, &rank, config.num_envs, checkpoint)?;
