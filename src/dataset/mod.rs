@@ -217,10 +217,21 @@ impl Chunk {
         let field = |name: &str, dtypes: &[&str]| {
             Field::new(name, described(name)?, dtypes, episodes, length).map_err(&fail)
         };
+        // One number a row: a reward, a termination, a task id.
+        let scalar = |name: &str, dtypes: &[&str]| {
+            let field = field(name, dtypes)?;
+            match field.width {
+                1 => Ok(field),
+                width => Err(fail(format!(
+                    "`{name}` holds {width} numbers a row, expected one (shape [episodes, T] \
+                     or [episodes, T, 1])"
+                ))),
+            }
+        };
         let (obs, action, reward) = (
             field("obs", &["float32"])?,
             field("action", &["float32"])?,
-            field("reward", &["float32"])?,
+            scalar("reward", &["float32"])?,
         );
         if obs.width != expected.obs_dim || action.width != expected.action_dim {
             return Err(fail(format!(
@@ -239,7 +250,7 @@ impl Chunk {
         // The official datasets hold none; a file that ends episodes early would be trained
         // through its terminations (offline runs take no terminations).
         if index.tensors.contains_key("terminated") {
-            let terminated = field("terminated", &["float32", "bool"])?;
+            let terminated = scalar("terminated", &["float32", "bool"])?;
             if let Some(e) =
                 first_terminated(&file, &terminated, episodes, length).map_err(&fail)?
             {
@@ -251,7 +262,7 @@ impl Chunk {
         }
         let tasks = match index.tensors.contains_key("task") {
             true => {
-                let task = field("task", &["int64", "int32"])?;
+                let task = scalar("task", &["int64", "int32"])?;
                 read_tasks(&file, &task, episodes, expected.num_tasks).map_err(&fail)?
             }
             false if expected.num_tasks == 1 => vec![0; episodes],
@@ -692,6 +703,31 @@ mod tests {
         );
         let data = Dataset::open(&[runs], &expected(2)).unwrap();
         assert_eq!(data.episodes(), 2);
+    }
+
+    /// A reward of several numbers a row (a foreign file) is refused, naming it, where the
+    /// prefetching thread panicked reading past its rows.
+    #[test]
+    fn a_reward_of_several_numbers_a_row_is_refused() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("chunk_0.pt");
+        run_python(format!(
+            "import torch\n\
+             from tensordict import TensorDict\n\
+             torch.save(TensorDict({{'obs': torch.zeros(2, 6, 3), \
+             'action': torch.zeros(2, 6, 2), 'reward': torch.zeros(2, 6, 2), \
+             'task': torch.ones(2, 6, dtype=torch.int64)}}, batch_size=[2, 6]), '{}')\n",
+            file.display()
+        ));
+        let e = Dataset::open(&[file], &expected(2))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("chunk_0.pt") && e.contains("`reward` holds 2 numbers a row"),
+            "{e}"
+        );
     }
 
     /// TensorDicts pickled as their `__dict__` (versions before tensordict's reducer, under
