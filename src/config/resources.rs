@@ -176,7 +176,8 @@ impl Config {
         let (trainable, q_heads) = self.parameters();
         // Parameters, gradients and two Adam moments, and the target Q heads.
         let model = 4.0 * (4.0 * trainable + q_heads);
-        let planning = 4.0 * n * (h * (z + a + m + bins) + q * (m + bins));
+        // A rank plans for all its environments in one batch.
+        let planning = 4.0 * f(self.num_envs) * n * (h * (z + a + m + bins) + q * (m + bins));
         let batch = 4.0 * b * (h + 1.0) * (obs + z + m + bins + q * (m + bins));
         let buffer = self.buffer_settings().map_or(0.0, |b| {
             b.capacity as f64 * ReplayBuffer::bytes_per_row(b.obs, b.action_dim) as f64
@@ -201,8 +202,8 @@ impl Config {
             Footprint {
                 what: "planning",
                 keys: format!(
-                    "num_samples={}, horizon={}, num_q={}",
-                    self.num_samples, self.horizon, self.num_q
+                    "num_envs={}, num_samples={}, horizon={}, num_q={}",
+                    self.num_envs, self.num_samples, self.horizon, self.num_q
                 ),
                 bytes: planning,
             },

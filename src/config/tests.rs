@@ -205,6 +205,13 @@ fn resources_are_checked_against_the_machine() {
     c.buffer_size = 200_000_000;
     let e = c.check_resources(&small).unwrap_err().to_string();
     assert!(e.contains("this machine's memory (3.7 GiB)"), "{e}");
+    // A rank plans for all its environments at once: 1,024 of them at 16,384 samples each.
+    c.buffer_size = 1_000_000;
+    c.num_samples = 16_384;
+    c.check_resources(&small).unwrap();
+    c.num_envs = 1024;
+    let e = c.check_resources(&small).unwrap_err().to_string();
+    assert!(e.contains("planning (num_envs=1024, num_samples=16384"), "{e}");
 }
 
 #[test]
