@@ -273,6 +273,20 @@ fn multirun_runs_every_combination_in_its_own_directory() {
         log.contains("already holds a run") && log.contains("no job was started"),
         "{log}"
     );
+    // Another sweep into the same folder would replace this one's summary.
+    let mut other = vec!["train", "--multirun", "steps=400", "seed=3,4", &run_dir];
+    other.extend(tiny());
+    let out = tdmpc2(&other);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("holds the summary of another sweep (4 jobs, not these 2)"),
+        "{log}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap(),
+        csv
+    );
     assert!(!log.contains("[job 0] "), "{log}");
 }
 

@@ -211,7 +211,10 @@ fn resources_are_checked_against_the_machine() {
     c.check_resources(&small).unwrap();
     c.num_envs = 1024;
     let e = c.check_resources(&small).unwrap_err().to_string();
-    assert!(e.contains("planning (num_envs=1024, num_samples=16384"), "{e}");
+    assert!(
+        e.contains("planning (num_envs=1024, num_samples=16384"),
+        "{e}"
+    );
 }
 
 #[test]

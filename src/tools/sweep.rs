@@ -191,6 +191,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
     let base = jobs_dir(sweep)?;
     let jobs = expand(&sweep.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
+    refuse_another_sweeps_summary(&base, &jobs)?;
     if list_only {
         for job in &jobs {
             println!("job {}: {}", job.index, job.overrides.join(" "));
@@ -223,6 +224,34 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
     }
     let statuses = run_all(&spawner, &jobs, &configs);
     summarize(&jobs, &statuses, &base)
+}
+
+/// A folder holding another sweep's summary (other jobs) is refused: this sweep's would
+/// replace it. The same sweep again (to go on with `resume=auto`) writes its own over it.
+fn refuse_another_sweeps_summary(base: &Path, jobs: &[Job]) -> Result<()> {
+    let path = base.join("sweep.json");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(());
+    };
+    let summary: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    let theirs: Vec<&str> = summary
+        .iter()
+        .filter_map(|job| job["run_dir"].as_str())
+        .collect();
+    let ours: Vec<String> = jobs
+        .iter()
+        .map(|job| job.run_dir.display().to_string())
+        .collect();
+    if theirs == ours {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{} holds the summary of another sweep ({} jobs, not these {}): give this sweep a \
+         folder of its own (exp_name=NAME or run_dir=DIR); no job was started",
+        path.display(),
+        theirs.len(),
+        ours.len()
+    )))
 }
 
 /// Where the job directories go: under run_dir when given, else runs/<task>/<exp_name> of the
