@@ -660,6 +660,25 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no-such-dir"), "{}", text(&out));
 
+    // A state dict whose Q weight is not a stack of matrices (a foreign file) is named.
+    let odd = dir.path().join("odd.safetensors");
+    let tensors: Vec<(String, tch::Tensor)> = common::tensors(&model)
+        .into_iter()
+        .map(|(name, t)| match name.as_str() {
+            "_Qs.params.0.weight" => (name, tch::Tensor::from(1.0f32)),
+            _ => (name, t),
+        })
+        .collect();
+    tch::Tensor::write_safetensors(&tensors, &odd).unwrap();
+    let odd_pt = dir.path().join("odd.pt");
+    let out = tdmpc2(&["export", &odd.to_string_lossy(), &odd_pt.to_string_lossy()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("not a TD-MPC2 state dict") && !text(&out).contains("panicked"),
+        "{}",
+        text(&out)
+    );
+
     let mut damaged = std::fs::read(&model).unwrap();
     let last = damaged.len() - 1;
     damaged[last] ^= 0xff;

@@ -194,11 +194,14 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
     let num_q = named
         .iter()
         .find(|(name, _)| *name == first_q)
-        .map(|(_, weight)| weight.size()[0])
+        .and_then(|(_, weight)| match weight.size()[..] {
+            [members, _, _] => Some(members),
+            _ => None,
+        })
         .ok_or_else(|| {
             fail(
                 model_path,
-                format!("no `{first_q}`: not a TD-MPC2 state dict"),
+                format!("no `{first_q}` of shape [members, out, in]: not a TD-MPC2 state dict"),
             )
         })?;
     let written = embedded_python::with_python(|py| {
