@@ -212,6 +212,26 @@ fn plot_says_what_is_wrong() {
         assert!(message.contains(expected), "{args:?}: {message}");
         assert!(!message.contains("panicked"), "{message}");
     }
+    // Values no plot can span (a foreign file): the plotting library looped forever on them.
+    let huge = tempfile::tempdir().unwrap();
+    std::fs::write(
+        huge.path().join("metrics.jsonl"),
+        "{\"phase\":\"eval\",\"step\":0,\"episode_reward\":-1e308}\n\
+         {\"phase\":\"eval\",\"step\":1,\"episode_reward\":1e308}\n",
+    )
+    .unwrap();
+    let png = huge.path().join("c.png");
+    let out = plot(&[
+        huge.path().to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("values run from -1e308 to 1e308"),
+        "{}",
+        text(&out)
+    );
 }
 
 #[test]

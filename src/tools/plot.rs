@@ -1,5 +1,6 @@
 //! `tdmpc2 plot RUN_DIR...`: learning curves from `metrics.jsonl` as PNG or SVG. Runs whose
 //! configurations differ only in the seed become one mean line with a band over the seeds.
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Once;
 
@@ -126,6 +127,11 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         })
         .collect();
     // Several panels: a grid of panels of the given size each.
+    for figure in &figures {
+        figure
+            .ranges()
+            .map_err(|e| Error::Config(format!("{}: {e}", figure.title)))?;
+    }
     let (rows, columns) = grid(figures.len());
     let size = figure_size(args, rows, columns)?;
     let drawn = match format {
@@ -500,26 +506,35 @@ struct Figure<'a> {
 }
 
 impl Figure<'_> {
-    fn ranges(&self) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
+    /// The axes' ranges; values whose span no float holds (a foreign file's 1e308) are
+    /// refused, naming the axis: the plotting library loops forever or panics on them.
+    fn ranges(&self) -> std::result::Result<(Range<f64>, Range<f64>), String> {
         let xs = self.series.iter().flat_map(|s| s.band.x.iter().copied());
         let ys = self
             .series
             .iter()
             .flat_map(|s| s.band.low.iter().chain(&s.band.high).copied());
-        let span = |values: Vec<f64>, pad: f64| {
+        let span = |values: Vec<f64>, pad: f64, axis: &str| {
             let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
             let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let width = if hi > lo { hi - lo } else { lo.abs().max(1.0) };
-            (lo - pad * width)..(hi + pad * width)
+            let range = (lo - pad * width)..(hi + pad * width);
+            match range.start.is_finite() && range.end.is_finite() && width.is_finite() {
+                true => Ok(range),
+                false => Err(format!(
+                    "{axis} values run from {lo:e} to {hi:e}, more than a plot can span"
+                )),
+            }
         };
-        let (x, y) = (span(xs.collect(), 0.0), span(ys.collect(), 0.05));
+        let x = span(xs.collect(), 0.0, self.x_label)?;
+        let y = span(ys.collect(), 0.05, self.y_label)?;
         // One point only: give the x axis some width.
         let x = if x.end > x.start {
             x
         } else {
             (x.start - 1.0)..(x.end + 1.0)
         };
-        (x, y)
+        Ok((x, y))
     }
 
     fn draw<DB: DrawingBackend>(
@@ -532,7 +547,7 @@ impl Figure<'_> {
         register_font();
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
-        let (x_range, y_range) = self.ranges();
+        let (x_range, y_range) = self.ranges()?;
         let mut chart = ChartBuilder::on(&root)
             .caption(self.title, (FONT_NAME, 22))
             .margin(16)
