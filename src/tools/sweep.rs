@@ -13,6 +13,10 @@ use crate::config::{Config, Source};
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
 use crate::tools::curves::Metrics;
 
+/// The most jobs one sweep makes: more is a typo (every combination is checked before any
+/// runs).
+const MOST_JOBS: usize = 10_000;
+
 /// One combination of the swept values.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Job {
@@ -114,7 +118,20 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
             )));
         }
     }
-    let total: usize = swept.iter().map(|(_, v)| v.len()).product();
+    let total = swept
+        .iter()
+        .try_fold(1usize, |n, (_, values)| n.checked_mul(values.len()))
+        .filter(|&n| n <= MOST_JOBS)
+        .ok_or_else(|| {
+            let counts: Vec<String> = swept
+                .iter()
+                .map(|(key, values)| format!("{key}: {}", values.len()))
+                .collect();
+            Error::Config(format!(
+                "the sweep makes more than {MOST_JOBS} jobs ({}); sweep fewer values at once",
+                counts.join(", ")
+            ))
+        })?;
     let mut jobs = Vec::with_capacity(total);
     for index in 0..total {
         let mut rest = index;
@@ -617,6 +634,25 @@ mod tests {
         // A fixed key given twice is not swept: the last value wins, as everywhere.
         let args = ["seed=1", "seed=2", "horizon=2,3"].map(String::from);
         assert_eq!(expand(&args, Path::new("runs")).unwrap().len(), 2);
+    }
+
+    /// More combinations than a sweep takes (or than a usize counts) are refused, naming the
+    /// swept keys, where they allocated gigabytes or wrapped to zero jobs and panicked.
+    #[test]
+    fn a_sweep_of_too_many_jobs_is_refused() {
+        let wide = ["seed=1,2,3,4,5,6,7,8,9,10", "horizon=1,2,3,4,5,6,7,8,9,10"];
+        let mut args: Vec<String> = wide.iter().map(|a| a.to_string()).collect();
+        assert_eq!(expand(&args, Path::new("runs")).unwrap().len(), 100);
+        args.push("lr=1,2,3,4,5,6,7,8,9,10,11".into());
+        args.push("rho=1,2,3,4,5,6,7,8,9,10".into());
+        let e = expand(&args, Path::new("runs")).unwrap_err().to_string();
+        assert!(
+            e.contains("more than 10000 jobs (seed: 10, horizon: 10, lr: 11, rho: 10)"),
+            "{e}"
+        );
+        let keys: Vec<String> = (0..64).map(|k| format!("+k{k}=1,2")).collect();
+        let e = expand(&keys, Path::new("runs")).unwrap_err().to_string();
+        assert!(e.contains("more than 10000 jobs"), "{e}");
     }
 
     #[test]
