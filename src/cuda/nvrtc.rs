@@ -184,7 +184,14 @@ impl Nvrtc {
             }
             // SAFETY: the handle is a loaded NVRTC; the symbols have the signatures of
             // nvrtc.h.
-            let api = unsafe { Api::resolve(handle) }.map_err(NvrtcError::Missing)?;
+            let api = match unsafe { Api::resolve(handle) } {
+                Ok(api) => api,
+                // Not an NVRTC we can use (too old, or another library of that name): the next.
+                Err(why) => {
+                    tried.push(format!("{path}: {why}"));
+                    continue;
+                }
+            };
             let (mut major, mut minor) = (0, 0);
             // SAFETY: two valid out-pointers.
             check("nvrtcVersion", &api, unsafe {

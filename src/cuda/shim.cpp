@@ -513,11 +513,21 @@ char* tdmpc2_cuda_library_load(int64_t device, const void* image, void** library
   });
 }
 
-char* tdmpc2_cuda_library_kernel(void* library, const char* name, void** kernel) {
+// A kernel of a loaded library. Its attributes are asked for at once: under CUDA's lazy
+// loading (the default) that loads it into `device`'s context now, not at its first launch,
+// which could fall inside a graph's capture. A runtime that does not load on the question
+// leaves it lazy, its error cleared.
+char* tdmpc2_cuda_library_kernel(
+    int64_t device, void* library, const char* name, void** kernel) {
   *kernel = nullptr;
   return guarded([&] {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
     cudaKernel_t found = nullptr;
     C10_CUDA_CHECK(cudaLibraryGetKernel(&found, static_cast<cudaLibrary_t>(library), name));
+    cudaFuncAttributes attributes{};
+    if (cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(found)) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
     *kernel = found;
   });
 }

@@ -53,6 +53,14 @@ pub(super) fn start<'g>(
     device: Device,
     group: &'g ProcessGroup,
 ) -> Result<Start<'g>> {
+    if config.fused_kernels && device.is_cuda() {
+        let (samples, elites) = (config.num_samples as i64, config.num_elites as i64);
+        crate::cuda::fused::mppi_shared_bytes(samples, elites).map_err(|why| {
+            Error::Config(format!(
+                "fused_kernels=true: {why}; lower num_samples, or set fused_kernels=false"
+            ))
+        })?;
+    }
     let mut learner = Learner::new(&LearnerSettings::from_config(config)?, device, group)?;
     crate::cuda::fused::set_enabled(config.fused_kernels);
     if config.fused_kernels && device.is_cuda() {

@@ -1,6 +1,6 @@
 //! The fused kernels as tensor functions: each checks its inputs (float32, contiguous, on one
 //! CUDA device, the shapes it documents) and launches on torch's current stream.
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::module::{kernel, Arg, Launch};
 use super::FusedError;
@@ -9,8 +9,11 @@ use super::FusedError;
 const WARPS_PER_BLOCK: i64 = 4;
 const THREADS: u32 = 128;
 
+/// Checks one input of a launch on `device`: a tensor on another device would be read at an
+/// address of the wrong context (an illegal address, which ends the CUDA context).
 pub(super) fn input(
     kernel: &'static str,
+    device: Device,
     what: &str,
     t: &Tensor,
     shape: &[i64],
@@ -21,6 +24,8 @@ pub(super) fn input(
         Some("is not contiguous".into())
     } else if !super::launch_on(t.device()) {
         Some(format!("is on {:?}", t.device()))
+    } else if t.device() != device {
+        Some(format!("is on {:?}, the launch on {device:?}", t.device()))
     } else if t.size() != shape {
         Some(format!("has shape {:?}, not {shape:?}", t.size()))
     } else {
@@ -64,9 +69,10 @@ pub fn policy_action(
     dif: f64,
 ) -> Result<Tensor, FusedError> {
     const NAME: &str = "policy_action";
+    let device = eps.device();
     let (rows, actions) = matrix(NAME, "eps", eps)?;
-    input(NAME, "head", head, &[rows, 2 * actions])?;
-    input(NAME, "eps", eps, &[rows, actions])?;
+    input(NAME, device, "head", head, &[rows, 2 * actions])?;
+    input(NAME, device, "eps", eps, &[rows, actions])?;
     let rows_per_mask = match mask {
         Some((m, per)) => {
             if per < 1 || rows % per != 0 {
@@ -75,14 +81,14 @@ pub fn policy_action(
                     format!("{rows} rows do not split into groups of {per}"),
                 ));
             }
-            input(NAME, "mask", m, &[rows / per, actions])?;
+            input(NAME, device, "mask", m, &[rows / per, actions])?;
             per
         }
         None => 1,
     };
     let out = eps.empty_like();
     let total = rows * actions;
-    kernel(eps.device(), NAME)?.launch(
+    kernel(device, NAME)?.launch(
         Launch {
             blocks: ((total + 255) / 256) as u32,
             threads: 256,
@@ -112,6 +118,7 @@ pub fn q_bootstrap(
     factor: &Tensor,
 ) -> Result<Tensor, FusedError> {
     const NAME: &str = "q_bootstrap";
+    let device = logits.device();
     let size = logits.size();
     let [2, rows, bins] = size[..] else {
         return Err(refused(
@@ -119,18 +126,19 @@ pub fn q_bootstrap(
             format!("logits have shape {size:?}, not [2, rows, bins]"),
         ));
     };
-    input(NAME, "logits", logits, &[2, rows, bins])?;
-    input(NAME, "support", support, &[bins])?;
-    input(NAME, "returns", returns, &[rows])?;
+    input(NAME, device, "logits", logits, &[2, rows, bins])?;
+    input(NAME, device, "support", support, &[bins])?;
+    input(NAME, device, "returns", returns, &[rows])?;
     let stride = if factor.numel() == 1 { 0 } else { 1 };
     input(
         NAME,
+        device,
         "factor",
         factor,
         &[if stride == 0 { 1 } else { rows }],
     )?;
     let out = returns.empty_like();
-    kernel(logits.device(), NAME)?.launch(
+    kernel(device, NAME)?.launch(
         warp_rows(rows),
         &[
             Arg::tensor(Some(logits)),
@@ -164,6 +172,7 @@ pub fn two_hot_soft_ce(
     bins: Bins,
 ) -> Result<(Tensor, Tensor), FusedError> {
     const NAME: &str = "two_hot_soft_ce";
+    let device = logits.device();
     let (rows, width) = matrix(NAME, "logits", logits)?;
     let target_rows = target.numel() as i64;
     if width != bins.bins || target_rows < 1 || rows % target_rows != 0 {
@@ -175,11 +184,11 @@ pub fn two_hot_soft_ce(
             ),
         ));
     }
-    input(NAME, "logits", logits, &[rows, width])?;
-    input(NAME, "target", target, &[target_rows])?;
+    input(NAME, device, "logits", logits, &[rows, width])?;
+    input(NAME, device, "target", target, &[target_rows])?;
     let loss = Tensor::empty([rows], (Kind::Float, logits.device()));
     let grad = logits.empty_like();
-    kernel(logits.device(), NAME)?.launch(
+    kernel(device, NAME)?.launch(
         warp_rows(rows),
         &[
             Arg::tensor(Some(logits)),
@@ -195,6 +204,23 @@ pub fn two_hot_soft_ce(
         ],
     )?;
     Ok((loss, grad))
+}
+
+/// The shared memory of `mppi_refit`'s block: the values of an environment's candidates and
+/// two numbers an elite, at most the 48 KiB a block takes without opting in to more (so
+/// num_samples + 2 × num_elites ≤ 12,288).
+pub fn mppi_shared_bytes(candidates: i64, elites: i64) -> Result<i64, String> {
+    const MOST: i64 = 48 << 10;
+    let bytes = (candidates + 2 * elites) * 4;
+    match bytes <= MOST {
+        true => Ok(bytes),
+        false => Err(format!(
+            "MPPI's kernel holds num_samples + 2 × num_elites = {} values in a block's {MOST} \
+             bytes of shared memory, at most {}",
+            candidates + 2 * elites,
+            MOST / 4
+        )),
+    }
 }
 
 /// MPPI's constants.
@@ -238,15 +264,16 @@ pub fn mppi_sample(
     policy_rows: i64,
 ) -> Result<(), FusedError> {
     const NAME: &str = "mppi_sample";
+    let device = candidates.device();
     let [e, h, n, a] = candidates_shape(NAME, candidates)?;
-    input(NAME, "candidates", candidates, &[e, h, n, a])?;
-    input(NAME, "mean", mean, &[e, h, a])?;
-    input(NAME, "std", std, &[e, h, a])?;
-    input(NAME, "draws", draws, &[e, h, n - policy_rows, a])?;
+    input(NAME, device, "candidates", candidates, &[e, h, n, a])?;
+    input(NAME, device, "mean", mean, &[e, h, a])?;
+    input(NAME, device, "std", std, &[e, h, a])?;
+    input(NAME, device, "draws", draws, &[e, h, n - policy_rows, a])?;
     if let Some(mask) = mask {
-        input(NAME, "mask", mask, &[e, a])?;
+        input(NAME, device, "mask", mask, &[e, a])?;
     }
-    kernel(candidates.device(), NAME)?.launch(
+    kernel(device, NAME)?.launch(
         Launch {
             blocks: e as u32,
             threads: 512,
@@ -276,6 +303,7 @@ pub fn mppi_refit(
     settings: MppiSettings,
 ) -> Result<Refit, FusedError> {
     const NAME: &str = "mppi_refit";
+    let device = candidates.device();
     let [e, h, n, a] = candidates_shape(NAME, candidates)?;
     let k = settings.elites;
     let p = settings.policy_rows;
@@ -285,13 +313,13 @@ pub fn mppi_refit(
             format!("{k} elites and {p} policy rows do not fit {n} candidates"),
         ));
     }
-    input(NAME, "values", values, &[e, n])?;
-    input(NAME, "candidates", candidates, &[e, h, n, a])?;
+    input(NAME, device, "values", values, &[e, n])?;
+    input(NAME, device, "candidates", candidates, &[e, h, n, a])?;
     if let Some(mask) = mask {
-        input(NAME, "mask", mask, &[e, a])?;
+        input(NAME, device, "mask", mask, &[e, a])?;
     }
     if let Some(draws) = next_draws {
-        input(NAME, "draws", draws, &[e, h, n - p, a])?;
+        input(NAME, device, "draws", draws, &[e, h, n - p, a])?;
     }
     let options = (Kind::Float, candidates.device());
     let refit = Refit {
@@ -300,8 +328,8 @@ pub fn mppi_refit(
         mean: Tensor::empty([e, h, a], options),
         std: Tensor::empty([e, h, a], options),
     };
-    let shared = (n + k) * 4 + k * 4;
-    kernel(candidates.device(), NAME)?.launch(
+    let shared = mppi_shared_bytes(n, k).map_err(|why| refused(NAME, why))?;
+    kernel(device, NAME)?.launch(
         Launch {
             blocks: e as u32,
             threads: 512,
@@ -367,5 +395,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("9 elites"), "{e}");
+    }
+
+    /// A block of `mppi_refit` holds num_samples + 2 × num_elites values: 12,288 fit the 48 KiB
+    /// a launch takes without opting in to more; one more fails every plan.
+    #[test]
+    fn mppi_refit_takes_what_a_block_shared_memory_holds() {
+        assert_eq!(mppi_shared_bytes(512, 64), Ok(2560));
+        assert_eq!(mppi_shared_bytes(12_160, 64), Ok(48 << 10));
+        let e = mppi_shared_bytes(12_161, 64).unwrap_err();
+        assert!(e.contains("num_samples + 2 × num_elites = 12289"), "{e}");
     }
 }

@@ -154,7 +154,7 @@ fn checked(
             ));
         }
         if super::launch_on(device) {
-            input(name, what, t, &shape)?;
+            input(name, device, what, t, &shape)?;
         } else if t.size() != shape {
             return Err(refused(
                 name,

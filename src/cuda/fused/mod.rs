@@ -15,7 +15,8 @@ mod module;
 pub use catalogue::{cubin, Source, SOURCES};
 pub use gather::{gather_members, gathers};
 pub use kernels::{
-    mppi_refit, mppi_sample, policy_action, q_bootstrap, two_hot_soft_ce, Bins, MppiSettings, Refit,
+    mppi_refit, mppi_sample, mppi_shared_bytes, policy_action, q_bootstrap, two_hot_soft_ce, Bins,
+    MppiSettings, Refit,
 };
 pub use layer_norm::{layer_norm_mish, layer_norm_simnorm, Affine};
 

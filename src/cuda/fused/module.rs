@@ -64,15 +64,19 @@ pub fn kernel(device: Device, name: &'static str) -> Result<Kernel, FusedError> 
     let index = index as i64;
     let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
     let loaded = loaded.get_or_insert_with(HashMap::new);
+    // A device's kernels are registered together, once every source has loaded: a failure
+    // leaves none, and the next call tries again.
     if !loaded.keys().any(|&(d, _)| d == index) {
         let arch = imp::arch(index)?;
+        let mut found = Vec::new();
         for source in &SOURCES {
             let image = cubin(source, arch)?;
             let library = imp::load(index, &image)?;
             for &kernel in source.kernels {
-                loaded.insert((index, kernel), imp::find(library, kernel)?);
+                found.push(((index, kernel), imp::find(index, library, kernel)?));
             }
         }
+        loaded.extend(found);
     }
     loaded
         .get(&(index, name))
@@ -135,6 +139,7 @@ mod imp {
             library: *mut *mut c_void,
         ) -> *mut c_char;
         fn tdmpc2_cuda_library_kernel(
+            device: i64,
             library: *mut c_void,
             name: *const c_char,
             kernel: *mut *mut c_void,
@@ -167,12 +172,12 @@ mod imp {
         Ok(library)
     }
 
-    pub fn find(library: *mut c_void, name: &str) -> Result<usize, FusedError> {
+    pub fn find(device: i64, library: *mut c_void, name: &str) -> Result<usize, FusedError> {
         let c_name = CString::new(name).expect("kernel names hold no NUL byte");
         let mut kernel = std::ptr::null_mut();
         // SAFETY: a loaded library and a valid name.
         check("find kernel", unsafe {
-            tdmpc2_cuda_library_kernel(library, c_name.as_ptr(), &mut kernel)
+            tdmpc2_cuda_library_kernel(device, library, c_name.as_ptr(), &mut kernel)
         })?;
         Ok(kernel as usize)
     }
@@ -221,7 +226,7 @@ mod imp {
     pub fn load(_: i64, _: &[u8]) -> Result<*mut c_void, FusedError> {
         Err(not_built())
     }
-    pub fn find(_: *mut c_void, _: &str) -> Result<usize, FusedError> {
+    pub fn find(_: i64, _: *mut c_void, _: &str) -> Result<usize, FusedError> {
         Err(not_built())
     }
     pub fn launch(
