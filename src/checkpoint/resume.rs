@@ -135,7 +135,7 @@ pub fn resume(
     let state = TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
-        // another world size) continues from rank 0's count.
+        // another world size) continues from the counters' (the most any saved rank started).
         episodes: match env_episodes.is_empty() {
             true => meta.episodes,
             false => env_episodes.iter().sum(),
@@ -257,10 +257,18 @@ struct Counters {
 
 impl Counters {
     fn of(meta: &Meta) -> Self {
+        // Ranks that cannot take their own counts (another world size or num_envs) go on from
+        // the most episodes any saved rank started: episode seeds count episodes per rank, and
+        // rank 0's count would have the others draw seeds they drew before.
+        let most_started = meta
+            .env_episodes
+            .iter()
+            .map(|row| row.iter().sum::<u64>())
+            .max();
         Self {
             global_step: meta.global_step,
             world_size: meta.world_size,
-            episodes: meta.episodes,
+            episodes: most_started.unwrap_or(0).max(meta.episodes),
             elapsed: meta.elapsed,
             pretrain_updates: meta.pretrain_updates,
             model_optim_step: meta.model_optim_step,
@@ -481,6 +489,21 @@ mod tests {
         let header = counters.header(1.0);
         assert_eq!(header[0], 1.0);
         assert_eq!(Counters::from_header(&header), counters);
+    }
+
+    /// At another world size every rank goes on from the most episodes a saved rank started.
+    #[test]
+    fn ranks_go_on_from_the_most_episodes_any_saved_rank_started() {
+        let meta = |counts: &str| -> Meta {
+            let json = format!(
+                r#"{{"global_step": 100, "world_size": 2, "episodes": 7, "elapsed": 0,
+                "task": "t", "model_optim_step": 1, "policy_optim_step": 1{counts}}}"#
+            );
+            serde_json::from_str(&json).unwrap()
+        };
+        let saved = meta(r#", "env_episodes": [[3, 4], [9, 1]]"#);
+        assert_eq!(Counters::of(&saved).episodes, 10);
+        assert_eq!(Counters::of(&meta("")).episodes, 7, "an older checkpoint's");
     }
 
     /// A checkpoint goes on only as it was trained: online or offline (on a dataset), which
