@@ -19,6 +19,7 @@ pub mod memory;
 pub mod this_binary;
 pub mod tools;
 pub mod trainer;
+pub mod whole_file;
 
 pub use config::Config;
 pub use error::{Error, Result};

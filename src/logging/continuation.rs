@@ -47,7 +47,6 @@ fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -
     if kept.len() == text.lines().count() {
         return Ok(());
     }
-    let tmp = path.with_extension("tmp");
     let mut out = kept.join("\n");
     if !kept.is_empty() {
         out.push('\n');
@@ -63,9 +62,11 @@ fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -
         })
         .find(|aside| !aside.exists())
         .unwrap_or_default();
-    fs::write(&tmp, out)
-        .and_then(|_| fs::rename(path, &aside))
-        .and_then(|_| fs::rename(&tmp, path))
+    // The old file stays whole at `path` until the new one replaces it: a kill in between
+    // leaves both, never neither.
+    fs::hard_link(path, &aside)
+        .or_else(|_| fs::copy(path, &aside).map(drop))
+        .and_then(|_| crate::whole_file::write(path, out))
         .map_err(|e| Error::io(format!("rewrite {}", path.display()), e))
 }
 

@@ -74,10 +74,7 @@ impl CsvFile {
         for row in text.lines().skip(1) {
             out += &format!("{row}{pad}\n");
         }
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, out)
-            .and_then(|_| std::fs::rename(&tmp, &self.path))
-            .map_err(|e| write_error(&self.path, e))?;
+        crate::whole_file::write(&self.path, out).map_err(|e| write_error(&self.path, e))?;
         self.out = append(&self.path)?;
         self.columns = columns;
         Ok(())

@@ -1,7 +1,7 @@
 //! Which W&B and MLflow runs a run directory logs to, kept in `<run_dir>/trackers.json`, so
 //! that a resumed run (`resume=auto`, a restart, a requeued job) continues the same tracker
 //! runs instead of starting new ones.
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -56,9 +56,7 @@ impl TrackerRuns {
         }
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| Error::Other(format!("{FILE} to JSON: {e}")))?;
-        let partial = PathBuf::from(format!("{}.partial", path.display()));
-        std::fs::write(&partial, text + "\n")
-            .and_then(|()| std::fs::rename(&partial, &path))
+        crate::whole_file::write(&path, text + "\n")
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
     }
 

@@ -42,7 +42,7 @@ impl Report {
                 );
             }
         }
-        std::fs::write(&path, yaml).map_err(|e| Error::io("write config.yaml", e))?;
+        crate::whole_file::write(&path, yaml).map_err(|e| Error::io("write config.yaml", e))?;
         let logger = Logger::open(&LoggerOptions {
             continues_from,
             ..LoggerOptions::from_config(config, dir)?

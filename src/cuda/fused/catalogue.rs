@@ -1,6 +1,6 @@
 //! The kernel sources, and their compiled cubins for one GPU architecture (compiled once, then
 //! read from the cache).
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::cuda::nvrtc::{nvrtc, Arch, NvrtcError};
 
@@ -105,10 +105,7 @@ pub fn cubin(source: &Source, arch: Arch) -> Result<Vec<u8>, NvrtcError> {
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let mut partial = PathBuf::from(path);
-    partial.set_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&partial, bytes)?;
-    std::fs::rename(&partial, path)
+    crate::whole_file::write(path, bytes)
 }
 
 /// 64-bit FNV-1a: a cache key that changes with every edit of a source.
