@@ -41,32 +41,45 @@ fn cases() -> [BufferCase; 3] {
     ]
 }
 
-/// The peak memory reading `buffer`'s saved file adds, with torch's reader and with ours (each
-/// from the memory resident before it).
-fn restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<Value> {
+/// The peak memory saving `buffer` to a file and reading it back add, with torch's writer and
+/// reader and with ours (each from the memory resident before it).
+fn save_and_restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<[Value; 2]> {
     let dir = tempfile_dir()?;
     let path = dir.join("buffer.safetensors");
-    let (tensors, _) = buffer.export();
-    Tensor::write_safetensors(&tensors, &path)?;
-    drop(tensors);
-    let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
-    let peak_added = |read: &dyn Fn() -> Result<Vec<(String, Tensor)>>| -> Result<f64> {
+    let peak_added = |work: &dyn Fn() -> Result<Vec<(String, Tensor)>>| -> Result<f64> {
         crate::memory::reset_peak()?;
         let before = crate::memory::resident_bytes()?;
-        let tensors = read()?;
+        let tensors = work()?;
         let peak = crate::memory::peak_bytes()? - before;
         drop(tensors);
         Ok(peak)
     };
-    let torch = peak_added(&|| Ok(Tensor::read_safetensors(&path)?))?;
-    let ours = peak_added(&|| crate::checkpoint::tensor_file::read(&path))?;
+    let (tensors, _) = buffer.export();
+    let writers = [
+        peak_added(&|| Ok(Tensor::write_safetensors(&tensors, &path).map(|()| Vec::new())?))?,
+        peak_added(&|| {
+            crate::checkpoint::tensor_file::write(&path, &tensors).map(|()| Vec::new())
+        })?,
+    ];
+    drop(tensors);
+    let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
+    let readers = [
+        peak_added(&|| Ok(Tensor::read_safetensors(&path)?))?,
+        peak_added(&|| crate::checkpoint::tensor_file::read(&path))?,
+    ];
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(json!({
-        "case": "buffer restore", "layout": name, "file_bytes": file_bytes,
-        "peak_added_bytes_torch_reader": torch,
-        "peak_added_bytes_ours": ours,
-        "ratio": torch / ours.max(1.0),
-    }))
+    let line = |case: &str, [torch, ours]: [f64; 2]| {
+        json!({
+            "case": case, "layout": name, "file_bytes": file_bytes,
+            "peak_added_bytes_torch": torch,
+            "peak_added_bytes_ours": ours,
+            "ratio": torch / ours.max(1.0),
+        })
+    };
+    Ok([
+        line("buffer save", writers),
+        line("buffer restore", readers),
+    ])
 }
 
 /// A fresh folder for the bench's files under the system's temporary folder.
@@ -106,7 +119,9 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             "projected_bytes_for_1m_rows": per_row as f64 * MILLION,
             "peak_rss_bytes": crate::memory::peak_bytes()?,
         }));
-        print(&restore_peaks(case.name, &buffer)?);
+        for line in save_and_restore_peaks(case.name, &buffer)? {
+            print(&line);
+        }
         drop(buffer);
     }
     Ok(())

@@ -2,7 +2,7 @@
 //! ring of the same or another capacity, or dealing the buffers of one world size out to the
 //! ranks of another.
 use serde::{Deserialize, Serialize};
-use tch::{Device, Tensor};
+use tch::Tensor;
 
 use super::{ReplayBuffer, Span};
 use crate::error::{Error, Result};
@@ -122,12 +122,13 @@ impl SavedPart {
 }
 
 impl ReplayBuffer {
-    /// The storage tensors (on the CPU) and bookkeeping, for a checkpoint.
+    /// The storage tensors (where the buffer keeps them, shared, not copied) and bookkeeping,
+    /// for a checkpoint: its writer copies a device's rows to the host a slice at a time.
     pub fn export(&self) -> (Vec<(String, Tensor)>, BufferMeta) {
         let tensors = self
             .storage()
             .into_iter()
-            .map(|(name, t)| (name.to_owned(), t.to_device(Device::Cpu)))
+            .map(|(name, t)| (name.to_owned(), t.shallow_clone()))
             .collect();
         let meta = BufferMeta {
             capacity: self.capacity,
@@ -355,6 +356,7 @@ mod tests {
     use super::*;
     use crate::buffer::tests::{check_stacks, episode, pixel_episode, values, PIXELS};
     use crate::buffer::{Episode, ObsLayout};
+    use tch::Device;
 
     /// A copy of `buffer` through a checkpoint, into a buffer of `capacity` rows.
     fn moved(buffer: &ReplayBuffer, capacity: usize) -> Result<ReplayBuffer> {

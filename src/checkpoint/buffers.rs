@@ -18,7 +18,7 @@ const HASH: &str = "buffer.crc32c";
 /// that hash (the checkpoint records every rank's).
 pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<u32> {
     let path = dir.join(TENSORS);
-    Tensor::write_safetensors(tensors, &path)?;
+    super::tensor_file::write(&path, tensors)?;
     let crc = integrity::file_crc(&path)?;
     std::fs::write(dir.join(HASH), format!("{crc:08x}\n"))
         .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
