@@ -10,7 +10,6 @@
 //!   from the run directory's last checkpoint (as under torchrun, the ranks see
 //!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted, nor is a rank
 //!   that refused its input (exit 2).
-use std::collections::VecDeque;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -22,20 +21,9 @@ use tokio::sync::mpsc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use super::supervision::{Event, Supervision};
 use super::{affinity, heartbeat, rendezvous};
-use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE};
-
-/// How long ranks get to end once one failed, before they are killed.
-const GRACE: Duration = Duration::from_secs(20);
-/// How long ranks get to end after a stop (Ctrl-C, SIGTERM, a rank that stopped as asked):
-/// rank 0 writes the checkpoint then, a large one with `save_buffer` too. A second Ctrl-C kills
-/// at once.
-const STOP_GRACE: Duration = Duration::from_secs(120);
-/// A stop signal this long after the first is a second request (kill now), not the same one
-/// delivered twice.
-const SECOND_REQUEST_AFTER: Duration = Duration::from_secs(1);
-/// Error lines kept per rank for the failure report.
-const TAIL_LINES: usize = 12;
+use crate::error::{Error, Result};
 
 pub struct LaunchPlan {
     /// Ranks of the whole job and of this node.
@@ -70,29 +58,11 @@ impl LaunchPlan {
     }
 }
 
-enum Event {
-    Line {
-        rank: usize,
-        text: String,
-        is_err: bool,
-    },
-    Exit {
-        rank: usize,
-        status: std::io::Result<std::process::ExitStatus>,
-    },
-    PeerLost(heartbeat::PeerLost),
-    /// A rank's stdout or stderr reached its end.
-    StreamEnded,
-}
-
 /// How long the launcher reads what the ranks wrote last, once they have all exited.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// How long this node's ranks get to stop once a peer node is gone (they are likely stuck in a
-/// collective with it, so a checkpoint is not to be expected).
-const PEER_GRACE: Duration = Duration::from_secs(5);
 /// How soon after a node's ranks end every other node has said how its own ended: a beat to
-/// notice, then its ranks' stop within PEER_GRACE.
+/// notice, then its ranks' stop within the supervision's PEER_GRACE.
 const ENDED_WITHIN: Duration = Duration::from_secs(8);
 /// How long node 0 keeps the store up after every node has ended, so that they read it.
 const READ_GRACE: Duration = Duration::from_secs(2);
@@ -244,8 +214,8 @@ async fn supervise(
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|e| Error::io("watch SIGTERM", e))?;
     let mut job = Supervision::new(plan, alive);
-    while job.running > 0 {
-        let deadline = job.deadline;
+    while job.running() > 0 {
+        let deadline = job.deadline();
         let timeout = async {
             match deadline {
                 Some(d) => tokio::time::sleep_until(d).await,
@@ -265,7 +235,7 @@ async fn supervise(
     // The ranks' last lines (the error that ended one) may still be in the pipes when their
     // exits are seen.
     let drained = tokio::time::Instant::now() + DRAIN;
-    while job.open_streams > 0 {
+    while job.streams_open() > 0 {
         match tokio::time::timeout_at(drained, rx.recv()).await {
             Ok(Some(event)) => job.on_event(event),
             _ => break,
@@ -370,198 +340,6 @@ fn start_heartbeat(
     Ok(StopOnDrop(stop))
 }
 
-/// What the launcher knows of its ranks while they run, and what it decides from it.
-struct Supervision {
-    /// The global rank of local rank 0.
-    first_rank: usize,
-    alive: Vec<Option<u32>>,
-    running: usize,
-    /// The ranks' stdout and stderr pipes not yet at their end.
-    open_streams: usize,
-    /// Each rank's last error lines.
-    tails: Vec<VecDeque<String>>,
-    failure: Option<Failure>,
-    lost_peer: Option<heartbeat::PeerLost>,
-    /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
-    stopped: Option<usize>,
-    interrupted: Option<Interruption>,
-    /// When the ranks still running get SIGKILL.
-    deadline: Option<tokio::time::Instant>,
-    /// Ranks the launcher killed: not failures of their own.
-    killed: Vec<usize>,
-    killing: bool,
-}
-
-/// Why the job was asked to stop, and when the first request came.
-struct Interruption {
-    why: &'static str,
-    at: tokio::time::Instant,
-}
-
-/// The first rank that failed, how, and whether it refused its input (the same on every
-/// attempt, so never restarted).
-struct Failure {
-    rank: usize,
-    how: String,
-    config: bool,
-}
-
-impl Supervision {
-    fn new(plan: &LaunchPlan, alive: Vec<Option<u32>>) -> Self {
-        let local = alive.len();
-        Self {
-            first_rank: plan.node_rank * local,
-            running: local,
-            open_streams: 2 * local,
-            alive,
-            tails: vec![VecDeque::new(); local],
-            failure: None,
-            lost_peer: None,
-            stopped: None,
-            interrupted: None,
-            deadline: None,
-            killed: Vec::new(),
-            killing: false,
-        }
-    }
-
-    fn on_event(&mut self, event: Event) {
-        match event {
-            Event::Line { rank, text, is_err } => {
-                print_line(rank, &text, is_err);
-                if is_err {
-                    let tail = &mut self.tails[rank - self.first_rank];
-                    if tail.len() == TAIL_LINES {
-                        tail.pop_front();
-                    }
-                    tail.push_back(text);
-                }
-            }
-            Event::Exit { rank, status } => self.on_exit(rank, status),
-            Event::StreamEnded => self.open_streams = self.open_streams.saturating_sub(1),
-            // A rank here that stopped as agreed means the job is stopping: a node whose
-            // launcher leaves now is no loss.
-            Event::PeerLost(lost) => {
-                if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
-                {
-                    eprintln!("[launcher] {lost}; stopping this node's ranks");
-                    self.lost_peer = Some(lost);
-                    stop_all(&self.alive, libc::SIGTERM);
-                    self.deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
-                }
-            }
-        }
-    }
-
-    fn on_exit(&mut self, rank: usize, status: std::io::Result<std::process::ExitStatus>) {
-        use std::os::unix::process::ExitStatusExt;
-        self.running -= 1;
-        self.alive[rank - self.first_rank] = None;
-        let ok = matches!(&status, Ok(s) if s.success());
-        let code = status.as_ref().ok().and_then(|s| s.code());
-        if self.killing && matches!(&status, Ok(s) if s.signal() == Some(libc::SIGKILL)) {
-            self.killed.push(rank);
-        } else if code == Some(STOPPED_EXIT_CODE) && self.failure.is_none() {
-            // The others stop at the same step by agreement; the grace is a bound.
-            self.stopped.get_or_insert(rank);
-            self.deadline
-                .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
-        } else if !ok && self.failure.is_none() && self.interrupted.is_none() {
-            self.failure = Some(Failure {
-                rank,
-                how: describe(&status),
-                config: code == Some(BAD_INPUT_EXIT_CODE),
-            });
-            stop_all(&self.alive, libc::SIGTERM);
-            self.deadline = Some(tokio::time::Instant::now() + GRACE);
-        }
-    }
-
-    fn interrupt(&mut self, why: &'static str) {
-        let now = tokio::time::Instant::now();
-        if let Some(first) = &self.interrupted {
-            // One request often arrives twice (a terminal's Ctrl-C, and a wrapper passing it
-            // on): only a later one means "now".
-            if now - first.at > SECOND_REQUEST_AFTER {
-                self.kill("asked again to stop");
-            }
-            return;
-        }
-        self.interrupted = Some(Interruption { why, at: now });
-        stop_all(&self.alive, libc::SIGTERM);
-        self.deadline
-            .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
-    }
-
-    fn kill(&mut self, why: &str) {
-        eprintln!("[launcher] {why}; killing the ranks still running");
-        self.killing = true;
-        stop_all(&self.alive, libc::SIGKILL);
-        self.deadline = None;
-    }
-
-    /// The ranks the launcher killed, for a message ("" when none).
-    fn killed_note(&self) -> String {
-        match self.killed.as_slice() {
-            [] => String::new(),
-            ranks => format!(
-                "; killed after the grace period: rank(s) {ranks:?}, so a checkpoint they were \
-                 writing may be missing"
-            ),
-        }
-    }
-
-    /// Ok only when every rank exited 0; else what went wrong first. A stop that was asked for
-    /// wins over a failure, so that Ctrl-C is never answered with a restart.
-    fn outcome(self) -> Result<()> {
-        let killed = self.killed_note();
-        if let Some(Interruption { why, .. }) = self.interrupted {
-            let failed = match &self.failure {
-                Some(f) => format!(" (after rank {} failed: {})", f.rank, f.how),
-                None => String::new(),
-            };
-            return Err(Error::Stopped(format!(
-                "{why}: all ranks stopped{failed}{killed}"
-            )));
-        }
-        if let Some(lost) = self.lost_peer {
-            let why = format!("{lost}; this node's ranks were stopped");
-            return Err(match lost.refused {
-                true => Error::Config(why),
-                false => Error::JobFailed(why),
-            });
-        }
-        if let Some(failure) = &self.failure {
-            let tail = &self.tails[failure.rank - self.first_rank];
-            let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
-            let lines = match lines.is_empty() {
-                true => "  (none)".to_owned(),
-                false => lines.join("\n"),
-            };
-            let (rank, how) = (failure.rank, &failure.how);
-            if failure.config {
-                return Err(Error::Config(format!(
-                    "rank {rank} refused its input ({how}); the other ranks were \
-                     stopped. Its last error lines:\n{lines}"
-                )));
-            }
-            return Err(Error::JobFailed(format!(
-                "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
-                 error lines:\n{lines}"
-            )));
-        }
-        if let Some(rank) = self.stopped {
-            let tail = &self.tails[rank - self.first_rank];
-            let why = tail.back().map_or("", String::as_str);
-            let why = why.strip_prefix("error: ").unwrap_or(why);
-            return Err(Error::Stopped(format!(
-                "the job stopped (rank {rank}: {why}){killed}"
-            )));
-        }
-        Ok(())
-    }
-}
-
 fn forward(
     stream: impl AsyncRead + Unpin + Send + 'static,
     rank: usize,
@@ -586,149 +364,9 @@ fn forward(
     });
 }
 
-fn print_line(rank: usize, text: &str, is_err: bool) {
-    match (rank, is_err) {
-        (0, false) => println!("{text}"),
-        (0, true) => eprintln!("{text}"),
-        (_, false) => println!("[rank {rank}] {text}"),
-        (_, true) => eprintln!("[rank {rank}] {text}"),
-    }
-}
-
-fn describe(status: &std::io::Result<std::process::ExitStatus>) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(code), _) => format!("exit code {code}"),
-            (None, Some(sig)) => format!("killed by signal {sig}"),
-            _ => "unknown exit".into(),
-        },
-        Err(e) => format!("could not be waited for: {e}"),
-    }
-}
-
-fn stop_all(alive: &[Option<u32>], sig: i32) {
-    for pid in alive.iter().flatten() {
-        // SAFETY: kill(2) on a child we have not reaped yet, with a valid signal number.
-        unsafe {
-            libc::kill(*pid as i32, sig);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::ExitStatusExt;
-
-    /// Supervision of two local ranks whose pids are unknown (nothing is signalled).
-    fn two_ranks() -> Supervision {
-        let plan = LaunchPlan {
-            world_size: 2,
-            nnodes: 1,
-            node_rank: 0,
-            master_addr: "127.0.0.1".into(),
-            master_port: 1,
-            cpu_affinity: false,
-            max_restarts: 3,
-            peer_timeout: Duration::from_secs(1),
-            dist_timeout: Duration::from_secs(1),
-            job: String::new(),
-            program: "tdmpc2".into(),
-            args: Vec::new(),
-        };
-        Supervision::new(&plan, vec![None, None])
-    }
-
-    fn exited(code: i32) -> std::io::Result<std::process::ExitStatus> {
-        Ok(std::process::ExitStatus::from_raw(code << 8))
-    }
-
-    fn signalled(signal: i32) -> std::io::Result<std::process::ExitStatus> {
-        Ok(std::process::ExitStatus::from_raw(signal))
-    }
-
-    #[test]
-    fn a_rank_that_refuses_its_input_is_not_restarted() {
-        let mut job = two_ranks();
-        job.on_exit(1, exited(BAD_INPUT_EXIT_CODE));
-        job.on_exit(0, signalled(libc::SIGTERM));
-        let err = job.outcome().unwrap_err();
-        assert!(matches!(err, Error::Config(_)), "{err}");
-        assert!(
-            err.to_string().contains("rank 1 refused its input"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn ctrl_c_after_a_failure_is_a_stop_not_a_restart() {
-        let mut job = two_ranks();
-        job.on_exit(1, exited(1));
-        job.interrupt("interrupted (Ctrl-C)");
-        job.on_exit(0, exited(STOPPED_EXIT_CODE));
-        let err = job.outcome().unwrap_err();
-        assert!(matches!(err, Error::Stopped(_)), "{err}");
-        assert!(err.to_string().contains("after rank 1 failed"), "{err}");
-    }
-
-    /// Another node whose ranks refused their input ends this node's job as refused (exit 2,
-    /// never restarted: it would fail the same way); one that failed may be restarted.
-    #[test]
-    fn a_peer_that_refused_its_input_is_not_restarted() {
-        for (refused, config) in [(true, true), (false, false)] {
-            let mut job = two_ranks();
-            job.on_event(Event::PeerLost(heartbeat::PeerLost {
-                node: 1,
-                why: "its ranks ended".into(),
-                refused,
-            }));
-            job.on_exit(0, exited(STOPPED_EXIT_CODE));
-            job.on_exit(1, exited(STOPPED_EXIT_CODE));
-            let err = job.outcome().unwrap_err();
-            assert_eq!(matches!(err, Error::Config(_)), config, "{err}");
-            assert_eq!(!config, matches!(err, Error::JobFailed(_)), "{err}");
-        }
-    }
-
-    /// Ranks here stopped as agreed (a stop asked on another node): that node's launcher
-    /// leaving afterwards is the job ending, not a loss to restart from.
-    #[test]
-    fn a_peer_leaving_after_an_agreed_stop_is_no_failure() {
-        let mut job = two_ranks();
-        job.on_exit(1, exited(STOPPED_EXIT_CODE));
-        job.on_event(Event::PeerLost(heartbeat::PeerLost {
-            node: 0,
-            why: "its launcher's store does not answer".into(),
-            refused: false,
-        }));
-        job.on_exit(0, exited(STOPPED_EXIT_CODE));
-        let err = job.outcome().unwrap_err();
-        assert!(matches!(err, Error::Stopped(_)), "{err}");
-    }
-
-    #[test]
-    fn one_request_delivered_twice_is_no_second_request() {
-        let mut job = two_ranks();
-        job.interrupt("interrupted (Ctrl-C)");
-        job.interrupt("terminated (SIGTERM)");
-        assert!(!job.killing, "the same stop, passed on by a wrapper");
-        let first = job.interrupted.as_mut().unwrap();
-        first.at -= SECOND_REQUEST_AFTER * 2;
-        job.interrupt("interrupted (Ctrl-C)");
-        assert!(job.killing, "a second Ctrl-C kills");
-    }
-
-    #[test]
-    fn a_rank_killed_after_the_stop_grace_is_no_failure() {
-        let mut job = two_ranks();
-        job.on_exit(1, exited(STOPPED_EXIT_CODE));
-        job.kill("ranks still running after the grace period");
-        job.on_exit(0, signalled(libc::SIGKILL));
-        let err = job.outcome().unwrap_err();
-        assert!(matches!(err, Error::Stopped(_)), "{err}");
-        assert!(err.to_string().contains("rank(s) [0]"), "{err}");
-    }
 
     #[test]
     fn output_that_is_not_utf8_is_forwarded_and_reading_goes_on() {

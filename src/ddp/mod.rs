@@ -5,6 +5,7 @@ pub mod heartbeat;
 pub mod lifeline;
 pub mod rank;
 pub mod rendezvous;
+mod supervision;
 
 pub use group::{Backend, GroupSettings, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};
