@@ -206,32 +206,15 @@ impl Chunk {
                 index.batch_size
             )));
         };
-        let described = |name: &str| {
-            index.tensors.get(name).ok_or_else(|| {
-                fail(format!(
-                    "holds no `{name}` (it has: {})",
-                    index.tensors.keys().cloned().collect::<Vec<_>>().join(", ")
-                ))
-            })
-        };
-        let field = |name: &str, dtypes: &[&str]| {
-            Field::new(name, described(name)?, dtypes, episodes, length).map_err(&fail)
-        };
-        // One number a row: a reward, a termination, a task id.
-        let scalar = |name: &str, dtypes: &[&str]| {
-            let field = field(name, dtypes)?;
-            match field.width {
-                1 => Ok(field),
-                width => Err(fail(format!(
-                    "`{name}` holds {width} numbers a row, expected one (shape [episodes, T] \
-                     or [episodes, T, 1])"
-                ))),
-            }
+        let fields = Fields {
+            index: &index,
+            episodes,
+            length,
         };
         let (obs, action, reward) = (
-            field("obs", &["float32"])?,
-            field("action", &["float32"])?,
-            scalar("reward", &["float32"])?,
+            fields.field("obs", &["float32"]).map_err(&fail)?,
+            fields.field("action", &["float32"]).map_err(&fail)?,
+            fields.scalar("reward", &["float32"]).map_err(&fail)?,
         );
         if obs.width != expected.obs_dim || action.width != expected.action_dim {
             return Err(fail(format!(
@@ -247,32 +230,8 @@ impl Chunk {
             )));
         }
         let file = File::open(path).map_err(|e| fail(e.to_string()))?;
-        // The official datasets hold none; a file that ends episodes early would be trained
-        // through its terminations (offline runs take no terminations).
-        if index.tensors.contains_key("terminated") {
-            let terminated = scalar("terminated", &["float32", "bool"])?;
-            if let Some(e) =
-                first_terminated(&file, &terminated, episodes, length).map_err(&fail)?
-            {
-                return Err(fail(format!(
-                    "episode {e} terminates early (`terminated` is set after its first row): \
-                     offline training takes no terminations, and would bootstrap through it"
-                )));
-            }
-        }
-        let tasks = match index.tensors.contains_key("task") {
-            true => {
-                let task = scalar("task", &["int64", "int32"])?;
-                read_tasks(&file, &task, episodes, expected.num_tasks).map_err(&fail)?
-            }
-            false if expected.num_tasks == 1 => vec![0; episodes],
-            false => {
-                return Err(fail(format!(
-                    "holds no `task`, and the run has {} tasks",
-                    expected.num_tasks
-                )))
-            }
-        };
+        refuse_early_terminations(&file, &fields).map_err(&fail)?;
+        let tasks = episode_tasks(&file, &fields, expected.num_tasks).map_err(&fail)?;
         Ok(Self {
             path: path.to_owned(),
             file,
@@ -282,6 +241,80 @@ impl Chunk {
             reward,
             tasks,
         })
+    }
+}
+
+/// A dataset file's entries, as its index describes them.
+struct Fields<'a> {
+    index: &'a Index,
+    episodes: usize,
+    length: usize,
+}
+
+impl Fields<'_> {
+    fn has(&self, name: &str) -> bool {
+        self.index.tensors.contains_key(name)
+    }
+
+    fn field(&self, name: &str, dtypes: &[&str]) -> std::result::Result<Field, String> {
+        let described = self.index.tensors.get(name).ok_or_else(|| {
+            format!(
+                "holds no `{name}` (it has: {})",
+                self.index
+                    .tensors
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
+        Field::new(name, described, dtypes, self.episodes, self.length)
+    }
+
+    /// An entry of one number a row: a reward, a termination, a task id.
+    fn scalar(&self, name: &str, dtypes: &[&str]) -> std::result::Result<Field, String> {
+        let field = self.field(name, dtypes)?;
+        match field.width {
+            1 => Ok(field),
+            width => Err(format!(
+                "`{name}` holds {width} numbers a row, expected one (shape [episodes, T] or \
+                 [episodes, T, 1])"
+            )),
+        }
+    }
+}
+
+/// The official datasets hold no `terminated`; a file whose episodes end early would be
+/// trained through its terminations (offline runs take none), so it is refused.
+fn refuse_early_terminations(file: &File, fields: &Fields) -> std::result::Result<(), String> {
+    if !fields.has("terminated") {
+        return Ok(());
+    }
+    let terminated = fields.scalar("terminated", &["float32", "bool"])?;
+    match first_terminated(file, &terminated, fields.episodes, fields.length)? {
+        None => Ok(()),
+        Some(e) => Err(format!(
+            "episode {e} terminates early (`terminated` is set after its first row): offline \
+             training takes no terminations, and would bootstrap through it"
+        )),
+    }
+}
+
+/// Each episode's task id: `task`'s, or 0 for all in a single-task run's file without one.
+fn episode_tasks(
+    file: &File,
+    fields: &Fields,
+    num_tasks: usize,
+) -> std::result::Result<Vec<u32>, String> {
+    match fields.has("task") {
+        true => {
+            let task = fields.scalar("task", &["int64", "int32"])?;
+            read_tasks(file, &task, fields.episodes, num_tasks)
+        }
+        false if num_tasks == 1 => Ok(vec![0; fields.episodes]),
+        false => Err(format!(
+            "holds no `task`, and the run has {num_tasks} tasks"
+        )),
     }
 }
 
