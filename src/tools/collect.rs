@@ -19,8 +19,8 @@ pub struct Collection {
     pub episodes_per_file: usize,
 }
 
-/// Plays `args.episodes` episodes, with the agent of `checkpoint=` or random actions.
-pub fn run(config: &Config, args: &Collection) -> Result<()> {
+/// What a dataset file cannot hold is refused before any episode is played.
+fn refuse_what_files_cannot_hold(config: &Config, args: &Collection) -> Result<()> {
     if args.episodes == 0 {
         return Err(Error::Config("--episodes must be at least 1".into()));
     }
@@ -33,13 +33,19 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
             config.task
         )));
     }
-    // Refused before the episodes are played: the files would need them as states.
     if config.obs_kind()? != envs::ObsKind::State {
         return Err(Error::Config(format!(
-            "collect: obs={}: dataset files (the official format) hold states, and offline              training takes states only; collect with obs=state",
+            "collect: obs={}: dataset files (the official format) hold states, and offline \
+             training takes states only; collect with obs=state",
             config.obs
         )));
     }
+    Ok(())
+}
+
+/// Plays `args.episodes` episodes, with the agent of `checkpoint=` or random actions.
+pub fn run(config: &Config, args: &Collection) -> Result<()> {
+    refuse_what_files_cannot_hold(config, args)?;
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
     let policy = super::playing_policy::build(config, &rank, config.num_envs, checkpoint)?;
