@@ -134,6 +134,18 @@ pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStri
 
 /// Loads, validates and resolves the configuration against the task's environment.
 pub fn resolved_config(args: &RunArgs) -> Result<Config> {
+    resolved(args, false)
+}
+
+/// As [`resolved_config`], for a training run: under torchrun or SLURM as the launcher placed
+/// this process (its ranks on this node, and the world size where the config leaves it at 1),
+/// before the checks that depend on them (memory per node, steps per rank), which would
+/// otherwise pass for one rank.
+fn resolved_training_config(args: &RunArgs) -> Result<Config> {
+    resolved(args, true)
+}
+
+fn resolved(args: &RunArgs, as_placed: bool) -> Result<Config> {
     let source = args.source();
     source.refuse_derived_settings()?;
     let mut config = Config::load(&source)?;
@@ -145,32 +157,20 @@ pub fn resolved_config(args: &RunArgs) -> Result<Config> {
     // films with save_video. A launcher's variables that do not parse are reported when the
     // rank starts; commands that run no rank need none.
     let launched = RankInfo::from_env(&config, &|key| std::env::var(key).ok()).ok();
-    if let Some((rank, by)) = &launched {
-        adopt_launchers_world_size(&mut config, rank, *by)?;
+    match &launched {
+        Some((rank, by)) if as_placed && *by != LaunchedBy::Nobody => {
+            config.launched_local_ranks = Some(rank.local_world_size);
+            // Another world size than the launcher's is refused as the rank starts.
+            if config.world_size == 1 && rank.world_size > 1 {
+                config.world_size = rank.world_size;
+                config.validate()?;
+            }
+        }
+        _ => {}
     }
     let rank = launched.map_or(0, |(rank, _)| rank.rank);
     config.resolve_by_making_tasks(config.env_options(rank)?)?;
     Ok(config)
-}
-
-/// Under torchrun or SLURM the launcher decides the world size (and, from its ranks per node,
-/// the nodes): taken before the checks that depend on them (memory per node, steps per rank),
-/// which would otherwise pass for one rank.
-fn adopt_launchers_world_size(
-    config: &mut Config,
-    rank: &RankInfo,
-    launched_by: LaunchedBy,
-) -> Result<()> {
-    check_world_size(config, rank, launched_by)?;
-    if launched_by == LaunchedBy::Nobody || config.world_size == rank.world_size {
-        return Ok(());
-    }
-    config.world_size = rank.world_size;
-    if rank.world_size.is_multiple_of(rank.local_world_size.max(1)) {
-        config.nnodes = rank.world_size / rank.local_world_size.max(1);
-        config.node_rank = rank.rank / rank.local_world_size.max(1);
-    }
-    config.validate()
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -184,7 +184,7 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)
         }
         Command::Train(args) => {
-            let config = resolved_config(&args)?;
+            let config = resolved_training_config(&args)?;
             if args.cfg.is_some() {
                 print!("{}", config.to_yaml()?);
                 return Ok(());

@@ -150,6 +150,10 @@ pub struct Config {
     /// Several tasks: each task's action size and episode length, in task-id order.
     pub action_dims: Option<Vec<usize>>,
     pub episode_lengths: Option<Vec<usize>>,
+    /// This node's ranks as the launcher (torchrun, SLURM) that started the process says;
+    /// otherwise world_size / nnodes. Never saved: it describes the process, not the run.
+    #[serde(skip)]
+    pub launched_local_ranks: Option<usize>,
 }
 
 /// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`

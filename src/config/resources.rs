@@ -74,7 +74,21 @@ impl Config {
     /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
-        let local_ranks = (self.world_size / self.nnodes.max(1)).max(1);
+        let local_ranks = self
+            .launched_local_ranks
+            .unwrap_or(self.world_size / self.nnodes.max(1))
+            .max(1);
+        let placement = match self.launched_local_ranks {
+            Some(_) => "the launcher's".to_owned(),
+            None => format!("world_size={} / nnodes={}", self.world_size, self.nnodes),
+        };
+        let who = match self.launched_local_ranks {
+            Some(_) => format!("the launcher puts {local_ranks} ranks on this node"),
+            None => format!(
+                "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s)",
+                self.world_size, self.nnodes
+            ),
+        };
         // Asked only when a check depends on it: probing CUDA starts its driver.
         let gpu = || match self.device.as_str() {
             "cpu" => false,
@@ -84,11 +98,10 @@ impl Config {
         let max_ranks = most_cpu_ranks(machine.cores);
         if local_ranks > max_ranks && !gpu() {
             return Err(Error::Config(format!(
-                "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s), more than \
-                 {OVERSUBSCRIPTION} per CPU core of this machine ({} cores) allow on the CPU; \
-                 use world_size <= {} per node (num_threads sets each rank's threads, so fewer \
-                 ranks still use every core)",
-                self.world_size, self.nnodes, machine.cores, max_ranks
+                "{who}, more than {OVERSUBSCRIPTION} per CPU core of this machine ({} cores) \
+                 allow on the CPU; use world_size <= {} per node (num_threads sets each rank's \
+                 threads, so fewer ranks still use every core)",
+                machine.cores, max_ranks
             )));
         }
         let parts = self.footprint();
@@ -113,10 +126,8 @@ impl Config {
                 .ok_or_else(|| Error::Other("no memory estimate".into()))?;
             return Err(Error::Config(format!(
                 "these settings need at least {} per rank ({local_ranks} rank(s) on this node: \
-                 world_size={} / nnodes={}), more than {place} ({}); {} ({}) alone needs {}",
+                 {placement}), more than {place} ({}); {} ({}) alone needs {}",
                 gib(per_rank),
-                self.world_size,
-                self.nnodes,
                 gib(have),
                 largest.what,
                 largest.keys,

@@ -215,6 +215,21 @@ fn resources_are_checked_against_the_machine() {
         e.contains("planning (num_envs=1024, num_samples=16384"),
         "{e}"
     );
+    // Under a launcher, memory per node counts its ranks on this node, whatever world_size /
+    // nnodes say (nodes of other sizes, or nnodes left at 1 under torchrun).
+    c.num_envs = 1;
+    c.num_samples = 512;
+    c.buffer_size = 40_000_000;
+    c.check_resources(&small).unwrap();
+    c.launched_local_ranks = Some(4);
+    let e = c.check_resources(&small).unwrap_err().to_string();
+    assert!(
+        e.contains("(4 rank(s) on this node: the launcher's)"),
+        "{e}"
+    );
+    c.launched_local_ranks = Some(9);
+    let e = c.check_resources(&small).unwrap_err().to_string();
+    assert!(e.contains("the launcher puts 9 ranks on this node"), "{e}");
 }
 
 #[test]
