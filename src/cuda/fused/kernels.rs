@@ -206,11 +206,12 @@ pub fn two_hot_soft_ce(
     Ok((loss, grad))
 }
 
-/// The shared memory of `mppi_refit`'s block: the values of an environment's candidates and
-/// two numbers an elite, at most the 48 KiB a block takes without opting in to more (so
-/// num_samples + 2 × num_elites ≤ 12,288).
+/// The dynamic shared memory of `mppi_refit`'s block: the values of an environment's candidates
+/// and two numbers an elite, at most the 48 KiB a block takes without opting in to more, less
+/// the kernel's static `totals[2]` (so num_samples + 2 × num_elites ≤ 12,286).
 pub fn mppi_shared_bytes(candidates: i64, elites: i64) -> Result<i64, String> {
-    const MOST: i64 = 48 << 10;
+    const STATIC: i64 = 2 * 4;
+    const MOST: i64 = (48 << 10) - STATIC;
     let bytes = (candidates + 2 * elites) * 4;
     match bytes <= MOST {
         true => Ok(bytes),
@@ -397,13 +398,14 @@ mod tests {
         assert!(e.contains("9 elites"), "{e}");
     }
 
-    /// A block of `mppi_refit` holds num_samples + 2 × num_elites values: 12,288 fit the 48 KiB
-    /// a launch takes without opting in to more; one more fails every plan.
+    /// A block of `mppi_refit` holds num_samples + 2 × num_elites values: 12,286 fit the 48 KiB
+    /// a launch takes without opting in to more, beside its static 8 bytes; one more fails
+    /// every plan.
     #[test]
     fn mppi_refit_takes_what_a_block_shared_memory_holds() {
         assert_eq!(mppi_shared_bytes(512, 64), Ok(2560));
-        assert_eq!(mppi_shared_bytes(12_160, 64), Ok(48 << 10));
-        let e = mppi_shared_bytes(12_161, 64).unwrap_err();
-        assert!(e.contains("num_samples + 2 × num_elites = 12289"), "{e}");
+        assert_eq!(mppi_shared_bytes(12_158, 64), Ok((48 << 10) - 8));
+        let e = mppi_shared_bytes(12_159, 64).unwrap_err();
+        assert!(e.contains("num_samples + 2 × num_elites = 12287"), "{e}");
     }
 }
