@@ -208,13 +208,13 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
     let base = jobs_dir(sweep)?;
     let jobs = expand(&sweep.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
-    refuse_another_sweeps_summary(&base, &jobs)?;
     if list_only {
         for job in &jobs {
             println!("job {}: {}", job.index, job.overrides.join(" "));
         }
         return Ok(());
     }
+    refuse_another_sweeps_summary(&base, &jobs)?;
     let mut flags = Vec::new();
     if let Some(name) = &sweep.config_name {
         flags.extend(["--config-name".to_string(), name.clone()]);
@@ -244,13 +244,16 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
 }
 
 /// A folder holding another sweep's summary (other jobs) is refused: this sweep's would
-/// replace it. The same sweep again (to go on with `resume=auto`) writes its own over it.
+/// replace it. The same sweep again (to go on with `resume=auto`) writes its own over it, as
+/// over a summary that does not parse (nothing to keep).
 fn refuse_another_sweeps_summary(base: &Path, jobs: &[Job]) -> Result<()> {
     let path = base.join("sweep.json");
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(());
     };
-    let summary: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    let Ok(summary) = serde_json::from_str::<Vec<serde_json::Value>>(&text) else {
+        return Ok(());
+    };
     let theirs: Vec<&str> = summary
         .iter()
         .filter_map(|job| job["run_dir"].as_str())
@@ -567,7 +570,8 @@ fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Result<()> {
         .map_err(|e| Error::io(format!("create {}", base.display()), e))?;
     let write = |name: &str, text: String| {
         let path = base.join(name);
-        std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))
+        crate::whole_file::write(&path, text)
+            .map_err(|e| Error::io(format!("write {}", path.display()), e))
     };
     write("sweep.csv", csv)?;
     let json = serde_json::to_string_pretty(&json).map_err(|e| Error::Other(e.to_string()))?;
