@@ -178,7 +178,14 @@ with_dm_control() {
     local extra
     extra=$(mktemp -d)
     # By Python's tarfile: the device may have no xz program.
-    "$python" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+    # filter="data" where this Python has it (3.12, and backports to 3.8.17+).
+    "$python" -c '
+import sys, tarfile
+archive = tarfile.open(sys.argv[1])
+try:
+    archive.extractall(sys.argv[2], filter="data")
+except TypeError:
+    archive.extractall(sys.argv[2])' \
         "$dir/dmc.tar.xz" "$extra" || { echo "[gpu_check] cannot unpack $dir/dmc.tar.xz" >&2; return 2; }
     export PYTHONPATH="$extra${PYTHONPATH:+:$PYTHONPATH}" MUJOCO_GL=disable
     # What it needs from this Python (numpy, scipy, lxml, absl) is here, or nothing can run.
@@ -291,7 +298,9 @@ for line in sys.stdin:
     # Which source the binaries are: --run copies it beside the results.
     { git -C "$root" rev-parse HEAD && git -C "$root" status --short; } >"$dir/BUILD" 2>/dev/null || true
     # The device takes the working tree and what is carried, 64 MiB in all.
-    tree=$(git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 du -cb 2>/dev/null) | tail -n 1 | cut -f1)
+    tree=$(git -C "$root" ls-files -z --cached --others --exclude-standard |
+        (cd "$root" && du -cb --files0-from=- 2>/dev/null) | tail -n 1 | cut -f1) || true
+    tree=${tree:-0}
     carried=$(du -sb "$dir" | cut -f1)
     echo "[gpu_check] working tree $((tree >> 20)) MiB + $dir $((carried >> 20)) MiB = $(((tree + carried) >> 20)) MiB (the device takes 64)"
     if ((tree + carried > 64 << 20)); then
