@@ -87,6 +87,11 @@ pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
 /// Writes the named `tensors` to `path` as a safetensors file (in name order, as torch's
 /// writer lays them out), each from its own memory.
 pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    write_in_slices(path, tensors, 64 << 20)
+}
+
+/// As [`write`], each tensor in slices of rows of at most `slice_bytes` (one row at least).
+fn write_in_slices(path: &Path, tensors: &[(String, Tensor)], slice_bytes: i64) -> Result<()> {
     let io = |e: std::io::Error| Error::io(format!("write {}", path.display()), e);
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -117,7 +122,7 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
         .and_then(|()| out.write_all(&text))
         .map_err(io)?;
     for (_, tensor) in sorted {
-        write_bytes(&mut out, tensor).map_err(|e| match e {
+        write_bytes(&mut out, tensor, slice_bytes).map_err(|e| match e {
             Error::Io { .. } => e,
             e => Error::Checkpoint(format!("{}: {e}", path.display())),
         })?;
@@ -128,10 +133,9 @@ pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
         .map_err(io)
 }
 
-/// A tensor's bytes in row-major order: a CPU tensor's straight from its memory, another's
-/// through copies of 64 MiB of rows at a time.
-fn write_bytes(out: &mut impl Write, tensor: &Tensor) -> Result<()> {
-    const SLICE_BYTES: i64 = 64 << 20;
+/// A tensor's bytes in row-major order, `slice_bytes` of rows at a time: a contiguous CPU
+/// tensor's straight from its memory (its slices are views), another's through a copy a slice.
+fn write_bytes(out: &mut impl Write, tensor: &Tensor, slice_bytes: i64) -> Result<()> {
     let io = |e: std::io::Error| Error::io("write a tensor", e);
     if tensor.numel() == 0 {
         return Ok(());
@@ -139,10 +143,7 @@ fn write_bytes(out: &mut impl Write, tensor: &Tensor) -> Result<()> {
     let rows = tensor.size().first().copied().unwrap_or(1);
     let row_bytes =
         (tensor.numel() as i64 / rows.max(1)) * tensor.kind().elt_size_in_bytes() as i64;
-    let rows_at_once = match tensor.device() {
-        tch::Device::Cpu => rows,
-        _ => (SLICE_BYTES / row_bytes.max(1)).max(1),
-    };
+    let rows_at_once = (slice_bytes / row_bytes.max(1)).max(1);
     let mut start = 0;
     while start < rows {
         let count = rows_at_once.min(rows - start);
@@ -275,6 +276,16 @@ mod tests {
             ),
         ];
         write(&path, &tensors).unwrap();
+        let whole = std::fs::read(&path).unwrap();
+        // In slices of one row, or two of `obs`: the same file.
+        for slice_bytes in [1, 24] {
+            write_in_slices(&path, &tensors, slice_bytes).unwrap();
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                whole,
+                "{slice_bytes} bytes a slice"
+            );
+        }
         for back in [
             Tensor::read_safetensors(&path).unwrap(),
             read(&path).unwrap(),
