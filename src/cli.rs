@@ -211,6 +211,9 @@ pub fn run(cli: Cli) -> Result<()> {
                 episodes: args.episodes,
                 episodes_per_file: args.episodes_per_file,
             };
+            // Before the tasks are made: obs=rgb would start a renderer first.
+            let loaded = Config::load(&args.run.source())?;
+            crate::tools::collect::refuse_what_files_cannot_hold(&loaded, &collection)?;
             crate::tools::collect::run(&resolved_config(&args.run)?, &collection)
         }
         Command::Import { input, output } => {

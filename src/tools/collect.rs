@@ -19,8 +19,9 @@ pub struct Collection {
     pub episodes_per_file: usize,
 }
 
-/// What a dataset file cannot hold is refused before any episode is played.
-fn refuse_what_files_cannot_hold(config: &Config, args: &Collection) -> Result<()> {
+/// What a dataset file cannot hold is refused before any episode is played (from the loaded
+/// settings alone; `run` asks again of the resolved ones).
+pub fn refuse_what_files_cannot_hold(config: &Config, args: &Collection) -> Result<()> {
     if args.episodes == 0 {
         return Err(Error::Config("--episodes must be at least 1".into()));
     }
