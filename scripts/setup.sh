@@ -5,7 +5,8 @@
 #
 # Environment:
 #   TDMPC2_VENV            venv directory (default: .venv in the repository)
-#   TDMPC2_PYTHON          interpreter for a new venv (default: python3.12, else python3)
+#   TDMPC2_PYTHON          interpreter for a new venv (default: python3.12, python3.11, else
+#                          python3): Python 3.11 or 3.12 with a shared libpython and its headers
 #   TDMPC2_TORCH_INDEX_URL install torch from this package index instead of PyPI, e.g. PyTorch's
 #                          own CUDA 12.x wheel index for drivers that predate CUDA 13
 #   TDMPC2_SKIP_BUILD=1    only the venv
@@ -40,25 +41,57 @@ root=$tdmpc2_root
 venv=${TDMPC2_VENV%/}
 say() { printf '[setup] %s\n' "$*" >&2; }
 
-# The first interpreter that actually runs (a pyenv shim for a version that is not selected
-# exists on PATH but fails).
+# What the project needs of its Python: 3.11 or 3.12 (MyoSuite's MuJoCo 4.0 needs 3.11, and
+# dm_control's labmaze has no wheels past 3.12), a shared libpython (the binary embeds it) and
+# its headers (torch's bindings compile against Python.h). Prints why not, or nothing.
+python_problem() {
+    "$1" - <<'PY' 2>/dev/null || echo "it does not run"
+import os, sys, sysconfig
+if not (3, 11) <= sys.version_info[:2] <= (3, 12):
+    print(f"it is Python {sys.version.split()[0]}, not 3.11 or 3.12")
+elif not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+    print("it has no shared libpython (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)")
+elif not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    print("it lacks its headers (apt: python3.12-dev)")
+PY
+}
+
+# The first interpreter that the project can use (a pyenv shim for a version that is not
+# selected exists on PATH but fails).
 find_python() {
-    local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv} candidate
-    for candidate in ${TDMPC2_PYTHON:-} "$pyenv_root"/versions/3.12.*/bin/python3.12 python3.12 python3; do
-        if "$candidate" -c 'import sys; assert sys.version_info >= (3, 10)' >/dev/null 2>&1; then
+    local pyenv_root=${PYENV_ROOT:-$HOME/.pyenv} candidate problem
+    if [ -n "${TDMPC2_PYTHON:-}" ]; then
+        problem=$(python_problem "$TDMPC2_PYTHON")
+        [ -z "$problem" ] || { echo "TDMPC2_PYTHON=$TDMPC2_PYTHON: $problem" >&2; return 1; }
+        command -v "$TDMPC2_PYTHON"
+        return
+    fi
+    for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12 python3.12 python3.11 python3; do
+        if command -v "$candidate" >/dev/null && [ -z "$(python_problem "$candidate")" ]; then
             command -v "$candidate"
             return
         fi
     done
-    echo "no Python >= 3.10 found; set TDMPC2_PYTHON" >&2
+    echo "no usable Python found (python3: $(python_problem python3)); install Python 3.12 with its headers (apt: python3.12-dev python3.12-venv), or set TDMPC2_PYTHON" >&2
     return 1
 }
 
-# A venv whose creation failed half-way (no python3-venv package: a python but no pip) is made
-# again, not left to fail every later run.
+# pip over a flaky network: retries, and a timeout longer than its 15 s; never a --user install.
+export PIP_RETRIES=${PIP_RETRIES:-5} PIP_DEFAULT_TIMEOUT=${PIP_DEFAULT_TIMEOUT:-60} PIP_USER=0
+
+# A venv without pip (its creation failed half-way, or made by a tool that leaves pip out) gets
+# pip from ensurepip; one of ours that cannot (no python3-venv package) is made again, another
+# is never removed.
 if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
-    say "the venv $venv has no pip (its creation failed?): making it again"
-    rm -rf "$venv"
+    if "$venv/bin/python" -m ensurepip --upgrade >/dev/null 2>&1; then
+        say "the venv $venv had no pip: installed it"
+    elif [ -f "$venv/pyvenv.cfg" ] && { [ "$venv" = "$root/.venv" ] || [ -f "$venv/.tdmpc2-requirements" ]; }; then
+        say "the venv $venv has no pip (its creation failed?): making it again"
+        rm -rf "$venv"
+    else
+        echo "setup.sh: the venv $venv has no pip and ensurepip cannot add it; install pip in it, or point TDMPC2_VENV at another folder" >&2
+        exit 1
+    fi
 fi
 if [ ! -x "$venv/bin/python" ]; then
     python=$(find_python)
@@ -70,9 +103,11 @@ if [ ! -x "$venv/bin/python" ]; then
     fi
 fi
 
-# The stamp records what the venv was built from; pip runs only when it changes.
+# The stamp records what the venv was built from (its Python too); pip runs only when it
+# changes.
 stamp_file=$venv/.tdmpc2-requirements
-stamp=$(cat "$root/requirements.txt"; echo "torch index=${TDMPC2_TORCH_INDEX_URL:-pypi}")
+stamp=$(cat "$root/requirements.txt"; echo "torch index=${TDMPC2_TORCH_INDEX_URL:-pypi}"
+    echo "python=$("$venv/bin/python" -c 'import sys; print(sys.version)')")
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
     say "installing Python requirements (torch is a few GB on the first run)"
     "$venv/bin/python" -m pip install --quiet --upgrade pip
@@ -93,10 +128,16 @@ install_family() {
     var="TDMPC2_VENV_$(echo "$family" | tr '[:lower:]' '[:upper:]')"
     dir=${!var:-$venv-$family}
     requirements=$root/requirements-$family.txt
+    # Its Python is the project venv's: a venv made before that changed is made again.
+    if [ -f "$dir/pyvenv.cfg" ] && [ -x "$dir/bin/python" ] && [ "$("$dir/bin/python" -c 'import sys; print(sys.version)')" != \
+        "$("$venv/bin/python" -c 'import sys; print(sys.version)')" ]; then
+        say "the $family venv $dir has another Python than $venv: making it again"
+        rm -rf "$dir"
+    fi
     if [ ! -x "$dir/bin/python" ]; then
         base=$("$venv/bin/python" -c 'import sys; print(sys._base_executable)')
         say "creating the $family venv $dir with $base"
-        "$base" -m venv "$dir"
+        "$base" -m venv "$dir" || { rm -rf "$dir"; echo "setup.sh: $base cannot make the $family venv" >&2; exit 1; }
     fi
     stamp=$(cat "$requirements")
     if [ "$(cat "$dir/.tdmpc2-requirements" 2>/dev/null)" != "$stamp" ]; then
@@ -123,6 +164,9 @@ fi
 if [ "${TDMPC2_SKIP_BUILD:-0}" != 1 ]; then
     # torch-sys asks `python` for torch's location: env.sh put the venv first on PATH.
     say "building (release; the first build compiles libtorch bindings, ~5 minutes)"
+    # From the repository: a rust-toolchain.toml or .cargo/config.toml above the caller's
+    # folder must not pick the toolchain or the target folder.
+    cd "$root"
     cargo build --release --manifest-path "$root/Cargo.toml" --bins
     say "ready: $(cd "$root" && cargo metadata --format-version 1 --no-deps 2>/dev/null \
         | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2"
