@@ -297,19 +297,19 @@ fn launcher(args: &[String]) -> std::process::Output {
 }
 
 /// Two ranks on a run far too long to finish, for the tests that stop it from outside.
-fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(tiny_train())
-        .args([
-            "world_size=2".to_string(),
-            "steps=1000000".into(),
-            format!("master_port={}", free_port()),
-            format!("run_dir={}", run_dir.display()),
-        ])
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> common::Reaped {
+    common::Reaped::spawn(
+        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(tiny_train())
+            .args([
+                "world_size=2".to_string(),
+                "steps=1000000".into(),
+                format!("master_port={}", free_port()),
+                format!("run_dir={}", run_dir.display()),
+            ])
+            .stdout(stdout)
+            .stderr(Stdio::piped()),
+    )
 }
 
 fn meta(run_dir: &Path, step: u64) -> serde_json::Value {

@@ -11,7 +11,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{checkpoint, free_port, TINY};
@@ -80,18 +80,14 @@ fn a_two_rank_checkpoint_resumes_on_one_rank_with_more_threads() {
 
 /// A spawned run whose stderr is read line by line on a thread (and kept).
 struct Watched {
-    child: Child,
+    child: common::Reaped,
     lines: std::sync::mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 impl Watched {
     fn spawn(mut command: Command) -> Watched {
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = common::Reaped::spawn(command.stdout(Stdio::null()).stderr(Stdio::piped()));
         let stderr = child.stderr.take().unwrap();
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

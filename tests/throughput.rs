@@ -85,17 +85,17 @@ fn two_ranks_with_four_environments_each_keep_identical_learners() {
 #[test]
 fn a_killed_environment_worker_stops_training_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(tdmpc2_bin())
-        .arg("train")
-        .args(gym_settings())
-        .args([
-            "steps=100000".to_string(),
-            format!("run_dir={}", dir.path().display()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::Reaped::spawn(
+        Command::new(tdmpc2_bin())
+            .arg("train")
+            .args(gym_settings())
+            .args([
+                "steps=100000".to_string(),
+                format!("run_dir={}", dir.path().display()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
     // Wait for the two workers, let them step a while, then kill one.
     let started = Instant::now();
     let workers = loop {

@@ -25,6 +25,48 @@ pub fn tdmpc2_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tdmpc2")))
 }
 
+/// A spawned process killed (with its ranks, which die with their launcher) when dropped
+/// still running: a test that fails half-way must not leave a run of a million steps on CI's
+/// cores.
+pub struct Reaped(Option<std::process::Child>);
+
+impl Reaped {
+    pub fn spawn(command: &mut std::process::Command) -> Reaped {
+        Reaped(Some(command.spawn().expect("the command starts")))
+    }
+
+    pub fn wait_with_output(mut self) -> std::io::Result<std::process::Output> {
+        self.0
+            .take()
+            .expect("not yet waited for")
+            .wait_with_output()
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        self.0.as_ref().expect("not yet waited for")
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("not yet waited for")
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
 /// A TCP port that was free a moment ago (for `master_port`).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
