@@ -159,13 +159,14 @@ fn resolved(args: &RunArgs, as_placed: bool) -> Result<Config> {
     let launched = RankInfo::from_env(&config, &|key| std::env::var(key).ok()).ok();
     match &launched {
         Some((rank, by)) if as_placed && *by != LaunchedBy::Nobody => {
-            config.launched_local_ranks = Some(rank.local_world_size);
-            // Another world size than the launcher's is refused as the rank starts.
+            check_world_size(&config, rank, *by)?;
+            config.ranks_on_this_node = Some(rank.local_world_size);
             if config.world_size == 1 && rank.world_size > 1 {
                 config.world_size = rank.world_size;
                 config.validate()?;
             }
         }
+        Some(_) | None if !as_placed => config.ranks_on_this_node = Some(1),
         _ => {}
     }
     let rank = launched.map_or(0, |(rank, _)| rank.rank);

@@ -150,10 +150,11 @@ pub struct Config {
     /// Several tasks: each task's action size and episode length, in task-id order.
     pub action_dims: Option<Vec<usize>>,
     pub episode_lengths: Option<Vec<usize>>,
-    /// This node's ranks as the launcher (torchrun, SLURM) that started the process says;
-    /// otherwise world_size / nnodes. Never saved: it describes the process, not the run.
+    /// This node's ranks when the process knows them: as the launcher (torchrun, SLURM) that
+    /// started it says, or 1 for eval and collect, which play alone; otherwise world_size /
+    /// nnodes. Never saved: it describes the process, not the run.
     #[serde(skip)]
-    pub launched_local_ranks: Option<usize>,
+    pub ranks_on_this_node: Option<usize>,
 }
 
 /// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`

@@ -75,15 +75,15 @@ impl Config {
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
         let local_ranks = self
-            .launched_local_ranks
+            .ranks_on_this_node
             .unwrap_or(self.world_size / self.nnodes.max(1))
             .max(1);
-        let placement = match self.launched_local_ranks {
-            Some(_) => "the launcher's".to_owned(),
+        let placement = match self.ranks_on_this_node {
+            Some(_) => "as this process runs".to_owned(),
             None => format!("world_size={} / nnodes={}", self.world_size, self.nnodes),
         };
-        let who = match self.launched_local_ranks {
-            Some(_) => format!("the launcher puts {local_ranks} ranks on this node"),
+        let who = match self.ranks_on_this_node {
+            Some(_) => format!("{local_ranks} ranks run on this node"),
             None => format!(
                 "world_size={} puts {local_ranks} ranks on each of nnodes={} node(s)",
                 self.world_size, self.nnodes

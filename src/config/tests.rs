@@ -221,15 +221,15 @@ fn resources_are_checked_against_the_machine() {
     c.num_samples = 512;
     c.buffer_size = 40_000_000;
     c.check_resources(&small).unwrap();
-    c.launched_local_ranks = Some(4);
+    c.ranks_on_this_node = Some(4);
     let e = c.check_resources(&small).unwrap_err().to_string();
     assert!(
-        e.contains("(4 rank(s) on this node: the launcher's)"),
+        e.contains("(4 rank(s) on this node: as this process runs)"),
         "{e}"
     );
-    c.launched_local_ranks = Some(9);
+    c.ranks_on_this_node = Some(9);
     let e = c.check_resources(&small).unwrap_err().to_string();
-    assert!(e.contains("the launcher puts 9 ranks on this node"), "{e}");
+    assert!(e.contains("9 ranks run on this node"), "{e}");
 }
 
 #[test]
