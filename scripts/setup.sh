@@ -52,7 +52,7 @@ if not (3, 11) <= sys.version_info[:2] <= (3, 12):
 elif not sysconfig.get_config_var("Py_ENABLE_SHARED"):
     print("it has no shared libpython (pyenv: PYTHON_CONFIGURE_OPTS=--enable-shared)")
 elif not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
-    print("it lacks its headers (apt: python3.12-dev)")
+    print(f"it lacks its headers (apt: python{sys.version_info[0]}.{sys.version_info[1]}-dev)")
 PY
 }
 
@@ -66,7 +66,8 @@ find_python() {
         command -v "$TDMPC2_PYTHON"
         return
     fi
-    for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12 python3.12 python3.11 python3; do
+    for candidate in "$pyenv_root"/versions/3.12.*/bin/python3.12 python3.12 \
+        "$pyenv_root"/versions/3.11.*/bin/python3.11 python3.11 python3; do
         if command -v "$candidate" >/dev/null && [ -z "$(python_problem "$candidate")" ]; then
             command -v "$candidate"
             return
@@ -93,21 +94,26 @@ if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null
         exit 1
     fi
 fi
+stamp_file=$venv/.tdmpc2-requirements
 if [ ! -x "$venv/bin/python" ]; then
     python=$(find_python)
     say "creating venv $venv with $python ($("$python" --version 2>&1))"
+    # A venv made again where one was (its Python gone) keeps nothing of the old one's.
+    rm -f "$stamp_file"
     if ! "$python" -m venv "$venv"; then
         rm -rf "$venv"
         echo "setup.sh: $python cannot make a venv; install its venv module (apt: python3-venv, or python3.12-venv)" >&2
         exit 1
     fi
 fi
+problem=$(python_problem "$venv/bin/python")
+if [ -n "$problem" ]; then
+    echo "setup.sh: the venv $venv cannot serve: $problem; remove it to make it again with a usable Python, or point TDMPC2_VENV elsewhere" >&2
+    exit 1
+fi
 
-# The stamp records what the venv was built from (its Python too); pip runs only when it
-# changes.
-stamp_file=$venv/.tdmpc2-requirements
-stamp=$(cat "$root/requirements.txt"; echo "torch index=${TDMPC2_TORCH_INDEX_URL:-pypi}"
-    echo "python=$("$venv/bin/python" -c 'import sys; print(sys.version)')")
+# The stamp records what the venv was built from; pip runs only when it changes.
+stamp=$(cat "$root/requirements.txt"; echo "torch index=${TDMPC2_TORCH_INDEX_URL:-pypi}")
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
     say "installing Python requirements (torch is a few GB on the first run)"
     "$venv/bin/python" -m pip install --quiet --upgrade pip
@@ -128,9 +134,13 @@ install_family() {
     var="TDMPC2_VENV_$(echo "$family" | tr '[:lower:]' '[:upper:]')"
     dir=${!var:-$venv-$family}
     requirements=$root/requirements-$family.txt
-    # Its Python is the project venv's: a venv made before that changed is made again.
-    if [ -f "$dir/pyvenv.cfg" ] && [ -x "$dir/bin/python" ] && [ "$("$dir/bin/python" -c 'import sys; print(sys.version)')" != \
-        "$("$venv/bin/python" -c 'import sys; print(sys.version)')" ]; then
+    # Its Python is the project venv's: one of ours made before that changed is made again.
+    local version='import sys; print(sys.version)'
+    if [ -x "$dir/bin/python" ] && [ "$("$dir/bin/python" -c "$version")" != "$("$venv/bin/python" -c "$version")" ]; then
+        if [ "$dir" != "$venv-$family" ] && [ ! -f "$dir/.tdmpc2-requirements" ]; then
+            echo "setup.sh: the $family venv $dir runs another Python than $venv (the binary embeds that one); point $var at another folder" >&2
+            exit 1
+        fi
         say "the $family venv $dir has another Python than $venv: making it again"
         rm -rf "$dir"
     fi
