@@ -327,6 +327,12 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     };
     let mut logger = Logger::open(&options("walker-walk-7")).unwrap();
     log_episodes(&mut logger);
+    // A multitask evaluation: a task's key beside the metric's own (the file store keeps each
+    // metric as a file, so a task's may not be a path under it).
+    let multitask = Record::new(Phase::Eval, 1500)
+        .with("episode_reward", 1.0)
+        .with("episode_reward+walker-walk", 2.0);
+    logger.log(&multitask).unwrap();
     logger.close().unwrap();
     // Dropped without close, as when training fails.
     drop(Logger::open(&options("crashed")).unwrap());
@@ -350,7 +356,24 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
     };
     let done = run("walker-walk-7");
     assert_eq!(done["status"], "FINISHED");
-    assert_eq!(done["history"], json!([[500, 25.0], [1000, 80.5]]));
+    assert_eq!(
+        done["history"],
+        json!([[500, 25.0], [1000, 80.5], [1500, 1.0]])
+    );
+    let task = read(
+        "mlflow_runs",
+        &[
+            format!("file://{}", store.display()),
+            "logging-test".into(),
+            "eval/episode_reward.walker-walk".into(),
+        ],
+    );
+    let task = task
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "walker-walk-7");
+    assert_eq!(task.unwrap()["history"], json!([[1500, 2.0]]));
     assert_eq!(done["params"]["task"], "walker-walk");
     assert_eq!(done["params"]["obs_shape"], "[24]");
     assert_eq!(done["params"]["seed"], "7");

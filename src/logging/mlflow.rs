@@ -66,12 +66,15 @@ impl Mlflow {
                     .call_method0("as_uri")?
                     .extract()?,
             };
+            let environ = py.import("os")?.getattr("environ")?;
             if is_file_store(&tracking_uri) {
                 // MLflow 3 refuses the file store unless asked for it explicitly.
-                py.import("os")?
-                    .getattr("environ")?
-                    .call_method1("setdefault", ("MLFLOW_ALLOW_FILE_STORE", "true"))?;
+                environ.call_method1("setdefault", ("MLFLOW_ALLOW_FILE_STORE", "true"))?;
             }
+            // A server that does not answer costs its client's timeout per attempt on rank 0,
+            // while the other ranks wait: 2 retries and 20 s, not its 7 and 120 s.
+            environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"))?;
+            environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))?;
             let mlflow = py.import("mlflow")?;
             let entities = py.import("mlflow.entities")?;
             let client = mlflow
@@ -297,12 +300,15 @@ fn truncate(s: &str) -> String {
 }
 
 /// `key` in the characters MLflow takes in a metric's name (letters, digits, `_-. :/`): a
-/// multitask run's `episode_reward+walker-run` becomes `episode_reward/walker-run`.
+/// multitask run's `episode_reward+walker-run` becomes `episode_reward.walker-run`. Not
+/// `episode_reward/walker-run`: the file store keeps `episode_reward` as a file, which a key
+/// under it would need as a folder, and refuses the whole batch.
 fn metric_key(key: &str) -> String {
     key.chars()
-        .map(|c| match c.is_alphanumeric() || "_-. :/".contains(c) {
-            true => c,
-            false => '/',
+        .map(|c| match c {
+            '+' => '.',
+            c if c.is_alphanumeric() || "_-. :/".contains(c) => c,
+            _ => '_',
         })
         .collect()
 }
@@ -315,8 +321,9 @@ mod tests {
     fn metric_keys_use_only_what_mlflow_takes() {
         assert_eq!(
             metric_key("eval/episode_reward+avg_dmcontrol"),
-            "eval/episode_reward/avg_dmcontrol"
+            "eval/episode_reward.avg_dmcontrol"
         );
+        assert_eq!(metric_key("eval/q(pi)"), "eval/q_pi_");
         assert_eq!(metric_key("train/pi_loss"), "train/pi_loss");
     }
 

@@ -1,6 +1,7 @@
 //! Rank 0's metrics, fanned out to sinks: the console, `metrics.jsonl`, `train.csv`/`eval.csv`,
 //! TensorBoard event files, Weights & Biases and MLflow; and its evaluation videos, written to
 //! the run directory and handed to the sinks that show them.
+mod best_effort;
 mod console;
 mod continuation;
 mod csv;
@@ -23,6 +24,7 @@ use envs::Frame;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use best_effort::BestEffort;
 pub use console::{clock_time, console_line, Console};
 pub use csv::Csv;
 pub use jsonl::Jsonl;
@@ -171,11 +173,12 @@ impl Logger {
         }
         sinks.push(Box::new(Jsonl::create(&dir.join("metrics.jsonl"))?));
         if opts.save_csv {
-            sinks.push(Box::new(Csv::new(dir)));
+            sinks.push(Box::new(BestEffort::new(Box::new(Csv::new(dir)))));
         }
         if opts.tensorboard {
             let from = opts.continues_from.map_or(0, |step| step + 1);
-            sinks.push(Box::new(EventWriter::create(&dir.join("tb"), from)?));
+            let events = EventWriter::create(&dir.join("tb"), from)?;
+            sinks.push(Box::new(BestEffort::new(Box::new(events))));
         }
         // A resumed run continues the tracker runs its directory logged to.
         let before = match opts.continues_from {
@@ -244,12 +247,15 @@ impl Logger {
     }
 
     /// Passes the finished videos to every sink, waiting for those of steps before `before`.
+    /// A video that could not be made is a warning: the run goes on without it.
     fn deliver_videos(&mut self, before: Option<u64>) -> Result<()> {
         let mut results = Vec::new();
         for video in self.videos.collect(before) {
             match video {
                 Ok(video) => results.extend(self.sinks.iter_mut().map(|s| s.video(&video))),
-                Err(e) => results.push(Err(e)),
+                Err(e) => eprintln!(
+                    "warning: an evaluation video was not written ({e}); training goes on"
+                ),
             }
         }
         first_error(results.into_iter())

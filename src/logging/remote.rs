@@ -1,13 +1,19 @@
 //! A tracker reached over the network (W&B, MLflow) must not end a run that may have days
 //! left: its failures are warnings, and the records it missed are sent again, in order, once
-//! it answers. `metrics.jsonl` holds every record whatever the trackers do.
+//! it answers. While it does not, it is asked again at most every [`RETRY_EVERY`]: each attempt
+//! may cost its client's timeout on rank 0, while the other ranks wait for it in the next
+//! collective. `metrics.jsonl` holds every record whatever the trackers do.
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use super::{Record, Sink, Video};
 use crate::error::{Error, Result};
 
 /// The records kept for a tracker that does not answer; older ones are dropped past this.
 const BACKLOG: usize = 10_000;
+
+/// How often a tracker that does not answer is asked again.
+const RETRY_EVERY: Duration = Duration::from_secs(60);
 
 pub struct Remote {
     inner: Box<dyn Sink>,
@@ -17,6 +23,9 @@ pub struct Remote {
     dropped: u64,
     /// Whether the last attempt failed (warnings once per outage).
     failing: bool,
+    /// While failing: when it may be asked again.
+    next_attempt: Option<Instant>,
+    retry_every: Duration,
 }
 
 impl Remote {
@@ -26,7 +35,14 @@ impl Remote {
             backlog: VecDeque::new(),
             dropped: 0,
             failing: false,
+            next_attempt: None,
+            retry_every: RETRY_EVERY,
         }
+    }
+
+    /// Whether the tracker failed lately: it is not asked again until its time comes.
+    fn resting(&self) -> bool {
+        self.next_attempt.is_some_and(|at| Instant::now() < at)
     }
 
     /// Sends the backlog in order; stops at the first failure.
@@ -50,16 +66,20 @@ impl Remote {
             );
             self.dropped = 0;
         }
+        self.next_attempt = None;
     }
 
     /// Warns once per outage.
     fn failed(&mut self, e: &Error) {
+        self.next_attempt = Some(Instant::now() + self.retry_every);
         if !self.failing {
             self.failing = true;
             eprintln!(
-                "warning: {} does not take records ({e}); training goes on, and the records \
-                 are sent again once it answers (metrics.jsonl has them all)",
-                self.inner.name()
+                "warning: {} does not take records ({e}); training goes on, it is asked again \
+                 every {} s, and the records are sent once it answers (metrics.jsonl has them \
+                 all)",
+                self.inner.name(),
+                self.retry_every.as_secs()
             );
         }
     }
@@ -95,14 +115,18 @@ impl Sink for Remote {
             self.dropped += 1;
         }
         self.backlog.push_back(record.clone());
-        self.deliver();
+        if !self.resting() {
+            self.deliver();
+        }
         Ok(())
     }
 
     /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
     /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
-        self.deliver();
+        if !self.resting() {
+            self.deliver();
+        }
         let sent = match self.backlog.is_empty() {
             true => self.inner.video(video),
             false => Err(Error::Other(
@@ -176,14 +200,33 @@ mod tests {
 
     /// A `Remote` over a `Flaky` tracker, up or not, with its switch, the steps it took and
     /// the attempts it refused.
+    /// Asked again at every record while down (`retry_every` zero) unless a test says.
     fn flaky(up: bool) -> (Remote, Shared<bool>, Shared<Vec<u64>>, Shared<u64>) {
         let (up, steps, refused) = (Arc::new(Mutex::new(up)), Arc::default(), Arc::default());
-        let remote = Remote::new(Box::new(Flaky {
+        let mut remote = Remote::new(Box::new(Flaky {
             up: Arc::clone(&up),
             steps: Arc::clone(&steps),
             refused: Arc::clone(&refused),
         }));
+        remote.retry_every = Duration::ZERO;
         (remote, up, steps, refused)
+    }
+
+    /// A tracker that failed is not asked again before its time: each attempt may cost a
+    /// timeout; the records wait, in order, and the end of the run asks once more.
+    #[test]
+    fn a_failed_tracker_rests_between_attempts() {
+        let (mut remote, up, steps, refused) = flaky(false);
+        remote.retry_every = Duration::from_secs(3600);
+        for step in 1..=5 {
+            remote.write(&Record::new(Phase::Train, step)).unwrap();
+        }
+        assert_eq!(*refused.lock().unwrap(), 1, "one attempt in the hour");
+        *up.lock().unwrap() = true;
+        remote.write(&Record::new(Phase::Train, 6)).unwrap();
+        assert!(steps.lock().unwrap().is_empty(), "still resting");
+        remote.close().unwrap();
+        assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4, 5, 6]);
     }
 
     #[test]
