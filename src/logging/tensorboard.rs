@@ -29,7 +29,7 @@ impl EventWriter {
     pub fn create(dir: &Path, from: u64) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "localhost".into());
+        let host = host_name();
         // Unique to this writer: a restart within the same second must not truncate the file
         // of the attempt before.
         static WRITERS: AtomicU64 = AtomicU64::new(0);
@@ -149,6 +149,107 @@ impl Sink for EventWriter {
     }
 }
 
+/// Drops the events past step `through` (all but the version records, for `None`) from the
+/// event files in `dir`: an earlier attempt's, which a resumed run undoes. TensorBoard's
+/// Python loader drops them at the new file's session start, but its fast loader (the
+/// default, where its data server is installed) ignores that and keeps them. A record cut by
+/// a crash goes too; a file whose records all stay is left untouched.
+pub fn drop_events_after(dir: &Path, through: Option<u64>) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if !path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("tfevents"))
+        {
+            continue;
+        }
+        let io = |e| Error::io(format!("rewrite {}", path.display()), e);
+        let bytes = std::fs::read(&path).map_err(io)?;
+        let kept = events_through(&bytes, through);
+        if kept.len() != bytes.len() {
+            crate::whole_file::write(&path, kept).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+/// The records of a TFRecord stream whose events are at step `through` or before, or carry
+/// the file's version; up to the first record that is cut short.
+fn events_through(bytes: &[u8], through: Option<u64>) -> Vec<u8> {
+    let mut kept = Vec::new();
+    let mut at = 0;
+    while let Some(len) = bytes.get(at..at + 8) {
+        let len = u64::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
+        let Some(end) = (at + 12).checked_add(len).map(|data_end| data_end + 4) else {
+            break;
+        };
+        let Some(record) = bytes.get(at..end) else {
+            break;
+        };
+        let (version, step) = event_fields(&record[12..12 + len]);
+        if version || through.is_some_and(|t| step <= t) {
+            kept.extend_from_slice(record);
+        }
+        at = end;
+    }
+    kept
+}
+
+/// Whether an `Event` holds the file's version (field 3), and its step (field 2; 0 when
+/// absent, as protobuf leaves zeros out).
+fn event_fields(mut data: &[u8]) -> (bool, u64) {
+    let (mut version, mut step) = (false, 0);
+    while let Some((key, rest)) = varint(data) {
+        let (field, wire) = (key >> 3, key & 7);
+        let rest = match wire {
+            0 => match varint(rest) {
+                Some((value, rest)) => {
+                    if field == 2 {
+                        step = value;
+                    }
+                    rest
+                }
+                None => break,
+            },
+            1 => rest.get(8..).unwrap_or_default(),
+            2 => match varint(rest) {
+                Some((len, rest)) => rest.get(len as usize..).unwrap_or_default(),
+                None => break,
+            },
+            5 => rest.get(4..).unwrap_or_default(),
+            _ => break,
+        };
+        version |= field == 3;
+        data = rest;
+    }
+    (version, step)
+}
+
+fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
+}
+
+/// This machine's name, as TensorBoard's own writers put it in a file's name.
+fn host_name() -> String {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most `len` bytes into the buffer.
+    let ok = unsafe { libc::gethostname(name.as_mut_ptr().cast(), name.len()) } == 0;
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    match ok && end > 0 {
+        true => String::from_utf8_lossy(&name[..end]).replace(['/', '.'], "-"),
+        false => "localhost".into(),
+    }
+}
+
 fn wall_time() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -198,6 +299,52 @@ fn put_bytes(out: &mut Vec<u8>, field: u32, value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A resume at step 3 keeps the events through step 3 (and every version record) of the
+    /// files before it, and drops a record cut by a crash; a fresh start keeps none.
+    #[test]
+    fn events_past_the_resumed_step_are_dropped_from_earlier_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = EventWriter::create(dir.path(), 0).unwrap();
+        for step in 0..6 {
+            writer
+                .scalar("eval/episode_reward", step as f32, step)
+                .unwrap();
+        }
+        writer.flush().unwrap();
+        let path = writer.path().to_owned();
+        drop(writer);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes.extend_from_slice(&[9, 0, 0]);
+        std::fs::write(&path, &bytes).unwrap();
+        let steps = |path: &Path| -> Vec<(bool, u64)> {
+            let bytes = std::fs::read(path).unwrap();
+            let mut at = 0;
+            let mut out = Vec::new();
+            while at + 12 <= bytes.len() {
+                let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+                out.push(event_fields(&bytes[at + 12..at + 12 + len]));
+                at += 16 + len;
+            }
+            out
+        };
+        // The version, the session start at 0, then steps 0..=5.
+        assert_eq!(steps(&path).len(), 8);
+        drop_events_after(dir.path(), Some(3)).unwrap();
+        assert_eq!(
+            steps(&path),
+            [
+                (true, 0),
+                (false, 0),
+                (false, 0),
+                (false, 1),
+                (false, 2),
+                (false, 3)
+            ]
+        );
+        drop_events_after(dir.path(), None).unwrap();
+        assert_eq!(steps(&path), [(true, 0)]);
+    }
 
     #[test]
     fn varints_and_masked_crc() {
