@@ -41,6 +41,17 @@ root=$tdmpc2_root
 venv=${TDMPC2_VENV%/}
 say() { printf '[setup] %s\n' "$*" >&2; }
 
+# One setup at a time per venv (a demo and a test run, or two CI jobs sharing a cache): two
+# pips in one venv break it. The lock is released when this script exits.
+if command -v flock >/dev/null; then
+    mkdir -p "$(dirname "$venv")"
+    exec 9>"$venv.setup-lock"
+    if ! flock -n 9; then
+        say "another setup of $venv is running: waiting for it"
+        flock 9
+    fi
+fi
+
 # What the project needs of its Python: 3.11 or 3.12 (MyoSuite's MuJoCo 4.0 needs 3.11, and
 # dm_control's labmaze has no wheels past 3.12), a shared libpython (the binary embeds it) and
 # its headers (torch's bindings compile against Python.h). Prints why not, or nothing.
