@@ -166,7 +166,7 @@ run_compare() {
     chmod +x "$venv/bin/python"
     echo "[gpu_check] official vs ours on CUDA, model sizes $sizes $*: $out/compare.jsonl, compare.log"
     TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
-        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) limited "${COMPARE_LIMIT:-570}" \
+        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) limited "${COMPARE_LIMIT:-480}" \
         "$here/compare_official.sh" "$dir/official" \
         --device cuda --rounds 1 --model-sizes "$sizes" --bin "$dir/tdmpc2" \
         --out "$out/compare.jsonl" "$@" 2>&1 | tee "$out/compare.log"
