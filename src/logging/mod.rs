@@ -167,7 +167,7 @@ impl Logger {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         continuation::drop_rows_after(dir, opts.continues_from)?;
-        tensorboard::drop_events_after(&dir.join("tb"), opts.continues_from)?;
+        tensorboard::drop_events_after(&dir.join("tb"), opts.continues_from);
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         if opts.console {
             sinks.push(Box::new(Console));

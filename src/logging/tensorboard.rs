@@ -153,26 +153,56 @@ impl Sink for EventWriter {
 /// event files in `dir`: an earlier attempt's, which a resumed run undoes. TensorBoard's
 /// Python loader drops them at the new file's session start, but its fast loader (the
 /// default, where its data server is installed) ignores that and keeps them. A record cut by
-/// a crash goes too; a file whose records all stay is left untouched.
-pub fn drop_events_after(dir: &Path, through: Option<u64>) -> Result<()> {
+/// a crash goes too; a file whose records all stay is left untouched. The file as it was stays
+/// beside it under a name TensorBoard does not read (`tf-events` for `tfevents`). A file that
+/// cannot be rewritten (another user's, a full disk) is a warning: the run goes on.
+pub fn drop_events_after(dir: &Path, through: Option<u64>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return Ok(());
+        return;
     };
     for path in entries.flatten().map(|e| e.path()) {
-        if !path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().contains("tfevents"))
-        {
+        let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue;
+        };
+        if !name.contains("tfevents") {
             continue;
         }
-        let io = |e| Error::io(format!("rewrite {}", path.display()), e);
-        let bytes = std::fs::read(&path).map_err(io)?;
-        let kept = events_through(&bytes, through);
-        if kept.len() != bytes.len() {
-            crate::whole_file::write(&path, kept).map_err(io)?;
+        if let Err(e) = rewrite_through(&path, &name, through) {
+            eprintln!(
+                "warning: {} keeps the events an earlier attempt wrote past the checkpoint \
+                 ({e}); TensorBoard's fast loader may show them",
+                path.display()
+            );
         }
     }
-    Ok(())
+}
+
+fn rewrite_through(path: &Path, name: &str, through: Option<u64>) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    // SAFETY: geteuid has no preconditions.
+    if meta.uid() != unsafe { libc::geteuid() } || meta.permissions().readonly() {
+        return Err(std::io::Error::other("not ours to rewrite"));
+    }
+    let bytes = std::fs::read(path)?;
+    let kept = events_through(&bytes, through);
+    if kept.len() == bytes.len() {
+        return Ok(());
+    }
+    let secs = wall_time() as u64;
+    let base = format!("{}.before-{secs}", name.replace("tfevents", "tf-events"));
+    let aside = (0..)
+        .map(|n| match n {
+            0 => path.with_file_name(&base),
+            n => path.with_file_name(format!("{base}-{n}")),
+        })
+        .find(|aside| !aside.exists())
+        .unwrap_or_default();
+    // Names without `tfevents` until the end: TensorBoard reads every file that has it.
+    let partial = path.with_file_name(format!(".rewrite-{}", std::process::id()));
+    std::fs::hard_link(path, &aside).or_else(|_| std::fs::copy(path, &aside).map(drop))?;
+    std::fs::write(&partial, kept)?;
+    std::fs::rename(&partial, path)
 }
 
 /// The records of a TFRecord stream whose events are at step `through` or before, or carry
@@ -181,10 +211,14 @@ fn events_through(bytes: &[u8], through: Option<u64>) -> Vec<u8> {
     let mut kept = Vec::new();
     let mut at = 0;
     while let Some(len) = bytes.get(at..at + 8) {
-        let len = u64::from_le_bytes(len.try_into().unwrap_or_default()) as usize;
-        let Some(end) = (at + 12).checked_add(len).map(|data_end| data_end + 4) else {
+        let len = u64::from_le_bytes(len.try_into().unwrap_or_default());
+        let end = usize::try_from(len)
+            .ok()
+            .and_then(|len| at.checked_add(16)?.checked_add(len));
+        let Some(end) = end else {
             break;
         };
+        let len = end - at - 16;
         let Some(record) = bytes.get(at..end) else {
             break;
         };
@@ -238,7 +272,8 @@ fn varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     None
 }
 
-/// This machine's name, as TensorBoard's own writers put it in a file's name.
+/// This machine's name for a file's name, its dots as dashes (the name's fields are
+/// dot-separated).
 fn host_name() -> String {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most `len` bytes into the buffer.
@@ -330,7 +365,7 @@ mod tests {
         };
         // The version, the session start at 0, then steps 0..=5.
         assert_eq!(steps(&path).len(), 8);
-        drop_events_after(dir.path(), Some(3)).unwrap();
+        drop_events_after(dir.path(), Some(3));
         assert_eq!(
             steps(&path),
             [
@@ -342,8 +377,20 @@ mod tests {
                 (false, 3)
             ]
         );
-        drop_events_after(dir.path(), None).unwrap();
+        drop_events_after(dir.path(), None);
         assert_eq!(steps(&path), [(true, 0)]);
+        // The files as they were stay, under names TensorBoard does not read; a length that
+        // overflows is the end of the stream, not a panic.
+        let aside: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.contains("tfevents"))
+            .collect();
+        assert!(
+            !aside.is_empty() && aside.iter().all(|n| n.contains("tf-events")),
+            "{aside:?}"
+        );
+        assert!(events_through(&(u64::MAX - 14).to_le_bytes(), Some(1)).is_empty());
     }
 
     #[test]
