@@ -1,8 +1,9 @@
 //! A tracker reached over the network (W&B, MLflow) must not end a run that may have days
 //! left: its failures are warnings, and the records it missed are sent again, in order, once
-//! it answers. While it does not, it is asked again at most every [`RETRY_EVERY`]: each attempt
-//! may cost its client's timeout on rank 0, while the other ranks wait for it in the next
-//! collective. `metrics.jsonl` holds every record whatever the trackers do.
+//! it answers. While it does not, it rests between attempts, [`RETRY_EVERY`] after the first
+//! failure and twice as long after each next one, up to [`LONGEST_REST`]: each attempt may cost
+//! its client's timeouts (a minute or more) on rank 0, while the other ranks wait for it in the
+//! next collective. `metrics.jsonl` holds every record whatever the trackers do.
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,10 @@ use crate::error::{Error, Result};
 /// The records kept for a tracker that does not answer; older ones are dropped past this.
 const BACKLOG: usize = 10_000;
 
-/// How often a tracker that does not answer is asked again.
+/// How long a tracker that stopped answering rests before it is asked again.
 const RETRY_EVERY: Duration = Duration::from_secs(60);
+/// The longest rest, after failures one after another.
+const LONGEST_REST: Duration = Duration::from_secs(16 * 60);
 
 pub struct Remote {
     inner: Box<dyn Sink>,
@@ -25,6 +28,8 @@ pub struct Remote {
     failing: bool,
     /// While failing: when it may be asked again.
     next_attempt: Option<Instant>,
+    /// Failed attempts since it last answered: each doubles the rest.
+    failures_in_a_row: u32,
     retry_every: Duration,
 }
 
@@ -36,6 +41,7 @@ impl Remote {
             dropped: 0,
             failing: false,
             next_attempt: None,
+            failures_in_a_row: 0,
             retry_every: RETRY_EVERY,
         }
     }
@@ -67,17 +73,20 @@ impl Remote {
             self.dropped = 0;
         }
         self.next_attempt = None;
+        self.failures_in_a_row = 0;
     }
 
     /// Warns once per outage.
     fn failed(&mut self, e: &Error) {
-        self.next_attempt = Some(Instant::now() + self.retry_every);
+        let rest = self.retry_every * 2u32.pow(self.failures_in_a_row.min(10));
+        self.next_attempt = Some(Instant::now() + rest.min(LONGEST_REST));
+        self.failures_in_a_row += 1;
         if !self.failing {
             self.failing = true;
             eprintln!(
                 "warning: {} does not take records ({e}); training goes on, it is asked again \
-                 every {} s, and the records are sent once it answers (metrics.jsonl has them \
-                 all)",
+                 after {} s (then less often), and the records are sent once it answers \
+                 (metrics.jsonl has them all)",
                 self.inner.name(),
                 self.retry_every.as_secs()
             );
@@ -102,7 +111,7 @@ impl Sink for Remote {
 
     fn write(&mut self, record: &Record) -> Result<()> {
         // A healthy tracker takes the record as it is; only a failing one keeps copies.
-        if self.backlog.is_empty() {
+        if !self.failing {
             match self.inner.write(record) {
                 Ok(()) => return Ok(()),
                 Err(e) => self.failed(&e),
@@ -124,14 +133,20 @@ impl Sink for Remote {
     /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
     /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
-        if !self.resting() {
+        if self.failing && !self.resting() {
             self.deliver();
         }
-        let sent = match self.backlog.is_empty() {
-            true => self.inner.video(video),
-            false => Err(Error::Other(
-                "records of earlier steps wait to be sent".into(),
+        let sent = match self.failing {
+            true => Err(Error::Other(
+                "it does not answer, and records of earlier steps wait to be sent".into(),
             )),
+            false => {
+                let sent = self.inner.video(video);
+                if let Err(e) = &sent {
+                    self.failed(e);
+                }
+                sent
+            }
         };
         if let Err(e) = sent {
             eprintln!(
@@ -150,8 +165,12 @@ impl Sink for Remote {
         self.inner.close()
     }
 
+    /// After a stop the job is to end soon (a launcher gives it a grace period): a tracker
+    /// that is resting is not asked again.
     fn close_stopped(&mut self) -> Result<()> {
-        self.deliver();
+        if !self.resting() {
+            self.deliver();
+        }
         self.warn_unsent("before the stop");
         self.inner.close_stopped()
     }
