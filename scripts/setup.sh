@@ -43,9 +43,8 @@ say() { printf '[setup] %s\n' "$*" >&2; }
 
 # One setup at a time per venv (a demo and a test run, or two CI jobs sharing a cache): two
 # pips in one venv break it. The lock is released when this script exits.
-if command -v flock >/dev/null; then
-    mkdir -p "$(dirname "$venv")"
-    exec 9>"$venv.setup-lock"
+# (A folder where no lock can be made, read-only, goes without.)
+if command -v flock >/dev/null && { exec 9>"$venv.setup-lock"; } 2>/dev/null; then
     if ! flock -n 9; then
         say "another setup of $venv is running: waiting for it"
         flock 9
@@ -107,6 +106,10 @@ if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -m pip --version >/dev/null
 fi
 stamp_file=$venv/.tdmpc2-requirements
 if [ ! -x "$venv/bin/python" ]; then
+    # One of ours whose Python is gone: venv keeps the dead links of an existing folder.
+    if [ -f "$venv/pyvenv.cfg" ] && { [ "$venv" = "$root/.venv" ] || [ -f "$stamp_file" ]; }; then
+        rm -rf "$venv"
+    fi
     python=$(find_python)
     say "creating venv $venv with $python ($("$python" --version 2>&1))"
     # A venv made again where one was (its Python gone) keeps nothing of the old one's.
@@ -186,8 +189,10 @@ if [ "${TDMPC2_SKIP_BUILD:-0}" != 1 ]; then
     # torch-sys asks `python` for torch's location: env.sh put the venv first on PATH.
     say "building (release; the first build compiles libtorch bindings, ~5 minutes)"
     # From the repository: a rust-toolchain.toml or .cargo/config.toml above the caller's
-    # folder must not pick the toolchain or the target folder.
+    # folder must not pick the toolchain or the target folder. The venv's lock is not held
+    # through the build (a compiler cache's server would inherit and keep it).
     cd "$root"
+    exec 9>&-
     cargo build --release --manifest-path "$root/Cargo.toml" --bins
     say "ready: $(cd "$root" && cargo metadata --format-version 1 --no-deps 2>/dev/null \
         | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2"

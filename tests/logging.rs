@@ -219,7 +219,10 @@ fn tensorboard_events_read_back_with_tensorboard() {
     );
     assert!(scalars.get("train/consistency_loss").is_none(), "{scalars}");
     // Also in the files, for TensorBoard's fast loader, which ignores the session start.
-    let files = read("tensorboard_file_steps", &[path_arg(&dir.path().join("tb"))]);
+    let files = read(
+        "tensorboard_file_steps",
+        &[path_arg(&dir.path().join("tb"))],
+    );
     assert_eq!(files, json!([[500, 500, 500], [1000]]), "{files}");
 }
 
