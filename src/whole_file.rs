@@ -1,18 +1,47 @@
 //! Files written whole: the bytes go to a temporary file beside the target, which is then
 //! renamed over it, so that a reader (or a run killed mid-write) sees the old file or the new
-//! one, never a part.
+//! one, never a part. The temporary's name holds nothing of the target's (a reader that picks
+//! files by name, as TensorBoard picks `*tfevents*`, never takes it for one).
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes `bytes` to `path` whole (see the module).
 pub fn write(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
-    let mut partial = PathBuf::from(path).into_os_string();
-    partial.push(format!(".partial-{}", std::process::id()));
-    let partial = PathBuf::from(partial);
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let partial = path.with_file_name(format!(
+        ".partial-{}-{}",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
     std::fs::write(&partial, bytes)
         .and_then(|()| std::fs::rename(&partial, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&partial);
         })
+}
+
+/// Replaces `path` with `bytes` whole, the file as it was kept beside it as
+/// `<kept_as>.before-<unix time>` (`-1`, `-2`, ... when taken): a hard link, or a copy where
+/// none can be made. A kill in between leaves both, never neither.
+pub fn replace_keeping(
+    path: &Path,
+    kept_as: &str,
+    bytes: impl AsRef<[u8]>,
+) -> std::io::Result<PathBuf> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let base = format!("{kept_as}.before-{secs}");
+    let aside = (0..)
+        .map(|n| match n {
+            0 => path.with_file_name(&base),
+            n => path.with_file_name(format!("{base}-{n}")),
+        })
+        .find(|aside| !aside.exists())
+        .unwrap_or_default();
+    std::fs::hard_link(path, &aside).or_else(|_| std::fs::copy(path, &aside).map(drop))?;
+    write(path, bytes)?;
+    Ok(aside)
 }
 
 #[cfg(test)]
@@ -27,6 +56,12 @@ mod tests {
         write(&path, "a: 2\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "a: 2\n");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // Replaced twice (within a second, usually): both earlier versions stay, apart.
+        let first = replace_keeping(&path, "config", "a: 3\n").unwrap();
+        let second = replace_keeping(&path, "config", "a: 4\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&first).unwrap(), "a: 2\n");
+        assert_eq!(std::fs::read_to_string(&second).unwrap(), "a: 3\n");
+        assert_ne!(first, second);
         let e = write(&dir.path().join("no-folder/x"), "x").unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
     }

@@ -51,22 +51,9 @@ fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -
     if !kept.is_empty() {
         out.push('\n');
     }
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let aside = (0..)
-        .map(|n| match n {
-            0 => path.with_file_name(format!("{name}.before-{secs}")),
-            n => path.with_file_name(format!("{name}.before-{secs}-{n}")),
-        })
-        .find(|aside| !aside.exists())
-        .unwrap_or_default();
-    // The old file stays whole at `path` until the new one replaces it: a kill in between
-    // leaves both, never neither.
-    fs::hard_link(path, &aside)
-        .or_else(|_| fs::copy(path, &aside).map(drop))
-        .and_then(|_| crate::whole_file::write(path, out))
+    crate::whole_file::replace_keeping(path, &name, out)
+        .map(drop)
         .map_err(|e| Error::io(format!("rewrite {}", path.display()), e))
 }
 

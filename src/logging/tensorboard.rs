@@ -189,20 +189,8 @@ fn rewrite_through(path: &Path, name: &str, through: Option<u64>) -> std::io::Re
     if kept.len() == bytes.len() {
         return Ok(());
     }
-    let secs = wall_time() as u64;
-    let base = format!("{}.before-{secs}", name.replace("tfevents", "tf-events"));
-    let aside = (0..)
-        .map(|n| match n {
-            0 => path.with_file_name(&base),
-            n => path.with_file_name(format!("{base}-{n}")),
-        })
-        .find(|aside| !aside.exists())
-        .unwrap_or_default();
-    // Names without `tfevents` until the end: TensorBoard reads every file that has it.
-    let partial = path.with_file_name(format!(".rewrite-{}", std::process::id()));
-    std::fs::hard_link(path, &aside).or_else(|_| std::fs::copy(path, &aside).map(drop))?;
-    std::fs::write(&partial, kept)?;
-    std::fs::rename(&partial, path)
+    // The file kept under a name TensorBoard does not read: it reads every `*tfevents*`.
+    crate::whole_file::replace_keeping(path, &name.replace("tfevents", "tf-events"), kept).map(drop)
 }
 
 /// The records of a TFRecord stream whose events are at step `through` or before, or carry
