@@ -24,11 +24,10 @@ pub struct Remote {
     backlog: VecDeque<Record>,
     /// Records dropped because the backlog was full, in the current outage.
     dropped: u64,
-    /// Whether the last attempt failed (warnings once per outage).
-    failing: bool,
     /// While failing: when it may be asked again.
     next_attempt: Option<Instant>,
-    /// Failed attempts since it last answered: each doubles the rest.
+    /// Failed attempts since it last answered: each doubles the rest (warnings once per
+    /// outage, at the first).
     failures_in_a_row: u32,
     retry_every: Duration,
 }
@@ -39,11 +38,15 @@ impl Remote {
             inner,
             backlog: VecDeque::new(),
             dropped: 0,
-            failing: false,
             next_attempt: None,
             failures_in_a_row: 0,
             retry_every: RETRY_EVERY,
         }
+    }
+
+    /// Whether its last attempt failed.
+    fn failing(&self) -> bool {
+        self.failures_in_a_row > 0
     }
 
     /// Whether the tracker failed lately: it is not asked again until its time comes.
@@ -60,8 +63,7 @@ impl Remote {
             }
             self.backlog.pop_front();
         }
-        if self.failing {
-            self.failing = false;
+        if self.failing() {
             let lost = match self.dropped {
                 0 => String::new(),
                 n => format!(" ({n} of the oldest were dropped: more than {BACKLOG} waited)"),
@@ -81,8 +83,7 @@ impl Remote {
         let rest = self.retry_every * 2u32.pow(self.failures_in_a_row.min(10));
         self.next_attempt = Some(Instant::now() + rest.min(LONGEST_REST));
         self.failures_in_a_row += 1;
-        if !self.failing {
-            self.failing = true;
+        if self.failures_in_a_row == 1 {
             eprintln!(
                 "warning: {} does not take records ({e}); training goes on, it is asked again \
                  after {} s (then less often), and the records are sent once it answers \
@@ -111,7 +112,7 @@ impl Sink for Remote {
 
     fn write(&mut self, record: &Record) -> Result<()> {
         // A healthy tracker takes the record as it is; only a failing one keeps copies.
-        if !self.failing {
+        if !self.failing() {
             match self.inner.write(record) {
                 Ok(()) => return Ok(()),
                 Err(e) => self.failed(&e),
@@ -133,10 +134,10 @@ impl Sink for Remote {
     /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
     /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
-        if self.failing && !self.resting() {
+        if self.failing() && !self.resting() {
             self.deliver();
         }
-        let sent = match self.failing {
+        let sent = match self.failing() {
             true => Err(Error::Other(
                 "it does not answer, and records of earlier steps wait to be sent".into(),
             )),
@@ -285,7 +286,7 @@ mod tests {
         *up.lock().unwrap() = true;
         remote.write(&record(4)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4]);
-        assert!(remote.backlog.is_empty() && !remote.failing);
+        assert!(remote.backlog.is_empty() && !remote.failing());
     }
 
     #[test]
