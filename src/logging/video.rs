@@ -36,10 +36,13 @@ pub fn video_path(run_dir: &Path, step: u64) -> PathBuf {
 }
 
 type Job = (u64, Vec<Frame>);
+/// Writes one video: [`write`], or in tests one that fails its own way.
+type WriteVideo = fn(&Path, u64, &[Frame]) -> Result<Video>;
 
 /// Encodes and writes videos in the background, one at a time, in the order given.
 pub(super) struct VideoWriter {
     run_dir: PathBuf,
+    write: WriteVideo,
     /// Started with the first video.
     worker: Option<Worker>,
     /// Steps of the videos handed over and not yet collected, oldest first.
@@ -54,8 +57,13 @@ struct Worker {
 
 impl VideoWriter {
     pub(super) fn new(run_dir: &Path) -> Self {
+        Self::writing_with(run_dir, write)
+    }
+
+    fn writing_with(run_dir: &Path, write: WriteVideo) -> Self {
         Self {
             run_dir: run_dir.to_owned(),
+            write,
             worker: None,
             pending: VecDeque::new(),
         }
@@ -64,7 +72,7 @@ impl VideoWriter {
     /// Hands over the frames of the evaluation at `step`.
     pub(super) fn submit(&mut self, step: u64, frames: Vec<Frame>) -> Result<()> {
         if self.worker.is_none() {
-            self.worker = Some(Worker::start(&self.run_dir)?);
+            self.worker = Some(Worker::start(&self.run_dir, self.write)?);
         }
         let worker = self.worker.as_mut().expect("started above");
         worker
@@ -109,7 +117,7 @@ impl VideoWriter {
 }
 
 impl Worker {
-    fn start(run_dir: &Path) -> Result<Self> {
+    fn start(run_dir: &Path, write: WriteVideo) -> Result<Self> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (outbox, done) = mpsc::channel();
         let run_dir = run_dir.to_owned();
@@ -117,7 +125,10 @@ impl Worker {
             .name("video-writer".into())
             .spawn(move || {
                 for (step, frames) in inbox {
-                    if outbox.send(write(&run_dir, step, &frames)).is_err() {
+                    if outbox
+                        .send(written(write, &run_dir, step, &frames))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -154,6 +165,21 @@ pub fn write_video(path: &Path, frames: &[Frame]) -> Result<Vec<u8>> {
         .and_then(|()| std::fs::rename(&partial, path))
         .map_err(|e| Error::io(format!("write {}", path.display()), e))?;
     Ok(gif)
+}
+
+/// `write`'s video, with a panic in it as an error: a video is not worth the run, and the
+/// thread goes on to the next.
+fn written(write: WriteVideo, run_dir: &Path, step: u64, frames: &[Frame]) -> Result<Video> {
+    std::panic::catch_unwind(|| write(run_dir, step, frames)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(Error::Other(format!(
+            "writing the video of step {step} failed: {why}"
+        )))
+    })
 }
 
 fn write(run_dir: &Path, step: u64, frames: &[Frame]) -> Result<Video> {
@@ -217,5 +243,25 @@ mod tests {
         assert!(results[0].is_err(), "no frames");
         assert_eq!(results[1].as_ref().unwrap().step, 2);
         assert!(!video_path(dir.path(), 1).exists());
+    }
+
+    #[test]
+    fn a_panic_while_writing_is_that_video_s_error_and_the_thread_goes_on() {
+        fn panics_on_step_one(run_dir: &Path, step: u64, frames: &[Frame]) -> Result<Video> {
+            assert_ne!(step, 1, "the encoder broke");
+            write(run_dir, step, frames)
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = VideoWriter::writing_with(dir.path(), panics_on_step_one);
+        writer.submit(1, frames(2)).unwrap();
+        let first = writer.collect(None);
+        let error = first[0].as_ref().unwrap_err().to_string();
+        assert!(
+            error.contains("step 1") && error.contains("the encoder broke"),
+            "{error}"
+        );
+        writer.submit(2, frames(2)).unwrap();
+        let second = writer.collect(None);
+        assert_eq!(second[0].as_ref().unwrap().step, 2);
     }
 }
