@@ -21,7 +21,9 @@ The official wrappers, as applied here:
     reset (`seeded_rand_vec = True`), so that environments in one process stay independent.
   - MyoSuite: `myosuite.utils.gym.make(id)`; terminated and truncated ignored; success =
     info["solved"]; no action repeat. Seeding is ours: `reset(seed=...)`.
-  - gymnasium (the official names): gym.make(id) (LunarLander continuous); no action repeat;
+  - gymnasium (the official names): gym.make(id) with the official ids (the MuJoCo v4 ones,
+    still registered: v5 changed Walker2d's right foot friction), but LunarLander-v3 (v2 is
+    gone from gymnasium 1.x), continuous; no action repeat;
     LunarLander's success = the episode's return so far > 200; `reset(seed=...)`.
 Observations are float32, written as Python floats (exact, so they parse back bit for bit).
 """
@@ -107,7 +109,7 @@ def myosuite_rollouts():
 def gymnasium_rollouts():
     import gymnasium
 
-    ids = {"lunarlander-continuous": "LunarLander-v3", "mujoco-walker": "Walker2d-v5"}
+    ids = {"lunarlander-continuous": "LunarLander-v3", "mujoco-walker": "Walker2d-v4"}
 
     def make(task):
         kwargs = {"continuous": True} if task == "lunarlander-continuous" else {}

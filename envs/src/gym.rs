@@ -15,8 +15,9 @@ pub const PREFIX: &str = "gym:";
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Official {
     pub name: &'static str,
-    /// The gymnasium id (the official code used the v4 MuJoCo and v2 LunarLander ids, which
-    /// gymnasium 1.x replaced).
+    /// The gymnasium id: the official one, but LunarLander-v3 (gymnasium 1.x removed v2). The
+    /// MuJoCo ids stay at v4, deprecated but registered: Walker2d-v5 gives its right foot the
+    /// left's friction (0.9 to 1.9), other dynamics than the official results come from.
     pub id: &'static str,
     /// The official time limit, in agent steps (no action repeat).
     pub episode_length: usize,
@@ -34,7 +35,7 @@ pub struct Official {
 pub const OFFICIAL: [Official; 4] = [
     Official {
         name: "mujoco-walker",
-        id: "Walker2d-v5",
+        id: "Walker2d-v4",
         episode_length: 1000,
         continuous: false,
         success_above: None,
@@ -42,7 +43,7 @@ pub const OFFICIAL: [Official; 4] = [
     },
     Official {
         name: "mujoco-halfcheetah",
-        id: "HalfCheetah-v5",
+        id: "HalfCheetah-v4",
         episode_length: 1000,
         continuous: false,
         success_above: None,
@@ -98,7 +99,7 @@ fn adapter_env(
         AdapterEnv::new(
             module(py)?,
             "GymAdapter",
-            (id, renders, continuous, success_above),
+            (id, renders, continuous, success_above, official.is_some()),
             id,
             seed,
         )

@@ -1,6 +1,7 @@
 """Per-step glue between Rust and a gymnasium env: one call per step, float32 observations."""
 import os
 import sys
+import warnings
 
 import gymnasium
 import numpy as np
@@ -28,9 +29,11 @@ MUJOCO_IDS = {name for name, spec in gymnasium.envs.registry.items()
 class GymAdapter:
     """`continuous`: made with continuous=True (LunarLander). `success_above`: success is the
     episode's return so far above this (the official LunarLander rule), else the env's own
-    `success` or `is_success` info."""
+    `success` or `is_success` info. `official`: one of the official task names, whose
+    deprecated ids are the official choice, not the user's, so not warned about."""
 
-    def __init__(self, env_id, renders=False, continuous=False, success_above=None):
+    def __init__(self, env_id, renders=False, continuous=False, success_above=None,
+                 official=False):
         if renders:
             # MuJoCo envs render headless through EGL unless the user chose a backend.
             os.environ.setdefault("MUJOCO_GL", "egl")
@@ -43,7 +46,10 @@ class GymAdapter:
 
             mujoco.set_mju_user_warning(report_warning)
         try:
-            env = gymnasium.make(env_id, **kwargs)
+            with warnings.catch_warnings():
+                if official:
+                    warnings.filterwarnings("ignore", "(?s).*is out of date", DeprecationWarning)
+                env = gymnasium.make(env_id, **kwargs)
         except gymnasium.error.DependencyNotInstalled as e:
             raise Unsupported(f"{e} (scripts/setup.sh installs gymnasium[mujoco,box2d])") from None
         if env.spec is None or env.spec.max_episode_steps is None:
