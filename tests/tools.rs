@@ -115,6 +115,11 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
         "400",
     ]);
     assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("DMControl simulator steps, 2 an agent step"),
+        "{}",
+        text(&out)
+    );
     let axes = std::fs::read_to_string(&axes).unwrap();
     assert!(
         axes.contains("width=\"1280\""),

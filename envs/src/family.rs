@@ -86,6 +86,17 @@ impl Family {
         }
     }
 
+    /// Simulator steps an agent step takes (the official wrappers'): the official results
+    /// count steps in these.
+    pub fn action_repeat(self) -> usize {
+        match self {
+            Family::DmControl => dmc::ACTION_REPEAT,
+            Family::MetaWorld => metaworld::ACTION_REPEAT,
+            Family::ManiSkill2 => 2,
+            Family::Native | Family::Gymnasium | Family::MyoSuite => 1,
+        }
+    }
+
     /// Whether its simulator lives in a venv of its own.
     pub fn has_own_venv(self) -> bool {
         Self::WITH_OWN_VENV.contains(&self)

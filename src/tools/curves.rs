@@ -183,9 +183,25 @@ impl Ord for OrderedX {
     }
 }
 
-/// The official results CSV format (`step`, `reward`, `seed` columns, any order, more allowed):
-/// every (step, reward) sample.
-pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
+/// An official results CSV's column for `metric`: the DMControl files hold returns, the
+/// Meta-World, MyoSuite and ManiSkill2 files success rates.
+fn reference_column(metric: &str) -> Option<&'static str> {
+    match metric {
+        "episode_reward" => Some("reward"),
+        "episode_success" => Some("success"),
+        _ => None,
+    }
+}
+
+/// The official results CSV format (`step`, `seed` and `reward` or `success` columns, any
+/// order, more allowed): every (step, value) sample of `metric`, steps as the file counts them.
+pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
+    let Some(wanted) = reference_column(metric) else {
+        return Err(Error::Config(format!(
+            "--reference with --metric {metric}: the official results hold episode_reward \
+             (column reward) or episode_success (column success)"
+        )));
+    };
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::Config(format!(
             "--reference {}: cannot be read ({e}); give an official results CSV",
@@ -201,24 +217,29 @@ pub fn read_reference(path: &Path) -> Result<Vec<(f64, f64)>> {
         .collect();
     let column = |name: &str| {
         header.iter().position(|h| *h == name).ok_or_else(|| {
+            let other = ["reward", "success"]
+                .into_iter()
+                .find(|o| *o != name && header.contains(o))
+                .map(|o| format!("; it holds {o}: --metric episode_{o}"))
+                .unwrap_or_default();
             Error::Config(format!(
-                "--reference {}: no '{name}' column (found: {}); the official results CSVs \
-                 have columns step, reward and seed",
+                "--reference {}: no '{name}' column (found: {}){other}; the official results \
+                 CSVs have columns step, seed and reward or success",
                 path.display(),
                 header.join(", ")
             ))
         })
     };
-    let (step, reward) = (column("step")?, column("reward")?);
+    let (step, value) = (column("step")?, column(wanted)?);
     let mut samples = Vec::new();
     for (i, line) in lines.enumerate() {
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
         let number = |c: usize| cells.get(c).and_then(|s| s.parse::<f64>().ok());
-        match (number(step), number(reward)) {
-            (Some(s), Some(r)) if s.is_finite() && r.is_finite() => samples.push((s, r)),
+        match (number(step), number(value)) {
+            (Some(s), Some(v)) if s.is_finite() && v.is_finite() => samples.push((s, v)),
             _ => {
                 return Err(Error::Config(format!(
-                    "--reference {} line {}: step and reward must be numbers, got '{line}'",
+                    "--reference {} line {}: step and {wanted} must be numbers, got '{line}'",
                     path.display(),
                     i + 2
                 )))
@@ -309,20 +330,45 @@ mod tests {
     }
 
     #[test]
-    fn reference_csvs_need_step_and_reward() {
+    fn reference_csvs_need_step_and_the_metric_s_column() {
         let dir = tempfile::tempdir().unwrap();
         let good = dir.path().join("good.csv");
         std::fs::write(&good, "seed,step,reward\n1,0,5\n2,0,7\n").unwrap();
-        assert_eq!(read_reference(&good).unwrap(), [(0.0, 5.0), (0.0, 7.0)]);
+        let returns = read_reference(&good, "episode_reward").unwrap();
+        assert_eq!(returns, [(0.0, 5.0), (0.0, 7.0)]);
+        let e = read_reference(&good, "episode_success")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("it holds reward: --metric episode_reward"),
+            "{e}"
+        );
+        let e = read_reference(&good, "loss").unwrap_err().to_string();
+        assert!(e.contains("--metric loss"), "{e}");
+        let success = dir.path().join("mw-assembly.csv");
+        std::fs::write(&success, "step,success,seed\n0,0.0,3\n100000,0.1,3\n").unwrap();
+        let rates = read_reference(&success, "episode_success").unwrap();
+        assert_eq!(rates, [(0.0, 0.0), (100000.0, 0.1)]);
+        let e = read_reference(&success, "episode_reward")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("it holds success: --metric episode_success"),
+            "{e}"
+        );
         let bad = dir.path().join("bad.csv");
         std::fs::write(&bad, "step,return\n0,5\n").unwrap();
-        let e = read_reference(&bad).unwrap_err().to_string();
+        let e = read_reference(&bad, "episode_reward")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("no 'reward' column (found: step, return)"),
             "{e}"
         );
         std::fs::write(&bad, "step,reward\n0,x\n").unwrap();
-        let e = read_reference(&bad).unwrap_err().to_string();
+        let e = read_reference(&bad, "episode_reward")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2"), "{e}");
     }
 

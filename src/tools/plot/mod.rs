@@ -28,7 +28,8 @@ pub struct PlotArgs {
     /// The band around the mean of runs that differ only in their seed.
     #[arg(long, value_enum, default_value = "minmax")]
     pub band: Spread,
-    /// An official TD-MPC2 results CSV (columns step, reward, seed) drawn beside the runs.
+    /// An official TD-MPC2 results CSV (columns step, seed and reward or success) drawn beside
+    /// the runs, its simulator steps as agent steps of the task it is named for.
     #[arg(long, value_name = "FILE.csv")]
     pub reference: Option<PathBuf>,
     /// The picture to write: .png or .svg.
@@ -185,6 +186,32 @@ impl Format {
     }
 }
 
+/// The official results count simulator steps, their agent steps times the action repeat of
+/// the task the file is named for (2 on DMControl, Meta-World and ManiSkill2): what one agent
+/// step of the runs drawn beside it is worth. Said on the console, as the file cannot say it.
+fn reference_action_repeat(stem: &str) -> usize {
+    match envs::Family::of(stem) {
+        Some(family) => {
+            let repeat = family.action_repeat();
+            if repeat > 1 {
+                eprintln!(
+                    "note: --reference {stem}: its steps are {} simulator steps, {repeat} an \
+                     agent step; drawn against agent steps (divided by {repeat})",
+                    family.title()
+                );
+            }
+            repeat
+        }
+        None => {
+            eprintln!(
+                "note: --reference {stem}: no task of that name, so its steps are taken as \
+                 agent steps (the official files, named for their task, count simulator steps)"
+            );
+            1
+        }
+    }
+}
+
 fn default_title(args: &PlotArgs) -> String {
     let task = args.runs.iter().find_map(|run| {
         let config = curves::config_without_seed(run)?;
@@ -284,8 +311,13 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
             .iter()
             .flat_map(|s| s.band.x.iter().copied())
             .reduce(f64::max);
-        let samples = curves::up_to(curves::read_reference(reference)?, last_step);
         let stem = reference.file_stem().unwrap_or_default().to_string_lossy();
+        let repeat = reference_action_repeat(&stem);
+        let in_agent_steps = curves::read_reference(reference, &args.metric)?
+            .into_iter()
+            .map(|(step, value)| (step / repeat as f64, value))
+            .collect();
+        let samples = curves::up_to(in_agent_steps, last_step);
         let seeds = samples.iter().filter(|s| s.0 == samples[0].0).count();
         series.push(Series {
             label: format!("official TD-MPC2 ({stem})"),
@@ -454,6 +486,20 @@ fn short_name(run: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn official_results_count_the_simulator_steps_of_their_task() {
+        for (file, repeat) in [
+            ("walker-run", 2),
+            ("mw-assembly", 2),
+            ("lift-cube", 2),
+            ("myo-hand-key-turn", 1),
+            ("mujoco-walker", 1),
+            ("renamed", 1),
+        ] {
+            assert_eq!(reference_action_repeat(file), repeat, "{file}");
+        }
+    }
 
     #[test]
     fn seeds_group_and_groups_are_named_by_what_differs() {
