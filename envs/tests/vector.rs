@@ -122,6 +122,24 @@ fn a_killed_worker_is_a_clear_error_within_seconds() {
     assert!(process_gone(pids[1]), "the killed worker was reaped");
 }
 
+/// A terminal's signals reach the whole process group, workers included: the rank decides
+/// what they mean (a stop with a checkpoint, or nothing under `nohup`), so workers live on.
+#[test]
+fn workers_outlive_a_terminal_s_signals() {
+    let mut venv = VectorEnv::new(TASK, &[0, 1], Placement::Workers(2), &worker()).unwrap();
+    for i in 0..2 {
+        venv.reset(i, None).unwrap();
+    }
+    for pid in venv.worker_pids() {
+        for signal in [libc::SIGHUP, libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: a plain kill(2) of our own child.
+            assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(venv.step(&[0, 1], &[0.5, 0.5]).unwrap().len(), 2);
+}
+
 /// A worker that is alive but silent (stopped here, as a hung renderer would be) is named with
 /// what it was asked, within its reply limit, and killed; the other workers keep working.
 #[test]

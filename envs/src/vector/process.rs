@@ -280,6 +280,9 @@ fn prepare_child(parent: u32, shm_fd: RawFd) -> io::Result<()> {
         }
         libc::signal(libc::SIGINT, libc::SIG_IGN);
         libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        // A terminal's hangup (an ssh session ending under `nohup`) reaches the whole process
+        // group; the rank decides what it means, and the exec above reset its handler.
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
         if shm_fd == protocol::SHM_FD {
             check(libc::fcntl(shm_fd, libc::F_SETFD, 0))
         } else {
