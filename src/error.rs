@@ -51,6 +51,10 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// The exit code of a process that stopped because a stop was asked for.
 pub const STOPPED_EXIT_CODE: i32 = 3;
+/// The exit code of a process whose training diverged: a restart from the last checkpoint
+/// would most likely diverge again (the same step, when the replay buffers were saved), so it
+/// is never restarted.
+pub const DIVERGED_EXIT_CODE: i32 = 4;
 /// The exit code of a process refused its input (a setting, a task, a file): the same input
 /// fails the same way again, so it is never restarted.
 pub const BAD_INPUT_EXIT_CODE: i32 = 2;
@@ -71,7 +75,8 @@ impl Error {
         }
     }
 
-    /// The process exit code: 2 for bad input, 3 for a requested stop, 1 for everything else.
+    /// The process exit code: 2 for bad input, 3 for a requested stop, 4 for a divergence, 1
+    /// for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Config(_) => BAD_INPUT_EXIT_CODE,
@@ -85,6 +90,7 @@ impl Error {
                 crate::agent::Error::Output { .. } | crate::agent::Error::Mismatch { .. },
             ) => BAD_INPUT_EXIT_CODE,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
+            Error::Diverged(_) => DIVERGED_EXIT_CODE,
             _ => 1,
         }
     }

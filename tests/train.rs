@@ -563,20 +563,32 @@ fn a_dm_control_task_trains_end_to_end() {
 }
 
 /// `lr=1e30` diverges in the first updates: the run stops with an error naming the step and
-/// the non-finite losses, without a panic, and keeps only the checkpoint of the good state.
+/// the non-finite losses, without a panic, and keeps only the checkpoint of the good state. It
+/// is not restarted (exit 4): from that checkpoint it would diverge again.
 #[test]
 fn a_diverging_run_stops_cleanly_with_the_last_good_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["train"];
     args.extend(tiny());
-    // The checkpoint at step 200 precedes the first update (pretraining at step 200).
-    args.extend_from_slice(&["steps=1000", "save_freq=200", "eval_freq=1000", "lr=1e30"]);
+    // The checkpoint at step 400 precedes the first update (pretraining at each rank's 200).
+    args.extend_from_slice(&[
+        "steps=1000",
+        "save_freq=200",
+        "eval_freq=1000",
+        "lr=1e30",
+        "world_size=2",
+        "max_restarts=2",
+    ]);
     let out = tdmpc2(&args, &[format!("run_dir={}", dir.path().display())]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(
-        stderr.contains("training diverged at step 400") && stderr.contains("_loss=NaN"),
+        stderr.contains("training diverged at step 800") && stderr.contains("_loss=NaN"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("not restarted") && !stderr.contains("restarting every rank"),
         "{stderr}"
     );
     let saved: Vec<String> = std::fs::read_dir(dir.path().join("checkpoints"))
@@ -586,10 +598,10 @@ fn a_diverging_run_stops_cleanly_with_the_last_good_checkpoint() {
         .collect();
     assert_eq!(
         saved,
-        ["step_000000000200"],
+        ["step_000000000400"],
         "no checkpoint of the diverged state"
     );
-    for (name, t) in tensors(&checkpoint(dir.path(), 200).join("model.safetensors")) {
+    for (name, t) in tensors(&checkpoint(dir.path(), 400).join("model.safetensors")) {
         let finite = t.isfinite().all().int64_value(&[]) == 1;
         assert!(finite, "{name} is not finite in the last good checkpoint");
     }

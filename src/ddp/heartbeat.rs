@@ -25,11 +25,18 @@ pub enum Ended {
     Failed = 2,
     /// Refused their input (exit 2): a restart would fail the same way.
     Refused = 3,
+    /// Their training diverged (exit 4): a restart would most likely diverge again.
+    Diverged = 4,
 }
 
 impl Ended {
+    /// Whether a restart of the job may go otherwise.
+    pub fn restartable(self) -> bool {
+        matches!(self, Self::Well | Self::Failed)
+    }
+
     fn from_value(value: i64) -> Option<Self> {
-        [Self::Well, Self::Failed, Self::Refused]
+        [Self::Well, Self::Failed, Self::Refused, Self::Diverged]
             .into_iter()
             .find(|ended| *ended as i64 == value)
     }
@@ -176,9 +183,9 @@ impl JobStore {
     }
 
     /// Waits (up to `limit`, and no longer once the store is gone) until every node has said
-    /// how its ranks of `attempt` ended, and returns a node whose ranks refused their input, if
-    /// one did: then no attempt can form.
-    pub fn refused_node(&self, attempt: usize, limit: Duration) -> Option<usize> {
+    /// how its ranks of `attempt` ended, and returns a node whose ranks ended in a way no
+    /// restart mends (refused their input, or diverged) and how, if one did.
+    pub fn unrestartable_node(&self, attempt: usize, limit: Duration) -> Option<(usize, Ended)> {
         let store_gone = std::cell::Cell::new(false);
         self.wait_for_nodes(attempt, limit, |node| {
             match self.ended_or_gone(attempt, node) {
@@ -192,7 +199,11 @@ impl JobStore {
         if store_gone.get() {
             return None;
         }
-        (0..self.nnodes).find(|&node| self.ended(attempt, node) == Some(Ended::Refused))
+        (0..self.nnodes).find_map(|node| {
+            self.ended(attempt, node)
+                .filter(|ended| !ended.restartable())
+                .map(|ended| (node, ended))
+        })
     }
 
     /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
@@ -252,8 +263,9 @@ pub struct Watch {
 pub struct PeerLost {
     pub node: usize,
     pub why: String,
-    /// Its ranks refused their input: the job cannot form again by restarting.
-    pub refused: bool,
+    /// How its ranks ended (`Failed` for a node that went silent): whether a restart may mend
+    /// it.
+    pub ended: Ended,
 }
 
 impl std::fmt::Display for PeerLost {
@@ -296,7 +308,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                     return Some(PeerLost {
                         node: 0,
                         why: format!("its launcher's store does not answer ({e})"),
-                        refused: false,
+                        ended: Ended::Failed,
                     })
                 }
             };
@@ -309,19 +321,19 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
             }
             match store.ended(watch.attempt, node) {
                 Some(Ended::Well) => continue,
-                Some(Ended::Failed) => {
+                Some(ended) => {
+                    let why = match ended {
+                        Ended::Refused => {
+                            "its ranks refused their input (its log names the setting)"
+                        }
+                        Ended::Diverged => "its ranks' training diverged (its log names the step)",
+                        _ => "its ranks failed",
+                    };
                     return Some(PeerLost {
                         node,
-                        why: "its ranks failed".into(),
-                        refused: false,
-                    })
-                }
-                Some(Ended::Refused) => {
-                    return Some(PeerLost {
-                        node,
-                        why: "its ranks refused their input (its log names the setting)".into(),
-                        refused: true,
-                    })
+                        why: why.into(),
+                        ended,
+                    });
                 }
                 None => {}
             }
@@ -341,7 +353,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
             return Some(PeerLost {
                 node,
                 why,
-                refused: false,
+                ended: Ended::Failed,
             });
         }
         std::thread::sleep(BEAT);
@@ -400,10 +412,15 @@ mod tests {
         let within = Duration::from_secs(10);
         let lost = watch_a_node_that_ended(Ended::Failed, within).expect("not reported");
         assert_eq!((lost.node, lost.why.as_str()), (1, "its ranks failed"));
-        assert!(!lost.refused, "a failure may be restarted");
+        assert!(lost.ended.restartable(), "a failure may be restarted");
         let lost = watch_a_node_that_ended(Ended::Refused, within).expect("not reported");
         assert!(
-            lost.refused && lost.why.contains("refused their input"),
+            lost.ended == Ended::Refused && lost.why.contains("refused their input"),
+            "{lost}"
+        );
+        let lost = watch_a_node_that_ended(Ended::Diverged, within).expect("not reported");
+        assert!(
+            !lost.ended.restartable() && lost.why.contains("diverged"),
             "{lost}"
         );
     }
@@ -422,29 +439,39 @@ mod tests {
         assert!(e.contains("node_rank=1 is taken"), "{e}");
     }
 
-    /// A node whose ranks refused their input is found once every node has ended; none is
-    /// when they all ended otherwise, or when the wait runs out.
+    /// A node whose ranks refused their input (or diverged) is found once every node has
+    /// ended; none is when they all ended otherwise, or when the wait runs out.
     #[test]
-    fn a_refused_node_is_found_among_the_ended() {
+    fn an_unrestartable_node_is_found_among_the_ended() {
         let port = free_port();
         let host = open(port, 0, JOB).unwrap();
         let peer = open(port, 1, JOB).unwrap();
         let short = Duration::from_millis(300);
         host.mark_ended(0, Ended::Refused);
         assert_eq!(
-            host.refused_node(0, short),
-            Some(0),
+            host.unrestartable_node(0, short),
+            Some((0, Ended::Refused)),
             "its own, once the wait runs out"
         );
         peer.mark_ended(0, Ended::Failed);
-        assert_eq!(peer.refused_node(0, Duration::from_secs(20)), Some(0));
+        let within = Duration::from_secs(20);
+        assert_eq!(
+            peer.unrestartable_node(0, within),
+            Some((0, Ended::Refused))
+        );
         host.mark_ended(1, Ended::Failed);
         peer.mark_ended(1, Ended::Well);
-        assert_eq!(host.refused_node(1, Duration::from_secs(20)), None);
+        assert_eq!(host.unrestartable_node(1, within), None);
+        host.mark_ended(3, Ended::Failed);
+        peer.mark_ended(3, Ended::Diverged);
+        assert_eq!(
+            host.unrestartable_node(3, within),
+            Some((1, Ended::Diverged))
+        );
         // Node 0 gone: no wait for keys that cannot come.
         drop(host);
         let started = Instant::now();
-        assert_eq!(peer.refused_node(2, Duration::from_secs(20)), None);
+        assert_eq!(peer.unrestartable_node(2, within), None);
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "{:?}",
@@ -457,7 +484,7 @@ mod tests {
         let lost = PeerLost {
             node: 1,
             why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
-            refused: false,
+            ended: Ended::Failed,
         };
         assert_eq!(
             lost.to_string(),

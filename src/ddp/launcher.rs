@@ -9,7 +9,7 @@
 //! - With `max_restarts=K`, a failed job is started again, up to K times: every rank resumes
 //!   from the run directory's last checkpoint (as under torchrun, the ranks see
 //!   `TORCHELASTIC_RESTART_COUNT`). A stop that was asked for is never restarted, nor is a rank
-//!   that refused its input (exit 2).
+//!   that refused its input (exit 2) or whose training diverged (exit 4).
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -101,17 +101,27 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     loop {
         match runtime.block_on(supervise(plan, restart, store.as_ref())) {
             Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
-                // A node whose ranks refused their input would refuse it on every attempt. The
-                // others say how they ended within moments of this node (their watch sees its
-                // ranks end within a beat, then stops their own).
-                let refused = store
+                // A node whose ranks refused their input would refuse it on every attempt, and
+                // one whose training diverged would most likely diverge again. The others say
+                // how they ended within moments of this node (their watch sees its ranks end
+                // within a beat, then stops their own).
+                let unrestartable = store
                     .as_ref()
-                    .and_then(|store| store.refused_node(restart, ENDED_WITHIN));
-                if let Some(node) = refused {
-                    return Err(Error::Config(format!(
-                        "{why}\n[launcher] node {node}'s ranks refused their input (its log names \
-                         the setting): not restarted"
-                    )));
+                    .and_then(|store| store.unrestartable_node(restart, ENDED_WITHIN));
+                match unrestartable {
+                    Some((node, heartbeat::Ended::Diverged)) => {
+                        return Err(Error::Diverged(format!(
+                            "{why}\n[launcher] node {node}'s training diverged (its log names \
+                             the step): not restarted"
+                        )))
+                    }
+                    Some((node, _)) => {
+                        return Err(Error::Config(format!(
+                            "{why}\n[launcher] node {node}'s ranks refused their input (its log \
+                             names the setting): not restarted"
+                        )))
+                    }
+                    None => {}
                 }
                 restart += 1;
                 eprintln!(
@@ -136,7 +146,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             // restarted), and must find the store.
             result => {
                 if let Some(store) = store.as_ref().filter(|_| plan.node_rank == 0) {
-                    store.refused_node(restart, plan.peer_timeout);
+                    store.unrestartable_node(restart, plan.peer_timeout);
                     std::thread::sleep(READ_GRACE);
                 }
                 return result;
@@ -248,6 +258,7 @@ async fn supervise(
             match outcome {
                 Ok(()) | Err(Error::Stopped(_)) => heartbeat::Ended::Well,
                 Err(Error::Config(_)) => heartbeat::Ended::Refused,
+                Err(Error::Diverged(_)) => heartbeat::Ended::Diverged,
                 Err(_) => heartbeat::Ended::Failed,
             },
         );

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::heartbeat;
 use super::launcher::LaunchPlan;
-use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, STOPPED_EXIT_CODE};
+use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, STOPPED_EXIT_CODE};
 
 /// How long ranks get to end once one failed, before they are killed.
 const GRACE: Duration = Duration::from_secs(20);
@@ -66,12 +66,11 @@ struct Interruption {
     at: tokio::time::Instant,
 }
 
-/// The first rank that failed, how, and whether it refused its input (the same on every
-/// attempt, so never restarted).
+/// The first rank that failed, how, and what its exit code says of it.
 struct Failure {
     rank: usize,
     how: String,
-    config: bool,
+    ended: heartbeat::Ended,
 }
 
 impl Supervision {
@@ -153,7 +152,11 @@ impl Supervision {
             self.failure = Some(Failure {
                 rank,
                 how: describe(&status),
-                config: code == Some(BAD_INPUT_EXIT_CODE),
+                ended: match code {
+                    Some(BAD_INPUT_EXIT_CODE) => heartbeat::Ended::Refused,
+                    Some(DIVERGED_EXIT_CODE) => heartbeat::Ended::Diverged,
+                    _ => heartbeat::Ended::Failed,
+                },
             });
             stop_all(&self.alive, libc::SIGTERM);
             self.deadline = Some(tokio::time::Instant::now() + GRACE);
@@ -209,9 +212,10 @@ impl Supervision {
         }
         if let Some(lost) = self.lost_peer {
             let why = format!("{lost}; this node's ranks were stopped");
-            return Err(match lost.refused {
-                true => Error::Config(why),
-                false => Error::JobFailed(why),
+            return Err(match lost.ended {
+                heartbeat::Ended::Refused => Error::Config(why),
+                heartbeat::Ended::Diverged => Error::Diverged(why),
+                _ => Error::JobFailed(why),
             });
         }
         if let Some(failure) = &self.failure {
@@ -222,11 +226,21 @@ impl Supervision {
                 false => lines.join("\n"),
             };
             let (rank, how) = (failure.rank, &failure.how);
-            if failure.config {
-                return Err(Error::Config(format!(
-                    "rank {rank} refused its input ({how}); the other ranks were \
-                     stopped. Its last error lines:\n{lines}"
-                )));
+            match failure.ended {
+                heartbeat::Ended::Refused => {
+                    return Err(Error::Config(format!(
+                        "rank {rank} refused its input ({how}); the other ranks were \
+                         stopped. Its last error lines:\n{lines}"
+                    )))
+                }
+                heartbeat::Ended::Diverged => {
+                    return Err(Error::Diverged(format!(
+                        "rank {rank}'s training diverged ({how}); the other ranks were stopped, \
+                         and the job is not restarted: from the last checkpoint it would most \
+                         likely diverge again. Its last error lines:\n{lines}"
+                    )))
+                }
+                _ => {}
             }
             return Err(Error::JobFailed(format!(
                 "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
@@ -321,6 +335,17 @@ mod tests {
     }
 
     #[test]
+    fn a_rank_whose_training_diverged_is_not_restarted() {
+        let mut job = two_ranks();
+        job.on_exit(0, exited(DIVERGED_EXIT_CODE));
+        job.on_exit(1, signalled(libc::SIGTERM));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Diverged(_)), "{err}");
+        assert!(err.to_string().contains("not restarted"), "{err}");
+        assert_eq!(err.exit_code(), DIVERGED_EXIT_CODE);
+    }
+
+    #[test]
     fn ctrl_c_after_a_failure_is_a_stop_not_a_restart() {
         let mut job = two_ranks();
         job.on_exit(1, exited(1));
@@ -332,21 +357,31 @@ mod tests {
     }
 
     /// Another node whose ranks refused their input ends this node's job as refused (exit 2,
-    /// never restarted: it would fail the same way); one that failed may be restarted.
+    /// never restarted: it would fail the same way), one whose training diverged as diverged
+    /// (exit 4, never restarted); one that failed may be restarted.
     #[test]
-    fn a_peer_that_refused_its_input_is_not_restarted() {
-        for (refused, config) in [(true, true), (false, false)] {
+    fn a_peer_that_refused_its_input_or_diverged_is_not_restarted() {
+        use heartbeat::Ended;
+        for (ended, exit_code) in [
+            (Ended::Refused, 2),
+            (Ended::Diverged, 4),
+            (Ended::Failed, 1),
+        ] {
             let mut job = two_ranks();
             job.on_event(Event::PeerLost(heartbeat::PeerLost {
                 node: 1,
                 why: "its ranks ended".into(),
-                refused,
+                ended,
             }));
             job.on_exit(0, exited(STOPPED_EXIT_CODE));
             job.on_exit(1, exited(STOPPED_EXIT_CODE));
             let err = job.outcome().unwrap_err();
-            assert_eq!(matches!(err, Error::Config(_)), config, "{err}");
-            assert_eq!(!config, matches!(err, Error::JobFailed(_)), "{err}");
+            assert_eq!(err.exit_code(), exit_code, "{err}");
+            assert_eq!(
+                ended.restartable(),
+                matches!(err, Error::JobFailed(_)),
+                "{err}"
+            );
         }
     }
 
@@ -359,7 +394,7 @@ mod tests {
         job.on_event(Event::PeerLost(heartbeat::PeerLost {
             node: 0,
             why: "its launcher's store does not answer".into(),
-            refused: false,
+            ended: heartbeat::Ended::Failed,
         }));
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
