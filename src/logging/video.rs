@@ -9,7 +9,7 @@ use std::thread::JoinHandle;
 use envs::Frame;
 
 use super::gif;
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 
 /// Frames a second of an evaluation video (the official recorder's).
 pub const VIDEO_FPS: u32 = 15;
@@ -171,13 +171,9 @@ pub fn write_video(path: &Path, frames: &[Frame]) -> Result<Vec<u8>> {
 /// thread goes on to the next.
 fn written(write: WriteVideo, run_dir: &Path, step: u64, frames: &[Frame]) -> Result<Video> {
     std::panic::catch_unwind(|| write(run_dir, step, frames)).unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "no message".into());
         Err(Error::Other(format!(
-            "writing the video of step {step} failed: {why}"
+            "writing the video of step {step} failed: {}",
+            panic_message(panic.as_ref())
         )))
     })
 }
