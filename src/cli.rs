@@ -273,10 +273,7 @@ fn train(mut config: Config) -> Result<()> {
             max_restarts: config.max_restarts,
             peer_timeout: std::time::Duration::from_secs(config.peer_timeout),
             dist_timeout: std::time::Duration::from_secs(config.dist_timeout),
-            job: format!(
-                "world_size={} nnodes={} task={} seed={} steps={}",
-                config.world_size, config.nnodes, config.task, config.seed, config.steps
-            ),
+            job: config.job_settings()?,
             program,
             args: std::env::args_os().skip(1).collect(),
         };

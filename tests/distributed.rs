@@ -515,6 +515,30 @@ fn two_nodes_on_one_machine() {
     );
 }
 
+/// A node given other settings than node 0's (here `lr`, which would let the learners drift
+/// apart unseen until a checkpoint) is refused as it joins, naming each difference; its own
+/// paths are its own.
+#[test]
+fn a_node_with_other_settings_is_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut first = spawn_node(dir.path(), port, 0, 480, &[]);
+    let second = spawn_node(dir.path(), port, 1, 480, &["lr=0.001", "horizon=2"]);
+    let out = second.wait_with_output().unwrap();
+    let _ = first.kill();
+    let _ = first.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("horizon: 3 → 2, lr: 0.0003 → 0.001"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("run_dir"),
+        "each node's paths are its own: {stderr}"
+    );
+}
+
 #[test]
 fn sigterm_stops_every_rank_after_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

@@ -249,7 +249,39 @@ impl Config {
         serde_yaml_ng::to_string(self)
             .map_err(|e| Error::Config(format!("cannot write config: {e}")))
     }
+
+    /// The settings every node of a job must share (YAML), [`NODE_SETTINGS`] aside: nodes
+    /// given another `lr` drift apart, another `batch_size` or `sync_freq` hang in a
+    /// collective.
+    pub fn job_settings(&self) -> Result<String> {
+        let mut settings = serde_yaml_ng::to_value(self)
+            .map_err(|e| Error::Config(format!("cannot write config: {e}")))?;
+        if let Value::Mapping(map) = &mut settings {
+            for key in NODE_SETTINGS {
+                map.remove(key);
+            }
+        }
+        serde_yaml_ng::to_string(&settings)
+            .map_err(|e| Error::Config(format!("cannot write config: {e}")))
+    }
 }
+
+/// The settings each node of a job may give its own: its rank, how it reaches node 0, its
+/// paths, and how it uses its own cores.
+pub const NODE_SETTINGS: [&str; 12] = [
+    "node_rank",
+    "master_addr",
+    "run_dir",
+    "data_dir",
+    "checkpoint",
+    "resume",
+    "verify_data",
+    "num_threads",
+    "cpu_affinity",
+    "env_workers",
+    "actor_threads",
+    "env_timeout",
+];
 
 /// Where a run resumes from and where its nodes meet: they change with every resume or requeue.
 pub const PLACEMENT_SETTINGS: [&str; 4] = ["resume", "master_addr", "master_port", "node_rank"];

@@ -133,6 +133,16 @@ impl JobStore {
             Ok(String::from_utf8_lossy(&bytes).into_owned())
         })
         .map_err(|e| Error::Other(format!("cannot read the job node 0 hosts at {at}: {e}")))?;
+        let changed = crate::config::changed_settings(&hosted, job);
+        if hosted != job && !changed.is_empty() {
+            return Err(Error::Config(format!(
+                "node {}'s settings differ from those of node 0's launcher at {at} (node 0's → \
+                 this node's): {}; give every node the same settings (node_rank, paths and \
+                 thread counts aside), and each job a master_port of its own",
+                self.node,
+                changed.join(", ")
+            )));
+        }
         if hosted != job {
             return Err(Error::Config(format!(
                 "node {} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`: give every \
