@@ -10,7 +10,7 @@ pub enum Error {
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),
     #[error("agent: {0}")]
-    Agent(#[from] crate::agent::Error),
+    Agent(crate::agent::Error),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -61,6 +61,17 @@ pub const BAD_INPUT_EXIT_CODE: i32 = 2;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// A collective the agent waited on is the run's collective failure (another rank stopped or
+/// timed out), not the agent's.
+impl From<crate::agent::Error> for Error {
+    fn from(err: crate::agent::Error) -> Self {
+        match err {
+            crate::agent::Error::Collective(what) => Error::Collective(what),
+            other => Error::Agent(other),
+        }
+    }
+}
+
 impl From<embedded_python::Error> for Error {
     fn from(err: embedded_python::Error) -> Self {
         Error::Python(err.0)
@@ -93,5 +104,20 @@ impl Error {
             Error::Diverged(_) => DIVERGED_EXIT_CODE,
             _ => 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_collective_the_agent_waited_on_stays_a_collective_failure() {
+        let why = "collective all_gather failed: Connection closed by peer";
+        let err = Error::from(crate::agent::Error::Collective(why.into()));
+        assert!(matches!(err, Error::Collective(_)), "{err:?}");
+        assert_eq!(err.to_string(), why);
+        let err = Error::from(crate::agent::Error::Config("bad".into()));
+        assert_eq!(err.to_string(), "agent: invalid agent config: bad");
     }
 }

@@ -36,6 +36,9 @@ pub enum Error {
     Mismatch { path: String, message: String },
     #[error("embedded Python: {0}")]
     Python(String),
+    /// A collective among the ranks failed (the crate's `Error::Collective`, passed through).
+    #[error("{0}")]
+    Collective(String),
 }
 
 impl From<embedded_python::Error> for Error {

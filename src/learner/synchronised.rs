@@ -53,7 +53,7 @@ impl UpdateParts<'_> {
             let started = Instant::now();
             let gathered = group
                 .all_gather(q)
-                .map_err(|e| crate::agent::Error::Config(e.to_string()));
+                .map_err(|e| crate::agent::Error::Collective(e.to_string()));
             gather_seconds += started.elapsed().as_secs_f64();
             gathered
         };
