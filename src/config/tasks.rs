@@ -75,10 +75,15 @@ pub fn task_list(task: &str) -> Result<Vec<String>> {
 /// Settings the official code sets for a task itself, as `key=value`: `discount_max=0.99` and
 /// `rho=0.7` for its gymnasium tasks (its envs/mujoco.py), and, online, `episodic=true` for
 /// those that end episodes early (the official trainer refuses their terminations otherwise;
-/// datasets hold none). A config file or an override still wins.
+/// datasets hold none). The same `episodic=true` for the native tasks that end early: the
+/// first early end would otherwise stop the run, late, once the policy first reaches it. A
+/// config file or an override still wins.
 pub fn task_settings(task: &str, offline: bool) -> Vec<String> {
     let Some(official) = envs::gym::official(task) else {
-        return Vec::new();
+        return match envs::native::terminates(task) && !offline {
+            true => vec!["episodic=true".into()],
+            false => Vec::new(),
+        };
     };
     let mut settings = vec!["discount_max=0.99".to_string(), "rho=0.7".to_string()];
     if official.terminates && !offline {
@@ -155,6 +160,11 @@ mod tests {
         );
         assert!(task_settings("walker-run", false).is_empty());
         assert!(task_settings("HalfCheetah-v5", false).is_empty());
+        for mountain_car in ["MountainCarContinuous-v0", "gym:MountainCarContinuous-v0"] {
+            assert_eq!(task_settings(mountain_car, false), ["episodic=true"]);
+            assert!(task_settings(mountain_car, true).is_empty());
+        }
+        assert!(task_settings("Pendulum-v1", false).is_empty());
     }
 
     #[test]

@@ -7,3 +7,9 @@ pub use pendulum::Pendulum;
 
 /// Task names served natively (the gymnasium ids they reproduce).
 pub const TASKS: [&str; 2] = [pendulum::ID, mountain_car::ID];
+
+/// Those whose episodes can end early (MountainCar at its goal), with or without the `gym:`
+/// prefix that forces gymnasium's version.
+pub fn terminates(task: &str) -> bool {
+    task.strip_prefix(crate::gym::PREFIX).unwrap_or(task) == mountain_car::ID
+}
