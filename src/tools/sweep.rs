@@ -215,6 +215,10 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         return Ok(());
     }
     refuse_another_sweeps_summary(&base, &jobs)?;
+    let gpus = gpu_slots(parallel, visible_gpus());
+    if let Some(slots) = &gpus {
+        refuse_jobs_beyond_their_gpus(&jobs, &configs, slots[0].len(), parallel)?;
+    }
     let mut flags = Vec::new();
     if let Some(name) = &sweep.config_name {
         flags.extend(["--config-name".to_string(), name.clone()]);
@@ -227,7 +231,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         flags,
         cores,
         parallel,
-        gpus: gpu_slots(parallel, visible_gpus()),
+        gpus,
     };
     println!(
         "sweep: {} jobs into {}, {parallel} at a time",
@@ -393,6 +397,30 @@ fn gpu_slots(parallel: usize, gpus: Vec<String>) -> Option<Vec<Vec<String>>> {
             .map(<[String]>::to_vec)
             .collect(),
     )
+}
+
+/// Each job sees `per_slot` GPUs: one whose ranks on a node outnumber them would be refused
+/// when it starts (NCCL gives each rank a GPU of its own), every such job failing in turn.
+fn refuse_jobs_beyond_their_gpus(
+    jobs: &[Job],
+    configs: &[Config],
+    per_slot: usize,
+    parallel: usize,
+) -> Result<()> {
+    for (job, config) in jobs.iter().zip(configs) {
+        let ranks_here = config.world_size / config.nnodes.max(1);
+        let own_gpus = config.device != "cpu" && config.dist_backend != "gloo";
+        if own_gpus && ranks_here > per_slot {
+            return Err(Error::Config(format!(
+                "--multirun job {} ({}): its {ranks_here} ranks a node need a GPU each, but \
+                 --jobs {parallel} leaves each job {per_slot} GPU(s): run fewer jobs at once, \
+                 or dist_backend=gloo to let ranks share GPUs; no job was started",
+                job.index,
+                job.describe()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every job's configuration, loaded and resolved against its task before anything runs.
@@ -613,6 +641,29 @@ mod tests {
                 vec!["2".into(), "3".into()]
             ])
         );
+    }
+
+    #[test]
+    fn a_job_with_more_ranks_a_node_than_its_gpus_is_refused() {
+        let jobs = expand(&["world_size=1,2".to_string()], Path::new("/tmp/sweep")).unwrap();
+        let config = |world_size: usize, backend: &str| {
+            let mut config = Config::for_dims(Some(1), 3, 1).unwrap();
+            config.world_size = world_size;
+            config.dist_backend = backend.into();
+            config
+        };
+        let configs = [config(1, "auto"), config(2, "auto")];
+        let e = refuse_jobs_beyond_their_gpus(&jobs, &configs, 1, 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("job 1 (world_size=2): its 2 ranks a node need a GPU each")
+                && e.contains("--jobs 2 leaves each job 1 GPU(s)"),
+            "{e}"
+        );
+        assert!(refuse_jobs_beyond_their_gpus(&jobs, &configs, 2, 2).is_ok());
+        let gloo = [config(1, "gloo"), config(2, "gloo")];
+        assert!(refuse_jobs_beyond_their_gpus(&jobs, &gloo, 1, 2).is_ok());
     }
 
     #[test]
