@@ -124,6 +124,10 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
         &["steps=40".into(), "resume=auto".into()],
     );
     assert!(resumed.contains("(step 13)"), "{resumed}");
+    assert!(
+        !resumed.contains("replay buffers"),
+        "an offline run has none to miss: {resumed}"
+    );
     let last = |run: &Path| {
         let dir = run.join("checkpoints/step_000000000040");
         assert!(
@@ -138,6 +142,28 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
         let b = std::fs::read(last(split.path()).join(name)).unwrap();
         assert!(a == b, "{name} of the resumed run differs");
     }
+
+    // Resumed with another sync_freq, each rank reads on from the batches it has read, not
+    // from the step times the new sync_freq (which re-read batches 40..80).
+    let batches_read = |step: u64| {
+        let meta = split
+            .path()
+            .join(format!("checkpoints/step_{step:012}/meta.json"));
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(meta).unwrap()).unwrap();
+        meta["batches_read"].as_u64()
+    };
+    assert_eq!(batches_read(40), Some(40));
+    train(
+        data.path(),
+        split.path(),
+        &[
+            "steps=45".into(),
+            "resume=auto".into(),
+            "sync_freq=2".into(),
+        ],
+    );
+    assert_eq!(batches_read(45), Some(50));
 }
 
 /// Dataset files hold no terminations: collecting a task whose episodes end early is refused

@@ -114,6 +114,10 @@ pub struct TrainState {
     /// An environment whose policy acting begins mid-episode (the step after seeding ends)
     /// plans from it, so a resumed run needs it to plan as the uninterrupted one.
     pub warm_start: Vec<f32>,
+    /// Batches each rank has read of an offline run's dataset: where its next update's begin
+    /// (not the steps times `sync_freq` once a resume changed `sync_freq`). None online, and
+    /// for checkpoints written before it was recorded.
+    pub batches_read: Option<u64>,
 }
 
 /// `meta.json`'s format: 2 since checksums are crc32c of bytes and files carry hashes (format
@@ -158,6 +162,9 @@ struct Meta {
     /// was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     buffer_hashes: Option<Vec<u32>>,
+    /// [`TrainState::batches_read`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    batches_read: Option<u64>,
 }
 
 const MODEL: &str = "model.safetensors";

@@ -130,8 +130,11 @@ pub fn resume(
         meta.policy_optim_step,
     )?;
 
-    let buffer_hashes = share_buffer_hashes(buffer_hashes.as_deref(), meta.world_size, group)?;
-    restore_buffer(settings, learner, group, &meta, buffer_hashes)?;
+    // An offline run has no replay buffer: its batches come from the dataset files.
+    if !settings.counts_updates {
+        let buffer_hashes = share_buffer_hashes(buffer_hashes.as_deref(), meta.world_size, group)?;
+        restore_buffer(settings, learner, group, &meta, buffer_hashes)?;
+    }
     let state = TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
         // A checkpoint that does not say how many each environment started (an older one, or
@@ -145,6 +148,7 @@ pub fn resume(
         eval_due: meta.eval_due,
         env_episodes,
         warm_start,
+        batches_read: meta.batches_read,
     };
     Ok(Some((state, meta.global_step)))
 }
@@ -253,6 +257,7 @@ struct Counters {
     model_optim_step: u64,
     policy_optim_step: u64,
     eval_due: bool,
+    batches_read: Option<u64>,
 }
 
 impl Counters {
@@ -274,11 +279,12 @@ impl Counters {
             model_optim_step: meta.model_optim_step,
             policy_optim_step: meta.policy_optim_step,
             eval_due: meta.eval_due,
+            batches_read: meta.batches_read,
         }
     }
 
     /// `status` then the counters, as float64 (exact for counts below 2^53).
-    fn header(&self, status: f64) -> [f64; 9] {
+    fn header(&self, status: f64) -> [f64; 10] {
         [
             status,
             self.global_step as f64,
@@ -289,6 +295,7 @@ impl Counters {
             self.model_optim_step as f64,
             self.policy_optim_step as f64,
             f64::from(u8::from(self.eval_due)),
+            self.batches_read.map_or(-1.0, |n| n as f64),
         ]
     }
 
@@ -303,6 +310,7 @@ impl Counters {
             model_optim_step: n(6) as u64,
             policy_optim_step: n(7) as u64,
             eval_due: n(8) == 1.0,
+            batches_read: Some(n(9)).filter(|&n| n >= 0.0).map(|n| n as u64),
         }
     }
 }
@@ -485,10 +493,16 @@ mod tests {
             model_optim_step: 99_999,
             policy_optim_step: 99_998,
             eval_due: true,
+            batches_read: Some(4_000_000),
         };
         let header = counters.header(1.0);
         assert_eq!(header[0], 1.0);
         assert_eq!(Counters::from_header(&header), counters);
+        let unknown = Counters {
+            batches_read: None,
+            ..counters
+        };
+        assert_eq!(Counters::from_header(&unknown.header(1.0)), unknown);
     }
 
     /// At another world size every rank goes on from the most episodes a saved rank started.

@@ -126,6 +126,7 @@ fn write(
         env_episodes,
         offline: Some(settings.counts_updates),
         buffer_hashes: Some(buffer_hashes),
+        batches_read: state.batches_read,
     };
     let mut tensors = optim("model_optim", model_state);
     tensors.extend(optim("policy_optim", policy_state));

@@ -137,6 +137,7 @@ fn offline_settings_are_checked() {
             "offline training takes obs=state",
         ),
         (&["data_dir=d", "pipeline=true"], "use pipeline=false"),
+        (&["data_dir=d", "save_buffer=true"], "use save_buffer=false"),
     ] {
         let e = error(args);
         assert!(e.contains(needle), "{args:?}: {e}");

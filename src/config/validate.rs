@@ -335,6 +335,13 @@ impl Config {
                     .into(),
             ));
         }
+        if self.save_buffer {
+            return Err(Error::Config(
+                "save_buffer=true with data_dir: offline training has no replay buffer (its \
+                 batches come from the dataset files); use save_buffer=false"
+                    .into(),
+            ));
+        }
         Ok(())
     }
 

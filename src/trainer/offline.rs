@@ -86,12 +86,15 @@ impl<'g> Offline<'g> {
             mut learner,
             mut actor,
             checkpoints,
-            state,
+            mut state,
             resumed_from,
         } = setup::start(config, rank, device, group)?;
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor)?;
-        let first_batch = state.step * config.sync_freq as u64;
+        // Checkpoints from before it was recorded: as if `sync_freq` never changed.
+        let first_batch = *state
+            .batches_read
+            .get_or_insert(state.step * config.sync_freq as u64);
         let batches = Prefetcher::start(
             dataset.clone(),
             config.batch_size,
@@ -210,6 +213,7 @@ impl<'g> Offline<'g> {
             .reseed_learner(self.state.step, &mut self.learner);
         let info = self.learner.update_on(&batches)?;
         self.state.step += 1;
+        *self.state.batches_read.get_or_insert(0) += batches.len() as u64;
         let done = self.state.step;
         if done.is_multiple_of(LOG_EVERY) {
             let stats = info.fetch()?;
@@ -236,7 +240,7 @@ impl<'g> Offline<'g> {
         if self.group.rank() == 0 {
             let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
             eprintln!(
-                "Training finished: {} ({:.1} updates/s; rank 0 sampled {:.1} MB of dataset \
+                "Training finished: {} ({:.1} updates/s; rank 0 sampled from {:.1} MB of dataset \
                  files with a peak memory of {:.1} MB)",
                 self.checkpoints.run_dir.display(),
                 self.settings.steps as f64 / self.clock.elapsed().max(1e-9),
