@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,6 +67,42 @@ const ENDED_WITHIN: Duration = Duration::from_secs(8);
 /// How long node 0 keeps the store up after every node has ended, so that they read it.
 const READ_GRACE: Duration = Duration::from_secs(2);
 
+/// Ctrl-C and SIGTERM, watched from the first attempt to the last: once watched, a signal no
+/// longer ends the launcher by itself, so one that comes between two attempts (while the ranks'
+/// output drains, or the port frees) must be seen then, and no restart follow it.
+struct StopSignals {
+    interrupt: Signal,
+    terminate: Signal,
+}
+
+impl StopSignals {
+    /// Within the runtime's context.
+    fn watch() -> Result<Self> {
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?,
+            terminate: signal(SignalKind::terminate())
+                .map_err(|e| Error::io("watch SIGTERM", e))?,
+        })
+    }
+
+    /// The next request, in words.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "interrupted (Ctrl-C)",
+            _ = self.terminate.recv() => "terminated (SIGTERM)",
+        }
+    }
+
+    /// A request that came since the last one was taken, if any (the runtime gets a moment
+    /// to take in what the kernel delivered).
+    fn came(&mut self, runtime: &tokio::runtime::Runtime) -> Option<&'static str> {
+        let wait = Duration::from_millis(50);
+        runtime
+            .block_on(async { tokio::time::timeout(wait, self.next()).await })
+            .ok()
+    }
+}
+
 /// Sets its flag when dropped: ends the heartbeat of a finished attempt, however it ended.
 struct StopOnDrop(Arc<AtomicBool>);
 
@@ -97,9 +133,13 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         1 => None,
         _ => Some(Arc::new(job_store(plan)?)),
     };
+    let mut signals = {
+        let _context = runtime.enter();
+        StopSignals::watch()?
+    };
     let mut restart = 0;
     loop {
-        match runtime.block_on(supervise(plan, restart, store.as_ref())) {
+        match runtime.block_on(supervise(plan, restart, store.as_ref(), &mut signals)) {
             Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
                 // A node whose ranks refused their input would refuse it on every attempt, and
                 // one whose training diverged would most likely diverge again. The others say
@@ -123,6 +163,11 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     }
                     None => {}
                 }
+                if let Some(request) = signals.came(&runtime) {
+                    return Err(Error::Stopped(format!(
+                        "{why}\n[launcher] {request} before the restart: not restarted"
+                    )));
+                }
                 restart += 1;
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
@@ -131,6 +176,11 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                 );
                 if plan.node_rank == 0 && store.is_none() {
                     rendezvous::wait_for_port(&plan.master_addr, plan.master_port)?;
+                }
+                if let Some(request) = signals.came(&runtime) {
+                    return Err(Error::Stopped(format!(
+                        "[launcher] {request} before restart {restart} started: not restarted"
+                    )));
                 }
             }
             // Node 0 hosts the store: it waits for the others to end too, or they would take
@@ -211,6 +261,7 @@ async fn supervise(
     plan: &LaunchPlan,
     restart: usize,
     store: Option<&Arc<heartbeat::JobStore>>,
+    signals: &mut StopSignals,
 ) -> Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Event>();
     let alive = spawn_ranks(plan, restart, store.is_some(), &tx)?;
@@ -219,10 +270,6 @@ async fn supervise(
         None => None,
     };
     drop(tx);
-    let mut interrupt =
-        signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?;
-    let mut terminate =
-        signal(SignalKind::terminate()).map_err(|e| Error::io("watch SIGTERM", e))?;
     let mut job = Supervision::new(plan, alive);
     while job.running() > 0 {
         let deadline = job.deadline();
@@ -237,8 +284,7 @@ async fn supervise(
                 Some(event) => job.on_event(event),
                 None => break,
             },
-            _ = interrupt.recv() => job.interrupt("interrupted (Ctrl-C)"),
-            _ = terminate.recv() => job.interrupt("terminated (SIGTERM)"),
+            request = signals.next() => job.interrupt(request),
             _ = timeout => job.kill("ranks still running after the grace period"),
         }
     }
@@ -407,6 +453,26 @@ mod tests {
                 "(end)"
             ]
         );
+    }
+
+    /// A stop asked for between two attempts (no supervision loop running) is seen before
+    /// the restart, once.
+    #[test]
+    fn a_stop_between_attempts_is_kept_for_the_restart_check() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut signals = {
+            let _context = runtime.enter();
+            StopSignals::watch().unwrap()
+        };
+        assert_eq!(signals.came(&runtime), None);
+        // SAFETY: raise(3) on this process, whose SIGTERM tokio now handles.
+        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(signals.came(&runtime), Some("terminated (SIGTERM)"));
+        assert_eq!(signals.came(&runtime), None, "taken once");
     }
 
     #[test]
