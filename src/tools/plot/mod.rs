@@ -97,6 +97,14 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         runs: runs_given(&args.runs)?,
         ..args.clone()
     };
+    let steps = step_unit(&args.runs)?;
+    if args.reference.is_some() && steps == StepUnit::Updates {
+        return Err(Error::Config(
+            "--reference with runs trained on a dataset: their steps count updates, the official \
+             results simulator steps"
+                .into(),
+        ));
+    }
     let title = args.title.clone().unwrap_or_else(|| default_title(args));
     let panels = panels(args, &title)?;
     let series = panels
@@ -108,8 +116,9 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         .zip(&series)
         .map(|(panel, series)| Figure {
             title: &panel.title,
-            x_label: match panel.x {
-                "step" => "agent steps",
+            x_label: match (panel.x, steps) {
+                ("step", StepUnit::AgentSteps) => "agent steps",
+                ("step", StepUnit::Updates) => "updates",
                 _ => "wall time (s)",
             },
             y_label: &panel.metric,
@@ -183,6 +192,34 @@ impl Format {
                 out.display()
             ))),
         }
+    }
+}
+
+/// What the runs' steps count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StepUnit {
+    AgentSteps,
+    /// Runs trained on a dataset (`data_dir`).
+    Updates,
+}
+
+/// The runs' step unit, from their `config.yaml` (agent steps where it is missing); runs of
+/// both kinds on one axis are refused.
+fn step_unit(runs: &[PathBuf]) -> Result<StepUnit> {
+    let offline = |run: &PathBuf| {
+        curves::config_without_seed(run)
+            .and_then(|config| config.get("data_dir").cloned())
+            .is_some_and(|dir| !dir.is_null())
+    };
+    let updates = runs.iter().filter(|run| offline(run)).count();
+    match updates {
+        0 => Ok(StepUnit::AgentSteps),
+        n if n == runs.len() => Ok(StepUnit::Updates),
+        n => Err(Error::Config(format!(
+            "{n} of the {} runs trained on a dataset: their steps count updates, the others' \
+             agent steps; plot them apart",
+            runs.len()
+        ))),
     }
 }
 
@@ -486,6 +523,30 @@ fn short_name(run: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offline_runs_count_updates_and_are_not_drawn_with_online_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = |name: &str, data_dir: &str| {
+            let run = dir.path().join(name);
+            std::fs::create_dir(&run).unwrap();
+            let config = format!("task: walker-run\ndata_dir: {data_dir}\n");
+            std::fs::write(run.join("config.yaml"), config).unwrap();
+            run
+        };
+        let (online, offline) = (run("online", "null"), run("offline", "/data"));
+        let unknown = dir.path().join("no-config");
+        assert_eq!(
+            step_unit(&[online.clone(), unknown]).unwrap(),
+            StepUnit::AgentSteps
+        );
+        assert_eq!(
+            step_unit(std::slice::from_ref(&offline)).unwrap(),
+            StepUnit::Updates
+        );
+        let e = step_unit(&[online, offline]).unwrap_err().to_string();
+        assert!(e.contains("1 of the 2 runs trained on a dataset"), "{e}");
+    }
 
     #[test]
     fn official_results_count_the_simulator_steps_of_their_task() {
