@@ -238,6 +238,20 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
         stderr.contains("chunk_0.pt") && stderr.contains("observations of 6 numbers"),
         "{stderr}"
     );
+    // The doctor says so too, though every file reads back whole.
+    let doctor = Command::new(common::tdmpc2_bin())
+        .args(["doctor", "task=[walker-run,cheetah-run]"])
+        .arg(format!("data_dir={}", data.path().display()))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(!doctor.status.success(), "{said}");
+    assert!(
+        said.contains("✓ dataset: 3 files")
+            && said.contains("✗ dataset")
+            && said.contains("observations of 6 numbers"),
+        "{said}"
+    );
 }
 
 /// Flips 64 bytes in the middle of the largest entry's data, the zip headers intact.
@@ -268,13 +282,17 @@ fn a_damaged_dataset_file_stops_the_run_before_any_update_and_the_doctor_finds_i
     let data_dir = format!("data_dir={}", data.path().display());
     let doctor = |dir: &str| {
         Command::new(common::tdmpc2_bin())
-            .args(["doctor", dir])
+            .args(["doctor", dir, &format!("task={TASKS}")])
             .output()
             .unwrap()
     };
     let healthy = doctor(&data_dir);
     let said = String::from_utf8_lossy(&healthy.stdout);
-    assert!(said.contains("✓ dataset: 3 files"), "{said}");
+    assert!(
+        said.contains("✓ dataset: 3 files")
+            && said.contains("✓ dataset: its 6 episodes fit the run's model and horizon"),
+        "{said}"
+    );
     damage(&data.path().join("chunk_1.pt"));
     let run = tempfile::tempdir().unwrap();
     let train = |extra: &[&str]| {

@@ -14,6 +14,7 @@ mod eval_point;
 pub mod evaluate;
 pub mod lock;
 mod offline;
+pub use offline::open_dataset;
 pub mod pipeline;
 mod report;
 pub mod run_dir;

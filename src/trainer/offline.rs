@@ -273,8 +273,8 @@ impl<'g> Offline<'g> {
 }
 
 /// Every file of `data_dir`, indexed and checked against the run's model (each rank samples
-/// from all of them).
-fn open_dataset(config: &Config) -> Result<Dataset> {
+/// from all of them); `config` resolved against its tasks.
+pub fn open_dataset(config: &Config) -> Result<Dataset> {
     let dir = config.data_dir.as_deref().unwrap_or_default();
     let files = dataset::files(std::path::Path::new(dir))?;
     let expected = Expected {

@@ -93,15 +93,16 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     let torch_ok = check_python(&mut report);
     check_gpus(&mut report, torch_ok);
     check_device(&mut report, &config, world_size);
+    let mut resolved = None;
     if torch_ok {
         families::check_dm_control(&mut report);
         families::check_families(&mut report, &config);
         let renders = config.obs == "rgb" || config.save_video;
         render::check_rendering(&mut report, chosen_renderer.as_deref(), renders);
-        check_task(&mut report, &config);
+        resolved = check_task(&mut report, &config);
     }
     if let Some(dir) = &config.data_dir {
-        dataset::check_dataset(&mut report, dir);
+        dataset::check_dataset(&mut report, dir, resolved.as_ref());
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
@@ -442,24 +443,30 @@ fn check_cpus(report: &mut Report, world_size: usize, num_threads: Option<usize>
 
 /// The run's task (each of a multitask run's) is made and the settings resolve against it,
 /// as `train` does first.
-fn check_task(report: &mut Report, config: &Config) {
-    let resolved = || -> Result<String> {
+/// Returns the config resolved against its tasks, when they are made.
+fn check_task(report: &mut Report, config: &Config) -> Option<Config> {
+    let resolved = || -> Result<(Config, String)> {
         let mut config = config.clone();
         config.resolve_by_making_tasks(config.env_options(0)?)?;
-        Ok(match config.multitask() {
+        let detail = match config.multitask() {
             true => format!(
                 "its {} tasks are made and the settings resolve",
                 config.tasks()?.len()
             ),
             false => format!("{} is made and the settings resolve", config.task),
-        })
+        };
+        Ok((config, detail))
     };
     match resolved() {
-        Ok(detail) => report.line(Mark::Pass, "task", detail),
+        Ok((config, detail)) => {
+            report.line(Mark::Pass, "task", detail);
+            Some(config)
+        }
         Err(e) => {
             let message = e.to_string();
             let message = message.trim_start_matches("config error: ");
-            report.line(Mark::Fail, "task", message)
+            report.line(Mark::Fail, "task", message);
+            None
         }
     }
 }
