@@ -390,6 +390,27 @@ fn doctor(args: &[&str], env: &[(&str, &Path)]) -> Output {
     command.output().expect("the tdmpc2 binary runs")
 }
 
+/// A family venv that is there but does not work (here: MyoSuite's pointed at Meta-World's)
+/// fails the doctor only for a run that needs it.
+#[test]
+fn doctor_fails_a_broken_family_only_for_a_run_that_needs_it() {
+    let metaworld = envs::Family::MetaWorld.venv();
+    let myosuite = [("TDMPC2_VENV_MYOSUITE", metaworld.as_path())];
+    let out = doctor(&["task=cartpole-swingup"], &myosuite);
+    let log = text(&out);
+    assert!(log.contains("! myosuite: myo-reach does not step"), "{log}");
+    // Whatever else this machine lacks, not that.
+    let verdict = log
+        .lines()
+        .find(|l| l.contains("ready"))
+        .unwrap_or_default();
+    assert!(!verdict.contains("myosuite"), "{log}");
+    let out = doctor(&["task=myo-reach"], &myosuite);
+    let log = text(&out);
+    assert!(log.contains("✗ myosuite: myo-reach does not step"), "{log}");
+    assert!(log.contains("not ready: myosuite"), "{log}");
+}
+
 /// What `train` would refuse at its start, the doctor names first: a task that cannot be made,
 /// a `resume` path naming no checkpoint, a run directory that cannot be made, or one holding
 /// checkpoints.

@@ -12,6 +12,7 @@ pub(super) fn check_dm_control(report: &mut Report) {
         task,
         format!("{task} resets and steps"),
         "install the pinned dm_control and mujoco (scripts/setup.sh)",
+        Mark::Fail,
     );
 }
 
@@ -31,10 +32,7 @@ pub(super) fn check_families(report: &mut Report, config: &Config) {
     ] {
         let name = family.name();
         if let Err(e) = family.site_packages() {
-            let mark = match needed.contains(&family) {
-                true => Mark::Fail,
-                false => Mark::Note,
-            };
+            let mark = failing_mark(needed.contains(&family));
             report.line(mark, name, format!("not installed: {e}"));
             continue;
         }
@@ -43,28 +41,51 @@ pub(super) fn check_families(report: &mut Report, config: &Config) {
             family.venv().display()
         );
         let remedy = format!("reinstall with `{}`", family.install_command());
-        step_line(report, name, task, done, &remedy);
+        let failing = failing_mark(needed.contains(&family));
+        step_line(report, name, task, done, &remedy, failing);
     }
     let task = "lunarlander-continuous";
+    // Any gymnasium id may need box2d; the other families' tasks do not.
+    let gymnasium = config
+        .tasks()
+        .unwrap_or_default()
+        .iter()
+        .any(|task| matches!(envs::Family::of(task), None | Some(envs::Family::Gymnasium)));
     step_line(
         report,
         "gymnasium",
         task,
         format!("{task} resets and steps (box2d)"),
         "install the pinned requirements (scripts/setup.sh)",
+        failing_mark(gymnasium),
     );
 }
 
-/// ✓ `done` when `task` resets and steps once, else ✗ with the error and `remedy` (a renderer
-/// that cannot load says what to do itself).
-fn step_line(report: &mut Report, name: &str, task: &str, done: String, remedy: &str) {
+/// A family that does not work fails the check where the run needs it, and is noted otherwise.
+fn failing_mark(needed: bool) -> Mark {
+    match needed {
+        true => Mark::Fail,
+        false => Mark::Note,
+    }
+}
+
+/// ✓ `done` when `task` resets and steps once, else `failing` with the error and `remedy` (a
+/// renderer that cannot load says what to do itself).
+fn step_line(
+    report: &mut Report,
+    name: &str,
+    task: &str,
+    done: String,
+    remedy: &str,
+    failing: Mark,
+) {
     match reset_and_step(task) {
         Ok(()) => report.line(Mark::Pass, name, done),
         Err(e @ Error::Env(envs::Error::Renderer { .. })) => {
-            report.line(Mark::Fail, name, format!("{task} does not step: {e}"))
+            report.line(failing, name, format!("{task} does not step: {e}"))
         }
         Err(e) => report.line(
-            Mark::Fail,
+            failing,
             name,
             format!("{task} does not step ({e}); {remedy}"),
         ),
