@@ -632,7 +632,11 @@ fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
     let stderr = std::fs::read_to_string(log(first)).unwrap();
     assert!(trained, "no episode ended: {stderr}");
     assert_eq!(status.code(), Some(3), "a requested stop: {stderr}");
-    let step: u64 = stderr
+    let error = stderr
+        .lines()
+        .rfind(|l| l.starts_with("error:"))
+        .unwrap_or("");
+    let step: u64 = error
         .split(" at step ")
         .nth(1)
         .and_then(|rest| rest.split(':').next())

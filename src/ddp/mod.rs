@@ -9,4 +9,5 @@ mod supervision;
 
 pub use group::{Backend, GroupSettings, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};
+pub use supervision::STOPPING_NOTICE;
 pub mod launcher;

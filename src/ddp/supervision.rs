@@ -35,6 +35,11 @@ pub(super) enum Event {
     StreamEnded,
 }
 
+/// How a node's first rank begins the line that says every rank agreed to stop and rank 0
+/// writes the checkpoint: its launcher then gives its ranks the stop's grace, also when
+/// another node's launcher goes away meanwhile (as it does when its loss caused the stop).
+pub const STOPPING_NOTICE: &str = "stopping:";
+
 /// How long this node's ranks get to stop once a peer node is gone (they are likely stuck in a
 /// collective with it, so a checkpoint is not to be expected).
 const PEER_GRACE: Duration = Duration::from_secs(5);
@@ -58,6 +63,8 @@ pub(super) struct Supervision {
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
     killing: bool,
+    /// A rank here said that every rank agreed to stop ([`STOPPING_NOTICE`]).
+    stopping: bool,
 }
 
 /// Why the job was asked to stop, and when the first request came.
@@ -89,6 +96,7 @@ impl Supervision {
             deadline: None,
             killed: Vec::new(),
             killing: false,
+            stopping: false,
         }
     }
 
@@ -111,6 +119,7 @@ impl Supervision {
         match event {
             Event::Line { rank, text, is_err } => {
                 print_line(rank, &text, is_err);
+                self.stopping |= text.starts_with(STOPPING_NOTICE);
                 if is_err {
                     let tail = &mut self.tails[rank - self.first_rank];
                     if tail.len() == TAIL_LINES {
@@ -121,8 +130,13 @@ impl Supervision {
             }
             Event::Exit { rank, status } => self.on_exit(rank, status),
             Event::StreamEnded => self.open_streams = self.open_streams.saturating_sub(1),
-            // A rank here that stopped as agreed means the job is stopping: a node whose
-            // launcher leaves now is no loss.
+            // A rank here that stopped, or said that every rank agreed to, means the job is
+            // stopping: a node whose launcher leaves now is no loss, and rank 0 may still be
+            // writing the checkpoint.
+            Event::PeerLost(_) if self.stopping && self.lost_peer.is_none() => {
+                self.deadline
+                    .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
+            }
             Event::PeerLost(lost) => {
                 if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
                 {
@@ -396,6 +410,29 @@ mod tests {
             why: "its launcher's store does not answer".into(),
             ended: heartbeat::Ended::Failed,
         }));
+        job.on_exit(0, exited(STOPPED_EXIT_CODE));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
+    }
+
+    /// A node whose launcher went away after every rank agreed to stop (its loss may be why):
+    /// rank 0 here gets the stop's grace to write the checkpoint, not a lost peer's seconds.
+    #[test]
+    fn a_peer_lost_while_the_ranks_stop_leaves_them_the_stop_s_grace() {
+        let mut job = two_ranks();
+        job.on_event(Event::Line {
+            rank: 0,
+            text: format!("{STOPPING_NOTICE} every rank stops at step 8"),
+            is_err: true,
+        });
+        job.on_event(Event::PeerLost(heartbeat::PeerLost {
+            node: 1,
+            why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
+            ended: heartbeat::Ended::Failed,
+        }));
+        let left = job.deadline().unwrap() - tokio::time::Instant::now();
+        assert!(left > PEER_GRACE * 2, "{left:?}");
+        job.on_exit(1, exited(STOPPED_EXIT_CODE));
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");

@@ -156,6 +156,14 @@ pub(super) fn stop_with_checkpoint(
     stop: Stop<'_>,
     report: Option<Report>,
 ) -> Error {
+    if group.info().local_rank == 0 {
+        eprintln!(
+            "{} every rank stops {}, as {}; rank 0 writes the checkpoint",
+            crate::ddp::STOPPING_NOTICE,
+            stop.when,
+            stop.request
+        );
+    }
     let saved = match stop.saved_here {
         true => Ok(()),
         false => checkpoint::save(checkpoints, state, learner, group),
