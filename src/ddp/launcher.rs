@@ -208,6 +208,9 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
 /// The job's store between the launchers of several nodes, hosted by node 0's and joined by
 /// the others' once `master_addr` resolves.
 fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
+    if let Some(warning) = rendezvous::loopback_warning(&plan.master_addr, plan.node_rank) {
+        eprintln!("{warning}");
+    }
     rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
     heartbeat::JobStore::open(
         &plan.master_addr,

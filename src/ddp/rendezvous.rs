@@ -5,6 +5,22 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
+/// What node `node_rank` (> 0) of a job of several nodes should hear when its `master_addr`
+/// names this very machine (the default, 127.0.0.1): node 0 must then run here too, else this
+/// node waits `dist_timeout` for a store that is not here.
+pub fn loopback_warning(addr: &str, node_rank: usize) -> Option<String> {
+    let loopback = addr.eq_ignore_ascii_case("localhost")
+        || addr
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (loopback && node_rank > 0).then(|| {
+        format!(
+            "warning: master_addr={addr} names this machine: node {node_rank} reaches node 0 only \
+             if node 0 runs here too; on a cluster give node 0's host name or address"
+        )
+    })
+}
+
 /// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
 /// the store would retry it until dist_timeout and torch print its C++ frames on the way.
 /// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
@@ -67,6 +83,17 @@ pub fn check_port_free(addr: &str, port: u16) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_later_node_told_to_meet_at_this_machine_is_warned() {
+        for addr in ["127.0.0.1", "localhost", "::1", "127.0.1.1"] {
+            let warning = loopback_warning(addr, 1).unwrap_or_default();
+            assert!(warning.contains(&format!("master_addr={addr} names this machine")));
+            assert_eq!(loopback_warning(addr, 0), None, "node 0 hosts it");
+        }
+        assert_eq!(loopback_warning("10.0.0.7", 1), None);
+        assert_eq!(loopback_warning("node-a.cluster", 3), None);
+    }
 
     #[test]
     fn a_master_addr_that_does_not_resolve_is_refused() {
