@@ -106,6 +106,31 @@ fn a_resumed_pixel_run_makes_exactly_the_same_updates() {
     }
 }
 
+/// Pipelined, each step's acting runs on a thread of its own, where a renderer made current on
+/// another thread cannot render (dm_control's EGL refused it at the first step): a single
+/// pixel environment then steps in a worker process, through training and evaluation.
+#[test]
+fn a_pipelined_pixel_run_trains_and_evaluates() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tdmpc2(
+        "train",
+        dir.path(),
+        &[
+            "pipeline=true",
+            "seed_steps=500",
+            "steps=520",
+            "eval_freq=520",
+            "buffer_size=1000",
+            "num_threads=1",
+        ],
+    );
+    let evals = common::metrics(dir.path())
+        .into_iter()
+        .filter(|r| r["phase"] == "eval")
+        .count();
+    assert_eq!(evals, 2, "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
     let dir = tempfile::tempdir().unwrap();

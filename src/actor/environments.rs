@@ -91,9 +91,14 @@ impl ActorSettings {
         .groups()
         .iter()
         .any(|(family, _)| family.is_some());
+        // Pipelined, a new thread steps the environments each step; a renderer's GL context is
+        // bound to the thread that made it current (dm_control's EGL refuses another), so
+        // pixel environments then render in a worker process of their own.
+        let renders_on_many_threads = config.pipeline && config.obs == "rgb";
         let workers = match config.env_workers {
             _ if native => 0,
-            _ if n == 1 && !away => 0,
+            _ if n == 1 && !away && !renders_on_many_threads => 0,
+            Some(0) if renders_on_many_threads => 1,
             Some(0) if away => 1,
             Some(k) => k,
             None => crate::device::threads(config.num_threads, 1).min(n),
