@@ -65,6 +65,8 @@ pub(super) struct Supervision {
     killing: bool,
     /// A rank here said that every rank agreed to stop ([`STOPPING_NOTICE`]).
     stopping: bool,
+    /// A node that went away after that: the stop goes on, but may end without its checkpoint.
+    lost_while_stopping: Option<heartbeat::PeerLost>,
 }
 
 /// Why the job was asked to stop, and when the first request came.
@@ -97,6 +99,7 @@ impl Supervision {
             killed: Vec::new(),
             killing: false,
             stopping: false,
+            lost_while_stopping: None,
         }
     }
 
@@ -133,7 +136,8 @@ impl Supervision {
             // A rank here that stopped, or said that every rank agreed to, means the job is
             // stopping: a node whose launcher leaves now is no loss, and rank 0 may still be
             // writing the checkpoint.
-            Event::PeerLost(_) if self.stopping && self.lost_peer.is_none() => {
+            Event::PeerLost(lost) if self.stopping && self.lost_peer.is_none() => {
+                self.lost_while_stopping.get_or_insert(lost);
                 self.deadline
                     .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
             }
@@ -259,6 +263,12 @@ impl Supervision {
             return Err(Error::JobFailed(format!(
                 "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
                  error lines:\n{lines}"
+            )));
+        }
+        if let (None, Some(lost)) = (self.stopped, &self.lost_while_stopping) {
+            return Err(Error::Stopped(format!(
+                "every rank agreed to stop, but {lost} before this node's ranks ended{killed}; \
+                 the stop's checkpoint may be missing (the last one written stands)"
             )));
         }
         if let Some(rank) = self.stopped {
@@ -436,6 +446,29 @@ mod tests {
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
+
+        // Ranks stuck in the save's collectives with the lost node, killed at the grace's end:
+        // a stop that may lack its checkpoint, never a success.
+        let mut job = two_ranks();
+        job.on_event(Event::Line {
+            rank: 0,
+            text: format!("{STOPPING_NOTICE} every rank stops at step 8"),
+            is_err: true,
+        });
+        job.on_event(Event::PeerLost(heartbeat::PeerLost {
+            node: 1,
+            why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
+            ended: heartbeat::Ended::Failed,
+        }));
+        job.kill("ranks still running after the grace period");
+        job.on_exit(0, signalled(libc::SIGKILL));
+        job.on_exit(1, signalled(libc::SIGKILL));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
+        assert!(
+            err.to_string().contains("checkpoint may be missing"),
+            "{err}"
+        );
     }
 
     #[test]
