@@ -260,6 +260,8 @@ impl Config {
             for key in NODE_SETTINGS {
                 map.remove(key);
             }
+            // Where each node keeps the dataset is its own; whether it trains on one is not.
+            map.insert("offline".into(), self.offline().into());
         }
         serde_yaml_ng::to_string(&settings)
             .map_err(|e| Error::Config(format!("cannot write config: {e}")))

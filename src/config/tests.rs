@@ -51,6 +51,11 @@ fn a_task_brings_its_official_settings_below_the_users() {
         e.contains("mujoco-walker ends episodes early") && e.contains("train mujoco-walker alone"),
         "{e}"
     );
+    let e = error(&["task=[Pendulum-v1,MountainCarContinuous-v0]"]);
+    assert!(
+        e.contains("MountainCarContinuous-v0 ends episodes early"),
+        "{e}"
+    );
 }
 
 #[test]

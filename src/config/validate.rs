@@ -234,12 +234,14 @@ impl Config {
                     tasks.len()
                 )));
             }
-            let ends_early = tasks
-                .iter()
-                .find(|task| envs::gym::official(task).is_some_and(|o| o.terminates));
+            let ends_early = tasks.iter().find(|task| {
+                envs::gym::official(task).is_some_and(|o| o.terminates)
+                    || envs::native::terminates(task)
+            });
             if let Some(task) = ends_early {
                 return Err(Error::Config(format!(
-                    "task={}: {task} ends episodes early (it falls or crashes), and a model of \
+                    "task={}: {task} ends episodes early (it falls, crashes or reaches its goal), \
+                     and a model of \
                      several tasks takes no terminations (as the official); train {task} alone \
                      (task={task}, which sets episodic=true)",
                     self.task
