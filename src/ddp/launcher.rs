@@ -148,20 +148,8 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                 let unrestartable = store
                     .as_ref()
                     .and_then(|store| store.unrestartable_node(restart, ENDED_WITHIN));
-                match unrestartable {
-                    Some((node, heartbeat::Ended::Diverged)) => {
-                        return Err(Error::Diverged(format!(
-                            "{why}\n[launcher] node {node}'s training diverged (its log names \
-                             the step): not restarted"
-                        )))
-                    }
-                    Some((node, _)) => {
-                        return Err(Error::Config(format!(
-                            "{why}\n[launcher] node {node}'s ranks refused their input (its log \
-                             names the setting): not restarted"
-                        )))
-                    }
-                    None => {}
+                if let Some((node, ended)) = unrestartable {
+                    return Err(not_restarted(&why, node, ended));
                 }
                 if let Some(request) = signals.came(&runtime) {
                     return Err(Error::Stopped(format!(
@@ -194,14 +182,48 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             // Node 0 keeps the store up until the others have ended too, and a little longer:
             // a node that ended reads how the others did right after (a refusal is never
             // restarted), and must find the store.
+            // A node whose ranks failed because another node's refused their input or
+            // diverged ends as that node did (exit 2 or 4, not 1).
             result => {
-                if let Some(store) = store.as_ref().filter(|_| plan.node_rank == 0) {
-                    store.unrestartable_node(restart, plan.peer_timeout);
+                let limit = match plan.node_rank {
+                    0 => plan.peer_timeout,
+                    _ => ENDED_WITHIN,
+                };
+                let unrestartable = match (&result, &store) {
+                    (Err(Error::JobFailed(_)), Some(store)) => {
+                        store.unrestartable_node(restart, limit)
+                    }
+                    (_, Some(store)) if plan.node_rank == 0 => {
+                        store.unrestartable_node(restart, limit);
+                        None
+                    }
+                    _ => None,
+                };
+                if plan.node_rank == 0 && store.is_some() {
                     std::thread::sleep(READ_GRACE);
                 }
-                return result;
+                return match (result, unrestartable) {
+                    (Err(Error::JobFailed(why)), Some((node, ended))) => {
+                        Err(not_restarted(&why, node, ended))
+                    }
+                    (result, _) => result,
+                };
             }
         }
+    }
+}
+
+/// How a job ends that node `node`'s ranks ended in a way no restart mends (`ended`).
+fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
+    match ended {
+        heartbeat::Ended::Diverged => Error::Diverged(format!(
+            "{why}\n[launcher] node {node}'s training diverged (its log names the step): not \
+             restarted"
+        )),
+        _ => Error::Config(format!(
+            "{why}\n[launcher] node {node}'s ranks refused their input (its log names the \
+             setting): not restarted"
+        )),
     }
 }
 
