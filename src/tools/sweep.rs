@@ -215,9 +215,11 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         return Ok(());
     }
     refuse_another_sweeps_summary(&base, &jobs)?;
-    let gpus = gpu_slots(parallel, visible_gpus());
-    if let Some(slots) = &gpus {
-        refuse_jobs_beyond_their_gpus(&jobs, &configs, slots[0].len(), parallel)?;
+    let visible = visible_gpus();
+    let gpus = gpu_slots(parallel, visible.clone());
+    let per_job = gpus.as_ref().map_or(visible.len(), |slots| slots[0].len());
+    if per_job > 0 {
+        refuse_jobs_beyond_their_gpus(&jobs, &configs, per_job, parallel)?;
     }
     let mut flags = Vec::new();
     if let Some(name) = &sweep.config_name {
@@ -399,8 +401,9 @@ fn gpu_slots(parallel: usize, gpus: Vec<String>) -> Option<Vec<Vec<String>>> {
     )
 }
 
-/// Each job sees `per_slot` GPUs: one whose ranks on a node outnumber them would be refused
-/// when it starts (NCCL gives each rank a GPU of its own), every such job failing in turn.
+/// Each job sees `per_slot` GPUs (all of them, or its share with `--jobs`): one whose ranks on a
+/// node outnumber them would be refused when it starts (NCCL gives each rank a GPU of its
+/// own), every such job failing in turn.
 fn refuse_jobs_beyond_their_gpus(
     jobs: &[Job],
     configs: &[Config],
@@ -413,10 +416,18 @@ fn refuse_jobs_beyond_their_gpus(
         if own_gpus && ranks_here > per_slot {
             return Err(Error::Config(format!(
                 "--multirun job {} ({}): its {ranks_here} ranks a node need a GPU each, but \
-                 --jobs {parallel} leaves each job {per_slot} GPU(s): run fewer jobs at once, \
-                 or dist_backend=gloo to let ranks share GPUs; no job was started",
+                 {}: lower its world_size{}, or dist_backend=gloo to let ranks share GPUs; no \
+                 job was started",
                 job.index,
-                job.describe()
+                job.describe(),
+                match parallel {
+                    1 => format!("{per_slot} GPU(s) are visible"),
+                    _ => format!("--jobs {parallel} leaves each job {per_slot} GPU(s)"),
+                },
+                match parallel {
+                    1 => "",
+                    _ => ", run fewer jobs at once",
+                }
             )));
         }
     }
@@ -662,6 +673,10 @@ mod tests {
             "{e}"
         );
         assert!(refuse_jobs_beyond_their_gpus(&jobs, &configs, 2, 2).is_ok());
+        let e = refuse_jobs_beyond_their_gpus(&jobs, &configs, 1, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("but 1 GPU(s) are visible"), "{e}");
         let gloo = [config(1, "gloo"), config(2, "gloo")];
         assert!(refuse_jobs_beyond_their_gpus(&jobs, &gloo, 1, 2).is_ok());
     }

@@ -95,7 +95,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     check_device(&mut report, &config, world_size);
     let mut resolved = None;
     if torch_ok {
-        families::check_dm_control(&mut report);
+        families::check_dm_control(&mut report, &config);
         families::check_families(&mut report, &config);
         let renders = config.obs == "rgb" || config.save_video;
         render::check_rendering(&mut report, chosen_renderer.as_deref(), renders);
