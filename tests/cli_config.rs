@@ -103,6 +103,33 @@ fn config_name_lays_a_file_over_the_defaults() {
     assert!(e.contains("did you mean 'batch_size'"), "{e}");
     let e = rejected(&["train", "--config-name", "nope", "--cfg", "job"]);
     assert!(e.contains("config_ddp"), "lists the available files: {e}");
+
+    // A hydra file as the official and seed-project ones are written: its defaults list (the
+    // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.
+    let hydra = "defaults:\n  - config\n  - override hydra/launcher: submitit_local\n  - _self_\n\
+                 \nhorizon: 5\nmodel_size: ???\ndata_dir: ???\n";
+    std::fs::write(dir.path().join("hydra.yaml"), hydra).unwrap();
+    let c = job(&[
+        "--config-path",
+        path,
+        "--config-name",
+        "hydra",
+        "task=Pendulum-v1",
+    ]);
+    assert_eq!(c["horizon"].as_u64(), Some(5));
+    assert!(c["data_dir"].is_null(), "??? keeps the default");
+    let other = "defaults:\n  - my_other_config\n";
+    std::fs::write(dir.path().join("other.yaml"), other).unwrap();
+    let e = rejected(&[
+        "train",
+        "--config-path",
+        path,
+        "--config-name",
+        "other",
+        "--cfg",
+        "job",
+    ]);
+    assert!(e.contains("defaults entry my_other_config"), "{e}");
 }
 
 /// scripts/run_ddp.sh, the seed project's one-line launcher: TASK MODEL_SIZE [WORLD_SIZE]

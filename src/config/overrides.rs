@@ -77,8 +77,54 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
             .as_str()
             .ok_or_else(|| Error::Config(format!("{}: keys must be strings", file.display())))?
             .to_owned();
+        // Hydra's "???" (a value to be given) leaves the default: every key has one here.
+        if value.as_str() == Some(HYDRA_MISSING) {
+            continue;
+        }
+        if key == "defaults" {
+            check_hydra_defaults(&value)
+                .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+            continue;
+        }
         set_path(tree, &key, value)
             .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+    }
+    Ok(())
+}
+
+const HYDRA_MISSING: &str = "???";
+
+/// A hydra config file's `defaults` list, as the official and seed-project files have it: the
+/// base config (every file here is laid over the defaults, which are that config), `_self_` and
+/// hydra's own launcher and sweeper choices, which mean nothing here.
+fn check_hydra_defaults(value: &Value) -> std::result::Result<(), String> {
+    let Value::Sequence(entries) = value else {
+        return Err("defaults: expected hydra's list of defaults".into());
+    };
+    for entry in entries {
+        let name = match entry {
+            Value::String(name) => name.clone(),
+            Value::Mapping(map) if map.len() == 1 => map
+                .keys()
+                .next()
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            _ => String::new(),
+        };
+        let understood = matches!(name.as_str(), "config" | "_self_")
+            || name.starts_with("override hydra/")
+            || name.starts_with("hydra/");
+        if !understood {
+            return Err(format!(
+                "defaults entry {}: only the base config (config, which every file is laid \
+                 over), _self_ and hydra's own entries (override hydra/...) are understood; \
+                 put the settings of another file in this one",
+                serde_yaml_ng::to_string(entry)
+                    .map(|s| s.trim().to_owned())
+                    .unwrap_or_default()
+            ));
+        }
     }
     Ok(())
 }

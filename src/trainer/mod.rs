@@ -46,6 +46,13 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     if config.offline() {
         return offline::train(&config, &rank, device, &group);
     }
+    if config.multitask() && group.rank() == 0 {
+        eprintln!(
+            "note: task={} without data_dir trains online, playing every task; the official \
+             code trains its multitask models offline only (data_dir=DIR for that)",
+            config.task
+        );
+    }
     let mut training = Training::start(&config, &rank, device, &group)?;
     while training.running() {
         // Evaluations and checkpoints wait until every environment ends its episode, and see
