@@ -130,6 +130,24 @@ fn config_name_lays_a_file_over_the_defaults() {
         "job",
     ]);
     assert!(e.contains("defaults entry my_other_config"), "{e}");
+
+    // A run's saved config.yaml holds what its task derived (dog-run: two more iterations):
+    // taken again for its task it is the same run's; for another it is refused.
+    let saved = tdmpc2(&["train", "task=dog-run", "--cfg", "job"]);
+    std::fs::write(dir.path().join("dog.yaml"), &saved.stdout).unwrap();
+    let c = job(&["--config-path", path, "--config-name", "dog"]);
+    assert_eq!(c["iterations"].as_u64(), Some(8));
+    let e = rejected(&[
+        "train",
+        "--config-path",
+        path,
+        "--config-name",
+        "dog",
+        "task=walker-run",
+        "--cfg",
+        "job",
+    ]);
+    assert!(e.contains("is a config resolved for task=dog-run"), "{e}");
 }
 
 /// scripts/run_ddp.sh, the seed project's one-line launcher: TASK MODEL_SIZE [WORLD_SIZE]

@@ -15,7 +15,7 @@ mod tasks;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
@@ -178,6 +178,25 @@ pub const DERIVED_FIELDS: [&str; 6] = [
     "episode_lengths",
 ];
 
+/// A config file resolved for a task (a run's saved `config.yaml`: it holds `episode_length`)
+/// keeps that task's discount, seed steps and extra planning iterations: another task would
+/// silently train with them.
+fn refuse_a_resolved_file_for_another_task(file: &Path, layer: &Value, task: &str) -> Result<()> {
+    let resolved = layer.get("episode_length").is_some_and(|v| !v.is_null());
+    let file_task = layer.get("task").and_then(Value::as_str);
+    match (resolved, file_task) {
+        (true, Some(resolved_for)) if resolved_for != task => Err(Error::Config(format!(
+            "{} is a config resolved for task={resolved_for} (a run's config.yaml: it holds \
+             episode_length), whose discount, seed_steps and planning iterations were derived \
+             for that task; for task={task}, start from a file without the derived fields ({}, \
+             discount, seed_steps) and with the iterations you chose",
+            file.display(),
+            DERIVED_FIELDS.join(", ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl Source {
     /// Refuses a command-line setting of a field derived from the task.
     pub fn refuse_derived_settings(&self) -> Result<()> {
@@ -212,6 +231,9 @@ impl Config {
             None => None,
         };
         let config = Self::layered(&[], file.clone(), &source.overrides)?;
+        if let Some((file, layer)) = &file {
+            refuse_a_resolved_file_for_another_task(file, layer, &config.task)?;
+        }
         let task_settings = tasks::task_settings(&config.task, config.offline());
         let config = match task_settings.is_empty() {
             true => config,
