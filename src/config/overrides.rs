@@ -150,8 +150,14 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     }
     // `key=` is the empty string, as in hydra (null is `key=null`): a path left empty by an
     // unset shell variable (`data_dir=$DATA`) is refused by name, not taken as no path.
+    // YAML would read ` #` on as a comment (`exp_name=run #2` as `run`): a shell argument has
+    // none, so such a value is taken whole, as a string.
+    let commented = raw.contains(" #") || raw.contains("\t#");
+    let quoted = raw.trim_start().starts_with(['\'', '"']);
     let value: Value = if raw.trim().is_empty() {
         Value::String(String::new())
+    } else if commented && !quoted {
+        Value::String(raw.trim().to_owned())
     } else {
         serde_yaml_ng::from_str(raw).map_err(|e| {
             Error::Config(format!(

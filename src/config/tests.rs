@@ -482,6 +482,10 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
     assert_eq!(load(&["exp_name='a,b'"]).unwrap().exp_name, "a,b");
     let c = load(&["run_dir=runs/[a,b]/0"]).unwrap();
     assert_eq!(c.run_dir.as_deref(), Some("runs/[a,b]/0"));
+    // A shell argument holds no YAML comment: ` #` is part of the value.
+    assert_eq!(load(&["exp_name=run #2"]).unwrap().exp_name, "run #2");
+    let e = error(&["steps=5 #x"]);
+    assert!(e.contains("got string \"5 #x\""), "{e}");
 }
 
 /// A field derived from the task, set on the command line, is refused (it would be replaced,
