@@ -186,6 +186,9 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     assert_eq!(defaults, [1, 8, 1, 20_000, 100_000].map(Some));
     let option_next = job(&["walker-run", "1"]);
     assert_eq!(option_next[1], Some(8), "an option is not a world size");
+    // Another config file instead of config_ddp: the defaults' eval_freq, not config_ddp's.
+    let other = job(&["walker-run", "1", "--config-name=config", "steps=20000"]);
+    assert_eq!(other, [1, 8, 1, 20_000, 50_000].map(Some));
     // Local ranks even inside a SLURM step, unless the user says otherwise.
     let launcher = |args: &[&str]| {
         let out = run(&[args, &["--cfg", "job"]].concat());
