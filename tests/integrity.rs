@@ -515,6 +515,22 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("(model_size=5"), "{stderr}");
     assert!(!data.exists(), "collect made its --out");
+    // Fewer episodes than environments: the agent plans for those that play.
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["collect", "--episodes", "2", "--out"])
+        .arg(&data)
+        .args(TINY)
+        .args([
+            format!("checkpoint={}", dir.path().display()),
+            "num_envs=4".into(),
+            "seed_steps=800".into(),
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("wrote 2 episodes in 1 file"), "{said}");
+    std::fs::remove_dir_all(&data).unwrap();
     let official = dir.path().join("agent.pt");
     std::fs::write(&official, b"not safetensors").unwrap();
     let out = run(

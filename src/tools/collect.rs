@@ -49,7 +49,10 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     refuse_what_files_cannot_hold(config, args)?;
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
-    let policy = super::playing_policy::build(config, &rank, config.num_envs, checkpoint)?;
+    // No more environments than episodes: the agent plans for every environment, and one that
+    // never starts has no observation.
+    let num_envs = config.num_envs.min(args.episodes).max(1);
+    let policy = super::playing_policy::build(config, &rank, num_envs, checkpoint)?;
     let planning = checkpoint.is_some();
     let action_dims = match &config.action_dims {
         Some(dims) => dims.clone(),
@@ -63,6 +66,7 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     )?;
     let alone = Config {
         world_size: 1,
+        num_envs,
         ..config.clone()
     };
     let mut actor = ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
@@ -70,7 +74,7 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     let mut random = Pcg64::seed_from_u64(config.seed);
     let episode_seed = |n: usize| config.seed.wrapping_add(n as u64) & 0xffff_ffff;
     let (mut started, mut finished) = (0, 0);
-    for i in 0..actor.num_envs().min(args.episodes) {
+    for i in 0..actor.num_envs() {
         actor.reset(i, episode_seed(started))?;
         started += 1;
     }
