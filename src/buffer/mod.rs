@@ -215,15 +215,27 @@ impl ReplayBuffer {
         }
         let rows = capacity as i64;
         let opts = (Kind::Float, device);
+        // A GPU without room for it is bad input (a setting to lower), not a panic.
+        let zeros = |shape: &[i64], options: (Kind, Device)| {
+            Tensor::f_zeros(shape, options).map_err(|e| {
+                let bytes = capacity * Self::bytes_per_row(layout, action_dim);
+                Error::Config(format!(
+                    "buffer_size={capacity}: the replay buffer's {:.1} GB cannot be allocated \
+                     on {device:?} ({}); lower buffer_size",
+                    bytes as f64 / 1e9,
+                    e.to_string().lines().next().unwrap_or_default()
+                ))
+            })
+        };
         Ok(Self {
             capacity,
             layout,
             obs_dim: layout.obs_dim(),
             action_dim,
-            obs: Tensor::zeros([rows, layout.stored() as i64], (layout.kind(), device)),
-            action: Tensor::zeros([rows, action_dim as i64], opts),
-            reward: Tensor::zeros([rows], opts),
-            terminated: Tensor::zeros([rows], opts),
+            obs: zeros(&[rows, layout.stored() as i64], (layout.kind(), device))?,
+            action: zeros(&[rows, action_dim as i64], opts)?,
+            reward: zeros(&[rows], opts)?,
+            terminated: zeros(&[rows], opts)?,
             episodes: VecDeque::new(),
             cursor: 0,
             filled: 0,
@@ -471,6 +483,17 @@ mod tests {
 
     pub(super) fn values(t: &Tensor) -> Vec<f32> {
         Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+    }
+
+    #[test]
+    fn a_buffer_that_cannot_be_allocated_is_a_setting_to_lower() {
+        let huge = ReplayBuffer::new(1 << 40, ObsLayout::Vector { dim: 1 << 20 }, 1, Device::Cpu);
+        let e = huge.err().expect("4 EB cannot be allocated").to_string();
+        assert!(
+            e.contains("buffer_size=1099511627776: the replay buffer's")
+                && e.contains("lower buffer_size"),
+            "{e}"
+        );
     }
 
     #[test]
