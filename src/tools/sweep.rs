@@ -79,6 +79,53 @@ pub fn split_values(raw: &str) -> Vec<String> {
     values
 }
 
+/// The values a sweep takes from `raw`: its top-level commas, or hydra's `choice(a,b)` and
+/// `range(start,stop[,step])` (integers, `stop` excluded, as Python's and hydra's).
+fn sweep_values(key: &str, raw: &str) -> Result<Vec<String>> {
+    let call = |name: &str| {
+        raw.trim()
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('('))
+            .and_then(|rest| rest.strip_suffix(')'))
+    };
+    if let Some(inner) = call("choice") {
+        return Ok(split_values(inner)
+            .into_iter()
+            .map(|v| v.trim().to_owned())
+            .collect());
+    }
+    let Some(inner) = call("range") else {
+        return Ok(split_values(raw));
+    };
+    let bad = || {
+        Error::Config(format!(
+            "{key}={raw}: range takes whole numbers, range(start,stop) or range(start,stop,step) \
+             with a step other than 0 (stop excluded)"
+        ))
+    };
+    let numbers = inner
+        .split(',')
+        .map(|n| n.trim().parse::<i64>().map_err(|_| bad()))
+        .collect::<Result<Vec<i64>>>()?;
+    let (start, stop, step) = match numbers[..] {
+        [start, stop] => (start, stop, 1),
+        [start, stop, step] if step != 0 => (start, stop, step),
+        _ => return Err(bad()),
+    };
+    let (start, stop, step) = (i128::from(start), i128::from(stop), i128::from(step));
+    let (span, stride) = match step > 0 {
+        true => (stop - start, step),
+        false => (start - stop, -step),
+    };
+    let count = (span.max(0) as u128).div_ceil(stride as u128) as i128;
+    if count == 0 || count > MOST_JOBS as i128 {
+        return Err(Error::Config(format!(
+            "{key}={raw} gives {count} values: a sweep takes 1 to {MOST_JOBS}"
+        )));
+    }
+    Ok((0..count).map(|i| (start + i * step).to_string()).collect())
+}
+
 /// Expands the overrides into jobs: the cartesian product of the swept values, the last
 /// setting varying fastest. `base` is the directory the job directories go into.
 pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
@@ -90,9 +137,9 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
                 "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
             )));
         };
-        let values = split_values(raw);
+        let values = sweep_values(key.trim(), raw)?;
         if values.len() == 1 {
-            fixed.push(arg.clone());
+            fixed.push(format!("{key}={}", values[0]));
             continue;
         }
         let key = key.trim().trim_start_matches('+').to_string();
@@ -688,6 +735,21 @@ mod tests {
         assert_eq!(split_values("[1,2],[3]"), ["[1,2]", "[3]"]);
         assert_eq!(split_values("'a,b',c"), ["'a,b'", "c"]);
         assert_eq!(split_values("3e-4"), ["3e-4"]);
+        let values = |raw: &str| sweep_values("seed", raw);
+        assert_eq!(values("range(1,4)").unwrap(), ["1", "2", "3"]);
+        assert_eq!(values("range(10, 0, -5)").unwrap(), ["10", "5"]);
+        assert_eq!(values("choice(a, [b,c])").unwrap(), ["a", "[b,c]"]);
+        for bad in ["range(1)", "range(1,4,0)", "range(0.5,2)", "range(4,1)"] {
+            assert!(values(bad).is_err(), "{bad}");
+        }
+        let jobs = expand(&["seed=range(1,3)".into()], Path::new("/s")).unwrap();
+        assert_eq!(jobs.len(), 2);
+        let one = expand(&["seed=range(7,8)".into()], Path::new("/s")).unwrap();
+        assert!(
+            one[0].overrides.contains(&"seed=7".to_string()),
+            "{:?}",
+            one[0].overrides
+        );
     }
 
     #[test]
