@@ -131,6 +131,16 @@ fn check_hydra_defaults(value: &Value) -> std::result::Result<(), String> {
 
 /// Applies one hydra-style `key=value` (or `a.b=value`); the value is a YAML scalar or flow list.
 pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
+    if let Some(key) = arg.strip_prefix('~') {
+        let key = key.split_once('=').map_or(key, |(key, _)| key);
+        return Err(Error::Config(format!(
+            "'{arg}': hydra's ~ deletes a key, but every key here has its value; give \
+             {key}=null (or its default) instead"
+        )));
+    }
+    if let Some(hint) = hydra_key_hint(arg) {
+        return Err(Error::Config(format!("'{arg}': {hint}")));
+    }
     let Some((key, raw)) = arg.split_once('=') else {
         return Err(Error::Config(format!(
             "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
@@ -227,14 +237,34 @@ fn keys_of(map: &Mapping) -> Vec<String> {
         .collect()
 }
 
+/// What hydra's own settings (`hydra.run.dir=...`, `hydra/launcher=...`) are here.
+fn hydra_key_hint(arg: &str) -> Option<&'static str> {
+    let key = arg.split_once('=').map_or(arg, |(key, _)| key);
+    let key = key.trim().trim_start_matches('+');
+    if key == "work_dir" {
+        return Some(
+            "the official work_dir is run_dir here (runs/<task>/<exp_name>/<seed> by default)",
+        );
+    }
+    if key == "hydra.run.dir" || key == "hydra.sweep.dir" {
+        return Some("hydra's own settings are not read here; the run directory is run_dir=DIR");
+    }
+    (key.starts_with("hydra.") || key.starts_with("hydra/")).then_some(
+        "hydra's own settings are not read here: --multirun (-m) sweeps, and ranks start with \
+         launcher=builtin, torchrun or slurm (docs/distributed.md)",
+    )
+}
+
 fn unknown_key(key: &str, known: &[String]) -> String {
+    // A suggestion only where it is close (more than a typo away says nothing).
     let closest = known
         .iter()
         .map(|k| (strsim::jaro_winkler(key, k), k))
+        .filter(|(similarity, _)| *similarity >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0));
     match closest {
         Some((_, k)) => format!("unknown key '{key}'; did you mean '{k}'?"),
-        None => format!("unknown key '{key}'"),
+        None => format!("unknown key '{key}' (`tdmpc2 train --cfg job` lists every key)"),
     }
 }
 

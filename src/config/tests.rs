@@ -93,6 +93,24 @@ fn nested_keys_are_set_and_checked() {
 fn unknown_key_names_the_closest() {
     assert!(error(&["bach_size=3"]).contains("did you mean 'batch_size'"));
     assert!(error(&["horizn=3"]).contains("did you mean 'horizon'"));
+    let far = error(&["+foo=1"]);
+    assert!(
+        far.contains("unknown key 'foo'") && !far.contains("did you mean"),
+        "{far}"
+    );
+    // Hydra's own spellings, and the official name of another setting, say what they are here.
+    for (arg, said) in [
+        ("~checkpoint", "give checkpoint=null"),
+        ("hydra.run.dir=/x", "run_dir=DIR"),
+        (
+            "hydra/launcher=submitit_slurm",
+            "launcher=builtin, torchrun or slurm",
+        ),
+        ("work_dir=/x", "work_dir is run_dir here"),
+    ] {
+        let e = error(&[arg]);
+        assert!(e.contains(said), "{arg}: {e}");
+    }
 }
 
 #[test]
