@@ -323,7 +323,16 @@ fn keys_in(tree: &Value) -> usize {
 /// boolean as yes/no/on/off or 1/0.
 fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
     const INTEGERS: [&str; 4] = ["usize", "u64", "u32", "u16"];
+    const FLOATS: [&str; 2] = ["f64", "f32"];
+    let numeric = INTEGERS.contains(&expected) || FLOATS.contains(&expected);
     match value {
+        Value::String(s) if numeric && arithmetic(s).is_some() => {
+            let x = arithmetic(s)?;
+            match FLOATS.contains(&expected) {
+                true => Some(Value::Number(x.into())),
+                false => convert(&Value::Number(x.into()), expected, raw),
+            }
+        }
         Value::String(s) if INTEGERS.contains(&expected) => {
             let grouped = s.starts_with(|c: char| c.is_ascii_digit())
                 && s.ends_with(|c: char| c.is_ascii_digit())
@@ -358,6 +367,25 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
         }
         _ => None,
     }
+}
+
+/// The official parser's arithmetic, `A+B`, `A-B`, `A*B` or `A/B` of two whole numbers
+/// (`eval_freq=10000/2`).
+fn arithmetic(s: &str) -> Option<f64> {
+    let at = s.find(['+', '-', '*', '/'])?;
+    let (a, op, b) = (&s[..at], &s[at..=at], &s[at + 1..]);
+    let whole = |n: &str| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit());
+    if !whole(a) || !whole(b) {
+        return None;
+    }
+    let (a, b): (f64, f64) = (a.parse().ok()?, b.parse().ok()?);
+    let x = match op {
+        "+" => a + b,
+        "-" => a - b,
+        "*" => a * b,
+        _ => a / b,
+    };
+    x.is_finite().then_some(x)
 }
 
 /// Plain words for the type serde expected.

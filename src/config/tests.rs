@@ -169,6 +169,24 @@ fn offline_settings_are_checked() {
 }
 
 #[test]
+fn the_official_parser_s_arithmetic_is_read() {
+    let c = load(&[
+        "eval_freq=10000/2",
+        "steps=5*1000",
+        "lr=3/10000",
+        "exp_name=1+2",
+    ])
+    .unwrap();
+    assert_eq!(
+        (c.eval_freq, c.steps, c.exp_name.as_str()),
+        (5000, 5000, "1+2")
+    );
+    assert!((c.lr - 3e-4).abs() < 1e-12);
+    let e = error(&["eval_freq=10000/3"]);
+    assert!(e.contains("got string \"10000/3\""), "{e}");
+}
+
+#[test]
 fn integral_floats_are_integers_and_names_are_strings_as_typed() {
     let c = load(&["steps=1e5", "exp_name=1.10", "wandb_name=7", "seed=3.0"]).unwrap();
     assert_eq!((c.steps, c.seed), (100_000, 3));
