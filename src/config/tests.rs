@@ -204,11 +204,13 @@ fn non_finite_and_unsupported_values_are_refused() {
         ("discount=1", "0 < discount < 1"),
         ("discount_min=0.999", "discount_min (0.999) <= discount_max"),
         ("save_agent=false", "save_agent=false is not supported"),
-        ("task_dim=0", "task_dim=0 is not supported"),
+        ("task_dim=32", "task_dim=32 is not supported"),
     ] {
         let e = error(&[arg]);
         assert!(e.contains(needle), "{arg}: {e}");
     }
+    // One task has no embedding, as the official parser's 0 says.
+    assert_eq!(load(&["task_dim=0"]).unwrap().task_dim, 0);
 }
 
 #[test]

@@ -546,8 +546,9 @@ impl Config {
             defaults.save_agent.to_string(),
             "checkpoints are always written (save_freq spaces them)",
         )];
-        // Several tasks: the official rule sets task_dim when the run is resolved.
-        if !self.multitask() {
+        // Several tasks: the official rule sets task_dim when the run is resolved. One task
+        // has none, which 0 says too (as the official parser sets it).
+        if !self.multitask() && self.task_dim != 0 {
             unsupported.push((
                 "task_dim",
                 self.task_dim.to_string(),
