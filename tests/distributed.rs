@@ -4,7 +4,8 @@
 //! - every rank ends with the same learner state (the checkpoints' per-rank checksums);
 //! - a dying rank stops the run, naming the rank; a taken master_port is a clear error.
 //!
-//! Worker processes are this test binary re-run on `worker_entry` with TDMPC2_TEST_WORKER set.
+//! Worker processes are this test binary re-run on `worker_entry` (or `diverged_rank_entry`) with
+//! TDMPC2_TEST_WORKER set.
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -187,13 +188,72 @@ fn tiny_train() -> Vec<&'static str> {
     [&["train"], TINY, &["num_threads=1"]].concat()
 }
 
+/// Not a test: the entry point of the ranks `a_checkpoint_of_ranks_that_differ_is_refused`
+/// starts, whose learners differ (other seeds); each writes what saving a checkpoint said.
+#[test]
+#[ignore = "the ranks' entry point; a_checkpoint_of_ranks_that_differ_is_refused starts it"]
+fn diverged_rank_entry() {
+    let out = PathBuf::from(std::env::var_os("TDMPC2_TEST_WORKER").expect("set by the test"));
+    let config = Config {
+        run_dir: Some(out.join("run").display().to_string()),
+        ..config(B, 1)
+    };
+    let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
+    let group = ProcessGroup::init(
+        rank,
+        Backend::Gloo,
+        Device::Cpu,
+        Duration::from_secs(60),
+        false,
+    )
+    .unwrap();
+    let seeded = Config {
+        seed: 5 + group.rank() as u64,
+        ..config.clone()
+    };
+    let settings = LearnerSettings::from_config(&seeded)
+        .unwrap()
+        .with_capacity(100);
+    let learner = Learner::new(&settings, Device::Cpu, &group).unwrap();
+    let said = tdmpc2::checkpoint::save(
+        &tdmpc2::checkpoint::CheckpointSettings::from_config(&config),
+        &tdmpc2::checkpoint::TrainState::default(),
+        &learner,
+        &group,
+    );
+    let said = said.err().map(|e| e.to_string()).unwrap_or_default();
+    std::fs::write(out.join(format!("rank{}.txt", group.rank())), said).unwrap();
+}
+
+/// Every rank's learner state is compared at each checkpoint: ranks that differ are refused
+/// by name, not saved as one state.
+#[test]
+fn a_checkpoint_of_ranks_that_differ_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    run_entry("diverged_rank_entry", 2, dir.path());
+    let said = std::fs::read_to_string(dir.path().join("rank0.txt")).unwrap();
+    assert!(
+        said.contains("learner state diverged across ranks")
+            && said.contains("model_params on rank 1"),
+        "{said}"
+    );
+    let saved = dir.path().join("run/checkpoints");
+    let steps = std::fs::read_dir(&saved).map_or(0, |d| d.count());
+    assert_eq!(steps, 0, "a checkpoint of differing ranks was written");
+}
+
 fn run_workers(world: usize, out: &Path) {
+    run_entry("worker_entry", world, out);
+}
+
+/// Runs `world` ranks of this test binary's ignored `entry`, each told `out`.
+fn run_entry(entry: &str, world: usize, out: &Path) {
     let port = free_port().to_string();
     let children: Vec<_> = (0..world)
         .map(|rank| {
             Command::new(std::env::current_exe().unwrap())
                 .args([
-                    "worker_entry",
+                    entry,
                     "--exact",
                     "--ignored",
                     "--nocapture",
@@ -426,7 +486,7 @@ fn a_taken_master_port_is_a_clear_error() {
 fn runs_under_torchrun() {
     let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");
     if !torchrun.is_file() {
-        eprintln!("no torchrun in the venv: skipped");
+        common::not_checked("runs under torchrun: the venv has no torchrun");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -215,13 +215,14 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
 fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
     let dir = tempfile::tempdir().unwrap();
     // Slow plans: each rank's one evaluation episode (200 steps of Pendulum) takes minutes.
-    let slow = args(&[
+    let mut slow = args(&[
         "world_size=2",
         "num_threads=1",
         "steps=1000000",
         "num_samples=4096",
         "iterations=12",
     ]);
+    slow.push(format!("master_port={}", free_port()));
     let run = Watched::spawn(command("train", dir.path(), &slow));
     let config = dir.path().join("config.yaml");
     wait_until(Duration::from_secs(120), || config.exists());

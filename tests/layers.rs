@@ -161,12 +161,10 @@ fn violations(root: &Path, rules: &Rules) -> Vec<String> {
             continue;
         }
         let text = std::fs::read_to_string(file).expect("read a source file");
+        let mut test_item = TestItem::default();
         for (number, line) in text.lines().enumerate() {
             let trimmed = line.trim_start();
-            if trimmed.starts_with("#[cfg(test)]") {
-                break; // the file's test module: test code from here on
-            }
-            if trimmed.starts_with("//") {
+            if test_item.skips(trimmed) || trimmed.starts_with("//") {
                 continue;
             }
             for used in modules_named(line) {
@@ -185,6 +183,62 @@ fn violations(root: &Path, rules: &Rules) -> Vec<String> {
         }
     }
     found
+}
+
+/// The item after a `#[cfg(test)]` (a test module, a test-only function or constant): test code,
+/// which may use any layer. The rest of the file is read on after it.
+#[derive(Default)]
+struct TestItem {
+    /// After the attribute, within the item.
+    inside: bool,
+    /// Braces open within the item.
+    depth: i32,
+    opened: bool,
+}
+
+impl TestItem {
+    /// Whether `line` (trimmed) belongs to a test-only item.
+    fn skips(&mut self, line: &str) -> bool {
+        if !self.inside {
+            if line.starts_with("#[cfg(test)]") {
+                *self = Self {
+                    inside: true,
+                    ..Self::default()
+                };
+                return true;
+            }
+            return false;
+        }
+        if line.starts_with("#[") || line.starts_with("//") || line.is_empty() {
+            return true;
+        }
+        for c in line.chars() {
+            match c {
+                '{' => (self.depth, self.opened) = (self.depth + 1, true),
+                '}' => self.depth -= 1,
+                _ => {}
+            }
+        }
+        let ended = match self.opened {
+            true => self.depth <= 0,
+            false => line.ends_with(';'),
+        };
+        if ended {
+            self.inside = false;
+        }
+        true
+    }
+}
+
+#[test]
+fn only_the_item_after_cfg_test_is_test_code() {
+    let file = "#[cfg(test)]\nmod a;\nuse crate::x;\n#[cfg(test)]\npub(super) const fn f(\n) -> S {\n    S {}\n}\nuse crate::y;\n#[cfg(test)]\nmod tests {\n    use crate::z;\n}\n";
+    let mut item = TestItem::default();
+    let read: Vec<&str> = file
+        .lines()
+        .filter(|l| !item.skips(l.trim_start()))
+        .collect();
+    assert_eq!(read, ["use crate::x;", "use crate::y;"]);
 }
 
 fn readme_rules(root: &Path) -> Rules {

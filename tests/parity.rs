@@ -211,9 +211,14 @@ impl Report {
         entry.failures += failures;
         entry.sign_flips += sign_flips;
         entry.elements += diff.numel() as i64;
-        if failures > sign_flips {
+        // Sign flips are a few elements whose tiny gradient took the other sign under another
+        // summation order; an optimiser's error (a wrong sign, a step missed, the encoder's rate
+        // on every layer) moves nearly every element by about as much, so few are allowed.
+        let allowed_flips = (diff.numel() as i64 / 100).max(8);
+        if failures > sign_flips || sign_flips > allowed_flips {
             self.failures.push(format!(
-                "{name}: {failures} elements out of tolerance ({sign_flips} sign-flip sized), max abs diff {max_abs:.3e}"
+                "{name}: {failures} elements out of tolerance ({sign_flips} sign-flip sized, at \
+                 most {allowed_flips} allowed), max abs diff {max_abs:.3e}"
             ));
         }
     }

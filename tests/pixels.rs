@@ -145,6 +145,8 @@ fn two_ranks_with_two_environments_each_train_on_pixels_and_eval_loads_it() {
         "num_threads=1",
         "save_video=true",
     ];
+    let port = format!("master_port={}", common::free_port());
+    let settings: Vec<&str> = settings.into_iter().chain([port.as_str()]).collect();
     tdmpc2("train", dir.path(), &settings);
     // Rank 0's environment 0 lives in a worker process, which renders the video's frames.
     let video = tdmpc2::logging::video_path(dir.path(), 0);

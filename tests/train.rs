@@ -579,7 +579,13 @@ fn a_diverging_run_stops_cleanly_with_the_last_good_checkpoint() {
         "world_size=2",
         "max_restarts=2",
     ]);
-    let out = tdmpc2(&args, &[format!("run_dir={}", dir.path().display())]);
+    let out = tdmpc2(
+        &args,
+        &[
+            format!("run_dir={}", dir.path().display()),
+            format!("master_port={}", common::free_port()),
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(4), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
