@@ -141,21 +141,12 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     loop {
         match runtime.block_on(supervise(plan, restart, store.as_ref(), &mut signals)) {
             Err(Error::JobFailed(why)) if restart < plan.max_restarts => {
-                // A node whose ranks refused their input would refuse it on every attempt, and
-                // one whose training diverged would most likely diverge again. The others say
-                // how they ended within moments of this node (their watch sees its ranks end
-                // within a beat, then stops their own).
-                let unrestartable = store
-                    .as_ref()
-                    .and_then(|store| store.unrestartable_node(restart, ENDED_WITHIN));
-                if let Some((node, ended)) = unrestartable {
-                    return Err(not_restarted(&why, node, ended));
-                }
-                if let Some(request) = signals.came(&runtime) {
-                    return Err(Error::Stopped(format!(
-                        "{why}\n[launcher] {request} before the restart: not restarted"
-                    )));
-                }
+                let attempt = Attempt {
+                    plan,
+                    store: store.as_deref(),
+                    number: restart,
+                };
+                attempt.may_restart(&why, &mut signals, &runtime)?;
                 restart += 1;
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
@@ -179,36 +170,76 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                 }
                 return result;
             }
-            // Node 0 keeps the store up until the others have ended too, and a little longer:
-            // a node that ended reads how the others did right after (a refusal is never
-            // restarted), and must find the store.
-            // A node whose ranks failed because another node's refused their input or
-            // diverged ends as that node did (exit 2 or 4, not 1).
             result => {
-                let limit = match plan.node_rank {
-                    0 => plan.peer_timeout,
-                    _ => ENDED_WITHIN,
+                let attempt = Attempt {
+                    plan,
+                    store: store.as_deref(),
+                    number: restart,
                 };
-                let unrestartable = match (&result, &store) {
-                    (Err(Error::JobFailed(_)), Some(store)) => {
-                        store.unrestartable_node(restart, limit)
-                    }
-                    (_, Some(store)) if plan.node_rank == 0 => {
-                        store.unrestartable_node(restart, limit);
-                        None
-                    }
-                    _ => None,
-                };
-                if plan.node_rank == 0 && store.is_some() {
-                    std::thread::sleep(READ_GRACE);
-                }
-                return match (result, unrestartable) {
-                    (Err(Error::JobFailed(why)), Some((node, ended))) => {
-                        Err(not_restarted(&why, node, ended))
-                    }
-                    (result, _) => result,
-                };
+                return attempt.end_unrestarted(result);
             }
+        }
+    }
+}
+
+/// An attempt of the job that ended in failure, and what the other nodes say of theirs.
+struct Attempt<'a> {
+    plan: &'a LaunchPlan,
+    store: Option<&'a heartbeat::JobStore>,
+    number: usize,
+}
+
+impl Attempt<'_> {
+    /// Whether a restart may follow `why`: not when another node's ranks refused their input
+    /// (they would on every attempt) or diverged (they most likely would again), nor after a
+    /// stop asked for meanwhile. The others say how they ended within moments of this node
+    /// (their watch sees its ranks end within a beat, then stops their own).
+    fn may_restart(
+        &self,
+        why: &str,
+        signals: &mut StopSignals,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<()> {
+        let unrestartable = self
+            .store
+            .and_then(|store| store.unrestartable_node(self.number, ENDED_WITHIN));
+        if let Some((node, ended)) = unrestartable {
+            return Err(not_restarted(why, node, ended));
+        }
+        match signals.came(runtime) {
+            Some(request) => Err(Error::Stopped(format!(
+                "{why}\n[launcher] {request} before the restart: not restarted"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The job's end after an attempt that is not restarted. Node 0 keeps the store up until
+    /// the others have ended too, and a little longer: a node that ended reads how the others
+    /// did right after, and must find the store. A node whose ranks failed because another
+    /// node's refused their input or diverged ends as that node did (exit 2 or 4, not 1).
+    fn end_unrestarted(&self, result: Result<()>) -> Result<()> {
+        let node_zero = self.plan.node_rank == 0;
+        let limit = match node_zero {
+            true => self.plan.peer_timeout,
+            false => ENDED_WITHIN,
+        };
+        let unrestartable = match (&result, self.store) {
+            (Err(Error::JobFailed(_)), Some(store)) => store.unrestartable_node(self.number, limit),
+            (_, Some(store)) if node_zero => {
+                store.unrestartable_node(self.number, limit);
+                None
+            }
+            _ => None,
+        };
+        if node_zero && self.store.is_some() {
+            std::thread::sleep(READ_GRACE);
+        }
+        match (result, unrestartable) {
+            (Err(Error::JobFailed(why)), Some((node, ended))) => {
+                Err(not_restarted(&why, node, ended))
+            }
+            (result, _) => result,
         }
     }
 }
