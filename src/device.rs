@@ -14,6 +14,21 @@ pub fn select(setting: &str, rank: &RankInfo, share_gpus: bool) -> Result<Device
     choose(setting, rank, visible, gpu_bound_per_task(), share_gpus)
 }
 
+/// Whether `local_ranks` ranks of a node could each take a device with `visible` GPUs, as
+/// [`select`] decides it (a sweep's check of its jobs before any starts).
+pub fn ranks_fit(setting: &str, local_ranks: usize, visible: usize, share_gpus: bool) -> bool {
+    let last = RankInfo {
+        rank: local_ranks.saturating_sub(1),
+        world_size: local_ranks,
+        local_rank: local_ranks.saturating_sub(1),
+        local_world_size: local_ranks,
+        master_addr: String::new(),
+        master_port: 0,
+        own_cpus: None,
+    };
+    choose(setting, &last, visible, false, share_gpus).is_ok()
+}
+
 /// SLURM bound one GPU to this task: it sees exactly one, and srun started it.
 fn gpu_bound_per_task() -> bool {
     let one_visible = std::env::var("CUDA_VISIBLE_DEVICES")

@@ -167,20 +167,24 @@ fn worker_entry() {
     let out = std::env::var("TDMPC2_TEST_WORKER")
         .expect("started by run_workers, which sets TDMPC2_TEST_WORKER");
     let config = config(B, 1);
-    let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
-    let world = rank.world_size as i64;
-    let group = ProcessGroup::init(
+    let group = join_as_worker(&config);
+    let result = rank_update(&group, group.world_size() as i64);
+    if group.rank() == 0 {
+        Tensor::write_safetensors(&result, &out).unwrap();
+    }
+}
+
+/// The gloo group of a worker process `run_entry` started (its rank in the environment).
+fn join_as_worker(config: &Config) -> ProcessGroup {
+    let (rank, _) = RankInfo::from_env(config, &|k| std::env::var(k).ok()).unwrap();
+    ProcessGroup::init(
         rank,
         Backend::Gloo,
         Device::Cpu,
         Duration::from_secs(60),
         false,
     )
-    .unwrap();
-    let result = rank_update(&group, world);
-    if group.rank() == 0 {
-        Tensor::write_safetensors(&result, &out).unwrap();
-    }
+    .unwrap()
 }
 
 /// `train` with the tiny settings, one thread per rank.
@@ -198,15 +202,7 @@ fn diverged_rank_entry() {
         run_dir: Some(out.join("run").display().to_string()),
         ..config(B, 1)
     };
-    let (rank, _) = RankInfo::from_env(&config, &|k| std::env::var(k).ok()).unwrap();
-    let group = ProcessGroup::init(
-        rank,
-        Backend::Gloo,
-        Device::Cpu,
-        Duration::from_secs(60),
-        false,
-    )
-    .unwrap();
+    let group = join_as_worker(&config);
     let seeded = Config {
         seed: 5 + group.rank() as u64,
         ..config.clone()

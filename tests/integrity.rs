@@ -502,32 +502,23 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     );
     // collect plays with the same policy: the same refusal, before it makes its --out.
     let data = dir.path().join("dataset");
-    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(["collect", "--episodes", "1", "--out"])
-        .arg(&data)
-        .args(TINY)
-        .args([
-            format!("checkpoint={}", dir.path().display()),
-            "model_size=5".into(),
-        ])
-        .output()
-        .unwrap();
+    let collect = |episodes: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(["collect", "--episodes", episodes, "--out"])
+            .arg(&data)
+            .args(TINY)
+            .arg(format!("checkpoint={}", dir.path().display()))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = collect("1", &["model_size=5"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("(model_size=5"), "{stderr}");
     assert!(!data.exists(), "collect made its --out");
     // Fewer episodes than environments: the agent plans for those that play.
-    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(["collect", "--episodes", "2", "--out"])
-        .arg(&data)
-        .args(TINY)
-        .args([
-            format!("checkpoint={}", dir.path().display()),
-            "num_envs=4".into(),
-            "seed_steps=800".into(),
-        ])
-        .output()
-        .unwrap();
+    let out = collect("2", &["num_envs=4", "seed_steps=800"]);
     assert_ok(&out);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("wrote 2 episodes in 1 file"), "{said}");

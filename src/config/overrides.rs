@@ -325,14 +325,13 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
     const INTEGERS: [&str; 4] = ["usize", "u64", "u32", "u16"];
     const FLOATS: [&str; 2] = ["f64", "f32"];
     let numeric = INTEGERS.contains(&expected) || FLOATS.contains(&expected);
+    if let Some(x) = value.as_str().filter(|_| numeric).and_then(arithmetic) {
+        return match FLOATS.contains(&expected) {
+            true => Some(Value::Number(x.into())),
+            false => convert(&Value::Number(x.into()), expected, raw),
+        };
+    }
     match value {
-        Value::String(s) if numeric && arithmetic(s).is_some() => {
-            let x = arithmetic(s)?;
-            match FLOATS.contains(&expected) {
-                true => Some(Value::Number(x.into())),
-                false => convert(&Value::Number(x.into()), expected, raw),
-            }
-        }
         Value::String(s) if INTEGERS.contains(&expected) => {
             let grouped = s.starts_with(|c: char| c.is_ascii_digit())
                 && s.ends_with(|c: char| c.is_ascii_digit())

@@ -425,10 +425,8 @@ mod tests {
         assert!(matches!(err, Error::Stopped(_)), "{err}");
     }
 
-    /// A node whose launcher went away after every rank agreed to stop (its loss may be why):
-    /// rank 0 here gets the stop's grace to write the checkpoint, not a lost peer's seconds.
-    #[test]
-    fn a_peer_lost_while_the_ranks_stop_leaves_them_the_stop_s_grace() {
+    /// Two ranks that said every rank agreed to stop, then lost node 1's launcher.
+    fn stopping_then_a_peer_lost() -> Supervision {
         let mut job = two_ranks();
         job.on_event(Event::Line {
             rank: 0,
@@ -440,6 +438,14 @@ mod tests {
             why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
             ended: heartbeat::Ended::Failed,
         }));
+        job
+    }
+
+    /// A node whose launcher went away after every rank agreed to stop (its loss may be why):
+    /// rank 0 here gets the stop's grace to write the checkpoint, not a lost peer's seconds.
+    #[test]
+    fn a_peer_lost_while_the_ranks_stop_leaves_them_the_stop_s_grace() {
+        let mut job = stopping_then_a_peer_lost();
         let left = job.deadline().unwrap() - tokio::time::Instant::now();
         assert!(left > PEER_GRACE * 2, "{left:?}");
         job.on_exit(1, exited(STOPPED_EXIT_CODE));
@@ -449,17 +455,7 @@ mod tests {
 
         // Ranks stuck in the save's collectives with the lost node, killed at the grace's end:
         // a stop that may lack its checkpoint, never a success.
-        let mut job = two_ranks();
-        job.on_event(Event::Line {
-            rank: 0,
-            text: format!("{STOPPING_NOTICE} every rank stops at step 8"),
-            is_err: true,
-        });
-        job.on_event(Event::PeerLost(heartbeat::PeerLost {
-            node: 1,
-            why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
-            ended: heartbeat::Ended::Failed,
-        }));
+        let mut job = stopping_then_a_peer_lost();
         job.kill("ranks still running after the grace period");
         job.on_exit(0, signalled(libc::SIGKILL));
         job.on_exit(1, signalled(libc::SIGKILL));

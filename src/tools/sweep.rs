@@ -459,8 +459,8 @@ fn refuse_jobs_beyond_their_gpus(
 ) -> Result<()> {
     for (job, config) in jobs.iter().zip(configs) {
         let ranks_here = config.world_size / config.nnodes.max(1);
-        let own_gpus = config.device != "cpu" && config.dist_backend != "gloo";
-        if own_gpus && ranks_here > per_slot {
+        let share_gpus = config.dist_backend == "gloo";
+        if !crate::device::ranks_fit(&config.device, ranks_here, per_slot, share_gpus) {
             return Err(Error::Config(format!(
                 "--multirun job {} ({}): its {ranks_here} ranks a node need a GPU each, but \
                  {}: lower its world_size{}, or dist_backend=gloo to let ranks share GPUs; no \

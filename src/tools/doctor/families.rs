@@ -6,11 +6,7 @@ use crate::error::{Error, Result};
 
 pub(super) fn check_dm_control(report: &mut Report, config: &Config) {
     let task = "cartpole-swingup";
-    let needed = config
-        .tasks()
-        .unwrap_or_default()
-        .iter()
-        .any(|task| envs::Family::of(task) == Some(envs::Family::DmControl));
+    let needed = families_of(config).contains(&Some(envs::Family::DmControl));
     step_line(
         report,
         "dm_control",
@@ -25,19 +21,14 @@ pub(super) fn check_dm_control(report: &mut Report, config: &Config) {
 /// in its worker; the official gymnasium tasks (box2d) in this process. A family the run's
 /// task needs must be there.
 pub(super) fn check_families(report: &mut Report, config: &Config) {
-    let needed: Vec<envs::Family> = config
-        .tasks()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|task| envs::Family::of(task))
-        .collect();
+    let needed = families_of(config);
     for (family, task) in [
         (envs::Family::MetaWorld, "mw-reach"),
         (envs::Family::MyoSuite, "myo-reach"),
     ] {
         let name = family.name();
         if let Err(e) = family.site_packages() {
-            let mark = failing_mark(needed.contains(&family));
+            let mark = failing_mark(needed.contains(&Some(family)));
             report.line(mark, name, format!("not installed: {e}"));
             continue;
         }
@@ -46,16 +37,14 @@ pub(super) fn check_families(report: &mut Report, config: &Config) {
             family.venv().display()
         );
         let remedy = format!("reinstall with `{}`", family.install_command());
-        let failing = failing_mark(needed.contains(&family));
+        let failing = failing_mark(needed.contains(&Some(family)));
         step_line(report, name, task, done, &remedy, failing);
     }
     let task = "lunarlander-continuous";
     // Any gymnasium id may need box2d; the other families' tasks do not.
-    let gymnasium = config
-        .tasks()
-        .unwrap_or_default()
+    let gymnasium = needed
         .iter()
-        .any(|task| matches!(envs::Family::of(task), None | Some(envs::Family::Gymnasium)));
+        .any(|family| matches!(family, None | Some(envs::Family::Gymnasium)));
     step_line(
         report,
         "gymnasium",
@@ -64,6 +53,16 @@ pub(super) fn check_families(report: &mut Report, config: &Config) {
         "install the pinned requirements (scripts/setup.sh)",
         failing_mark(gymnasium),
     );
+}
+
+/// The family of each of the run's tasks (None: a gymnasium id, known only to gymnasium).
+fn families_of(config: &Config) -> Vec<Option<envs::Family>> {
+    config
+        .tasks()
+        .unwrap_or_default()
+        .iter()
+        .map(|task| envs::Family::of(task))
+        .collect()
 }
 
 /// A family that does not work fails the check where the run needs it, and is noted otherwise.
