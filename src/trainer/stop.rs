@@ -77,17 +77,35 @@ pub fn requested_here() -> bool {
 
 /// Whether any rank asked to stop, agreed by all (one tiny all-gather when there is a group).
 pub fn requested(group: &ProcessGroup) -> Result<Option<StopRequest>> {
-    let local = REQUESTED.load(Ordering::SeqCst);
-    let codes = group.all_gather(&Tensor::from_slice(&[local as f32]).to_kind(Kind::Float))?;
-    let codes = Vec::<f32>::try_from(codes)?;
-    let ranks_per_node = group.info().local_world_size.max(1);
-    Ok(codes.iter().enumerate().find_map(|(rank, &code)| {
-        Reason::from_code(code as u8).map(|reason| StopRequest {
-            rank,
-            node: rank / ranks_per_node,
-            reason,
+    let local = [
+        REQUESTED.load(Ordering::SeqCst) as f32,
+        group.info().local_rank as f32,
+    ];
+    let gathered = group.all_gather(&Tensor::from_slice(&local).to_kind(Kind::Float))?;
+    let gathered = Vec::<f32>::try_from(gathered)?;
+    let ranks: Vec<(u8, usize)> = gathered
+        .chunks_exact(2)
+        .map(|pair| (pair[0] as u8, pair[1] as usize))
+        .collect();
+    Ok(first_request(&ranks))
+}
+
+/// The first rank's request among `(code, local rank)` of every rank in rank order. Its node is
+/// counted from the nodes' first ranks before it, since nodes may run different numbers of ranks
+/// (SLURM's `--ntasks` over uneven nodes).
+fn first_request(ranks: &[(u8, usize)]) -> Option<StopRequest> {
+    let mut nodes_started = 0;
+    ranks
+        .iter()
+        .enumerate()
+        .find_map(|(rank, &(code, local_rank))| {
+            nodes_started += usize::from(local_rank == 0);
+            Reason::from_code(code).map(|reason| StopRequest {
+                rank,
+                node: nodes_started.saturating_sub(1),
+                reason,
+            })
         })
-    }))
 }
 
 #[cfg(test)]
@@ -109,5 +127,20 @@ mod tests {
             assert_eq!(Reason::from_code(reason as u8), Some(reason));
         }
         assert_eq!(Reason::from_code(0), None);
+    }
+
+    #[test]
+    fn a_request_is_placed_on_its_node_when_nodes_run_uneven_numbers_of_ranks() {
+        // Three ranks on node 0, one on node 1, two on node 2; rank 4 (node 2) asks.
+        let local_ranks = [0, 1, 2, 0, 0, 1];
+        let ranks: Vec<(u8, usize)> = local_ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, &local)| (if rank >= 4 { 2 } else { 0 }, local))
+            .collect();
+        let request = first_request(&ranks).expect("rank 4 asked");
+        assert_eq!((request.rank, request.node), (4, 2));
+        assert_eq!(request.reason, Reason::LauncherLost);
+        assert_eq!(first_request(&[(0, 0), (0, 1)]), None);
     }
 }
