@@ -1000,6 +1000,47 @@ fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
     assert!(saved > 0, "node 0 wrote a checkpoint: {stderr}");
 }
 
+/// A node stopped as asked (Ctrl-C) while another node's rank fails takes no part in a
+/// restart, so the other node makes none either: it would wait `dist_timeout` for ranks that
+/// never come. It ends as a stop, naming the node.
+#[test]
+fn a_node_stopped_while_another_fails_leaves_no_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = ["max_restarts=1", "dist_timeout=600"];
+    let (first, second) = (
+        spawn_node(dir.path(), port, 0, 1_000_000, &extra),
+        spawn_node(dir.path(), port, 1, 1_000_000, &extra),
+    );
+    let trained = wait_for_train_record(&dir.path().join("node0"), 800, Duration::from_secs(240));
+    // SAFETY: SIGINT to this test's own child, as a terminal's Ctrl-C.
+    unsafe { libc::kill(second.id() as libc::pid_t, libc::SIGINT) };
+    let killed = kill_rank(first.id(), 0);
+    let stopped = Instant::now();
+    let (first, second) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
+    let took = stopped.elapsed();
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(
+        trained && killed,
+        "the job trained and lost rank 0: {stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(120),
+        "ended in {took:?}: {stderr}"
+    );
+    assert_eq!(first.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("node 1's launcher was asked to stop: not restarted"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("restarting every rank"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(3), "{stderr}");
+}
+
 #[test]
 fn a_failed_job_restarts_from_its_last_checkpoint_with_max_restarts() {
     let dir = tempfile::tempdir().unwrap();

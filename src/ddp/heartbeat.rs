@@ -27,6 +27,8 @@ pub enum Ended {
     Refused = 3,
     /// Their training diverged (exit 4): a restart would most likely diverge again.
     Diverged = 4,
+    /// Its launcher was asked to stop (Ctrl-C, SIGTERM) before this attempt: the job stops.
+    Stopped = 5,
 }
 
 impl Ended {
@@ -36,9 +38,15 @@ impl Ended {
     }
 
     fn from_value(value: i64) -> Option<Self> {
-        [Self::Well, Self::Failed, Self::Refused, Self::Diverged]
-            .into_iter()
-            .find(|ended| *ended as i64 == value)
+        [
+            Self::Well,
+            Self::Failed,
+            Self::Refused,
+            Self::Diverged,
+            Self::Stopped,
+        ]
+        .into_iter()
+        .find(|ended| *ended as i64 == value)
     }
 }
 
@@ -194,7 +202,8 @@ impl JobStore {
 
     /// Waits (up to `limit`, and no longer once the store is gone) until every node has said
     /// how its ranks of `attempt` ended, and returns a node whose ranks ended in a way no
-    /// restart mends (refused their input, or diverged) and how, if one did.
+    /// restart mends (refused their input, or diverged) and how, if one did, or a node that
+    /// already stopped the next attempt.
     pub fn unrestartable_node(&self, attempt: usize, limit: Duration) -> Option<(usize, Ended)> {
         let store_gone = std::cell::Cell::new(false);
         self.wait_for_nodes(attempt, limit, |node| {
@@ -209,11 +218,17 @@ impl JobStore {
         if store_gone.get() {
             return None;
         }
-        (0..self.nnodes).find_map(|node| {
-            self.ended(attempt, node)
-                .filter(|ended| !ended.restartable())
-                .map(|ended| (node, ended))
-        })
+        let unrestartable = |node| {
+            let ended = self.ended(attempt, node).filter(|e| !e.restartable());
+            ended.map(|ended| (node, ended))
+        };
+        let stopped_next = |node| {
+            let stopped = self.ended(attempt + 1, node) == Some(Ended::Stopped);
+            stopped.then_some((node, Ended::Stopped))
+        };
+        (0..self.nnodes)
+            .find_map(unrestartable)
+            .or_else(|| (0..self.nnodes).find_map(stopped_next))
     }
 
     /// Says this node's ranks of `attempt` ended well (finished, or stopped as asked); node 0
@@ -337,6 +352,9 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                             "its ranks refused their input (its log names the setting)"
                         }
                         Ended::Diverged => "its ranks' training diverged (its log names the step)",
+                        Ended::Stopped => {
+                            "its launcher was asked to stop (Ctrl-C or SIGTERM) before this attempt"
+                        }
                         _ => "its ranks failed",
                     };
                     return Some(PeerLost {
@@ -433,6 +451,11 @@ mod tests {
             !lost.ended.restartable() && lost.why.contains("diverged"),
             "{lost}"
         );
+        let lost = watch_a_node_that_ended(Ended::Stopped, within).expect("not reported");
+        assert!(
+            !lost.ended.restartable() && lost.why.contains("asked to stop"),
+            "{lost}"
+        );
     }
 
     /// A node of another job (or given other settings) and a second launcher claiming a node
@@ -449,8 +472,9 @@ mod tests {
         assert!(e.contains("node_rank=1 is taken"), "{e}");
     }
 
-    /// A node whose ranks refused their input (or diverged) is found once every node has
-    /// ended; none is when they all ended otherwise, or when the wait runs out.
+    /// A node whose ranks refused their input (or diverged, or that stopped the next attempt)
+    /// is found once every node has ended; none is when they all ended otherwise, or when the
+    /// wait runs out.
     #[test]
     fn an_unrestartable_node_is_found_among_the_ended() {
         let port = free_port();
@@ -477,6 +501,14 @@ mod tests {
         assert_eq!(
             host.unrestartable_node(3, within),
             Some((1, Ended::Diverged))
+        );
+        // Node 1 stopped as asked while node 0's ranks failed: no restart without it.
+        host.mark_ended(4, Ended::Failed);
+        peer.mark_ended(4, Ended::Well);
+        peer.mark_ended(5, Ended::Stopped);
+        assert_eq!(
+            host.unrestartable_node(4, within),
+            Some((1, Ended::Stopped))
         );
         // Node 0 gone: no wait for keys that cannot come.
         drop(host);

@@ -147,20 +147,14 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     number: restart,
                 };
                 attempt.may_restart(&why, &mut signals, &runtime)?;
-                restart += 1;
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
-                     (restart {restart} of {}, max_restarts)",
+                     (restart {} of {}, max_restarts)",
+                    restart + 1,
                     plan.max_restarts
                 );
-                if plan.node_rank == 0 && store.is_none() {
-                    rendezvous::wait_for_port(&plan.master_addr, plan.master_port)?;
-                }
-                if let Some(request) = signals.came(&runtime) {
-                    return Err(Error::Stopped(format!(
-                        "[launcher] {request} before restart {restart} started: not restarted"
-                    )));
-                }
+                attempt.prepare_restart(&mut signals, &runtime)?;
+                restart += 1;
             }
             // Node 0 hosts the store: it waits for the others to end too, or they would take
             // its going for a lost node.
@@ -207,11 +201,43 @@ impl Attempt<'_> {
             return Err(not_restarted(why, node, ended));
         }
         match signals.came(runtime) {
-            Some(request) => Err(Error::Stopped(format!(
+            Some(request) => Err(self.stopped_before_restart(format!(
                 "{why}\n[launcher] {request} before the restart: not restarted"
             ))),
             None => Ok(()),
         }
+    }
+
+    /// Readies the next attempt: a lone node 0 waits for its port to be free again, and a stop
+    /// asked for meanwhile ends the job instead.
+    fn prepare_restart(
+        &self,
+        signals: &mut StopSignals,
+        runtime: &tokio::runtime::Runtime,
+    ) -> Result<()> {
+        if self.plan.node_rank == 0 && self.store.is_none() {
+            rendezvous::wait_for_port(&self.plan.master_addr, self.plan.master_port)?;
+        }
+        match signals.came(runtime) {
+            Some(request) => Err(self.stopped_before_restart(format!(
+                "[launcher] {request} before restart {} started: not restarted",
+                self.number + 1
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the job on a stop asked for between this attempt and the next. The other nodes
+    /// learn it from the store, where this node's next attempt ended as stopped (their watch of
+    /// that attempt then stops their ranks), rather than wait `dist_timeout` for ranks that
+    /// never come; node 0 keeps the store up until they have.
+    fn stopped_before_restart(&self, message: String) -> Error {
+        if let Some(store) = self.store {
+            let next = self.number + 1;
+            store.mark_ended(next, heartbeat::Ended::Stopped);
+            store.finish(next, self.plan.peer_timeout);
+        }
+        Error::Stopped(message)
     }
 
     /// The job's end after an attempt that is not restarted. Node 0 keeps the store up until
@@ -250,6 +276,9 @@ fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
         heartbeat::Ended::Diverged => Error::Diverged(format!(
             "{why}\n[launcher] node {node}'s training diverged (its log names the step): not \
              restarted"
+        )),
+        heartbeat::Ended::Stopped => Error::Stopped(format!(
+            "{why}\n[launcher] node {node}'s launcher was asked to stop: not restarted"
         )),
         _ => Error::Config(format!(
             "{why}\n[launcher] node {node}'s ranks refused their input (its log names the \
@@ -355,6 +384,12 @@ async fn supervise(
     }
     let outcome = job.outcome();
     if let Some(store) = store {
+        if matches!(outcome, Err(Error::Stopped(_))) {
+            // A node that stopped (Ctrl-C while another node's ranks failed, say) takes no part
+            // in a restart: the other nodes learn it before they make one (so before this
+            // attempt's end, which they wait for).
+            store.mark_ended(restart + 1, heartbeat::Ended::Stopped);
+        }
         store.mark_ended(
             restart,
             match outcome {

@@ -233,6 +233,7 @@ impl Supervision {
             return Err(match lost.ended {
                 heartbeat::Ended::Refused => Error::Config(why),
                 heartbeat::Ended::Diverged => Error::Diverged(why),
+                heartbeat::Ended::Stopped => Error::Stopped(why),
                 _ => Error::JobFailed(why),
             });
         }
@@ -382,13 +383,15 @@ mod tests {
 
     /// Another node whose ranks refused their input ends this node's job as refused (exit 2,
     /// never restarted: it would fail the same way), one whose training diverged as diverged
-    /// (exit 4, never restarted); one that failed may be restarted.
+    /// (exit 4, never restarted), one whose launcher was asked to stop before this attempt as a
+    /// stop (exit 3); one that failed may be restarted.
     #[test]
-    fn a_peer_that_refused_its_input_or_diverged_is_not_restarted() {
+    fn a_peer_that_refused_its_input_diverged_or_stopped_is_not_restarted() {
         use heartbeat::Ended;
         for (ended, exit_code) in [
             (Ended::Refused, 2),
             (Ended::Diverged, 4),
+            (Ended::Stopped, 3),
             (Ended::Failed, 1),
         ] {
             let mut job = two_ranks();
