@@ -56,9 +56,38 @@ pub const CUSTOM_TASKS: [&str; 11] = [
     "pendulum-spin",
 ];
 
-/// Every DMControl task: the standard ones, then the custom ones.
+/// dm_control's other suite tasks, outside the TD-MPC2 benchmark, which the official code
+/// loads by the same names. Not `humanoid_CMU`'s, which no such name reaches (its domain has an
+/// underscore), nor `lqr`'s, whose actions dm_control leaves unbounded (±1e10: rescaled from
+/// [-1, 1], they would throw the system out of its stable range at once), nor
+/// `quadruped-escape`, whose every reset needs an OpenGL context, pixels or not.
+pub const OTHER_SUITE_TASKS: [&str; 17] = [
+    "acrobot-swingup-sparse",
+    "cartpole-two-poles",
+    "cartpole-three-poles",
+    "dog-fetch",
+    "fish-upright",
+    "humanoid-run-pure-state",
+    "manipulator-bring-ball",
+    "manipulator-bring-peg",
+    "manipulator-insert-ball",
+    "manipulator-insert-peg",
+    "pointmass-easy",
+    "pointmass-hard",
+    "quadruped-fetch",
+    "stacker-stack-2",
+    "stacker-stack-4",
+    "swimmer-swimmer6",
+    "swimmer-swimmer15",
+];
+
+/// Every DMControl task: the standard ones, dm_control's others, then the custom ones.
 pub fn tasks() -> impl Iterator<Item = &'static str> {
-    STANDARD_TASKS.iter().chain(&CUSTOM_TASKS).copied()
+    STANDARD_TASKS
+        .iter()
+        .chain(&OTHER_SUITE_TASKS)
+        .chain(&CUSTOM_TASKS)
+        .copied()
 }
 
 pub fn is_task(name: &str) -> bool {

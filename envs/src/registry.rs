@@ -11,7 +11,7 @@ const MIN_SIMILARITY: f64 = 0.5;
 
 /// Fully wrapped env for a task name: actions rescaled to [-1,1], action repeat, time limit.
 ///
-/// Native tasks and the 39 DMControl tasks are matched first; any other gymnasium id goes
+/// Native tasks and the DMControl tasks are matched first; any other gymnasium id goes
 /// through gymnasium, and `gym:<id>` forces gymnasium even for a natively implemented id.
 pub fn make(task: &str, seed: u64) -> Result<Box<dyn Env>> {
     make_observed(task, seed, ObsKind::State)
@@ -124,7 +124,7 @@ fn draws_nothing(task: &str, options: EnvOptions) -> Error {
     }
 }
 
-/// Names of all tasks known by name (native, the 39 DMC tasks, Meta-World's 50, MyoSuite's 10,
+/// Names of all tasks known by name (native, the DMC tasks, Meta-World's 50, MyoSuite's 10,
 /// the official gymnasium names and the refused ManiSkill2 ones), for listing and suggestions.
 pub fn known_tasks() -> Vec<&'static str> {
     native::TASKS
@@ -187,10 +187,11 @@ mod tests {
     #[test]
     fn known_tasks_list_every_family() {
         let tasks = known_tasks();
-        assert_eq!(tasks.len(), 2 + 39 + 50 + 10 + 4 + 5);
+        assert_eq!(tasks.len(), 2 + 39 + 17 + 50 + 10 + 4 + 5);
         for task in [
             "Pendulum-v1",
             "dog-run",
+            "dog-fetch",
             "mw-reach",
             "myo-key-turn",
             "bipedal-walker",

@@ -112,6 +112,53 @@ fn matches_dm_control_and_is_reproducible() {
     );
 }
 
+/// dm_control's other suite tasks are made as its own: same observation and action sizes,
+/// and the same rollout with the action rescaled from [-1, 1] to the task's bounds.
+#[test]
+fn other_suite_tasks_match_dm_control() {
+    const RESCALED: &str = r#"
+import numpy as np
+from dm_control import suite
+
+def rollout(domain, task, seed, actions):
+    env = suite.load(domain, task, task_kwargs={"random": seed}, visualize_reward=False)
+    spec = env.action_spec()
+    low = np.broadcast_to(spec.minimum, spec.shape).astype(np.float64)
+    high = np.broadcast_to(spec.maximum, spec.shape).astype(np.float64)
+    flat = lambda ts: [float(x) for v in ts.observation.values() for x in np.asarray(v, np.float32).ravel()]
+    out = flat(env.reset())
+    for a in actions:
+        a = np.clip(np.asarray(a, np.float32), -1, 1).astype(np.float64)
+        scaled = (low + (a + 1) * (0.5 * (high - low))).astype(np.float32).astype(np.float64)
+        reward = 0.0
+        for _ in range(2):
+            ts = env.step(scaled)
+            reward += ts.reward
+        out += flat(ts) + [reward]
+    return out
+"#;
+    for task in envs::dmc::OTHER_SUITE_TASKS {
+        let (domain, name) = envs::dmc::domain_and_task(task).unwrap();
+        let mut env = envs::make(task, 5).unwrap();
+        let action_dim = env.spec().action_dim;
+        assert_eq!(env.spec().episode_length, 500, "{task}");
+        let actions = common::actions(6, 5, action_dim);
+        let expected: Vec<f64> = common::with_module(RESCALED, "dmc_rescaled", |m| {
+            m.getattr("rollout")?
+                .call1((domain.as_str(), name.as_str(), 5, actions.clone()))?
+                .extract()
+        });
+        let ours = rollout(env.as_mut(), None, &actions);
+        assert_eq!(ours.len(), expected.len(), "{task}: observation size");
+        let worst = ours
+            .iter()
+            .zip(&expected)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1.0))
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "{task}: deviation {worst}");
+    }
+}
+
 #[test]
 fn seeding_walker() {
     let actions = common::actions(5, 30, 6);
