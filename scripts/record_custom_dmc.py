@@ -33,7 +33,7 @@ import sys
 
 import numpy as np
 
-# envs/src/dmc.rs: the 11 custom tasks of the mt30 set, after the 28 standard ones.
+# envs/src/dmc.rs: the official custom tasks, the 11 of the mt30 set first.
 TASKS = [
     "walker-walk-backwards",
     "walker-run-backwards",
@@ -46,6 +46,23 @@ TASKS = [
     "reacher-three-hard",
     "cup-spin",
     "pendulum-spin",
+    "walker-arabesque",
+    "walker-lie-down",
+    "walker-legs-up",
+    "walker-headstand",
+    "walker-flip",
+    "walker-backflip",
+    "cheetah-stand-front",
+    "cheetah-stand-back",
+    "cheetah-lie-down",
+    "cheetah-legs-up",
+    "cheetah-flip",
+    "cheetah-flip-backwards",
+    "hopper-flip",
+    "hopper-flip-backwards",
+    "reacher-four-easy",
+    "reacher-four-hard",
+    "fish-obstacles",
 ]
 SEED = 3
 STEPS = 30
@@ -63,7 +80,7 @@ def load_official(checkout):
     sys.path.insert(0, os.path.join(checkout, "tdmpc2"))
     # Imported for their side effect: each adds its tasks to its domain's suite under the
     # tag 'custom'.
-    from envs.tasks import ball_in_cup, cheetah, hopper, pendulum, reacher, walker  # noqa: F401
+    from envs.tasks import ball_in_cup, cheetah, fish, hopper, pendulum, reacher, walker  # noqa: F401
     from dm_control import suite
 
     return suite

@@ -41,8 +41,9 @@ pub const STANDARD_TASKS: [&str; 28] = [
     "walker-run",
 ];
 
-/// The 11 custom tasks of the official mt30 set (defined in `py/dmc_custom.py`).
-pub const CUSTOM_TASKS: [&str; 11] = [
+/// The official custom tasks (defined in `py/dmc_custom.py`): the 11 of the mt30 set, then
+/// 17 more.
+pub const CUSTOM_TASKS: [&str; 28] = [
     "walker-walk-backwards",
     "walker-run-backwards",
     "cheetah-run-backwards",
@@ -54,6 +55,23 @@ pub const CUSTOM_TASKS: [&str; 11] = [
     "reacher-three-hard",
     "cup-spin",
     "pendulum-spin",
+    "walker-arabesque",
+    "walker-lie-down",
+    "walker-legs-up",
+    "walker-headstand",
+    "walker-flip",
+    "walker-backflip",
+    "cheetah-stand-front",
+    "cheetah-stand-back",
+    "cheetah-lie-down",
+    "cheetah-legs-up",
+    "cheetah-flip",
+    "cheetah-flip-backwards",
+    "hopper-flip",
+    "hopper-flip-backwards",
+    "reacher-four-easy",
+    "reacher-four-hard",
+    "fish-obstacles",
 ];
 
 /// dm_control's other suite tasks, outside the TD-MPC2 benchmark, which the official code

@@ -187,11 +187,12 @@ mod tests {
     #[test]
     fn known_tasks_list_every_family() {
         let tasks = known_tasks();
-        assert_eq!(tasks.len(), 2 + 39 + 17 + 50 + 10 + 4 + 5);
+        assert_eq!(tasks.len(), 2 + 39 + 17 + 17 + 50 + 10 + 4 + 5);
         for task in [
             "Pendulum-v1",
             "dog-run",
             "dog-fetch",
+            "walker-backflip",
             "mw-reach",
             "myo-key-turn",
             "bipedal-walker",

@@ -256,7 +256,7 @@ fn custom_tasks_match_the_official_definitions() {
     let fixture: CustomFixture = serde_json::from_str(CUSTOM_FIXTURE).unwrap();
     let tasks: Vec<&str> = envs::dmc::tasks().collect();
     assert_eq!(
-        tasks[tasks.len() - 11..],
+        tasks[tasks.len() - envs::dmc::CUSTOM_TASKS.len()..],
         envs::dmc::CUSTOM_TASKS,
         "last among the tasks"
     );
