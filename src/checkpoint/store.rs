@@ -11,23 +11,25 @@ use crate::error::{Error, Result};
 
 const PREFIX: &str = "step_";
 const TMP_PREFIX: &str = ".tmp-";
+/// A complete checkpoint moved aside while its step's new one takes its place (where the two
+/// cannot be swapped in one step): `.aside-step_<N>`.
+const ASIDE_PREFIX: &str = ".aside-";
 
 /// Writes checkpoint `step` under `root`: `write` fills a fresh temporary directory, whose files
-/// are then synced and which is renamed into place. Returns the checkpoint's directory.
+/// are then synced and which is renamed into place. Returns the checkpoint's directory. On
+/// failure (a full disk, say) the temporary directory is removed, so that a restart does not
+/// meet the disk fuller still.
 pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
     fs::create_dir_all(root).map_err(|e| Error::io(format!("create {}", root.display()), e))?;
+    restore_set_aside(root);
     remove_stale_temporaries(root);
     let name = format!("{PREFIX}{step:012}");
     let tmp = root.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
     fs::create_dir_all(&tmp).map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
-    write(&tmp)?;
-    let files = fs::read_dir(&tmp).map_err(|e| Error::io(format!("list {}", tmp.display()), e))?;
-    for entry in files.flatten() {
-        File::open(entry.path())
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(format!("sync {}", entry.path().display()), e))?;
+    if let Err(e) = write(&tmp).and_then(|()| sync_all(&tmp)) {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    sync_dir(&tmp)?;
     let dest = root.join(&name);
     match dest.exists() {
         true => replace(&tmp, &dest)?,
@@ -36,6 +38,17 @@ pub fn save(root: &Path, step: u64, write: impl FnOnce(&Path) -> Result<()>) -> 
     }
     sync_dir(root)?;
     Ok(dest)
+}
+
+/// Syncs every file of `dir`, then `dir` itself.
+fn sync_all(dir: &Path) -> Result<()> {
+    let files = fs::read_dir(dir).map_err(|e| Error::io(format!("list {}", dir.display()), e))?;
+    for entry in files.flatten() {
+        File::open(entry.path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(format!("sync {}", entry.path().display()), e))?;
+    }
+    sync_dir(dir)
 }
 
 /// Puts the complete directory `new` in the place of the checkpoint `dest` of the same step:
@@ -52,16 +65,42 @@ fn replace(new: &Path, dest: &Path) -> Result<()> {
     }
 }
 
-/// [`replace`] without the swap: the old one is moved aside first, under a temporary name, so
-/// a kill between the two renames loses it (the latest complete checkpoint is then the one
-/// before), never leaves a half-written one.
+/// [`replace`] without the swap: the old one is moved aside first (`.aside-step_<N>`). A kill
+/// between the two renames leaves it there, never a half-written checkpoint, and the next look
+/// at the checkpoints ([`restore_set_aside`]) puts it back.
 fn replace_by_renames(new: &Path, dest: &Path) -> Result<()> {
     let failed = |e| Error::io(format!("replace {}", dest.display()), e);
-    let aside = new.with_extension("replaced");
+    let aside =
+        aside_of(dest).ok_or_else(|| Error::Checkpoint(format!("{}: no name", dest.display())))?;
     fs::rename(dest, &aside).map_err(failed)?;
     fs::rename(new, dest).map_err(failed)?;
     let _ = fs::remove_dir_all(aside);
     Ok(())
+}
+
+fn aside_of(dest: &Path) -> Option<PathBuf> {
+    let name = dest.file_name()?.to_str()?;
+    Some(dest.with_file_name(format!("{ASIDE_PREFIX}{name}")))
+}
+
+/// Puts back a checkpoint moved aside by a replacement that was cut short (its step then has
+/// none in place), or removes it (the new one is in place). Best effort: another rank may do
+/// the same at the same time.
+fn restore_set_aside(root: &Path) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(original) = name.strip_prefix(ASIDE_PREFIX) else {
+            continue;
+        };
+        let dest = root.join(original);
+        let _ = match dest.exists() {
+            true => fs::remove_dir_all(entry.path()),
+            false => fs::rename(entry.path(), dest),
+        };
+    }
 }
 
 /// Swaps two directory entries atomically (Linux's `renameat2` with `RENAME_EXCHANGE`).
@@ -88,6 +127,7 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 
 /// The complete checkpoint of exactly `step` under `root`, if any.
 pub fn at(root: &Path, step: u64) -> Option<PathBuf> {
+    restore_set_aside(root);
     let dir = root.join(format!("{PREFIX}{step:012}"));
     dir.is_dir().then_some(dir)
 }
@@ -109,6 +149,7 @@ pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
 /// The complete checkpoints under `root` with their steps, in no order (none when `root` cannot
 /// be read).
 fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
+    restore_set_aside(root);
     let Ok(entries) = fs::read_dir(root) else {
         return Vec::new();
     };
@@ -210,9 +251,58 @@ mod tests {
         let newer = dir(".tmp-step_1-2", b"newer");
         replace_by_renames(&newer, &old).unwrap();
         assert_eq!(read(&old), b"newer");
-        assert!(!newer.exists() && !newer.with_extension("replaced").exists());
+        assert!(!newer.exists() && !aside_of(&old).unwrap().exists());
         let missing = root.path().join("absent");
         assert!(exchange(&missing, &old).is_err(), "a swap needs both");
+    }
+
+    /// Killed between the two renames of a replacement without the swap: the old checkpoint,
+    /// set aside, is found again (not removed with the temporaries by the next save).
+    #[test]
+    fn a_checkpoint_set_aside_by_a_cut_replacement_is_put_back() {
+        let root = tempfile::tempdir().unwrap();
+        let write = |bytes: &'static [u8]| {
+            move |dir: &Path| -> Result<()> {
+                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
+            }
+        };
+        let saved = save(root.path(), 100, write(b"kept")).unwrap();
+        let aside = aside_of(&saved).unwrap();
+        fs::rename(&saved, &aside).unwrap();
+        let new = root
+            .path()
+            .join(format!("{TMP_PREFIX}{PREFIX}000000000100-7"));
+        fs::create_dir_all(&new).unwrap();
+        let (step, dir) = latest(root.path()).expect("put back");
+        assert_eq!(step, 100);
+        assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"kept");
+        assert!(!aside.exists());
+        // Set aside again, then a save of a later step: still put back first.
+        fs::rename(&saved, &aside).unwrap();
+        save(root.path(), 200, write(b"later")).unwrap();
+        assert_eq!(
+            fs::read(at(root.path(), 100).unwrap().join("model.safetensors")).unwrap(),
+            b"kept"
+        );
+        // Both there (cut after the second rename): the one set aside goes.
+        fs::create_dir_all(&aside).unwrap();
+        assert!(at(root.path(), 100).is_some() && !aside.exists());
+    }
+
+    /// A save that fails (a full disk, say) leaves no temporary directory behind.
+    #[test]
+    fn a_failed_save_leaves_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let err = save(root.path(), 100, |dir: &Path| {
+            fs::write(dir.join("model.safetensors"), b"part").map_err(|e| Error::io("write", e))?;
+            Err(Error::io(
+                "write state.safetensors",
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("No space left"), "{err}");
+        assert_eq!(fs::read_dir(root.path()).unwrap().count(), 0);
     }
 
     #[test]
