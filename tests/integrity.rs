@@ -152,6 +152,33 @@ impl Watched {
     }
 }
 
+/// A rank that cannot write its replay buffer fails the checkpoint on every rank, and the
+/// buffers the others wrote for it are removed: no checkpoint will need them, and a restart
+/// on a full disk would miss the space.
+#[test]
+fn a_checkpoint_that_fails_on_one_rank_leaves_no_buffers_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let buffers = dir.path().join("buffers");
+    std::fs::create_dir_all(&buffers).unwrap();
+    // Rank 1's buffer directory cannot be made: a file has its name.
+    std::fs::write(buffers.join("rank1"), b"in the way").unwrap();
+    let mut extra = args(&["world_size=2", "steps=800", "save_buffer=true"]);
+    extra.extend(args(&["eval_freq=1000000", "eval_episodes=1"]));
+    extra.push(format!("master_port={}", free_port()));
+    let out = run("train", dir.path(), &extra);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 other rank(s) could not write their replay buffer"),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(buffers.join("rank0"))
+        .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "rank 0's buffers stayed: {left:?}");
+    assert!(!checkpoint(dir.path(), 800).exists());
+}
+
 #[test]
 fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left() {
     let dir = tempfile::tempdir().unwrap();

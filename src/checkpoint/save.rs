@@ -50,8 +50,34 @@ pub fn save(
         if let Err(e) = store::prune_to(&buffers, global_step, &kept) {
             warn(e);
         }
+        // Ranks of a larger world this run resumed from have no rank to prune theirs.
+        if group.rank() == 0 {
+            for departed in departed_ranks_buffers(&settings.run_dir, group.world_size()) {
+                if let Err(e) = store::prune_to(&departed, global_step, &kept) {
+                    warn(e);
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// The buffer directories of ranks `world_size` and above (saved by a larger world).
+fn departed_ranks_buffers(run_dir: &std::path::Path, world_size: usize) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(run_dir.join("buffers")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            let rank = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("rank")?.parse::<usize>().ok());
+            rank.is_some_and(|rank| rank >= world_size)
+        })
+        .map(|entry| entry.path())
+        .collect()
 }
 
 /// Rank 0's `kept` steps on every rank; `None` when rank 0 has none to give (it could not
@@ -168,17 +194,15 @@ fn write_buffer(
 ) -> Result<Vec<u32>> {
     let (tensors, meta) = learner.buffer().export();
     let mut hash = 0;
-    let written = store::save(
-        &buffers_dir(&settings.run_dir, group.rank()),
-        global_step,
-        |dir| {
-            hash = super::buffers::write(dir, &tensors, &meta)?;
-            Ok(())
-        },
-    );
+    let root = buffers_dir(&settings.run_dir, group.rank());
+    let new_step = store::at(&root, global_step).is_none();
+    let written = store::save(&root, global_step, |dir| {
+        hash = super::buffers::write(dir, &tensors, &meta)?;
+        Ok(())
+    });
     let mut failed = Tensor::from_slice(&[f32::from(u8::from(written.is_err()))]);
     group.all_reduce_sum(&mut failed)?;
-    written?;
+    let written = written?;
     match failed.double_value(&[0]) as u64 {
         0 => {
             let hashes = rank_rows::gather(&Tensor::from_slice(&[i64::from(hash)]), group)?;
@@ -187,10 +211,16 @@ fn write_buffer(
                 .map(|h| h as u32)
                 .collect())
         }
-        n => Err(Error::Checkpoint(format!(
-            "step {global_step}: {n} other rank(s) could not write their replay buffer (see \
-             their errors); no checkpoint written"
-        ))),
+        n => {
+            // No checkpoint will need it: disk space a restart would miss.
+            if new_step {
+                let _ = std::fs::remove_dir_all(&written);
+            }
+            Err(Error::Checkpoint(format!(
+                "step {global_step}: {n} other rank(s) could not write their replay buffer (see \
+                 their errors); no checkpoint written"
+            )))
+        }
     }
 }
 
@@ -247,4 +277,23 @@ fn rank_checksums(learner: &Learner, group: &ProcessGroup) -> Result<(integrity:
         )));
     }
     Ok((parts, combined))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_buffers_of_ranks_beyond_the_world_are_found() {
+        let run = tempfile::tempdir().unwrap();
+        let buffers = run.path().join("buffers");
+        for name in ["rank0", "rank1", "rank2", "rank10"] {
+            std::fs::create_dir_all(buffers.join(name)).unwrap();
+        }
+        std::fs::write(buffers.join("rankx"), b"").unwrap();
+        let mut found = departed_ranks_buffers(run.path(), 2);
+        found.sort();
+        assert_eq!(found, [buffers.join("rank10"), buffers.join("rank2")]);
+        assert!(departed_ranks_buffers(run.path(), 11).is_empty());
+    }
 }
