@@ -89,6 +89,14 @@ impl<'g> Offline<'g> {
             mut state,
             resumed_from,
         } = setup::start(config, rank, device, group)?;
+        // Resumed from this run's own checkpoint of this update: a stop before the next update
+        // keeps it (saved again, the same state would replace it for nothing).
+        let saved_at = match resumed_from {
+            Some(from) if setup::holds_checkpoint(&checkpoints.run_dir, from, group)? => {
+                Some(state.step)
+            }
+            _ => None,
+        };
         let mut streams = Streams::new(config.seed, rank.rank, false);
         streams.reseed(state.step, &mut learner, &mut actor)?;
         // Checkpoints from before it was recorded: as if `sync_freq` never changed.
@@ -136,7 +144,7 @@ impl<'g> Offline<'g> {
             state,
             report,
             last: None,
-            saved_at: None,
+            saved_at,
         })
     }
 

@@ -186,3 +186,25 @@ pub(super) fn stop_with_checkpoint(
         Err(e) => e,
     }
 }
+
+/// Whether `mine` holds on every rank (a collective on several ranks).
+pub(super) fn every_rank(group: &ProcessGroup, mine: bool) -> Result<bool> {
+    if group.world_size() == 1 {
+        return Ok(mine);
+    }
+    let all = group.all_gather(&tch::Tensor::from_slice(&[f32::from(u8::from(mine))]))?;
+    Ok(Vec::<f32>::try_from(all)?.iter().all(|&v| v == 1.0))
+}
+
+/// Whether `run_dir` holds the checkpoint of `global_step` (the one resumed from, when it is
+/// this run's): a stop before anything changed keeps it rather than write it again. Rank 0's
+/// answer: the other ranks may not see the run directory.
+pub(super) fn holds_checkpoint(
+    run_dir: &std::path::Path,
+    global_step: u64,
+    group: &ProcessGroup,
+) -> Result<bool> {
+    let dir = checkpoint::checkpoints_dir(run_dir);
+    let held = checkpoint::store::at(&dir, global_step).is_some();
+    every_rank(group, group.rank() != 0 || held)
+}

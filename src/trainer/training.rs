@@ -2,7 +2,7 @@
 //! step does. `trainer::run` calls them in order.
 use std::time::Instant;
 
-use tch::{Device, Tensor};
+use tch::Device;
 
 use super::countdown::Countdown;
 use super::eval_point::{self, EvalSettings, Point};
@@ -174,7 +174,7 @@ impl<'g> Training<'g> {
         if !self.schedule.any_due() {
             return Ok(false);
         }
-        every_rank(self.group, self.actor.all_done())
+        setup::every_rank(self.group, self.actor.all_done())
     }
 
     /// Makes the updates the pipeline owes, so that evaluations and checkpoints see none in
@@ -448,11 +448,9 @@ impl<'g> Training<'g> {
     }
 
     /// Whether the run directory holds a checkpoint of this step (the one resumed from, when it
-    /// is this run's). Rank 0's answer: the other ranks may not see the run directory.
+    /// is this run's).
     fn holds_a_checkpoint_of_this_step(&self) -> Result<bool> {
-        let dir = checkpoint::checkpoints_dir(&self.checkpoints.run_dir);
-        let held = checkpoint::store::at(&dir, self.global_step()).is_some();
-        every_rank(self.group, self.group.rank() != 0 || held)
+        setup::holds_checkpoint(&self.checkpoints.run_dir, self.global_step(), self.group)
     }
 
     /// What a checkpoint keeps of the run beside the learner: time, an evaluation still owed,
@@ -503,13 +501,4 @@ fn schedule(config: &Config, resumed_from: Option<u64>, eval_due: bool) -> Sched
         None => Schedule::fresh(eval_freq, config.save_freq),
         Some(from) => Schedule::resumed(eval_freq, config.save_freq, from, eval_due),
     }
-}
-
-/// Whether `mine` holds on every rank (a collective on several ranks).
-fn every_rank(group: &ProcessGroup, mine: bool) -> Result<bool> {
-    if group.world_size() == 1 {
-        return Ok(mine);
-    }
-    let all = group.all_gather(&Tensor::from_slice(&[f32::from(u8::from(mine))]))?;
-    Ok(Vec::<f32>::try_from(all)?.iter().all(|&v| v == 1.0))
 }
