@@ -444,6 +444,7 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     let settings = args(&["steps=400", "eval_freq=400", "num_threads=1"]);
     assert_ok(&run("train", dir.path(), &settings));
     let metrics = std::fs::read(dir.path().join("metrics.jsonl")).unwrap();
+    let job = std::fs::read(dir.path().join(".job")).unwrap();
     let refused = |extra: &[&str], expected: &str| {
         let mut all = settings.clone();
         all.extend(args(extra));
@@ -495,6 +496,18 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         metrics,
         "the refused runs wrote nothing"
     );
+    assert_eq!(
+        std::fs::read(dir.path().join(".job")).unwrap(),
+        job,
+        "the run directory is still the first job's (a restarted attempt of it resumes)"
+    );
+    // Refused before any run directory is made: nothing is left behind.
+    let new_run = dir.path().join("never");
+    for extra in ["device=cuda:99", "data_dir=/nonexistent/data"] {
+        let out = run("train", &new_run, &args(&[extra]));
+        assert_eq!(out.status.code(), Some(2), "{extra}");
+        assert!(!new_run.exists(), "{extra} made {}", new_run.display());
+    }
     assert_eq!(
         std::fs::read_dir(dir.path().join("checkpoints"))
             .unwrap()

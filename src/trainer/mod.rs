@@ -33,15 +33,17 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // First thing: a stop requested during start-up must still end in a checkpoint.
     stop::install_handlers();
     crate::ddp::lifeline::bind_to_launcher(|| stop::request(stop::Reason::LauncherLost))?;
+    // What needs no run directory first, so that a refused run leaves none behind.
+    crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
+    if config.offline() {
+        offline::verify_dataset(&config, rank.rank, rank.world_size)?;
+    }
     // Before the group forms: a second run on this directory fails at once (its other ranks
     // are stopped by their launcher, or time out).
     let _lock = match rank.rank {
         0 => Some(run_dir::claim(&config)?),
         _ => None,
     };
-    if config.offline() {
-        offline::verify_dataset(&config, rank.rank, rank.world_size)?;
-    }
     let (device, group) = setup::join_group(&config, &rank)?;
     if config.offline() {
         return offline::train(&config, &rank, device, &group);

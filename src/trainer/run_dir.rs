@@ -39,15 +39,15 @@ pub fn refuse_a_checkpoint_to_start_from(config: &Config) -> Result<()> {
     }
 }
 
-/// Rank 0's hold on the run directory, this job's from here on. A bad `resume` path is refused
-/// before the directory is made; a used directory once its lock is held, so that two runs
-/// starting together cannot both find it unused.
+/// Rank 0's hold on the run directory. A bad `resume` path is refused before the directory is
+/// made; a used directory once its lock is held, so that two runs starting together cannot
+/// both find it unused. The directory becomes this job's ([`record_job`]) once the run has
+/// started, so that a run refused later (a checkpoint that does not fit) leaves it as it was.
 pub fn claim(config: &Config) -> Result<RunLock> {
     refuse_a_checkpoint_to_start_from(config)?;
     resume_source_of(config)?;
     let lock = RunLock::acquire(&config.run_dir())?;
     refuse_a_used_run_dir(config)?;
-    record_job(&config.run_dir())?;
     Ok(lock)
 }
 
@@ -82,7 +82,7 @@ pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
 }
 
 /// Records this process's job as the one that writes `run_dir` (rank 0, holding its lock).
-fn record_job(run_dir: &Path) -> Result<()> {
+pub fn record_job(run_dir: &Path) -> Result<()> {
     let path = run_dir.join(JOB);
     std::fs::write(&path, this_job()).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }

@@ -98,6 +98,9 @@ pub(super) fn start<'g>(
     if config.compile && device.is_cuda() {
         capture_graphs(&mut learner, actor.policy_mut(), group.rank() == 0);
     }
+    if group.rank() == 0 {
+        super::run_dir::record_job(&config.run_dir())?;
+    }
     Ok(Start {
         learner,
         actor,
