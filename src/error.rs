@@ -27,6 +27,11 @@ pub enum Error {
     /// A checkpoint that cannot be written, found or trusted.
     #[error("{0}")]
     Checkpoint(String),
+    /// A file given to read that is damaged or not what it should be (a checkpoint whose bytes
+    /// differ from their recorded hash, a `meta.json` that is not one): bad input (exit 2),
+    /// which a restart would meet again.
+    #[error("{0}")]
+    Unreadable(String),
     /// Training produced non-finite values.
     #[error("{0}")]
     Diverged(String),
@@ -98,8 +103,11 @@ impl Error {
                 | envs::Error::Renderer { .. },
             ) => BAD_INPUT_EXIT_CODE,
             Error::Agent(
-                crate::agent::Error::Output { .. } | crate::agent::Error::Mismatch { .. },
+                crate::agent::Error::Output { .. }
+                | crate::agent::Error::Mismatch { .. }
+                | crate::agent::Error::Unreadable { .. },
             ) => BAD_INPUT_EXIT_CODE,
+            Error::Unreadable(_) => BAD_INPUT_EXIT_CODE,
             Error::Stopped(_) => STOPPED_EXIT_CODE,
             Error::Diverged(_) => DIVERGED_EXIT_CODE,
             _ => 1,

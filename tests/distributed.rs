@@ -899,7 +899,7 @@ fn a_damaged_checkpoint_is_refused_on_resume() {
         format!("run_dir={}", second.path().display()),
     ]);
     let log = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "refused input: {log}");
     assert!(
         log.contains(&format!("{} is damaged", state.display())),
         "the changed file is named: {log}"

@@ -718,7 +718,7 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     tch::Tensor::write_safetensors(&tensors, &odd).unwrap();
     let odd_pt = dir.path().join("odd.pt");
     let out = tdmpc2(&["export", &odd.to_string_lossy(), &odd_pt.to_string_lossy()]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
         text(&out).contains("not a TD-MPC2 state dict") && !text(&out).contains("panicked"),
         "{}",
@@ -731,9 +731,28 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     std::fs::write(&model, damaged).unwrap();
     let again = dir.path().join("again.pt");
     let out = tdmpc2(&["export", &run.to_string_lossy(), &again.to_string_lossy()]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("is damaged"), "{}", text(&out));
     assert!(!again.exists(), "nothing written from a damaged checkpoint");
+    // Not a safetensors file at all (garbage under the name): named, exit 2.
+    std::fs::write(&odd, b"\xff\xff\xff\xff\xff\xff\xff\x7fgarbage").unwrap();
+    for verb in ["export", "eval"] {
+        let out = match verb {
+            "export" => tdmpc2(&[verb, &odd.to_string_lossy(), &again.to_string_lossy()]),
+            _ => tdmpc2(&[
+                verb,
+                "task=Pendulum-v1",
+                "model_size=1",
+                &format!("checkpoint={}", odd.display()),
+            ]),
+        };
+        assert_eq!(out.status.code(), Some(2), "{verb}: {}", text(&out));
+        assert!(
+            text(&out).contains("odd.safetensors: not a readable safetensors file"),
+            "{verb}: {}",
+            text(&out)
+        );
+    }
 }
 
 /// scripts/time_to_return.py (the runs of `gpu_check.sh --walker`) on tiny CPU runs: a run that

@@ -26,6 +26,10 @@ pub enum Error {
     Fused(#[from] crate::cuda::fused::FusedError),
     #[error("checkpoint {path}: {message}")]
     Checkpoint { path: String, message: String },
+    /// A file given to read that is not what it should be (truncated, damaged, another format,
+    /// not a TD-MPC2 model): bad input, refused the same way every time.
+    #[error("{path}: {message}")]
+    Unreadable { path: String, message: String },
     /// A file to write that cannot be written as given (bad input: it exists, has no folder, is
     /// named for another format).
     #[error("output {path}: {message}")]

@@ -8,7 +8,7 @@ use pyo3::types::{PyAnyMethods, PyBytes, PyDict, PyDictMethods};
 use tch::{Kind, Tensor};
 
 use super::error::{Error, Result};
-use super::world_model::{Q_DETACHED, Q_ONLINE, Q_TARGET};
+use super::world_model::{DYNAMICS, POLICY, Q_DETACHED, Q_ONLINE, Q_TARGET, REWARD};
 
 /// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
 const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];
@@ -120,6 +120,12 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         let checkpoint = torch
             .call_method("load", (path_text.as_str(),), Some(&kwargs))
             .map_err(|e| unreadable(py, e))?;
+        if !checkpoint.hasattr("items")? {
+            let kind = checkpoint.get_type().name()?.to_string();
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "it holds a {kind}, not a state dict (a mapping of names to tensors)"
+            )));
+        }
         let state = match checkpoint.get_item("model") {
             Ok(model) if model.hasattr("items")? => model,
             _ => checkpoint,
@@ -128,9 +134,9 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         collect("", &state, &mut out)?;
         Ok(out)
     })
-    .map_err(|e| Error::Checkpoint {
+    .map_err(|e| Error::Unreadable {
         path: path_text.clone(),
-        message: e.to_string(),
+        message: e.to_string().trim_start_matches("python: ").to_string(),
     })?;
 
     let mut named = Vec::new();
@@ -141,10 +147,10 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
         named.push((name, tensor));
     }
-    if named.is_empty() {
-        return Err(Error::Checkpoint {
+    if let Some(why) = not_a_tdmpc2_model(&named) {
+        return Err(Error::Unreadable {
             path: path_text,
-            message: "no tensors found".into(),
+            message: why,
         });
     }
     let tmp = out_path.with_extension("safetensors.tmp");
@@ -155,6 +161,26 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     Tensor::write_safetensors(&named, &tmp).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string()))?;
     Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+/// Why `named` is not a TD-MPC2 model's state dict, if it is not: a part every model has is
+/// missing, or a value is not finite (the weights of a diverged run play nothing).
+fn not_a_tdmpc2_model(named: &[(String, Tensor)]) -> Option<String> {
+    let has = |prefix: &str| named.iter().any(|(name, _)| name.starts_with(prefix));
+    let parts = ["_encoder.", DYNAMICS, REWARD, POLICY, Q_ONLINE, Q_TARGET];
+    if let Some(missing) = parts.iter().find(|part| !has(part)) {
+        return Some(format!(
+            "not a TD-MPC2 state dict: it has no `{}` tensors ({} tensors read)",
+            missing.trim_end_matches('.'),
+            named.len()
+        ));
+    }
+    let not_finite = named
+        .iter()
+        .find(|(_, t)| !bool::try_from(t.isfinite().all()).unwrap_or(false));
+    not_finite.map(|(name, _)| {
+        format!("`{name}` holds NaN or infinite values: these weights cannot be played or trained")
+    })
 }
 
 /// Tensors for the embedded Python, name → (float32 bytes, shape), which
@@ -184,12 +210,15 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         "safetensors",
         "export writes torch's format, e.g. agent.pt",
     )?;
-    let fail = |path: &Path, message: String| Error::Checkpoint {
+    let fail = |path: &Path, message: String| Error::Unreadable {
         path: path.display().to_string(),
         message,
     };
-    let named =
-        Tensor::read_safetensors(model_path).map_err(|e| fail(model_path, e.to_string()))?;
+    let named = Tensor::read_safetensors(model_path).map_err(|e| {
+        let why =
+            format!("not a readable safetensors file (truncated, damaged, or another format): {e}");
+        fail(model_path, why)
+    })?;
     let first_q = format!("{Q_ONLINE}.0.weight");
     let num_q = named
         .iter()
@@ -299,13 +328,59 @@ mod tests {
         ] {
             let pt = dir.path().join("agent.pt");
             std::fs::write(&pt, bytes).unwrap();
-            let e = import_official(&pt, &out).unwrap_err().to_string();
+            let e = import_official(&pt, &out).unwrap_err();
+            assert!(matches!(e, Error::Unreadable { .. }), "{e:?}");
+            let e = e.to_string();
             assert!(
                 e.contains("torch cannot load it as a checkpoint") && e.contains(why),
                 "{e}"
             );
             assert!(!e.contains('\n') && !e.contains("weights_only"), "{e}");
             assert!(!out.exists());
+        }
+    }
+
+    /// Files torch loads that hold no TD-MPC2 model are refused, naming why, and nothing is
+    /// written: a bare tensor, a state dict of something else, a model with NaN weights.
+    #[test]
+    fn what_is_not_a_tdmpc2_model_is_not_imported() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out.safetensors");
+        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
+                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        for (name, object, why) in [
+            (
+                "tensor",
+                "torch.zeros(3)".to_string(),
+                "it holds a Tensor, not a state dict",
+            ),
+            (
+                "other",
+                "{'model': {'a': torch.zeros(2)}}".to_string(),
+                "not a TD-MPC2 state dict: it has no `_encoder` tensors (1 tensors read)",
+            ),
+            (
+                "nan",
+                format!(
+                    "{{'model': {{k: torch.full((2, 2), float('nan') if k.startswith('_pi') \
+                     else 0.5) for k in {parts}}}}}"
+                ),
+                "`_pi.0.weight` holds NaN or infinite values",
+            ),
+        ] {
+            let pt = dir.path().join(format!("{name}.pt"));
+            let code = format!(
+                "import torch\ntorch.save({object}, {:?})\n",
+                pt.to_string_lossy()
+            );
+            embedded_python::with_python(|py| {
+                py.run(&std::ffi::CString::new(code.clone()).unwrap(), None, None)
+            })
+            .unwrap();
+            let e = import_official(&pt, &out).unwrap_err();
+            assert!(matches!(e, Error::Unreadable { .. }), "{name}: {e:?}");
+            assert!(e.to_string().contains(why), "{name}: {e}");
+            assert!(!out.exists(), "{name}");
         }
     }
 

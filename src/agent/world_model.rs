@@ -452,9 +452,11 @@ impl WorldModel {
 
     /// Reads a safetensors state dict written by [`WorldModel::save`] or [`super::import_official`].
     pub fn load(&mut self, path: &Path) -> Result<()> {
-        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Checkpoint {
+        let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Unreadable {
             path: path.display().to_string(),
-            message: e.to_string(),
+            message: format!(
+                "not a readable safetensors file (truncated, damaged, or another format): {e}"
+            ),
         })?;
         self.load_named(tensors).map_err(|e| Error::Mismatch {
             path: path.display().to_string(),

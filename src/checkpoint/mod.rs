@@ -265,11 +265,16 @@ fn read_meta(dir: &Path) -> Result<Meta> {
     let path = dir.join(META);
     let bytes =
         std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    let mut value: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))?;
+    let unreadable = |e: serde_json::Error| {
+        Error::Unreadable(format!(
+            "{}: not a checkpoint's meta.json (damaged or edited): {e}",
+            path.display()
+        ))
+    };
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes).map_err(unreadable)?;
     let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(1);
     if format > FORMAT as u64 {
-        return Err(Error::Checkpoint(format!(
+        return Err(Error::Unreadable(format!(
             "{}: written by a newer tdmpc2 (format {format}; this one reads up to {FORMAT})",
             path.display()
         )));
@@ -279,7 +284,7 @@ fn read_meta(dir: &Path) -> Result<Meta> {
             object.remove("rank_checksums");
         }
     }
-    serde_json::from_value(value).map_err(|e| fail(&path.display().to_string(), e))
+    serde_json::from_value(value).map_err(unreadable)
 }
 
 /// Compares each of `names` in `dir` with the hash `meta` recorded when it was saved.
@@ -296,7 +301,7 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
         };
         let now = integrity::file_crc(&path)?;
         if now != *saved {
-            return Err(Error::Checkpoint(format!(
+            return Err(Error::Unreadable(format!(
                 "{} is damaged: its bytes do not match the hash recorded when it was saved \
                  (crc32c {now:08x}, saved {saved:08x}); move it out of checkpoints/ and resume \
                  the one before (or resume that one into another run_dir)",
@@ -313,6 +318,24 @@ mod tests {
     use crate::agent::AdamState;
     use crate::config::Source;
     use crate::ddp::ProcessGroup;
+
+    /// A `meta.json` that is not one, or one of a newer format, is refused as bad input
+    /// (exit 2: a restart would meet it again), naming the file.
+    #[test]
+    fn a_meta_json_that_cannot_be_read_is_refused_as_input() {
+        let dir = tempfile::tempdir().unwrap();
+        for (bytes, why) in [
+            (&b"{garbage"[..], "not a checkpoint's meta.json"),
+            (b"{\"format\": 99}", "written by a newer tdmpc2 (format 99"),
+            (b"{\"format\": 2}", "not a checkpoint's meta.json"),
+        ] {
+            std::fs::write(dir.path().join(META), bytes).unwrap();
+            let e = read_meta(dir.path()).unwrap_err();
+            assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE, "{e}");
+            assert!(e.to_string().contains(why), "{e}");
+            assert!(e.to_string().contains("meta.json"), "{e}");
+        }
+    }
     use crate::ddp::RankInfo;
     use crate::learner::Learner;
     use tch::{Device, Kind, Tensor};

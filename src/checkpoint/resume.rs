@@ -379,13 +379,18 @@ fn load_on_root(
     }
     learner.model_mut().load(&dir.join(MODEL))?;
     let device = learner.model().device();
-    let tensors = Tensor::read_safetensors(dir.join(STATE))?;
+    let tensors = Tensor::read_safetensors(dir.join(STATE)).map_err(|e| {
+        Error::Unreadable(format!(
+            "{}: not a readable safetensors file (truncated, damaged, or another format): {e}",
+            dir.join(STATE).display()
+        ))
+    })?;
     let get = |name: &str| -> Result<Tensor> {
         tensors
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, t)| t.to_device(device))
-            .ok_or_else(|| Error::Checkpoint(format!("{}: {STATE} lacks '{name}'", dir.display())))
+            .ok_or_else(|| Error::Unreadable(format!("{}: {STATE} lacks '{name}'", dir.display())))
     };
     let model_state = AdamState {
         step: meta.model_optim_step,
