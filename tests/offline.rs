@@ -221,6 +221,34 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
         stderr.contains("already holds dataset files (chunk_0.pt, chunk_1.pt, chunk_2.pt)"),
         "{stderr}"
     );
+    // Nor does a file, or a disk too small for the episodes asked for.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let file = elsewhere.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let fresh = elsewhere.path().join("fresh");
+    for (out, episodes, expected) in [
+        (
+            &file,
+            "1",
+            "a-file is a file: dataset files are written into a directory",
+        ),
+        (
+            &fresh,
+            "100000000000000",
+            "--episodes 100000000000000: the dataset would take",
+        ),
+    ] {
+        let refused = Command::new(common::tdmpc2_bin())
+            .args(["collect", "--episodes", episodes, "--out"])
+            .arg(out)
+            .arg(format!("task={TASKS}"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(expected), "{stderr}");
+    }
+    assert!(!fresh.exists(), "nothing written");
     let run = tempfile::tempdir().unwrap();
     let out = Command::new(common::tdmpc2_bin())
         .arg("train")

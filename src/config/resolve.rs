@@ -279,6 +279,11 @@ impl Config {
         resolved(self.action_dim)
     }
 
+    /// The longest episode (of any task, in a multitask run).
+    pub fn resolved_episode_length(&self) -> Result<usize> {
+        resolved(self.episode_length)
+    }
+
     pub fn resolved_discount(&self) -> Result<f64> {
         resolved(self.discount)
     }

@@ -26,6 +26,12 @@ fn refuse_a_dataset(dir: &Path) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
+    if !dir.is_dir() {
+        return Err(Error::Config(format!(
+            "{} is a file: dataset files are written into a directory; give a new or empty one",
+            dir.display()
+        )));
+    }
     let held =
         super::dataset_files(dir).map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
     if held.is_empty() {
@@ -70,6 +76,13 @@ impl ChunkWriter {
     }
 
     /// Adds a finished episode; a file is written when its length has `per_file` of them.
+    /// The bytes a file takes per episode of `length` steps (its tensors: each of `length + 1`
+    /// rows holds an observation, an action, a reward and an int64 task).
+    pub fn episode_bytes(obs_dim: usize, action_dim: usize, length: usize) -> u64 {
+        let row = (obs_dim + action_dim + 1) * 4 + 8;
+        ((length + 1) * row) as u64
+    }
+
     pub fn add(&mut self, episode: Episode) -> Result<()> {
         let length = episode.reward.len();
         let group = self.pending.entry(length).or_default();

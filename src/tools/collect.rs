@@ -44,6 +44,38 @@ pub fn refuse_what_files_cannot_hold(config: &Config, args: &Collection) -> Resu
     Ok(())
 }
 
+/// `--episodes` whose files would not fit in the space free under `--out` are refused before
+/// any is played (a run of many hours would otherwise end with the disk full).
+fn refuse_what_the_disk_cannot_hold(
+    config: &Config,
+    args: &Collection,
+    action_dim: Option<usize>,
+) -> Result<()> {
+    let per_episode = ChunkWriter::episode_bytes(
+        config.resolved_obs_dim()?,
+        action_dim.unwrap_or(0),
+        config.resolved_episode_length()?,
+    );
+    let needed = per_episode.saturating_mul(args.episodes as u64);
+    let Ok((dir, free)) = crate::checkpoint::disk::free_bytes(&args.out) else {
+        return Ok(());
+    };
+    if needed <= free {
+        return Ok(());
+    }
+    let gb = |bytes: u64| bytes as f64 / 1e9;
+    Err(Error::Config(format!(
+        "--episodes {}: the dataset would take about {:.1} GB ({} bytes an episode), and {} \
+         has {:.1} GB free; collect at most {} episodes there, or give --out on a larger disk",
+        args.episodes,
+        gb(needed),
+        per_episode,
+        dir.display(),
+        gb(free),
+        free / per_episode.max(1)
+    )))
+}
+
 /// Plays `args.episodes` episodes, with the agent of `checkpoint=` or random actions.
 pub fn run(config: &Config, args: &Collection) -> Result<()> {
     refuse_what_files_cannot_hold(config, args)?;
@@ -58,6 +90,7 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
         Some(dims) => dims.clone(),
         None => vec![config.resolved_action_dim()?],
     };
+    refuse_what_the_disk_cannot_hold(config, args, action_dims.iter().max().copied())?;
     let mut writer = ChunkWriter::new(
         &args.out,
         args.episodes_per_file,
