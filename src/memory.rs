@@ -17,12 +17,24 @@ pub fn reset_peak() -> Result<()> {
         .map_err(|e| Error::io("reset the peak (clear_refs)", e))
 }
 
+/// Memory the system can still give (`MemAvailable` of /proc/meminfo), in bytes.
+pub fn available_bytes() -> Result<f64> {
+    let info =
+        std::fs::read_to_string("/proc/meminfo").map_err(|e| Error::io("read /proc/meminfo", e))?;
+    kib_field(&info, "MemAvailable")
+        .map(|k| k * 1024.0)
+        .ok_or_else(|| Error::Other("no MemAvailable in /proc/meminfo".into()))
+}
+
+fn kib_field(text: &str, field: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 fn status_kib(field: &str) -> Result<f64> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| Error::io("read /proc/self/status", e))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    kib_field(&status, field)
         .ok_or_else(|| Error::Other(format!("no {field} in /proc/self/status")))
 }

@@ -480,12 +480,44 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
             &["bench", "--cases", "env,loop", "--loop-set", "stepz=1"],
             "unknown key 'stepz'",
         ),
+        (
+            &["bench", "--cases", "dataset", "--dataset-mb", "999999999"],
+            "--dataset-mb 999999999:",
+        ),
         (&["doctor", "--world-size", "100000"], "--world-size 100000"),
         (&["plot", ".", "--width", "100000"], "--width 100000"),
     ] {
         let stderr = rejected(args);
         assert!(stderr.contains(named), "{args:?}: {stderr}");
     }
+}
+
+/// The dataset bench stopped by SIGTERM while it writes removes what it wrote.
+#[test]
+fn a_stopped_dataset_bench_leaves_no_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bench = std::process::Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["bench", "--cases", "dataset", "--dataset-mb", "2000"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dataset = tmp
+        .path()
+        .join(format!("tdmpc2-bench-dataset-{}", bench.id()));
+    let started = std::time::Instant::now();
+    while !dataset.join("chunk_0.pt").exists() && started.elapsed().as_secs() < 120 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let writing = dataset.join("chunk_0.pt").exists();
+    // SAFETY: SIGTERM to this test's own child.
+    unsafe { libc::kill(bench.id() as libc::pid_t, libc::SIGTERM) };
+    let out = bench.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(writing, "the bench wrote its first file: {stderr}");
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!dataset.exists(), "{} left behind", dataset.display());
 }
 
 /// Several tasks resolve against each task's environment (padded observations, each task's

@@ -211,6 +211,9 @@ fn check(args: &BenchArgs) -> Result<()> {
     if runs("graphs") {
         super::graphs::cuda_device(&args.device)?;
     }
+    if runs("dataset") {
+        super::dataset::refuse_what_does_not_fit(args.dataset_mb as usize)?;
+    }
     if runs("agent") || runs("graphs") {
         if let Some(task) = args
             .tasks

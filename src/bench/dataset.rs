@@ -20,11 +20,52 @@ const EPISODES_PER_FILE: usize = 100;
 const BATCH_SIZE: usize = 256;
 const BATCHES: usize = 500;
 
+/// Writes the dataset under the temporary directory, measures, and removes it, also when
+/// stopped (Ctrl-C or SIGTERM, seen between episodes written and batches read).
 pub fn run(megabytes: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("tdmpc2-bench-dataset-{}", std::process::id()));
+    let dir = dataset_dir();
+    refuse_what_does_not_fit(megabytes)?;
+    crate::trainer::stop::install_handlers();
     let result = measure(&dir, megabytes, print);
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+fn dataset_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tdmpc2-bench-dataset-{}", std::process::id()))
+}
+
+/// A dataset larger than the temporary directory's disk can hold, or than memory (the
+/// official loader holds all of it), is refused before anything is written.
+pub(super) fn refuse_what_does_not_fit(megabytes: usize) -> Result<()> {
+    let bytes = megabytes as f64 * 1e6;
+    let room = [
+        crate::checkpoint::disk::free_bytes(&dataset_dir())
+            .ok()
+            .map(|(at, free)| (free as f64, format!("{} has", at.display()))),
+        crate::memory::available_bytes().ok().map(|free| {
+            (
+                free,
+                "memory (the official loader holds the dataset) has".into(),
+            )
+        }),
+    ];
+    match room.into_iter().flatten().find(|(free, _)| bytes > *free) {
+        Some((free, what)) => Err(Error::Config(format!(
+            "--dataset-mb {megabytes}: {what} {:.0} MB free; give at most that",
+            free / 1e6
+        ))),
+        None => Ok(()),
+    }
+}
+
+fn stopped() -> Result<()> {
+    match crate::trainer::stop::requested_here() {
+        true => Err(Error::Stopped(
+            "bench stopped (Ctrl-C or SIGTERM); its dataset was removed".into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
@@ -34,6 +75,7 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
     let started = Instant::now();
     let mut writer = ChunkWriter::new(dir, EPISODES_PER_FILE, OBS_DIM, vec![ACTION_DIM])?;
     for e in 0..episodes {
+        stopped()?;
         let value = |i: usize| ((e * 7919 + i) % 1009) as f32 / 1009.0;
         writer.add(Episode {
             obs: (0..rows * OBS_DIM).map(value).collect(),
@@ -62,6 +104,7 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
     let mut rng = Pcg64::seed_from_u64(1);
     let sampling = Instant::now();
     for _ in 0..BATCHES {
+        stopped()?;
         data.sample(BATCH_SIZE, &mut rng)?;
     }
     let sample_ms = sampling.elapsed().as_secs_f64() * 1e3 / BATCHES as f64;
