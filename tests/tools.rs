@@ -342,6 +342,22 @@ fn multirun_checks_every_combination_before_running_any() {
         "something ran: {log}"
     );
 
+    // A run_dir that is a file takes no jobs' directories.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    let run_dir = format!("run_dir={}", file.display());
+    let mut args = vec!["train", "--multirun", "steps=400", "seed=1,2", &run_dir];
+    args.extend(tiny());
+    let out = tdmpc2(&args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("a-file: a file") && log.contains("no job was started"),
+        "{log}"
+    );
+    assert!(!log.contains("[job 0]"), "{log}");
+    std::fs::remove_file(&file).unwrap();
+
     // A multitask sweep resolves its tasks as `train` does; a task it cannot make is named.
     let out = tdmpc2(&[
         "train",

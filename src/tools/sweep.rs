@@ -82,6 +82,7 @@ pub fn split_values(raw: &str) -> Vec<String> {
 /// The values a sweep takes from `raw`: its top-level commas, or hydra's `choice(a,b)` and
 /// `range(start,stop[,step])` (integers, `stop` excluded, as Python's and hydra's).
 fn sweep_values(key: &str, raw: &str) -> Result<Vec<String>> {
+    refuse_other_sweep_calls(key, raw)?;
     let call = |name: &str| {
         raw.trim()
             .strip_prefix(name)
@@ -89,10 +90,16 @@ fn sweep_values(key: &str, raw: &str) -> Result<Vec<String>> {
             .and_then(|rest| rest.strip_suffix(')'))
     };
     if let Some(inner) = call("choice") {
-        return Ok(split_values(inner)
+        let values: Vec<String> = split_values(inner)
             .into_iter()
             .map(|v| v.trim().to_owned())
-            .collect());
+            .collect();
+        if values.iter().any(String::is_empty) {
+            return Err(Error::Config(format!(
+                "{key}={raw}: choice takes values, none of them empty, e.g. choice(a,b)"
+            )));
+        }
+        return Ok(values);
     }
     let Some(inner) = call("range") else {
         return Ok(split_values(raw));
@@ -124,6 +131,29 @@ fn sweep_values(key: &str, raw: &str) -> Result<Vec<String>> {
         )));
     }
     Ok((0..count).map(|i| (start + i * step).to_string()).collect())
+}
+
+/// Hydra's sweep functions this sweep does not take (`interval`, `glob`, ...: an optimising
+/// sweeper's), and `range(`/`choice(` calls left open, are refused naming the setting.
+fn refuse_other_sweep_calls(key: &str, raw: &str) -> Result<()> {
+    let raw = raw.trim();
+    let Some((name, rest)) = raw.split_once('(') else {
+        return Ok(());
+    };
+    let taken = ["range", "choice"];
+    let others = ["interval", "glob", "shuffle", "sort", "tag", "extend_list"];
+    if others.contains(&name) {
+        return Err(Error::Config(format!(
+            "{key}={raw}: {name}() is not taken here: this sweep runs lists (a,b), range() and \
+             choice()"
+        )));
+    }
+    if taken.contains(&name) && !rest.ends_with(')') {
+        return Err(Error::Config(format!(
+            "{key}={raw}: {name}( is not closed: write {name}(...)"
+        )));
+    }
+    Ok(())
 }
 
 /// Expands the overrides into jobs: the cartesian product of the swept values, the last
@@ -253,6 +283,13 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         ..sweep.clone()
     };
     let base = jobs_dir(sweep)?;
+    if base.exists() && !base.is_dir() {
+        return Err(Error::Config(format!(
+            "run_dir={}: a file; a sweep puts each job's directory in it, so give a directory \
+             (new or holding this sweep's jobs); no job was started",
+            base.display()
+        )));
+    }
     let jobs = expand(&sweep.overrides, &base)?;
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
     if list_only {
@@ -726,6 +763,25 @@ mod tests {
         assert!(e.contains("but 1 GPU(s) are visible"), "{e}");
         let gloo = [config(1, "gloo"), config(2, "gloo")];
         assert!(refuse_jobs_beyond_their_gpus(&jobs, &gloo, 1, 2).is_ok());
+    }
+
+    #[test]
+    fn sweep_calls_this_sweep_cannot_run_are_named() {
+        for (arg, named) in [
+            ("lr=interval(0,1)", "interval() is not taken here"),
+            ("seed=range(1,4", "range( is not closed"),
+            ("seed=choice(1,2", "choice( is not closed"),
+            ("lr=choice()", "choice takes values, none of them empty"),
+            ("lr=choice(1,,2)", "choice takes values, none of them empty"),
+        ] {
+            let e = expand(&[arg.into()], Path::new(".")).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{arg}: {e}");
+            assert!(e.to_string().contains(named), "{arg}: {e}");
+        }
+        assert_eq!(
+            expand(&["exp_name=try(2)".into()], Path::new(".")).unwrap()[0].overrides,
+            ["exp_name=try(2)", "run_dir=./0"]
+        );
     }
 
     #[test]
