@@ -32,8 +32,13 @@ impl Metrics {
                 run.display()
             )));
         }
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => Error::Config(format!(
+                "{}: not text ({METRICS_FILE} holds JSON lines); damaged, or another file",
+                path.display()
+            )),
+            _ => Error::io(format!("read {}", path.display()), e),
+        })?;
         let mut records = Vec::new();
         for (i, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
@@ -393,6 +398,10 @@ mod tests {
         std::fs::write(other.path().join(METRICS_FILE), "not json\n").unwrap();
         let e = Metrics::read(other.path()).err().unwrap().to_string();
         assert!(e.contains("line 1: not a JSON object"), "{e}");
+        std::fs::write(other.path().join(METRICS_FILE), b"\xff\xfe\x00garbage").unwrap();
+        let e = Metrics::read(other.path()).err().unwrap();
+        assert_eq!(e.exit_code(), 2, "{e}");
+        assert!(e.to_string().contains("metrics.jsonl: not text"), "{e}");
         // Killed while writing its first record: no records yet, no error.
         std::fs::write(other.path().join(METRICS_FILE), "{\"phase\":\"ev").unwrap();
         assert!(Metrics::read(other.path()).is_ok());
