@@ -201,6 +201,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 print!("{}", config.to_yaml()?);
                 return Ok(());
             }
+            note_training_settings("eval", &config);
             evaluate(config)
         }
         Command::Collect(args) if args.run.multirun || args.run.cfg.is_some() => Err(
@@ -215,6 +216,7 @@ pub fn run(cli: Cli) -> Result<()> {
             // Before the tasks are made: obs=rgb would start a renderer first.
             let loaded = Config::load(&args.run.source())?;
             crate::tools::collect::refuse_what_files_cannot_hold(&loaded, &collection)?;
+            note_training_settings("collect", &loaded);
             crate::tools::collect::run(&resolved_config(&args.run)?, &collection)
         }
         Command::Import { input, output } => {
@@ -302,6 +304,30 @@ fn check_world_size(config: &Config, rank: &RankInfo, launched_by: LaunchedBy) -
          launcher=builtin (e.g. inside `sbatch --ntasks=1`)",
         config.world_size, rank.rank, rank.world_size, rank.world_size
     )))
+}
+
+/// Says which training settings given to `eval` or `collect` they leave unused (one process,
+/// the weights of `checkpoint=`), so that none is taken for applied.
+fn note_training_settings(verb: &str, config: &Config) {
+    let mut unused = Vec::new();
+    if let Some(resume) = &config.resume {
+        unused.push(format!("resume={resume} (the weights are checkpoint='s)"));
+    }
+    if let Some(data_dir) = &config.data_dir {
+        unused.push(format!("data_dir={data_dir}"));
+    }
+    if config.world_size > 1 || config.nnodes > 1 {
+        let (ranks, nodes) = (config.world_size, config.nnodes);
+        unused.push(format!(
+            "world_size={ranks} nnodes={nodes} (one process plays)"
+        ));
+    }
+    if config.pipeline {
+        unused.push("pipeline=true".into());
+    }
+    if !unused.is_empty() {
+        eprintln!("note: {verb} leaves unused: {}", unused.join(", "));
+    }
 }
 
 /// A restarted job (by our launcher's `max_restarts` or torchrun's `--max-restarts`) goes on

@@ -419,6 +419,19 @@ fn eval_refuses_damaged_weights_and_takes_any_file_of_a_checkpoint() {
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains("\"episodes\":1"));
     }
+    // Training settings eval does not use are named, not taken for applied.
+    let mut unused = vec![
+        format!("checkpoint={}", saved.display()),
+        "eval_episodes=1".into(),
+    ];
+    unused.extend(args(&["num_threads=1", "resume=auto", "pipeline=true"]));
+    let stderr = assert_ok(&run("eval", dir.path(), &unused));
+    assert!(
+        stderr.contains(
+            "note: eval leaves unused: resume=auto (the weights are checkpoint='s), pipeline=true"
+        ),
+        "{stderr}"
+    );
 
     // 4 KB of garbage in the middle of the weights: same size, loads as tensors, yet damaged.
     let model = saved.join("model.safetensors");
