@@ -264,6 +264,10 @@ fn train(mut config: Config) -> Result<()> {
             trainer::lock::check_free(&config.run_dir())?;
             trainer::run_dir::refuse_a_bad_start(&config)?;
         }
+        // Once here rather than by every rank (each then saying it, and the launcher again).
+        if let Some(dir) = &config.data_dir {
+            crate::dataset::files(std::path::Path::new(dir))?;
+        }
         let program = crate::this_binary::path()?;
         let plan = LaunchPlan {
             world_size: config.world_size,

@@ -521,6 +521,16 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         assert_eq!(out.status.code(), Some(2), "{extra}");
         assert!(!new_run.exists(), "{extra} made {}", new_run.display());
     }
+    // Several ranks: refused once, by the launcher, before any rank starts.
+    let out = run(
+        "train",
+        &new_run,
+        &args(&["world_size=2", "data_dir=/nonexistent/data"]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.matches("cannot be read").count(), 1, "{stderr}");
+    assert!(!new_run.exists());
     assert_eq!(
         std::fs::read_dir(dir.path().join("checkpoints"))
             .unwrap()

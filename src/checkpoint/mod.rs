@@ -227,6 +227,11 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
     let latest = store::latest(path).or_else(|| store::latest(&checkpoints_dir(path)));
     match latest {
         Some((_, dir)) => Ok(dir.join(MODEL)),
+        None if path.is_dir() => Err(Error::Config(format!(
+            "checkpoint={}: a directory holding no checkpoint (no {MODEL}, no step_<N>/, no \
+             checkpoints/); give a checkpoint directory, a run directory or a weights file",
+            path.display()
+        ))),
         None => Err(Error::Config(format!(
             "checkpoint={}: no such file, and no checkpoint directory there",
             path.display()
@@ -318,6 +323,22 @@ mod tests {
     use crate::agent::AdamState;
     use crate::config::Source;
     use crate::ddp::ProcessGroup;
+
+    /// A directory that holds no checkpoint, and a path that does not exist, are told apart.
+    #[test]
+    fn a_weights_path_that_names_nothing_says_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = model_file(dir.path()).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE);
+        assert!(
+            e.to_string().contains("a directory holding no checkpoint"),
+            "{e}"
+        );
+        let e = model_file(&dir.path().join("gone"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no such file"), "{e}");
+    }
 
     /// A `meta.json` that is not one, or one of a newer format, is refused as bad input
     /// (exit 2: a restart would meet it again), naming the file.
