@@ -133,6 +133,12 @@ fn check_hydra_defaults(value: &Value) -> std::result::Result<(), String> {
 pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     if let Some(key) = arg.strip_prefix('~') {
         let key = key.split_once('=').map_or(key, |(key, _)| key);
+        // An unknown key is that, first (setting it to its own value finds it or not).
+        let mut probe = tree.clone();
+        let own = path_value(tree, key).unwrap_or(Value::Null);
+        if let Err(unknown) = set_path(&mut probe, key, own) {
+            return Err(Error::Config(format!("'{arg}': {unknown}")));
+        }
         return Err(Error::Config(format!(
             "'{arg}': hydra's ~ deletes a key, but every key here has its value; give \
              {key}=null (or its default) instead"
@@ -229,6 +235,14 @@ fn set_path(tree: &mut Value, dotted: &str, value: Value) -> std::result::Result
         node = map.get_mut(&key).expect("checked above");
     }
     Ok(())
+}
+
+/// The value at a dotted path of the tree, if there is one.
+fn path_value(tree: &Value, dotted: &str) -> Option<Value> {
+    dotted
+        .split('.')
+        .try_fold(tree, |node, segment| node.get(segment))
+        .cloned()
 }
 
 fn keys_of(map: &Mapping) -> Vec<String> {

@@ -101,6 +101,8 @@ fn unknown_key_names_the_closest() {
     // Hydra's own spellings, and the official name of another setting, say what they are here.
     for (arg, said) in [
         ("~checkpoint", "give checkpoint=null"),
+        ("~foo", "unknown key 'foo'"),
+        ("~horizn", "did you mean 'horizon'"),
         ("hydra.run.dir=/x", "run_dir=DIR"),
         (
             "hydra/launcher=submitit_slurm",
