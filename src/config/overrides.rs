@@ -378,6 +378,8 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
             };
             Some(Value::String(text))
         }
+        // `task=gym:` reads as YAML's mapping {gym: null}: a string key takes it as given.
+        Value::Mapping(_) if expected == "a string" => raw.map(|r| Value::String(r.to_owned())),
         _ => None,
     }
 }

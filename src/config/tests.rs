@@ -194,6 +194,12 @@ fn integral_floats_are_integers_and_names_are_strings_as_typed() {
     assert_eq!((c.steps, c.seed), (100_000, 3));
     assert_eq!(c.exp_name, "1.10");
     assert_eq!(c.wandb_name.as_deref(), Some("7"));
+    // A colon reads as a YAML mapping; a name takes it as typed.
+    let c = load(&["exp_name=a: b", "wandb_name=gym:"]).unwrap();
+    assert_eq!(
+        (c.exp_name.as_str(), c.wandb_name.as_deref()),
+        ("a: b", Some("gym:"))
+    );
     assert!(error(&["steps=2.5"]).contains("wrong type for 'steps'"));
     assert!(error(&["steps=1e20"]).contains("got 1e20"));
 }
