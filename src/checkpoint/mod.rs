@@ -289,7 +289,40 @@ fn read_meta(dir: &Path) -> Result<Meta> {
             object.remove("rank_checksums");
         }
     }
-    serde_json::from_value(value).map_err(unreadable)
+    let meta: Meta = serde_json::from_value(value).map_err(unreadable)?;
+    meta.check().map_err(|why| {
+        Error::Unreadable(format!(
+            "{}: {why}: edited or damaged (a checkpoint never holds that)",
+            path.display()
+        ))
+    })?;
+    Ok(meta)
+}
+
+impl Meta {
+    /// What every checkpoint of its format holds, as a save writes it.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.world_size == 0 {
+            return Err("world_size 0".into());
+        }
+        if self.format < FORMAT {
+            return Ok(());
+        }
+        if self.rank_checksums.len() != self.world_size {
+            return Err(format!(
+                "{} rank checksums for world_size {}",
+                self.rank_checksums.len(),
+                self.world_size
+            ));
+        }
+        match [MODEL, STATE]
+            .iter()
+            .find(|f| !self.files.contains_key(**f))
+        {
+            Some(file) => Err(format!("no hash of {file}")),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Compares each of `names` in `dir` with the hash `meta` recorded when it was saved.
@@ -323,6 +356,55 @@ mod tests {
     use crate::agent::AdamState;
     use crate::config::Source;
     use crate::ddp::ProcessGroup;
+
+    /// A meta.json edited into what no save writes (no ranks, checksums of another world size,
+    /// the file hashes gone, which would skip their check) is refused.
+    #[test]
+    fn a_meta_json_no_save_writes_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = Meta {
+            format: FORMAT,
+            global_step: 400,
+            world_size: 2,
+            episodes: 2,
+            elapsed: 1.0,
+            task: "Pendulum-v1".into(),
+            rank_checksums: vec![7, 7],
+            learner_parts: BTreeMap::new(),
+            files: [(MODEL.to_string(), 1), (STATE.to_string(), 2)].into(),
+            model_optim_step: 1,
+            policy_optim_step: 1,
+            pretrain_updates: 0,
+            eval_due: false,
+            env_episodes: Vec::new(),
+            offline: Some(false),
+            buffer_hashes: None,
+            batches_read: None,
+        };
+        let written = serde_json::to_value(&meta).unwrap();
+        std::fs::write(dir.path().join(META), written.to_string()).unwrap();
+        read_meta(dir.path()).unwrap();
+        for (key, value, why) in [
+            ("world_size", serde_json::json!(0), "world_size 0"),
+            (
+                "rank_checksums",
+                serde_json::json!([]),
+                "0 rank checksums for world_size 2",
+            ),
+            (
+                "files",
+                serde_json::json!({}),
+                "no hash of model.safetensors",
+            ),
+        ] {
+            let mut edited = written.clone();
+            edited[key] = value;
+            std::fs::write(dir.path().join(META), edited.to_string()).unwrap();
+            let e = read_meta(dir.path()).unwrap_err();
+            assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE, "{e}");
+            assert!(e.to_string().contains(why), "{key}: {e}");
+        }
+    }
 
     /// A directory that holds no checkpoint, and a path that does not exist, are told apart.
     #[test]
