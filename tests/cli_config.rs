@@ -103,6 +103,24 @@ fn config_name_lays_a_file_over_the_defaults() {
     assert!(e.contains("did you mean 'batch_size'"), "{e}");
     let e = rejected(&["train", "--config-name", "nope", "--cfg", "job"]);
     assert!(e.contains("config_ddp"), "lists the available files: {e}");
+    std::fs::create_dir(dir.path().join("folder.yaml")).unwrap();
+    let e = rejected(&[
+        "train",
+        "--config-path",
+        path,
+        "--config-name",
+        "folder",
+        "--cfg",
+        "job",
+    ]);
+    assert!(
+        e.contains("folder.yaml (available") && e.contains("a directory"),
+        "{e}"
+    );
+    assert!(
+        !e.contains(": folder"),
+        "a directory is not listed as a config: {e}"
+    );
 
     // A hydra file as the official and seed-project ones are written: its defaults list (the
     // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.

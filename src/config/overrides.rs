@@ -36,13 +36,18 @@ impl Source {
             .map(|entries| {
                 entries
                     .flatten()
+                    .filter(|e| e.path().is_file())
                     .filter_map(|e| e.file_name().to_str().map(str::to_owned))
                     .filter_map(|n| n.strip_suffix(".yaml").map(str::to_owned))
                     .collect()
             })
             .unwrap_or_default();
+        let what = match path.is_dir() {
+            true => "a directory, not a file:",
+            false => "no file",
+        };
         Err(Error::Config(format!(
-            "--config-name {name}: no file {} (available in {}: {})",
+            "--config-name {name}: {what} {} (available in {}: {})",
             path.display(),
             dir.display(),
             if available.is_empty() {
