@@ -27,7 +27,8 @@ pub enum Ended {
     Refused = 3,
     /// Their training diverged (exit 4): a restart would most likely diverge again.
     Diverged = 4,
-    /// Its launcher was asked to stop (Ctrl-C, SIGTERM) before this attempt: the job stops.
+    /// It stopped before this attempt (Ctrl-C or SIGTERM to its launcher, or its ranks stopped
+    /// as asked): the job stops.
     Stopped = 5,
 }
 
@@ -353,7 +354,8 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                         }
                         Ended::Diverged => "its ranks' training diverged (its log names the step)",
                         Ended::Stopped => {
-                            "its launcher was asked to stop (Ctrl-C or SIGTERM) before this attempt"
+                            "it stopped before this attempt (Ctrl-C or SIGTERM there, or its \
+                             ranks stopped as asked)"
                         }
                         _ => "its ranks failed",
                     };
@@ -453,7 +455,7 @@ mod tests {
         );
         let lost = watch_a_node_that_ended(Ended::Stopped, within).expect("not reported");
         assert!(
-            !lost.ended.restartable() && lost.why.contains("asked to stop"),
+            !lost.ended.restartable() && lost.why.contains("stopped before this attempt"),
             "{lost}"
         );
     }

@@ -146,7 +146,14 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     store: store.as_deref(),
                     number: restart,
                 };
-                attempt.may_restart(&why, &mut signals, &runtime)?;
+                if let Err(e) = attempt.may_restart(&why, &mut signals, &runtime) {
+                    // The other nodes read how this one ended right after: node 0 keeps the
+                    // store up a moment.
+                    if plan.node_rank == 0 && store.is_some() {
+                        std::thread::sleep(READ_GRACE);
+                    }
+                    return Err(e);
+                }
                 eprintln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
                      (restart {} of {}, max_restarts)",
@@ -262,7 +269,10 @@ impl Attempt<'_> {
             std::thread::sleep(READ_GRACE);
         }
         match (result, unrestartable) {
-            (Err(Error::JobFailed(why)), Some((node, ended))) => {
+            // Another node's stop explains no failure here: it stays one (exit 1).
+            (Err(Error::JobFailed(why)), Some((node, ended)))
+                if ended != heartbeat::Ended::Stopped =>
+            {
                 Err(not_restarted(&why, node, ended))
             }
             (result, _) => result,
@@ -278,7 +288,8 @@ fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
              restarted"
         )),
         heartbeat::Ended::Stopped => Error::Stopped(format!(
-            "{why}\n[launcher] node {node}'s launcher was asked to stop: not restarted"
+            "{why}\n[launcher] node {node} stopped (Ctrl-C or SIGTERM there, or its ranks stopped \
+             as asked): not restarted"
         )),
         _ => Error::Config(format!(
             "{why}\n[launcher] node {node}'s ranks refused their input (its log names the \
@@ -369,7 +380,15 @@ async fn supervise(
                 Some(event) => job.on_event(event),
                 None => break,
             },
-            request = signals.next() => job.interrupt(request),
+            request = signals.next() => {
+                // Said at once, not when the ranks have ended (a checkpoint may take minutes):
+                // a node whose ranks fail meanwhile must not restart without this one.
+                // Once: the store adds what is marked.
+                if let (Some(store), false) = (store, job.was_interrupted()) {
+                    store.mark_ended(restart + 1, heartbeat::Ended::Stopped);
+                }
+                job.interrupt(request)
+            }
             _ = timeout => job.kill("ranks still running after the grace period"),
         }
     }
@@ -382,12 +401,12 @@ async fn supervise(
             _ => break,
         }
     }
+    let interrupted = job.was_interrupted();
     let outcome = job.outcome();
     if let Some(store) = store {
-        if matches!(outcome, Err(Error::Stopped(_))) {
-            // A node that stopped (Ctrl-C while another node's ranks failed, say) takes no part
-            // in a restart: the other nodes learn it before they make one (so before this
-            // attempt's end, which they wait for).
+        if matches!(outcome, Err(Error::Stopped(_))) && !interrupted {
+            // Stopped as the ranks agreed (a stop asked on another node, say): no part in a
+            // restart either, said before this attempt's end, which the others wait for.
             store.mark_ended(restart + 1, heartbeat::Ended::Stopped);
         }
         store.mark_ended(

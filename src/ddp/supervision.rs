@@ -181,6 +181,11 @@ impl Supervision {
         }
     }
 
+    /// Whether a stop was asked of this node's launcher (Ctrl-C, SIGTERM).
+    pub(super) fn was_interrupted(&self) -> bool {
+        self.interrupted.is_some()
+    }
+
     pub(super) fn interrupt(&mut self, why: &'static str) {
         let now = tokio::time::Instant::now();
         if let Some(first) = &self.interrupted {
