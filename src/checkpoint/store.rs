@@ -4,6 +4,7 @@
 //! into place. A writer killed mid-way leaves only a `.tmp-*` directory, which loading ignores
 //! (and the next save removes), so the latest complete checkpoint is always the one picked. A
 //! checkpoint saved again at its step (the final one at a save point) is swapped for the new.
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
@@ -84,8 +85,8 @@ fn aside_of(dest: &Path) -> Option<PathBuf> {
 }
 
 /// Puts back a checkpoint moved aside by a replacement that was cut short (its step then has
-/// none in place), or removes it (the new one is in place). Best effort: another rank may do
-/// the same at the same time.
+/// none in place), or removes it (the new one is in place). Called by a save only, which holds
+/// the run's lock; best effort.
 fn restore_set_aside(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;
@@ -127,18 +128,17 @@ fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
 
 /// The complete checkpoint of exactly `step` under `root`, if any.
 pub fn at(root: &Path, step: u64) -> Option<PathBuf> {
-    restore_set_aside(root);
     let dir = root.join(format!("{PREFIX}{step:012}"));
-    dir.is_dir().then_some(dir)
+    let aside = aside_of(&dir)?;
+    [dir, aside].into_iter().find(|d| d.is_dir())
 }
 
-/// The step of a checkpoint directory, from its name (`step_<N>`).
+/// The step of a checkpoint directory, from its name (`step_<N>`, or `.aside-step_<N>` for one
+/// set aside by a replacement cut short).
 pub fn step_of(dir: &Path) -> Option<u64> {
-    dir.file_name()?
-        .to_str()?
-        .strip_prefix(PREFIX)?
-        .parse()
-        .ok()
+    let name = dir.file_name()?.to_str()?;
+    let name = name.strip_prefix(ASIDE_PREFIX).unwrap_or(name);
+    name.strip_prefix(PREFIX)?.parse().ok()
 }
 
 /// The complete checkpoint with the highest step under `root`, if any.
@@ -148,18 +148,29 @@ pub fn latest(root: &Path) -> Option<(u64, PathBuf)> {
 
 /// The complete checkpoints under `root` with their steps, in no order (none when `root` cannot
 /// be read).
+///
+/// A checkpoint set aside by a replacement cut short counts for its step while that step has
+/// none in place; only a save (under the run's lock) moves it back, so that a reader never
+/// renames what a writer is between two renames of.
 fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
-    restore_set_aside(root);
     let Ok(entries) = fs::read_dir(root) else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let step = step_of(&entry.path())?;
-            entry.path().is_dir().then(|| (step, entry.path()))
-        })
-        .collect()
+    let mut found: BTreeMap<u64, PathBuf> = BTreeMap::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(step) = step_of(&path).filter(|_| path.is_dir()) else {
+            continue;
+        };
+        let aside = entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(ASIDE_PREFIX);
+        if !aside || !found.contains_key(&step) {
+            found.insert(step, path);
+        }
+    }
+    found.into_iter().collect()
 }
 
 /// Removes the checkpoints under `root` older than `step` but the newest `keep - 1` of them, so
@@ -257,9 +268,10 @@ mod tests {
     }
 
     /// Killed between the two renames of a replacement without the swap: the old checkpoint,
-    /// set aside, is found again (not removed with the temporaries by the next save).
+    /// set aside, still counts for its step (read where it is: a reader renames nothing), and
+    /// the next save puts it back rather than remove it with the temporaries.
     #[test]
-    fn a_checkpoint_set_aside_by_a_cut_replacement_is_put_back() {
+    fn a_checkpoint_set_aside_by_a_cut_replacement_is_found_and_put_back() {
         let root = tempfile::tempdir().unwrap();
         let write = |bytes: &'static [u8]| {
             move |dir: &Path| -> Result<()> {
@@ -273,20 +285,27 @@ mod tests {
             .path()
             .join(format!("{TMP_PREFIX}{PREFIX}000000000100-7"));
         fs::create_dir_all(&new).unwrap();
-        let (step, dir) = latest(root.path()).expect("put back");
-        assert_eq!(step, 100);
+        let (step, dir) = latest(root.path()).expect("found aside");
+        assert_eq!((step, &dir), (100, &aside));
+        assert_eq!(at(root.path(), 100), Some(aside.clone()));
         assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"kept");
-        assert!(!aside.exists());
-        // Set aside again, then a save of a later step: still put back first.
-        fs::rename(&saved, &aside).unwrap();
+        assert!(aside.exists(), "a reader moves nothing");
         save(root.path(), 200, write(b"later")).unwrap();
+        assert!(!aside.exists() && !new.exists());
         assert_eq!(
             fs::read(at(root.path(), 100).unwrap().join("model.safetensors")).unwrap(),
             b"kept"
         );
-        // Both there (cut after the second rename): the one set aside goes.
+        // Both there (cut after the second rename): the one in place counts, the save removes
+        // the other.
         fs::create_dir_all(&aside).unwrap();
-        assert!(at(root.path(), 100).is_some() && !aside.exists());
+        assert_eq!(at(root.path(), 100), Some(saved.clone()));
+        assert_eq!(
+            latest(root.path()).unwrap().1,
+            root.path().join(format!("{PREFIX}000000000200"))
+        );
+        save(root.path(), 300, write(b"last")).unwrap();
+        assert!(!aside.exists());
     }
 
     /// A save that fails (a full disk, say) leaves no temporary directory behind.
