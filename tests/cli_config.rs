@@ -515,7 +515,7 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
 fn a_stopped_dataset_bench_leaves_no_files() {
     let tmp = tempfile::tempdir().unwrap();
     let bench = std::process::Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-        .args(["bench", "--cases", "dataset", "--dataset-mb", "2000"])
+        .args(["bench", "--cases", "dataset", "--dataset-mb", "300"])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())

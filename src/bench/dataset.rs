@@ -25,7 +25,7 @@ const BATCHES: usize = 500;
 pub fn run(megabytes: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     let dir = dataset_dir();
     refuse_what_does_not_fit(megabytes)?;
-    crate::trainer::stop::install_handlers();
+    let _handlers = crate::trainer::stop::install_handlers_for_now();
     let result = measure(&dir, megabytes, print);
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -101,6 +101,7 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
         slice: 4,
     };
     let data = Dataset::open(&files, &expected)?;
+    stopped()?;
     let mut rng = Pcg64::seed_from_u64(1);
     let sampling = Instant::now();
     for _ in 0..BATCHES {
@@ -112,6 +113,7 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
     drop(data);
 
     let official = official_loader_memory(&files)?;
+    stopped()?;
     print(&json!({
         "case": "dataset",
         "dataset_bytes": bytes, "files": files.len(), "episodes": episodes,

@@ -69,6 +69,31 @@ pub fn install_handlers() {
     }
 }
 
+/// [`install_handlers`] for the life of this guard; the handlers before are restored after (a
+/// tool's long step in a process that otherwise ends on a signal).
+pub struct HandlersForNow([libc::sighandler_t; 2]);
+
+pub fn install_handlers_for_now() -> HandlersForNow {
+    let handler = on_signal as *const () as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        HandlersForNow([
+            libc::signal(libc::SIGINT, handler),
+            libc::signal(libc::SIGTERM, handler),
+        ])
+    }
+}
+
+impl Drop for HandlersForNow {
+    fn drop(&mut self) {
+        // SAFETY: puts back the handlers `signal` returned.
+        unsafe {
+            libc::signal(libc::SIGINT, self.0[0]);
+            libc::signal(libc::SIGTERM, self.0[1]);
+        }
+    }
+}
+
 /// Whether this process was asked to stop (no collective: for leaving long work early, before
 /// the next [`requested`] agrees on it).
 pub fn requested_here() -> bool {
