@@ -214,6 +214,10 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         path: path.display().to_string(),
         message,
     };
+    std::fs::File::open(model_path).map_err(|e| Error::Checkpoint {
+        path: model_path.display().to_string(),
+        message: format!("cannot be read: {e}"),
+    })?;
     let named = Tensor::read_safetensors(model_path).map_err(|e| {
         let why =
             format!("not a readable safetensors file (truncated, damaged, or another format): {e}");

@@ -452,6 +452,11 @@ impl WorldModel {
 
     /// Reads a safetensors state dict written by [`WorldModel::save`] or [`super::import_official`].
     pub fn load(&mut self, path: &Path) -> Result<()> {
+        // A file that cannot be opened is not a damaged one.
+        std::fs::File::open(path).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            message: format!("cannot be read: {e}"),
+        })?;
         let tensors = Tensor::read_safetensors(path).map_err(|e| Error::Unreadable {
             path: path.display().to_string(),
             message: format!(

@@ -379,10 +379,13 @@ fn load_on_root(
     }
     learner.model_mut().load(&dir.join(MODEL))?;
     let device = learner.model().device();
-    let tensors = Tensor::read_safetensors(dir.join(STATE)).map_err(|e| {
+    let state_file = dir.join(STATE);
+    std::fs::File::open(&state_file)
+        .map_err(|e| Error::io(format!("read {}", state_file.display()), e))?;
+    let tensors = Tensor::read_safetensors(&state_file).map_err(|e| {
         Error::Unreadable(format!(
             "{}: not a readable safetensors file (truncated, damaged, or another format): {e}",
-            dir.join(STATE).display()
+            state_file.display()
         ))
     })?;
     let get = |name: &str| -> Result<Tensor> {
