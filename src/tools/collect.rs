@@ -51,11 +51,15 @@ fn refuse_what_the_disk_cannot_hold(
     args: &Collection,
     action_dim: Option<usize>,
 ) -> Result<()> {
-    let per_episode = ChunkWriter::episode_bytes(
-        config.resolved_obs_dim()?,
-        action_dim.unwrap_or(0),
-        config.resolved_episode_length()?,
-    );
+    // The tasks take turns: their mean episode length, for several.
+    let length = match &config.episode_lengths {
+        Some(lengths) if !lengths.is_empty() => {
+            lengths.iter().sum::<usize>().div_ceil(lengths.len())
+        }
+        _ => config.resolved_episode_length()?,
+    };
+    let per_episode =
+        ChunkWriter::episode_bytes(config.resolved_obs_dim()?, action_dim.unwrap_or(0), length);
     let needed = per_episode.saturating_mul(args.episodes as u64);
     let Ok((dir, free)) = crate::checkpoint::disk::free_bytes(&args.out) else {
         return Ok(());
