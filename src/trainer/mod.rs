@@ -34,7 +34,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     stop::install_handlers();
     crate::ddp::lifeline::bind_to_launcher(|| stop::request(stop::Reason::LauncherLost))?;
     // What needs no run directory first, so that a refused run leaves none behind.
-    crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
+    let device = crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
     if config.offline() {
         offline::verify_dataset(&config, rank.rank, rank.world_size)?;
     }
@@ -44,7 +44,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         0 => Some(run_dir::claim(&config)?),
         _ => None,
     };
-    let (device, group) = setup::join_group(&config, &rank)?;
+    let group = setup::join_group(&config, &rank, device)?;
     if config.offline() {
         return offline::train(&config, &rank, device, &group);
     }

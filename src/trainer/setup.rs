@@ -14,8 +14,8 @@ use crate::ddp::{affinity, GroupSettings, ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::learner::{Learner, LearnerSettings};
 
-pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, ProcessGroup)> {
-    let device = crate::device::select(&config.device, rank, config.dist_backend == "gloo")?;
+/// Joins the process group on `device` (the rank's, from `device::select`).
+pub(super) fn join_group(config: &Config, rank: &RankInfo, device: Device) -> Result<ProcessGroup> {
     tch::set_num_threads(crate::device::rank_threads(config.num_threads, rank) as i32);
     crate::device::set_tf32(device, config.tf32)?;
     let (group, backend) = GroupSettings::from_config(config).join(rank.clone(), device)?;
@@ -31,7 +31,7 @@ pub(super) fn join_group(config: &Config, rank: &RankInfo) -> Result<(Device, Pr
             eprintln!("{}", ProcessGroup::describe(backend));
         }
     }
-    Ok((device, group))
+    Ok(group)
 }
 
 /// What a run trains with, fresh or resumed.
