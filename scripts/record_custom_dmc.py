@@ -28,42 +28,25 @@ Values are written as Python floats: float32 ones exactly, so they parse back bi
 
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 
-# envs/src/dmc.rs: the official custom tasks, the 11 of the mt30 set first.
-TASKS = [
-    "walker-walk-backwards",
-    "walker-run-backwards",
-    "cheetah-run-backwards",
-    "cheetah-run-front",
-    "cheetah-run-back",
-    "cheetah-jump",
-    "hopper-hop-backwards",
-    "reacher-three-easy",
-    "reacher-three-hard",
-    "cup-spin",
-    "pendulum-spin",
-    "walker-arabesque",
-    "walker-lie-down",
-    "walker-legs-up",
-    "walker-headstand",
-    "walker-flip",
-    "walker-backflip",
-    "cheetah-stand-front",
-    "cheetah-stand-back",
-    "cheetah-lie-down",
-    "cheetah-legs-up",
-    "cheetah-flip",
-    "cheetah-flip-backwards",
-    "hopper-flip",
-    "hopper-flip-backwards",
-    "reacher-four-easy",
-    "reacher-four-hard",
-    "fish-obstacles",
-]
+def custom_tasks():
+    """The official custom tasks as envs/src/dmc.rs lists them (`CUSTOM_TASKS`), its one
+    source."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "envs", "src", "dmc.rs")
+    with open(source) as f:
+        text = f.read()
+    listed = re.search(r"pub const CUSTOM_TASKS: \[&str; \d+\] = \[(.*?)\];", text, re.S)
+    if listed is None:
+        sys.exit(f"{source}: no CUSTOM_TASKS list")
+    return re.findall(r'"([^"]+)"', listed.group(1))
+
+
+TASKS = custom_tasks()
 SEED = 3
 STEPS = 30
 ACTION_REPEAT = 2
