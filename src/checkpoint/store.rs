@@ -221,17 +221,19 @@ fn sync_dir(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// A save's writer of `model.safetensors` holding `bytes`.
+    fn writes(bytes: &'static [u8]) -> impl FnOnce(&Path) -> Result<()> {
+        move |dir: &Path| {
+            fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
+        }
+    }
+
     #[test]
     fn latest_skips_half_written_checkpoints() {
         let root = tempfile::tempdir().unwrap();
         assert!(latest(root.path()).is_none());
-        let file = |bytes: &'static [u8]| {
-            move |dir: &Path| -> Result<()> {
-                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
-            }
-        };
-        save(root.path(), 100, file(b"one")).unwrap();
-        save(root.path(), 200, file(b"two")).unwrap();
+        save(root.path(), 100, writes(b"one")).unwrap();
+        save(root.path(), 200, writes(b"two")).unwrap();
         // A writer killed mid-way at step 300 leaves only its temporary directory.
         let partial = root
             .path()
@@ -241,7 +243,7 @@ mod tests {
         let (step, dir) = latest(root.path()).unwrap();
         assert_eq!(step, 200);
         assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"two");
-        save(root.path(), 300, file(b"three")).unwrap();
+        save(root.path(), 300, writes(b"three")).unwrap();
         assert!(!partial.exists(), "the next save clears stale temporaries");
         assert_eq!(latest(root.path()).unwrap().0, 300);
     }
@@ -273,12 +275,7 @@ mod tests {
     #[test]
     fn a_checkpoint_set_aside_by_a_cut_replacement_is_found_and_put_back() {
         let root = tempfile::tempdir().unwrap();
-        let write = |bytes: &'static [u8]| {
-            move |dir: &Path| -> Result<()> {
-                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
-            }
-        };
-        let saved = save(root.path(), 100, write(b"kept")).unwrap();
+        let saved = save(root.path(), 100, writes(b"kept")).unwrap();
         let aside = aside_of(&saved).unwrap();
         fs::rename(&saved, &aside).unwrap();
         let new = root
@@ -290,7 +287,7 @@ mod tests {
         assert_eq!(at(root.path(), 100), Some(aside.clone()));
         assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"kept");
         assert!(aside.exists(), "a reader moves nothing");
-        save(root.path(), 200, write(b"later")).unwrap();
+        save(root.path(), 200, writes(b"later")).unwrap();
         assert!(!aside.exists() && !new.exists());
         assert_eq!(
             fs::read(at(root.path(), 100).unwrap().join("model.safetensors")).unwrap(),
@@ -304,7 +301,7 @@ mod tests {
             latest(root.path()).unwrap().1,
             root.path().join(format!("{PREFIX}000000000200"))
         );
-        save(root.path(), 300, write(b"last")).unwrap();
+        save(root.path(), 300, writes(b"last")).unwrap();
         assert!(!aside.exists());
     }
 
@@ -327,13 +324,8 @@ mod tests {
     #[test]
     fn a_save_at_the_same_step_replaces_the_checkpoint_whole() {
         let root = tempfile::tempdir().unwrap();
-        let file = |bytes: &'static [u8]| {
-            move |dir: &Path| -> Result<()> {
-                fs::write(dir.join("model.safetensors"), bytes).map_err(|e| Error::io("write", e))
-            }
-        };
-        save(root.path(), 100, file(b"first")).unwrap();
-        let dir = save(root.path(), 100, file(b"second")).unwrap();
+        save(root.path(), 100, writes(b"first")).unwrap();
+        let dir = save(root.path(), 100, writes(b"second")).unwrap();
         assert_eq!(fs::read(dir.join("model.safetensors")).unwrap(), b"second");
         let names: Vec<String> = fs::read_dir(root.path())
             .unwrap()
