@@ -306,8 +306,13 @@ fn likely_cause(said: &str) -> &'static str {
                 a GPU of its own (srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES listing one \
                 GPU per local rank), or set dist_backend=gloo to let ranks share GPUs";
     }
-    "another rank probably stopped (see its output), or the collective timed out (dist_timeout)"
+    PEER_PROBABLY_STOPPED
 }
+
+/// How a rank says that its collective failed because another rank likely stopped: a failure
+/// that follows from another, which its launcher does not name as the job's cause.
+pub const PEER_PROBABLY_STOPPED: &str =
+    "another rank probably stopped (see its output), or the collective timed out (dist_timeout)";
 
 /// Wraps a tch tensor as a `torch.Tensor` sharing its storage (torch must be imported).
 fn to_python<'py>(py: Python<'py>, tensor: &Tensor) -> PyResult<Bound<'py, PyAny>> {

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use super::group::PEER_PROBABLY_STOPPED;
 use super::heartbeat;
 use super::launcher::LaunchPlan;
 use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, STOPPED_EXIT_CODE};
@@ -54,6 +55,9 @@ pub(super) struct Supervision {
     /// Each rank's last error lines.
     tails: Vec<VecDeque<String>>,
     failure: Option<Failure>,
+    /// Ranks that failed after the first: one of them may be the cause, the first only waiting
+    /// on it in a collective (both exits can be in before the launcher reads either).
+    later_failures: Vec<Failure>,
     lost_peer: Option<heartbeat::PeerLost>,
     /// A rank that stopped because a stop was asked for (by another node, say): not a failure.
     stopped: Option<usize>,
@@ -92,6 +96,7 @@ impl Supervision {
             alive,
             tails: vec![VecDeque::new(); local],
             failure: None,
+            later_failures: Vec::new(),
             lost_peer: None,
             stopped: None,
             interrupted: None,
@@ -166,8 +171,8 @@ impl Supervision {
             self.stopped.get_or_insert(rank);
             self.deadline
                 .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
-        } else if !ok && self.failure.is_none() && self.interrupted.is_none() {
-            self.failure = Some(Failure {
+        } else if !ok && self.interrupted.is_none() {
+            let failure = Failure {
                 rank,
                 how: describe(&status),
                 ended: match code {
@@ -175,9 +180,38 @@ impl Supervision {
                     Some(DIVERGED_EXIT_CODE) => heartbeat::Ended::Diverged,
                     _ => heartbeat::Ended::Failed,
                 },
-            });
+            };
+            if self.failure.is_some() {
+                // Not a stop as asked, nor the SIGTERM this launcher sent since the first.
+                let stopped_as_asked = code == Some(STOPPED_EXIT_CODE)
+                    || matches!(&status, Ok(s) if s.signal() == Some(libc::SIGTERM));
+                if !stopped_as_asked {
+                    self.later_failures.push(failure);
+                }
+                return;
+            }
+            self.failure = Some(failure);
             stop_all(&self.alive, libc::SIGTERM);
             self.deadline = Some(tokio::time::Instant::now() + GRACE);
+        }
+    }
+
+    /// The failure that ended the attempt: the first, unless it was a collective that failed
+    /// because another rank had stopped and a later one failed of itself (whose exit code then
+    /// decides whether the job is restarted).
+    fn cause(&mut self) -> Option<Failure> {
+        let first = self.failure.take()?;
+        let follows = |failure: &Failure| {
+            self.tails[failure.rank - self.first_rank]
+                .iter()
+                .any(|line| line.contains(PEER_PROBABLY_STOPPED))
+        };
+        if !follows(&first) {
+            return Some(first);
+        }
+        match self.later_failures.iter().position(|f| !follows(f)) {
+            Some(at) => Some(self.later_failures.swap_remove(at)),
+            None => Some(first),
         }
     }
 
@@ -222,10 +256,11 @@ impl Supervision {
 
     /// Ok only when every rank exited 0; else what went wrong first. A stop that was asked for
     /// wins over a failure, so that Ctrl-C is never answered with a restart.
-    pub(super) fn outcome(self) -> Result<()> {
+    pub(super) fn outcome(mut self) -> Result<()> {
         let killed = self.killed_note();
+        let failure = self.cause();
         if let Some(Interruption { why, .. }) = self.interrupted {
-            let failed = match &self.failure {
+            let failed = match &failure {
                 Some(f) => format!(" (after rank {} failed: {})", f.rank, f.how),
                 None => String::new(),
             };
@@ -242,7 +277,7 @@ impl Supervision {
                 _ => Error::JobFailed(why),
             });
         }
-        if let Some(failure) = &self.failure {
+        if let Some(failure) = &failure {
             let tail = &self.tails[failure.rank - self.first_rank];
             let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
             let lines = match lines.is_empty() {
@@ -362,6 +397,47 @@ mod tests {
             err.to_string().contains("rank 1 refused its input"),
             "{err}"
         );
+    }
+
+    /// Rank 0's collective failed because rank 1 refused its input, and the launcher read rank
+    /// 0's exit first: the job is refused (never restarted), naming rank 1.
+    #[test]
+    fn the_rank_a_failed_collective_waited_on_is_named() {
+        let collective_failed = |job: &mut Supervision, rank: usize| {
+            job.on_event(Event::Line {
+                rank,
+                text: format!("error: collective all_gather failed (...); {PEER_PROBABLY_STOPPED}"),
+                is_err: true,
+            });
+        };
+        let mut job = two_ranks();
+        collective_failed(&mut job, 0);
+        job.on_exit(0, exited(1));
+        job.on_exit(1, exited(BAD_INPUT_EXIT_CODE));
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(err.to_string().contains("rank 1 refused"), "{err}");
+        // SIGKILLed (out of memory, say): rank 1 is the failure.
+        let mut job = two_ranks();
+        collective_failed(&mut job, 0);
+        job.on_exit(0, exited(1));
+        job.on_exit(1, signalled(libc::SIGKILL));
+        let err = job.outcome().unwrap_err().to_string();
+        assert!(err.contains("rank 1 failed (killed by signal 9)"), "{err}");
+        // Stopped as asked after the first failure, or both collectives failed: the first.
+        for (other, other_collective_failed) in
+            [(exited(STOPPED_EXIT_CODE), false), (exited(1), true)]
+        {
+            let mut job = two_ranks();
+            collective_failed(&mut job, 0);
+            if other_collective_failed {
+                collective_failed(&mut job, 1);
+            }
+            job.on_exit(0, exited(1));
+            job.on_exit(1, other);
+            let err = job.outcome().unwrap_err().to_string();
+            assert!(err.contains("rank 0 failed (exit code 1)"), "{err}");
+        }
     }
 
     #[test]
