@@ -439,14 +439,19 @@ fn a_dying_rank_stops_the_run_and_is_named() {
     // A long run whose rank 1 is SIGKILLed mid-way.
     let child = spawn_endless_two_rank_run(dir.path(), Stdio::piped());
     std::thread::sleep(Duration::from_secs(6));
-    let killed = kill_rank(child.id(), 1);
+    // Rank 1 may not be started yet on a loaded machine.
+    let mut killed = kill_rank(child.id(), 1);
+    while !killed && started.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+        killed = kill_rank(child.id(), 1);
+    }
     assert!(killed, "found rank 1's process");
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("rank 1 failed"), "{stderr}");
     assert!(
-        started.elapsed() < Duration::from_secs(60),
+        started.elapsed() < Duration::from_secs(120),
         "stopped within a bounded time"
     );
 }
@@ -950,7 +955,9 @@ fn ranks_die_with_a_killed_launcher() {
     launcher.kill().unwrap();
     launcher.wait().unwrap();
     let killed = Instant::now();
-    while ranks.iter().any(|&pid| running(pid)) && killed.elapsed() < Duration::from_secs(5) {
+    // Within their orphan grace (30 s: they stop at the next step and checkpoint, slowly on a
+    // loaded machine), not training on.
+    while ranks.iter().any(|&pid| running(pid)) && killed.elapsed() < Duration::from_secs(40) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let alive: Vec<u32> = ranks.into_iter().filter(|&pid| running(pid)).collect();
@@ -959,7 +966,7 @@ fn ranks_die_with_a_killed_launcher() {
     }
     assert!(
         alive.is_empty(),
-        "ranks {alive:?} outlived their launcher by 5 s"
+        "ranks {alive:?} outlived their launcher by 40 s"
     );
     // They stopped as on Ctrl-C, with a checkpoint (the run saves nothing else this early).
     let saved = std::fs::read_dir(dir.path().join("checkpoints"))
@@ -1146,7 +1153,8 @@ fn a_silent_environment_worker_fails_its_rank_within_env_timeout() {
         "steps=100000",
         "save_freq=800",
         "dist_timeout=600",
-        "env_timeout=4",
+        // Also the workers' first answer (Python starting): loose for a loaded machine.
+        "env_timeout=15",
     ];
     let child = silent_worker_run(dir.path(), &extra);
     let training = dir.path().join("checkpoints").join("step_000000000800");
@@ -1164,7 +1172,7 @@ fn a_silent_environment_worker_fails_its_rank_within_env_timeout() {
     let named = |call: &str| {
         format!(
             "rank 1: the environment worker (pid {worker}) running `gym:Pendulum-v1` envs 0-1 \
-             did not answer `{call}` within 4 s (env_timeout) and was killed"
+             did not answer `{call}` within 15 s (env_timeout) and was killed"
         )
     };
     // Step 800 ends an episode on every environment: the worker is silenced before the

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{assert_same_tensors, checkpoint, tensors, TINY};
 
@@ -465,7 +465,18 @@ fn a_killed_writer_never_leaves_a_checkpoint_that_loads_half_written() {
         "seed_steps=100000",
         "eval_freq=100000",
     ]);
-    for attempt in 0..4u64 {
+    let checkpoints = dir.path().join("checkpoints");
+    // `pid` is writing a checkpoint: its temporary directory is there.
+    let writing = |pid: u32| {
+        std::fs::read_dir(&checkpoints).is_ok_and(|entries| {
+            entries.flatten().any(|entry| {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                name.starts_with(".tmp-") && name.ends_with(&format!("-{pid}"))
+            })
+        })
+    };
+    for attempt in 0..4usize {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
             .args(&args)
             .arg(&run_dir)
@@ -478,7 +489,17 @@ fn a_killed_writer_never_leaves_a_checkpoint_that_loads_half_written() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(3000 + 730 * attempt));
+        // Killed a different time into one of its writes (timed from the write, not from the
+        // start: a loaded machine starts slowly); the last attempt once a checkpoint landed.
+        let started = Instant::now();
+        let ready = |pid| match attempt {
+            3 => tdmpc2::checkpoint::store::latest(&checkpoints).is_some(),
+            _ => writing(pid),
+        };
+        while !ready(child.id()) && started.elapsed() < Duration::from_secs(180) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis([0, 30, 90, 0][attempt]));
         child.kill().unwrap(); // SIGKILL: no handler runs
         child.wait().unwrap();
         let Some((_, latest)) = tdmpc2::checkpoint::store::latest(&dir.path().join("checkpoints"))
