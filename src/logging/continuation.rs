@@ -20,12 +20,65 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
     })?;
     for csv in ["train.csv", "eval.csv"] {
         rewrite(&dir.join(csv), |mut lines| {
-            let header = lines.next().map(str::to_owned);
-            let rows = lines.filter(|line| keeps(csv_step(line)));
-            header.into_iter().chain(rows.map(str::to_owned)).collect()
+            let Some(header) = lines.next() else {
+                return Vec::new();
+            };
+            // A row cut short (a full disk) has fewer cells, and may read as an earlier step.
+            let cells = header.split(',').count();
+            let rows = lines.filter(|line| line.split(',').count() == cells);
+            let rows = rows.filter(|line| keeps(csv_step(line)));
+            std::iter::once(header)
+                .chain(rows)
+                .map(str::to_owned)
+                .collect()
         })?;
     }
     Ok(())
+}
+
+/// Keeps only the points up to `through` in the metric files of an MLflow file store's run
+/// (`metrics`: `<store>/<experiment>/<run>/metrics`), and no line MLflow cannot read (one cut
+/// short would make it refuse the run). Nothing is kept beside them, as every file there
+/// is read as a metric: `metrics.jsonl` keeps the undone attempt's points.
+pub fn drop_file_store_points_after(metrics: &Path, through: u64) -> Result<()> {
+    let Ok(entries) = fs::read_dir(metrics) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        // Metric names with '/' are folders.
+        if path.is_dir() {
+            drop_file_store_points_after(&path, through)?;
+            continue;
+        }
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        let (complete, _cut) = text.rsplit_once('\n').unwrap_or(("", &text));
+        let kept: Vec<&str> = complete
+            .lines()
+            .filter(|line| file_store_step(line).is_some_and(|step| step <= through))
+            .collect();
+        let out: String = kept.iter().map(|line| format!("{line}\n")).collect();
+        if out != text {
+            crate::whole_file::write(&path, out)
+                .map_err(|e| Error::io(format!("rewrite {}", path.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The step of a line MLflow's file store reads (`timestamp value [step [dataset digest]]`, as
+/// `FileStore._get_metric_from_line`); None for one it would refuse.
+fn file_store_step(line: &str) -> Option<u64> {
+    let fields: Vec<&str> = line.split(' ').collect();
+    fields[0].parse::<i64>().ok()?;
+    fields.get(1)?.parse::<f64>().ok()?;
+    match fields.len() {
+        2 => Some(0),
+        3 | 5 => fields[2].parse().ok(),
+        _ => None,
+    }
 }
 
 fn jsonl_step(line: &str) -> Option<u64> {
@@ -43,8 +96,13 @@ fn rewrite(path: &Path, keep: impl FnOnce(std::str::Lines<'_>) -> Vec<String>) -
     let Ok(text) = fs::read_to_string(path) else {
         return Ok(());
     };
-    let kept: Vec<String> = keep(text.lines());
-    if kept.len() == text.lines().count() {
+    // A last line cut short (no newline) goes: the next row would be appended to it.
+    let complete = match text.rsplit_once('\n') {
+        Some((complete, _cut)) => complete,
+        None => "",
+    };
+    let kept: Vec<String> = keep(complete.lines());
+    if kept.len() == text.lines().count() && text.ends_with('\n') {
         return Ok(());
     }
     let mut out = kept.join("\n");
@@ -98,5 +156,55 @@ mod tests {
         assert_eq!(fs::read_to_string(&jsonl).unwrap(), "");
         assert_eq!(fs::read_to_string(&csv).unwrap(), "step,episode_reward\n");
         drop_rows_after(&dir.path().join("absent"), None).unwrap();
+    }
+
+    /// A row cut short by a full disk (`15` of `1500,…`) is not read as step 15 and kept, with
+    /// the next row glued to it.
+    #[test]
+    fn a_row_cut_short_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("train.csv");
+        fs::write(&csv, "step,loss\n500,1.5\n1000,1.25\n15").unwrap();
+        drop_rows_after(dir.path(), Some(1000)).unwrap();
+        assert_eq!(
+            fs::read_to_string(&csv).unwrap(),
+            "step,loss\n500,1.5\n1000,1.25\n"
+        );
+        fs::write(&csv, "step,loss\n500,1.5\n15,2\n1000\n").unwrap();
+        drop_rows_after(dir.path(), Some(1000)).unwrap();
+        assert_eq!(
+            fs::read_to_string(&csv).unwrap(),
+            "step,loss\n500,1.5\n15,2\n"
+        );
+    }
+
+    #[test]
+    fn a_file_store_run_keeps_its_points_up_to_the_resumed_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = dir.path().join("metrics");
+        fs::create_dir_all(metrics.join("eval")).unwrap();
+        let reward = metrics.join("eval").join("episode_reward");
+        fs::write(
+            &reward,
+            "17 1.5 500\n18 2.5 1000\n19 3.5 1500\n20 4.5 2000 d x\n21 2",
+        )
+        .unwrap();
+        let old = metrics.join("old_format");
+        fs::write(&old, "17 1.5\n17 1.5 1500 7\n").unwrap();
+        let kept = metrics.join("kept");
+        fs::write(&kept, "17 1.5 0\n").unwrap();
+        drop_file_store_points_after(&metrics, 1000).unwrap();
+        assert_eq!(
+            fs::read_to_string(&reward).unwrap(),
+            "17 1.5 500\n18 2.5 1000\n"
+        );
+        assert_eq!(fs::read_to_string(&old).unwrap(), "17 1.5\n");
+        assert_eq!(fs::read_to_string(&kept).unwrap(), "17 1.5 0\n");
+        assert_eq!(
+            fs::read_dir(&metrics).unwrap().count(),
+            3,
+            "nothing beside them"
+        );
+        drop_file_store_points_after(&dir.path().join("absent"), 0).unwrap();
     }
 }

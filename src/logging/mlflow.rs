@@ -80,6 +80,17 @@ impl Mlflow {
             let client = mlflow
                 .getattr("MlflowClient")?
                 .call1((tracking_uri.as_str(),))?;
+            if let Some((step, run_id)) =
+                resumed.and_then(|(step, runs)| Some((step, runs.mlflow_run_at(&tracking_uri)?)))
+            {
+                if is_file_store(&tracking_uri) {
+                    let store: std::path::PathBuf = py
+                        .import("mlflow.utils.file_utils")?
+                        .call_method1("local_file_uri_to_path", (tracking_uri.as_str(),))?
+                        .extract()?;
+                    drop_points_after(&store, run_id, step)?;
+                }
+            }
             let continued = resumed.and_then(|(step, runs)| {
                 let run_id = runs.mlflow_run_at(&tracking_uri)?;
                 Some((step, continue_run(&client, run_id)?))
@@ -230,16 +241,41 @@ fn log_params(
 
 /// A new run in the options' experiment, created when missing; its id.
 fn new_run(py: Python<'_>, client: &Bound<'_, PyAny>, opts: &MlflowOptions) -> PyResult<String> {
-    let experiment = client.call_method1("get_experiment_by_name", (&opts.experiment,))?;
-    let experiment_id = if experiment.is_none() {
-        client.call_method1("create_experiment", (&opts.experiment,))?
-    } else {
-        experiment.getattr("experiment_id")?
-    };
+    let experiment_id = experiment_id(client, &opts.experiment)?;
     let kwargs = PyDict::new(py);
     kwargs.set_item("run_name", &opts.run_name)?;
     let run = client.call_method("create_run", (experiment_id,), Some(&kwargs))?;
     run.getattr("info")?.getattr("run_id")?.extract()
+}
+
+/// The id of the experiment `name`, created when missing: also when another job (a sweep's
+/// seed started beside this one) creates it first. One that was deleted is refused, naming it:
+/// MLflow starts no run in it.
+fn experiment_id<'py>(client: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+    let existing = |client: &Bound<'py, PyAny>| -> PyResult<Option<Bound<'py, PyAny>>> {
+        let experiment = client.call_method1("get_experiment_by_name", (name,))?;
+        if experiment.is_none() {
+            return Ok(None);
+        }
+        let stage: String = experiment.getattr("lifecycle_stage")?.extract()?;
+        if stage != "active" {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "the experiment {name:?} was deleted (it is in MLflow's trash): restore it \
+                 (mlflow experiments restore), or name another with exp_name"
+            )));
+        }
+        Ok(Some(experiment.getattr("experiment_id")?))
+    };
+    if let Some(id) = existing(client)? {
+        return Ok(id);
+    }
+    match client.call_method1("create_experiment", (name,)) {
+        Ok(id) => Ok(id),
+        Err(e) => match existing(client)? {
+            Some(id) => Ok(id),
+            None => Err(e),
+        },
+    }
 }
 
 /// Marks `run_id` running again: its id, logged params and `resumed_at_steps` tag. None when
@@ -263,6 +299,22 @@ fn continue_run(
         .call_method("update_run", (run_id,), Some(&kwargs))
         .ok()?;
     Some((run_id.to_owned(), params, tags.get(RESUMED_TAG).cloned()))
+}
+
+/// The points a file store's run holds past the checkpoint it resumes from belong to the undone
+/// attempt: dropped, as from the run's own files (a server cannot drop them).
+fn drop_points_after(store: &Path, run_id: &str, step: u64) -> python::Result<()> {
+    let Ok(experiments) = std::fs::read_dir(store) else {
+        return Ok(());
+    };
+    for experiment in experiments.flatten() {
+        let metrics = experiment.path().join(run_id).join("metrics");
+        if metrics.is_dir() {
+            super::continuation::drop_file_store_points_after(&metrics, step)
+                .map_err(|e| python::Error(e.to_string()))?;
+        }
+    }
+    Ok(())
 }
 
 fn is_file_store(uri: &str) -> bool {
