@@ -513,6 +513,45 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     assert_eq!(runs.as_array().map(Vec::len), Some(2), "{runs}");
 }
 
+/// A run directory moved (or copied) elsewhere takes its default MLflow store with it: resumed
+/// there, it continues its run in it rather than starting another beside it.
+#[test]
+fn a_moved_run_directory_continues_its_mlflow_run() {
+    if std::env::var_os("MLFLOW_TRACKING_URI").is_some() {
+        eprintln!("NOT CHECKED HERE: MLFLOW_TRACKING_URI is set, so no run uses the default store");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (before, after) = (dir.path().join("before"), dir.path().join("after"));
+    let options = |run_dir: &Path, continues_from: Option<u64>| LoggerOptions {
+        mlflow: Some(MlflowOptions {
+            experiment: "moved".into(),
+            run_name: "walker-walk-7".into(),
+            tracking_uri: None,
+        }),
+        config: json!({"task": "walker-walk"}),
+        continues_from,
+        ..LoggerOptions::new(run_dir)
+    };
+    let eval =
+        |step: u64, reward: f64| Record::new(Phase::Eval, step).with("episode_reward", reward);
+    let mut logger = Logger::open(&options(&before, None)).unwrap();
+    logger.log(&eval(500, 1.0)).unwrap();
+    logger.close().unwrap();
+    std::fs::rename(&before, &after).unwrap();
+    let mut logger = Logger::open(&options(&after, Some(500))).unwrap();
+    logger.log(&eval(1000, 2.0)).unwrap();
+    logger.close().unwrap();
+    let store = format!("file://{}", after.join("mlruns").display());
+    let runs = read(
+        "mlflow_runs",
+        &[store, "moved".into(), "eval/episode_reward".into()],
+    );
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    assert_eq!(runs[0]["history"], json!([[500, 1.0], [1000, 2.0]]));
+    assert_eq!(runs[0]["tags"]["resumed_at_steps"], "500");
+}
+
 /// A square crossing a colour gradient: many colours, and motion between frames.
 fn moving_square(frames: usize, width: usize, height: usize) -> Vec<Frame> {
     (0..frames)

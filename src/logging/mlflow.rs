@@ -53,6 +53,7 @@ impl Mlflow {
             .ok()
             .filter(|u| !u.is_empty());
         let explicit_uri = opts.tracking_uri.clone().or(env_uri);
+        let default_store = explicit_uri.is_none();
         let run_dir = std::path::absolute(run_dir)
             .map_err(|e| Error::io(format!("resolve {}", run_dir.display()), e))?;
         let params = flatten(config);
@@ -80,9 +81,16 @@ impl Mlflow {
             let client = mlflow
                 .getattr("MlflowClient")?
                 .call1((tracking_uri.as_str(),))?;
-            if let Some((step, run_id)) =
-                resumed.and_then(|(step, runs)| Some((step, runs.mlflow_run_at(&tracking_uri)?)))
-            {
+            // The run this directory logged to: at this URI, or, in the default store, under
+            // the directory's earlier path (moved or copied with it, when it is there).
+            let earlier = resumed.and_then(|(step, runs)| {
+                let run = runs.mlflow.as_ref()?;
+                let here = run.tracking_uri == tracking_uri
+                    || (default_store && is_file_store(&run.tracking_uri));
+                here.then_some((step, run.run_id.as_str()))
+            });
+            let mut continued = None;
+            if let Some((step, run_id)) = earlier {
                 if is_file_store(&tracking_uri) {
                     let store: std::path::PathBuf = py
                         .import("mlflow.utils.file_utils")?
@@ -90,11 +98,8 @@ impl Mlflow {
                         .extract()?;
                     drop_points_after(&store, run_id, step)?;
                 }
+                continued = continue_run(&client, run_id)?.map(|run| (step, run));
             }
-            let continued = resumed.and_then(|(step, runs)| {
-                let run_id = runs.mlflow_run_at(&tracking_uri)?;
-                Some((step, continue_run(&client, run_id)?))
-            });
             let (run_id, logged) = match continued {
                 Some((step, (run_id, logged, steps))) => {
                     let steps = match steps {
@@ -278,27 +283,40 @@ fn experiment_id<'py>(client: &Bound<'py, PyAny>, name: &str) -> PyResult<Bound<
     }
 }
 
-/// Marks `run_id` running again: its id, logged params and `resumed_at_steps` tag. None when
-/// the store no longer holds it (deleted, or another store at the same URI).
-fn continue_run(
-    client: &Bound<'_, PyAny>,
-    run_id: &str,
-) -> Option<(String, HashMap<String, String>, Option<String>)> {
-    let run = client.call_method1("get_run", (run_id,)).ok()?;
-    let info = run.getattr("info").ok()?;
-    let stage: String = info.getattr("lifecycle_stage").ok()?.extract().ok()?;
+/// A run this directory logged to, marked running again: its id, logged params and
+/// `resumed_at_steps` tag. None when the store does not hold it (deleted, another store at the
+/// same URI); a store that cannot say (a server that does not answer) is an error, not a new
+/// run beside one left running.
+type Continued = (String, HashMap<String, String>, Option<String>);
+fn continue_run(client: &Bound<'_, PyAny>, run_id: &str) -> PyResult<Option<Continued>> {
+    let run = match client.call_method1("get_run", (run_id,)) {
+        Ok(run) => run,
+        Err(e) if error_code(client.py(), &e).as_deref() == Some("RESOURCE_DOES_NOT_EXIST") => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let info = run.getattr("info")?;
+    let stage: String = info.getattr("lifecycle_stage")?.extract()?;
     if stage != "active" {
-        return None;
+        return Ok(None);
     }
-    let data = run.getattr("data").ok()?;
-    let params: HashMap<String, String> = data.getattr("params").ok()?.extract().ok()?;
-    let tags: HashMap<String, String> = data.getattr("tags").ok()?.extract().ok()?;
+    let data = run.getattr("data")?;
+    let params: HashMap<String, String> = data.getattr("params")?.extract()?;
+    let tags: HashMap<String, String> = data.getattr("tags")?.extract()?;
     let kwargs = PyDict::new(client.py());
-    kwargs.set_item("status", "RUNNING").ok()?;
-    client
-        .call_method("update_run", (run_id,), Some(&kwargs))
-        .ok()?;
-    Some((run_id.to_owned(), params, tags.get(RESUMED_TAG).cloned()))
+    kwargs.set_item("status", "RUNNING")?;
+    client.call_method("update_run", (run_id,), Some(&kwargs))?;
+    Ok(Some((
+        run_id.to_owned(),
+        params,
+        tags.get(RESUMED_TAG).cloned(),
+    )))
+}
+
+/// An `MlflowException`'s code (`RESOURCE_DOES_NOT_EXIST`, ...).
+fn error_code(py: Python<'_>, e: &PyErr) -> Option<String> {
+    e.value(py).getattr("error_code").ok()?.extract().ok()
 }
 
 /// The points a file store's run holds past the checkpoint it resumes from belong to the undone
