@@ -187,7 +187,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => {
             let config = resolved_training_config(&args)?;
             if args.cfg.is_some() {
-                print!("{}", config.to_yaml()?);
+                crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
                 return Ok(());
             }
             train(config)
@@ -198,7 +198,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(args) => {
             let config = resolved_config(&args)?;
             if args.cfg.is_some() {
-                print!("{}", config.to_yaml()?);
+                crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
                 return Ok(());
             }
             note_training_settings("eval", &config);
@@ -233,14 +233,14 @@ pub fn run(cli: Cli) -> Result<()> {
                 )));
             }
             let keys = crate::agent::import_official(&input, &output)?;
-            println!("wrote {} tensors to {}", keys.len(), output.display());
+            outln!("wrote {} tensors to {}", keys.len(), output.display());
             Ok(())
         }
         Command::Export { input, output } => {
             let model = crate::checkpoint::model_file(&input)?;
             crate::checkpoint::verify_model(&model)?;
             let written = crate::agent::export_official(&model, &output)?;
-            println!(
+            outln!(
                 "wrote {written} tensors of {} to {}",
                 model.display(),
                 output.display()
@@ -330,7 +330,7 @@ fn note_training_settings(verb: &str, config: &Config) {
         unused.push("pipeline=true".into());
     }
     if !unused.is_empty() {
-        eprintln!("note: {verb} leaves unused: {}", unused.join(", "));
+        errln!("note: {verb} leaves unused: {}", unused.join(", "));
     }
 }
 
@@ -388,16 +388,18 @@ fn evaluate(config: Config) -> Result<()> {
         config.seed,
         &group,
         config.save_video.then_some(&mut video),
-        Some(&|line: &str| eprintln!("{line}")),
+        Some(&|line: &str| errln!("{line}")),
     )?;
     let trainer::evaluate::Outcome::Done(evaluation) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));
     };
     let summary = evaluation.overall;
     for (task, s) in tasks.iter().zip(&evaluation.by_task) {
-        println!(
+        outln!(
             "  {task}: {} episodes, return {:.2} ± {:.2}",
-            s.episodes, s.mean, s.std
+            s.episodes,
+            s.mean,
+            s.std
         );
     }
     if !video.is_empty() {
@@ -407,11 +409,16 @@ fn evaluate(config: Config) -> Result<()> {
             config.seed
         ));
         crate::logging::write_video(&path, &video)?;
-        println!("video of the first episode: {}", path.display());
+        outln!("video of the first episode: {}", path.display());
     }
-    println!(
+    outln!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
-        config.task, summary.episodes, summary.mean, summary.std, summary.min, summary.max
+        config.task,
+        summary.episodes,
+        summary.mean,
+        summary.std,
+        summary.min,
+        summary.max
     );
     let by_task: serde_json::Map<String, serde_json::Value> = tasks
         .iter()
@@ -425,7 +432,7 @@ fn evaluate(config: Config) -> Result<()> {
     if !by_task.is_empty() {
         line["by_task"] = by_task.into();
     }
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }
 

@@ -1,4 +1,8 @@
 //! tdmpc2: a distributed TD-MPC2 trainer.
+// `println!` panics when its reader is gone: `outln!` and `errln!` instead (`terminal`).
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+#[macro_use]
+pub mod terminal;
 pub mod actor;
 pub mod agent;
 pub mod arg_values;

@@ -235,6 +235,57 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     assert!(stderr.contains("Resumed from"), "{stderr}");
 }
 
+/// `train ... | tee log`, then Ctrl-C: the same signal ends `tee`, and the lines written after
+/// it reach no reader. They are lost, the run is not: it stops with its checkpoint (every line
+/// was a panic, on the launcher's first forwarded line, whose ranks were then killed).
+#[test]
+fn a_run_whose_output_reader_is_gone_stops_with_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        "world_size=2".to_string(),
+        "steps=1000000".into(),
+        format!("master_port={}", free_port()),
+    ];
+    let mut child = common::Reaped::spawn(
+        command("train", dir.path(), &settings)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let training = |run_dir: &Path| {
+        std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .is_ok_and(|text| text.contains("\"phase\":\"train\""))
+    };
+    let started = Instant::now();
+    while !training(dir.path()) && started.elapsed() < Duration::from_secs(240) {
+        assert_eq!(child.try_wait().unwrap(), None, "the run went on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(child.try_wait().unwrap(), None, "the run went on");
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill -INT");
+    let stopped = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(150),
+            "still running"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(status.code(), Some(3), "stopped as asked");
+    let saved = std::fs::read_dir(dir.path().join("checkpoints"))
+        .map(|entries| entries.flatten().count())
+        .unwrap_or(0);
+    assert!(saved > 0, "the stop's checkpoint was written");
+}
+
 /// SIGTERM during a long evaluation stops every rank between two of its steps, with a
 /// checkpoint, instead of after the episodes (which can outlast a scheduler's grace period
 /// before it kills the job).

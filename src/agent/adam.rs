@@ -430,7 +430,7 @@ mod tests {
     #[test]
     fn torchs_fused_adam_equals_ours() {
         if env!("TDMPC2_TORCH_CUDA_WHEEL") == "0" {
-            eprintln!("SKIPPED: the shim (and with it torch's fused Adam) needs the CUDA wheel");
+            errln!("SKIPPED: the shim (and with it torch's fused Adam) needs the CUDA wheel");
             return;
         }
         let params = Tensor::randn([1000], (tch::Kind::Float, tch::Device::Cpu)) * 3.0;

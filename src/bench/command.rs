@@ -108,16 +108,16 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     check(args)?;
     for case in &args.cases {
         match case.as_str() {
-            "env" => super::env::run(args.env_steps, &mut |line| println!("{line}"))?,
+            "env" => super::env::run(args.env_steps, &mut |line| outln!("{line}"))?,
             "buffer" => {
-                super::buffer::run(args.buffer_rows as usize, &mut |line| println!("{line}"))?
+                super::buffer::run(args.buffer_rows as usize, &mut |line| outln!("{line}"))?
             }
             "dataset" => {
-                super::dataset::run(args.dataset_mb as usize, &mut |line| println!("{line}"))?
+                super::dataset::run(args.dataset_mb as usize, &mut |line| outln!("{line}"))?
             }
             "video" => {
                 super::video::run(&args.video_task, args.video_frames as usize, &mut |line| {
-                    println!("{line}")
+                    outln!("{line}")
                 })?
             }
             "agent" => {
@@ -131,7 +131,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     update_repeats: args.agent_repeats as usize,
                     ..Default::default()
                 };
-                super::agent::run(&options, &mut |line| println!("{line}"))?;
+                super::agent::run(&options, &mut |line| outln!("{line}"))?;
             }
             "graphs" => {
                 let options = super::graphs::GraphOptions {
@@ -142,7 +142,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     kernels: args.kernels,
                     fused_kernels: args.fused_kernels.clone(),
                 };
-                super::graphs::run(&options, &mut |line| println!("{line}"))?;
+                super::graphs::run(&options, &mut |line| outln!("{line}"))?;
             }
             "ddp" => {
                 let options = super::ddp::DdpOptions {
@@ -153,10 +153,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                     rounds: args.ddp_rounds,
                     seed: 1,
                 };
-                super::ddp::run(&options, &mut |line| println!("{line}"))?;
+                super::ddp::run(&options, &mut |line| outln!("{line}"))?;
             }
             "loop" => {
-                super::train_loop::run(&loop_options(args), &mut |line| println!("{line}"))?;
+                super::train_loop::run(&loop_options(args), &mut |line| outln!("{line}"))?;
             }
             other => {
                 return Err(Error::Config(format!(

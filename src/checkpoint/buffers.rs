@@ -95,7 +95,7 @@ impl SavedBuffers<'_> {
         let expected = hashes.get(saved_rank).copied();
         let recorded = recorded_hash(dir);
         if recorded.is_none() || recorded != expected {
-            eprintln!(
+            errln!(
                 "warning: {} is not the replay buffer saved with the checkpoint of step {} \
                  (another run's at the same step, or a save cut short): passed over",
                 dir.display(),
@@ -118,7 +118,7 @@ impl SavedBuffers<'_> {
                     Some([]) => "the checkpoint saved none (save_buffer=true saves them)",
                     _ => "none was found beside the checkpoint or in run_dir",
                 };
-                eprintln!(
+                errln!(
                     "warning: resuming without replay buffers: {why}; the buffer refills from \
                      new episodes"
                 );
@@ -126,7 +126,7 @@ impl SavedBuffers<'_> {
             return Ok(());
         }
         if !missing.is_empty() {
-            eprintln!(
+            errln!(
                 "warning: rank {rank} resumes without the replay buffers of saved ranks \
                  {missing:?}, found neither beside the checkpoint nor in its run_dir"
             );
@@ -140,7 +140,7 @@ impl SavedBuffers<'_> {
             .collect::<Result<Vec<_>>>()?;
         if rank == 0 {
             if let Some(note) = self.note(&parts, buffer.capacity()) {
-                eprintln!("note: {note}");
+                errln!("note: {note}");
             }
         }
         buffer.gather(parts, |p| read_checked(&found[p].1))

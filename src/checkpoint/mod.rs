@@ -201,7 +201,7 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let in_checkpoint = dir.join(MODEL).is_file() && dir.join(META).is_file();
         if in_checkpoint && path.file_name() != Some(MODEL.as_ref()) {
-            eprintln!(
+            errln!(
                 "checkpoint={}: taking the weights of its checkpoint, {}",
                 path.display(),
                 dir.join(MODEL).display()
@@ -330,7 +330,7 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
     for name in names {
         let path = dir.join(name);
         let Some(saved) = meta.files.get(*name) else {
-            eprintln!(
+            errln!(
                 "warning: {} records no hash of {name} (written by an older tdmpc2): its bytes \
                  cannot be verified",
                 dir.join(META).display()

@@ -354,7 +354,7 @@ fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Re
         )));
     }
     if meta.format < FORMAT {
-        eprintln!(
+        errln!(
             "warning: {} was written by an older tdmpc2 (float checksums, no file hashes): \
              resuming from it without verifying what it loads",
             dir.display()
@@ -441,7 +441,7 @@ fn load_on_root(
             )));
         }
     }
-    eprintln!("Resumed from {} (step {})", dir.display(), meta.global_step);
+    errln!("Resumed from {} (step {})", dir.display(), meta.global_step);
     Ok(Some((meta, warm_starts)))
 }
 

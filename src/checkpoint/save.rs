@@ -31,7 +31,7 @@ pub fn save(
         return Ok(());
     }
     // A checkpoint or buffer that could not be removed costs disk space, not the run.
-    let warn = |e: Error| eprintln!("warning: keep_checkpoints={}: {e}", settings.keep);
+    let warn = |e: Error| errln!("warning: keep_checkpoints={}: {e}", settings.keep);
     let kept = match group.rank() {
         0 => store::prune(
             &checkpoints_dir(&settings.run_dir),

@@ -474,7 +474,7 @@ mod tests {
     #[test]
     fn without_a_gpu_capture_says_why() {
         if !no_gpu_here() {
-            eprintln!("skipped: a CUDA GPU is visible; tests/cuda_graphs.rs covers it");
+            errln!("skipped: a CUDA GPU is visible; tests/cuda_graphs.rs covers it");
             return;
         }
         assert!(!cuda_graphs_available());
@@ -529,7 +529,7 @@ mod tests {
     #[test]
     fn shim_errors_come_back_as_messages() {
         if !no_gpu_here() {
-            eprintln!("skipped: a CUDA GPU is visible, so these calls would succeed");
+            errln!("skipped: a CUDA GPU is visible, so these calls would succeed");
             return;
         }
         assert_eq!(imp::device_count().expect("device count never fails"), 0);

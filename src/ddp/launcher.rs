@@ -154,7 +154,7 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     }
                     return Err(e);
                 }
-                eprintln!(
+                errln!(
                     "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
                      (restart {} of {}, max_restarts)",
                     restart + 1,
@@ -302,7 +302,7 @@ fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
 /// the others' once `master_addr` resolves.
 fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
     if let Some(warning) = rendezvous::loopback_warning(&plan.master_addr, plan.node_rank) {
-        eprintln!("{warning}");
+        errln!("{warning}");
     }
     rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
     heartbeat::JobStore::open(
@@ -345,7 +345,7 @@ fn cpu_slices(plan: &LaunchPlan) -> Result<Option<Vec<Vec<usize>>>> {
             .enumerate()
             .map(|(r, cpus)| format!("{} → {}", plan.global_rank(r), affinity::format_list(cpus)))
             .collect();
-        eprintln!(
+        errln!(
             "CPU affinity (cpu_affinity=false turns it off): rank → CPUs {}",
             list.join(", ")
         );

@@ -149,7 +149,7 @@ impl Supervision {
             Event::PeerLost(lost) => {
                 if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
                 {
-                    eprintln!("[launcher] {lost}; stopping this node's ranks");
+                    errln!("[launcher] {lost}; stopping this node's ranks");
                     self.lost_peer = Some(lost);
                     stop_all(&self.alive, libc::SIGTERM);
                     self.deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
@@ -237,7 +237,7 @@ impl Supervision {
     }
 
     pub(super) fn kill(&mut self, why: &str) {
-        eprintln!("[launcher] {why}; killing the ranks still running");
+        errln!("[launcher] {why}; killing the ranks still running");
         self.killing = true;
         stop_all(&self.alive, libc::SIGKILL);
         self.deadline = None;
@@ -326,10 +326,10 @@ impl Supervision {
 
 fn print_line(rank: usize, text: &str, is_err: bool) {
     match (rank, is_err) {
-        (0, false) => println!("{text}"),
-        (0, true) => eprintln!("{text}"),
-        (_, false) => println!("[rank {rank}] {text}"),
-        (_, true) => eprintln!("[rank {rank}] {text}"),
+        (0, false) => outln!("{text}"),
+        (0, true) => errln!("{text}"),
+        (_, false) => outln!("[rank {rank}] {text}"),
+        (_, true) => errln!("[rank {rank}] {text}"),
     }
 }
 

@@ -24,7 +24,7 @@ impl BestEffort {
         }
         if let Err(e) = work(self.inner.as_mut()) {
             self.failed = true;
-            eprintln!(
+            errln!(
                 "warning: {} could not be written ({what}: {e}); it takes no more records, and \
                  training goes on (metrics.jsonl has them all)",
                 self.inner.name()

@@ -27,7 +27,7 @@ impl Sink for Console {
 }
 
 /// A line on stdout; a reader that went away (`train | head`) costs the lines, not the run
-/// (`println!` would panic).
+/// (`outln!` would panic).
 fn say(line: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stdout().lock(), "{line}");

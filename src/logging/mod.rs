@@ -254,9 +254,9 @@ impl Logger {
         for video in self.videos.collect(before) {
             match video {
                 Ok(video) => results.extend(self.sinks.iter_mut().map(|s| s.video(&video))),
-                Err(e) => eprintln!(
-                    "warning: an evaluation video was not written ({e}); training goes on"
-                ),
+                Err(e) => {
+                    errln!("warning: an evaluation video was not written ({e}); training goes on")
+                }
             }
         }
         first_error(results.into_iter())

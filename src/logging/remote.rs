@@ -68,7 +68,7 @@ impl Remote {
                 0 => String::new(),
                 n => format!(" ({n} of the oldest were dropped: more than {BACKLOG} waited)"),
             };
-            eprintln!(
+            errln!(
                 "{} takes records again: the missed ones were sent{lost}",
                 self.inner.name()
             );
@@ -84,7 +84,7 @@ impl Remote {
         self.next_attempt = Some(Instant::now() + rest.min(LONGEST_REST));
         self.failures_in_a_row += 1;
         if self.failures_in_a_row == 1 {
-            eprintln!(
+            errln!(
                 "warning: {} does not take records ({e}); training goes on, it is asked again \
                  after {} s (then less often), and the records are sent once it answers \
                  (metrics.jsonl has them all)",
@@ -96,7 +96,7 @@ impl Remote {
 
     fn warn_unsent(&self, when: &str) {
         if !self.backlog.is_empty() {
-            eprintln!(
+            errln!(
                 "warning: {} missed {} records {when}; metrics.jsonl has them",
                 self.inner.name(),
                 self.backlog.len() as u64 + self.dropped
@@ -150,7 +150,7 @@ impl Sink for Remote {
             }
         };
         if let Err(e) = sent {
-            eprintln!(
+            errln!(
                 "warning: {} did not take the video of step {} ({e}); it is in {}",
                 self.inner.name(),
                 video.step,

@@ -168,7 +168,7 @@ pub fn drop_events_after(dir: &Path, through: Option<u64>) {
             continue;
         }
         if let Err(e) = rewrite_through(&path, &name, through) {
-            eprintln!(
+            errln!(
                 "warning: {} keeps the events an earlier attempt wrote past the checkpoint \
                  ({e}); TensorBoard's fast loader may show them",
                 path.display()

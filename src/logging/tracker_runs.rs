@@ -34,7 +34,7 @@ impl TrackerRuns {
             return Self::default();
         };
         serde_json::from_str(&text).unwrap_or_else(|e| {
-            eprintln!(
+            errln!(
                 "{} is damaged ({e}); W&B and MLflow start new runs",
                 path.display()
             );

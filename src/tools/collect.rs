@@ -128,9 +128,10 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
             let task = &tasks[episode.task.unwrap_or(0) as usize];
             writer.add(episode)?;
             finished += 1;
-            eprintln!(
+            errln!(
                 "episode {finished}/{}: {task}, return {:.1}",
-                args.episodes, stats.reward
+                args.episodes,
+                stats.reward
             );
             if started < args.episodes {
                 actor.reset(i, episode_seed(started))?;
@@ -139,7 +140,7 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
         }
     }
     let files = writer.finish()?;
-    println!(
+    outln!(
         "wrote {finished} episodes in {} file{} to {}",
         files.len(),
         if files.len() == 1 { "" } else { "s" },

@@ -28,7 +28,7 @@ pub fn build(
                     a == b || matches!((list(a), list(b)), (Ok(x), Ok(y)) if x == y)
                 };
                 if !same(&trained, &config.task) {
-                    eprintln!(
+                    errln!(
                         "warning: checkpoint={path} was trained on task={trained}; playing it \
                          on task={}",
                         config.task

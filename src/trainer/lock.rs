@@ -111,7 +111,7 @@ impl RunLock {
                 continue;
             }
             if let Some(owner) = previous.filter(|o| *o != Owner::me()) {
-                eprintln!(
+                errln!(
                     "warning: taking over the stale lock {} of {}, a run that ended without \
                      removing it",
                     path.display(),

@@ -49,7 +49,7 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
         return offline::train(&config, &rank, device, &group);
     }
     if config.multitask() && group.rank() == 0 {
-        eprintln!(
+        errln!(
             "note: task={} without data_dir trains online, playing every task; the official \
              code trains its multitask models offline only (data_dir=DIR for that)",
             config.task

@@ -247,7 +247,7 @@ impl<'g> Offline<'g> {
         }
         if self.group.rank() == 0 {
             let peak = crate::memory::peak_bytes().unwrap_or(f64::NAN);
-            eprintln!(
+            errln!(
                 "Training finished: {} ({:.1} updates/s; rank 0 sampled from {:.1} MB of dataset \
                  files with a peak memory of {:.1} MB)",
                 self.checkpoints.run_dir.display(),
@@ -314,7 +314,7 @@ pub(super) fn verify_dataset(config: &Config, rank: usize, world_size: usize) ->
         let file = &files[(rank * files.len() / world_size.max(1) + k) % files.len()];
         if rank == 0 {
             let size = std::fs::metadata(file).map_or(0, |m| m.len());
-            eprintln!(
+            errln!(
                 "verifying dataset file {} of {}: {} ({:.2} GB)",
                 k + 1,
                 files.len(),
@@ -328,7 +328,7 @@ pub(super) fn verify_dataset(config: &Config, rank: usize, world_size: usize) ->
         }
     }
     if rank == 0 {
-        eprintln!(
+        errln!(
             "dataset verified in {:.1} s: {:.2} GB read against the files' CRC-32s, {stamped} of \
              {} files verified before (verify_data=false skips this)",
             started.elapsed().as_secs_f64(),
@@ -349,7 +349,7 @@ fn describe(config: &Config, dataset: &Dataset, world_size: usize) {
         .filter(|(_, &n)| n > 0)
         .map(|(task, n)| format!("{task} {n}"))
         .collect();
-    eprintln!(
+    errln!(
         "Offline training for {} updates on {}: each of the {} ranks samples from all {} \
          episodes ({:.1} MB of files), read from disk as it samples: {}",
         config.steps,

@@ -35,7 +35,7 @@ impl Report {
         if let Ok(before) = std::fs::read_to_string(&path) {
             let changed = crate::config::changed_settings(&before, &yaml);
             if !changed.is_empty() {
-                eprintln!(
+                errln!(
                     "Settings changed since {} was written (now replaced): {}",
                     path.display(),
                     changed.join("; ")
@@ -187,8 +187,8 @@ impl Report {
     /// A line on the console, under the progress bar when there is one.
     pub(super) fn note(&self, line: &str) {
         match &self.progress {
-            Some(bar) => bar.suspend(|| eprintln!("{line}")),
-            None => eprintln!("{line}"),
+            Some(bar) => bar.suspend(|| errln!("{line}")),
+            None => errln!("{line}"),
         }
     }
 
@@ -207,7 +207,7 @@ impl Report {
             bar.finish_and_clear();
         }
         if let Err(e) = self.logger.close_stopped() {
-            eprintln!("warning: closing the logs after the stop: {e}");
+            errln!("warning: closing the logs after the stop: {e}");
         }
     }
 

@@ -25,10 +25,10 @@ pub(super) fn join_group(config: &Config, rank: &RankInfo, device: Device) -> Re
     };
     if group.rank() == 0 {
         if let Some(cpus) = pinned {
-            eprintln!("rank 0 pinned to CPUs {}", affinity::format_list(&cpus));
+            errln!("rank 0 pinned to CPUs {}", affinity::format_list(&cpus));
         }
         if group.is_real() {
-            eprintln!("{}", ProcessGroup::describe(backend));
+            errln!("{}", ProcessGroup::describe(backend));
         }
     }
     Ok(group)
@@ -121,7 +121,7 @@ fn warn_if_buffers_outgrow_disk(config: &Config, rank: &RankInfo, learner: &Lear
     );
     if let Ok((dir, free)) = checkpoint::disk::free_bytes(&config.run_dir()) {
         if let Some(warning) = disk.warning(free, &dir) {
-            eprintln!("{warning}");
+            errln!("{warning}");
         }
     }
 }
@@ -133,8 +133,8 @@ fn capture_graphs(learner: &mut Learner, policy: &mut Policy, say: bool) {
     if say {
         for (what, outcome) in [("updates", updates), ("plans", plans)] {
             match outcome {
-                Ok(()) => eprintln!("compile=true: {what} run as CUDA graphs"),
-                Err(why) => eprintln!("compile=true: {what} run eagerly ({why})"),
+                Ok(()) => errln!("compile=true: {what} run as CUDA graphs"),
+                Err(why) => errln!("compile=true: {what} run eagerly ({why})"),
             }
         }
     }
@@ -160,7 +160,7 @@ pub(super) fn stop_with_checkpoint(
     report: Option<Report>,
 ) -> Error {
     if group.info().local_rank == 0 {
-        eprintln!(
+        errln!(
             "{} every rank stops {}, as {}; rank 0 writes the checkpoint",
             crate::ddp::STOPPING_NOTICE,
             stop.when,

@@ -101,7 +101,7 @@ impl<'g> Training<'g> {
         };
         let (local_steps, seed_steps) = (config.steps / world_size, config.resolved_seed_steps()?);
         if group.rank() == 0 && local_steps < seed_steps {
-            eprintln!(
+            errln!(
                 "warning: steps={} gives each of the {world_size} rank(s) {local_steps} agent \
                  steps, fewer than seed_steps={seed_steps} (random actions before the first \
                  update): this run makes no update; raise steps (to world_size × more than \
@@ -114,11 +114,12 @@ impl<'g> Training<'g> {
         let pretrained =
             learner.updater().model_optim.step_count() > 0 && state.pretrain_updates == 0;
         if group.rank() == 0 && world_size > 1 && config.env_timeout >= config.dist_timeout {
-            eprintln!(
+            errln!(
                 "warning: env_timeout={} is not below dist_timeout={}: a hung environment \
                  worker may show as the other ranks' collective timing out instead of being \
                  named; keep env_timeout below dist_timeout",
-                config.env_timeout, config.dist_timeout
+                config.env_timeout,
+                config.dist_timeout
             );
         }
         let mut training = Self {
@@ -439,9 +440,9 @@ impl<'g> Training<'g> {
             let dir = self.checkpoints.run_dir.display();
             match steady_rate {
                 Some(rate) => {
-                    eprintln!("Training finished: {dir} ({rate:.1} agent steps/s after seeding)")
+                    errln!("Training finished: {dir} ({rate:.1} agent steps/s after seeding)")
                 }
-                None => eprintln!("Training finished: {dir}"),
+                None => errln!("Training finished: {dir}"),
             }
         }
         Ok(())

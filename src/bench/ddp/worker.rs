@@ -195,7 +195,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
     };
     let line = serde_json::to_string(&report)
         .map_err(|e| Error::Other(format!("cannot write the bench report: {e}")))?;
-    println!("{line}");
+    outln!("{line}");
     Ok(())
 }
 

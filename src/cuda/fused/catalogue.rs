@@ -133,7 +133,7 @@ mod tests {
         match nvrtc() {
             Ok(compiler) => Some(compiler),
             Err(e) if env!("TDMPC2_TORCH_CUDA_WHEEL") == "0" => {
-                eprintln!("SKIPPED: the torch wheel is CPU-only and brings no NVRTC: {e}");
+                errln!("SKIPPED: the torch wheel is CPU-only and brings no NVRTC: {e}");
                 None
             }
             Err(e) => panic!("the CUDA torch wheel's NVRTC must load: {e}"),
@@ -147,7 +147,7 @@ mod tests {
         let Some(compiler) = compiler_or_skip() else {
             return;
         };
-        eprintln!("NVRTC {:?} from {}", compiler.version, compiler.library);
+        errln!("NVRTC {:?} from {}", compiler.version, compiler.library);
         for source in &SOURCES {
             for arch in ARCHES {
                 let bytes = compiler

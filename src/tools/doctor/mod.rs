@@ -55,7 +55,7 @@ impl Report {
             Mark::Note => "!",
             Mark::Fail => "✗",
         };
-        println!("{symbol} {name}: {}", detail.as_ref());
+        outln!("{symbol} {name}: {}", detail.as_ref());
         if mark == Mark::Fail {
             self.failures.push(name.to_string());
         }
@@ -113,7 +113,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
         group::check_group(&mut report, world_size);
     }
     if report.failures.is_empty() {
-        println!("ready to train");
+        outln!("ready to train");
         Ok(())
     } else {
         Err(Error::Other(format!(

@@ -75,7 +75,7 @@ pub(super) fn render_check() -> Result<()> {
         env.render(RENDER_SIZE)?;
     }
     let each = start.elapsed().as_secs_f64() / RENDER_FRAMES as f64;
-    println!(
+    outln!(
         "{RENDER_TASK} {RENDER_SIZE}×{RENDER_SIZE}: first frame {:.0} ms, then {:.1} ms a frame \
          ({:.0} frames/s)",
         first.as_secs_f64() * 1e3,

@@ -146,7 +146,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
         ),
     };
     drawn.map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))?;
-    println!("wrote {}", args.out.display());
+    outln!("wrote {}", args.out.display());
     Ok(())
 }
 
@@ -164,7 +164,7 @@ fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .partition(|p| !p.is_file() || p.extension().is_some_and(|e| e == "jsonl"));
     if !others.is_empty() {
         let names: Vec<String> = others.iter().map(|p| p.display().to_string()).collect();
-        eprintln!(
+        errln!(
             "note: passing over {} (not a run directory nor its {})",
             names.join(", "),
             curves::METRICS_FILE
@@ -231,7 +231,7 @@ fn reference_action_repeat(stem: &str) -> usize {
         Some(family) => {
             let repeat = family.action_repeat();
             if repeat > 1 {
-                eprintln!(
+                errln!(
                     "note: --reference {stem}: its steps are {} simulator steps, {repeat} an \
                      agent step; drawn against agent steps (divided by {repeat})",
                     family.title()
@@ -240,7 +240,7 @@ fn reference_action_repeat(stem: &str) -> usize {
             repeat
         }
         None => {
-            eprintln!(
+            errln!(
                 "note: --reference {stem}: no task of that name, so its steps are taken as \
                  agent steps (the official files, named for their task, count simulator steps)"
             );
@@ -330,7 +330,7 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
                 (lo.min(c.len()), hi.max(c.len()))
             });
             if shortest < longest {
-                eprintln!(
+                errln!(
                     "note: {label}: its seeds logged {shortest} to {longest} {phase} points; the \
                      curve is their mean as far as every seed goes ({shortest} points)"
                 );

@@ -62,7 +62,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
     let configs = validate(&jobs, &|o| source(o.to_vec()))?;
     if list_only {
         for job in &jobs {
-            println!("job {}: {}", job.index, job.overrides.join(" "));
+            outln!("job {}: {}", job.index, job.overrides.join(" "));
         }
         return Ok(());
     }
@@ -87,7 +87,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         parallel,
         gpus,
     };
-    println!(
+    outln!(
         "sweep: {} jobs into {}, {parallel} at a time",
         jobs.len(),
         base.display()

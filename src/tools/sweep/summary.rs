@@ -53,13 +53,15 @@ pub(super) fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Resul
         .map(|job| (job.describe(), final_return(job)))
         .collect();
     let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0).max(9);
-    println!(
+    outln!(
         "\n{:<4} {:<width$} {:>14}  status",
-        "job", "overrides", "episode_reward"
+        "job",
+        "overrides",
+        "episode_reward"
     );
     for ((job, (overrides, reward)), status) in jobs.iter().zip(&rows).zip(statuses) {
         let reward = reward.map_or("-".to_string(), |r| format!("{r:.2}"));
-        println!(
+        outln!(
             "{:<4} {overrides:<width$} {reward:>14}  {status}",
             job.index
         );
@@ -96,7 +98,7 @@ pub(super) fn summarize(jobs: &[Job], statuses: &[Status], base: &Path) -> Resul
     write("sweep.csv", csv)?;
     let json = serde_json::to_string_pretty(&json).map_err(|e| Error::Other(e.to_string()))?;
     write("sweep.json", json + "\n")?;
-    println!("summary: {}", base.join("sweep.csv").display());
+    outln!("summary: {}", base.join("sweep.csv").display());
     let failed: Vec<String> = jobs
         .iter()
         .zip(statuses)
