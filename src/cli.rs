@@ -268,6 +268,7 @@ fn train(mut config: Config) -> Result<()> {
         if let Some(dir) = &config.data_dir {
             crate::dataset::files(std::path::Path::new(dir))?;
         }
+        crate::ddp::lifeline::stop_when_parent_dies()?;
         let program = crate::this_binary::path()?;
         let plan = LaunchPlan {
             world_size: config.world_size,

@@ -1,6 +1,7 @@
-//! Lines for the user on stdout and stderr (`outln!`, `errln!`). A reader that went away
-//! (`train | head`, a `tee` ended by the same Ctrl-C, a closed terminal) costs the lines, never
-//! the run: `println!` panics there, before a stop's checkpoint is written.
+//! The user's terminal: lines on stdout and stderr (`outln!`, `errln!`), and its hangup. A
+//! reader that went away (`train | head`, a `tee` ended by the same Ctrl-C, a closed terminal)
+//! costs the lines, never the run: `println!` panics there, before a stop's checkpoint is
+//! written.
 use std::fmt::Arguments;
 use std::io::Write;
 
@@ -34,4 +35,13 @@ macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::terminal::write_err(format_args!("{}\n", format_args!($($arg)*)))
     };
+}
+
+/// Whether this process was started to outlive its terminal (`nohup`: SIGHUP ignored). Asked
+/// before any handler of SIGHUP is installed: otherwise a hangup stops a run as Ctrl-C does.
+pub fn hangup_ignored() -> bool {
+    // SAFETY: a zeroed sigaction is a valid out-parameter; a null new action changes nothing.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    let read = unsafe { libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut current) };
+    read == 0 && current.sa_sigaction == libc::SIG_IGN
 }

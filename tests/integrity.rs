@@ -235,6 +235,52 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     assert!(stderr.contains("Resumed from"), "{stderr}");
 }
 
+/// Starts `command` (stdout and stderr piped, their readers gone at once when `readers_gone`)
+/// and returns it once its run trains (a training record in `run_dir`'s metrics.jsonl).
+fn training_run(mut command: Command, run_dir: &Path, readers_gone: bool) -> common::Reaped {
+    let mut child = common::Reaped::spawn(command.stdout(Stdio::piped()).stderr(Stdio::piped()));
+    if readers_gone {
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+    }
+    let training = || {
+        std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+            .is_ok_and(|text| text.contains("\"phase\":\"train\""))
+    };
+    let started = Instant::now();
+    while !training() && started.elapsed() < Duration::from_secs(240) {
+        assert_eq!(child.try_wait().unwrap(), None, "the run went on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(child.try_wait().unwrap(), None, "the run went on");
+    child
+}
+
+fn send(pid: u32, signal: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(sent, "kill -{signal} {pid}");
+}
+
+fn exit_within(child: &mut common::Reaped, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(start.elapsed() < limit, "still running {limit:?} later");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn checkpoints_in(run_dir: &Path) -> usize {
+    std::fs::read_dir(run_dir.join("checkpoints"))
+        .map(|entries| entries.flatten().count())
+        .unwrap_or(0)
+}
+
 /// `train ... | tee log`, then Ctrl-C: the same signal ends `tee`, and the lines written after
 /// it reach no reader. They are lost, the run is not: it stops with its checkpoint (every line
 /// was a panic, on the launcher's first forwarded line, whose ranks were then killed).
@@ -246,44 +292,92 @@ fn a_run_whose_output_reader_is_gone_stops_with_its_checkpoint() {
         "steps=1000000".into(),
         format!("master_port={}", free_port()),
     ];
-    let mut child = common::Reaped::spawn(
-        command("train", dir.path(), &settings)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
+    let mut child = training_run(command("train", dir.path(), &settings), dir.path(), true);
+    send(child.id(), "INT");
+    let status = exit_within(&mut child, Duration::from_secs(150));
+    assert_eq!(status.code(), Some(3), "stopped as asked");
+    assert!(checkpoints_in(dir.path()) > 0, "the stop's checkpoint");
+}
+
+/// A closed terminal (SIGHUP) stops a run as Ctrl-C does, with its checkpoint, where it
+/// killed a single process at once and left a launcher's ranks to their 30 s orphan grace;
+/// under `nohup` the run goes on.
+#[test]
+fn a_hangup_stops_a_run_with_its_checkpoint_unless_nohup_asked_otherwise() {
+    for world_size in [2, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = [
+            format!("world_size={world_size}"),
+            "steps=1000000".into(),
+            format!("master_port={}", free_port()),
+        ];
+        let mut child = training_run(command("train", dir.path(), &settings), dir.path(), false);
+        send(child.id(), "HUP");
+        let status = exit_within(&mut child, Duration::from_secs(150));
+        assert_eq!(status.code(), Some(3), "world_size={world_size}: stopped");
+        assert!(checkpoints_in(dir.path()) > 0, "world_size={world_size}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut nohup = Command::new("nohup");
+    nohup
+        .arg(env!("CARGO_BIN_EXE_tdmpc2"))
+        .arg("train")
+        .args(TINY)
+        .args([
+            "steps=1000000".to_string(),
+            format!("run_dir={}", dir.path().display()),
+        ]);
+    let mut child = training_run(nohup, dir.path(), false);
+    send(child.id(), "HUP");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(child.try_wait().unwrap(), None, "nohup: the run goes on");
+    send(child.id(), "TERM");
+    assert_eq!(
+        exit_within(&mut child, Duration::from_secs(150)).code(),
+        Some(3)
     );
-    drop(child.stdout.take());
-    drop(child.stderr.take());
-    let training = |run_dir: &Path| {
-        std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-            .is_ok_and(|text| text.contains("\"phase\":\"train\""))
-    };
-    let started = Instant::now();
-    while !training(dir.path()) && started.elapsed() < Duration::from_secs(240) {
-        assert_eq!(child.try_wait().unwrap(), None, "the run went on");
+}
+
+/// A stop that cannot end (an environment worker that stopped answering, a tracker's network)
+/// ends at once on a second Ctrl-C a moment later, workers included: it waited for
+/// `env_timeout` whatever was pressed.
+#[test]
+fn a_second_ctrl_c_ends_a_stop_that_hangs() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let settings = args(&[
+        "task=gym:Pendulum-v1",
+        "num_envs=2",
+        "env_workers=1",
+        "seed_steps=400",
+        "steps=1000000",
+        "env_timeout=600",
+    ]);
+    let mut child = training_run(command("train", dir.path(), &settings), dir.path(), false);
+    let workers = common::children_of(child.id());
+    assert_eq!(workers.len(), 1, "one environment worker");
+    send(workers[0], "STOP");
+    send(child.id(), "INT");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        child.try_wait().unwrap(),
+        None,
+        "the stop waits on the worker"
+    );
+    send(child.id(), "INT");
+    let status = exit_within(&mut child, Duration::from_secs(10));
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    let gone = Instant::now();
+    while std::fs::metadata(format!("/proc/{}", workers[0])).is_ok()
+        && gone.elapsed() < Duration::from_secs(10)
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(child.try_wait().unwrap(), None, "the run went on");
-    let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(ok, "kill -INT");
-    let stopped = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            stopped.elapsed() < Duration::from_secs(150),
-            "still running"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(status.code(), Some(3), "stopped as asked");
-    let saved = std::fs::read_dir(dir.path().join("checkpoints"))
-        .map(|entries| entries.flatten().count())
-        .unwrap_or(0);
-    assert!(saved > 0, "the stop's checkpoint was written");
+    let state = std::fs::read_to_string(format!("/proc/{}/stat", workers[0])).unwrap_or_default();
+    assert!(
+        state.is_empty() || state.contains(") Z"),
+        "the worker ended: {state}"
+    );
 }
 
 /// SIGTERM during a long evaluation stops every rank between two of its steps, with a

@@ -640,6 +640,63 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
     );
 }
 
+/// A sweep killed outright (SIGKILL, the OOM killer) leaves no job training unwatched: its
+/// two-rank job's launcher is asked to stop when the sweep dies, and stops with a checkpoint.
+#[test]
+fn a_killed_sweep_leaves_no_job_running() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = format!("run_dir={}", dir.path().display());
+    let port = format!("master_port={}", common::free_port());
+    let mut args = vec![
+        "train",
+        "--multirun",
+        "steps=100000",
+        "seed=1,2",
+        "world_size=2",
+        &port,
+        &run_dir,
+    ];
+    args.extend(tiny());
+    let mut sweep = Command::new(common::tdmpc2_bin())
+        .args(&args)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(sweep.stdout.take().unwrap());
+    let mut seen = String::new();
+    while !seen.lines().any(|line| line.starts_with("[job 0] train")) {
+        let n = std::io::BufRead::read_line(&mut stdout, &mut seen).unwrap();
+        assert!(n > 0, "the sweep ended early: {seen}");
+    }
+    let launcher = common::children_of(sweep.id());
+    assert_eq!(launcher.len(), 1, "one job at a time");
+    let ranks = common::children_of(launcher[0]);
+    assert_eq!(ranks.len(), 2, "the job's two ranks");
+    sweep.kill().unwrap();
+    sweep.wait().unwrap();
+    let alive = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z"))
+    };
+    let killed = std::time::Instant::now();
+    let job = [launcher[0], ranks[0], ranks[1]];
+    while job.iter().any(alive) && killed.elapsed() < std::time::Duration::from_secs(150) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let left: Vec<u32> = job.into_iter().filter(alive).collect();
+    for pid in &left {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+    assert!(left.is_empty(), "still running: {left:?}");
+    let checkpoints = dir.path().join("0_seed=1/checkpoints");
+    assert!(
+        std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
+        "the job stopped with its checkpoint"
+    );
+}
+
 /// `export` writes a run's latest checkpoint as an official one (torch's zip format), whose
 /// `import` gives back the same tensors; a missing or damaged input (a missing one to either) and
 /// an unwritable output are named errors, and nothing is left behind.

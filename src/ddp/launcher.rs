@@ -73,23 +73,38 @@ const READ_GRACE: Duration = Duration::from_secs(2);
 struct StopSignals {
     interrupt: Signal,
     terminate: Signal,
+    /// The terminal's hangup (its ranks ignore it while the launcher lives), unless `nohup`
+    /// asked to outlive the terminal.
+    hangup: Option<Signal>,
 }
 
 impl StopSignals {
     /// Within the runtime's context.
     fn watch() -> Result<Self> {
+        let hangup = match crate::terminal::hangup_ignored() {
+            true => None,
+            false => Some(signal(SignalKind::hangup()).map_err(|e| Error::io("watch SIGHUP", e))?),
+        };
         Ok(Self {
             interrupt: signal(SignalKind::interrupt()).map_err(|e| Error::io("watch SIGINT", e))?,
             terminate: signal(SignalKind::terminate())
                 .map_err(|e| Error::io("watch SIGTERM", e))?,
+            hangup,
         })
     }
 
     /// The next request, in words.
     async fn next(&mut self) -> &'static str {
+        let hangup = async {
+            match &mut self.hangup {
+                Some(hangup) => hangup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = self.interrupt.recv() => "interrupted (Ctrl-C)",
             _ = self.terminate.recv() => "terminated (SIGTERM)",
+            _ = hangup => "hung up (the terminal closed)",
         }
     }
 

@@ -70,6 +70,30 @@ pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
     Ok(())
 }
 
+/// A launcher started by another process of ours (a sweep's job) is asked to stop when that
+/// process dies (SIGTERM, which it takes as a stop: its ranks checkpoint and end) instead of
+/// running on unwatched, its output going nowhere. Nothing to do for a launcher started by hand.
+pub fn stop_when_parent_dies() -> Result<()> {
+    let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) else {
+        return Ok(());
+    };
+    let starter = parse_pid(&value.to_string_lossy())?;
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
+    if set != 0 {
+        return Err(Error::io(
+            "ask for SIGTERM when the starting process dies (prctl)",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if parent() != starter {
+        return Err(Error::Stopped(format!(
+            "the process that started this launcher (pid {starter}) exited before it started"
+        )));
+    }
+    Ok(())
+}
+
 fn parse_pid(value: &str) -> Result<libc::pid_t> {
     value
         .trim()

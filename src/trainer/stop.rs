@@ -1,7 +1,9 @@
-//! Stopping on Ctrl-C or SIGTERM: the handler only sets a flag; the training loop checks it
-//! between steps, agreeing across ranks so that every rank stops at the same step (and rank 0
-//! can write a checkpoint while the collectives still line up).
-use std::sync::atomic::{AtomicU8, Ordering};
+//! Stopping on Ctrl-C, SIGTERM or a hangup: the handler only sets a flag; the training loop
+//! checks it between steps, agreeing across ranks so that every rank stops at the same step (and
+//! rank 0 can write a checkpoint while the collectives still line up). A process no launcher
+//! started ends at once on a second request a moment after the first (a stop that hangs: a
+//! tracker's network, a silent worker), as the launcher kills its ranks then.
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 
 use tch::{Kind, Tensor};
 
@@ -11,7 +13,7 @@ use crate::error::Result;
 /// Why a rank asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// Ctrl-C or SIGTERM.
+    /// Ctrl-C, SIGTERM, or a hangup (the terminal closed).
     Signal = 1,
     /// The built-in launcher that started the rank died (see `ddp::lifeline`).
     LauncherLost = 2,
@@ -40,7 +42,10 @@ impl std::fmt::Display for StopRequest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Self { rank, node, .. } = self;
         match self.reason {
-            Reason::Signal => write!(f, "rank {rank} (node {node}) got Ctrl-C or SIGTERM"),
+            Reason::Signal => write!(
+                f,
+                "rank {rank} (node {node}) got Ctrl-C, SIGTERM or a hangup"
+            ),
             Reason::LauncherLost => write!(
                 f,
                 "the launcher of rank {rank} went away: node {node} was stopped or killed"
@@ -52,8 +57,36 @@ impl std::fmt::Display for StopRequest {
 /// This process's request: 0 for none, else a `Reason` code (the first one stays).
 static REQUESTED: AtomicU8 = AtomicU8::new(0);
 
-extern "C" fn on_signal(_: libc::c_int) {
+/// When the first signal came (monotonic ms; 0: none yet).
+static FIRST_SIGNAL_MS: AtomicI64 = AtomicI64::new(0);
+/// Whether a second request ends the process (none of our launchers decides for it).
+static SECOND_REQUEST_ENDS: AtomicBool = AtomicBool::new(false);
+/// A request this long after the first is a second request, not one delivered twice (a
+/// terminal's Ctrl-C and a wrapper passing it on).
+const SECOND_REQUEST_AFTER_MS: i64 = 1000;
+
+extern "C" fn on_signal(signal: libc::c_int) {
+    let now = monotonic_ms();
+    let first = FIRST_SIGNAL_MS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+    if let Err(first) = first {
+        if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && now - first >= SECOND_REQUEST_AFTER_MS {
+            // SAFETY: signal and raise are async-signal-safe; the default action ends the
+            // process, as the signal would have without a handler.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+                libc::raise(signal);
+            }
+        }
+    }
     request(Reason::Signal);
+}
+
+/// Milliseconds of the monotonic clock (async-signal-safe: clock_gettime); at least 1.
+fn monotonic_ms() -> i64 {
+    // SAFETY: a zeroed timespec is a valid out-parameter.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec * 1000 + now.tv_nsec / 1_000_000).max(1)
 }
 
 /// Asks the training loop to stop. Async-signal-safe: one lock-free atomic operation.
@@ -61,11 +94,21 @@ pub fn request(reason: Reason) {
     let _ = REQUESTED.compare_exchange(0, reason as u8, Ordering::SeqCst, Ordering::SeqCst);
 }
 
+/// Ctrl-C, SIGTERM and a hangup (unless `nohup` ignores it) ask the run to stop. A rank of the
+/// built-in launcher takes SIGHUP as its launcher's death ([`crate::ddp::lifeline`]).
 pub fn install_handlers() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    let launched = std::env::var_os(crate::ddp::lifeline::LAUNCHER_PID_ENV).is_some();
+    SECOND_REQUEST_ENDS.store(!launched, Ordering::SeqCst);
+    let handler = on_signal as *const () as libc::sighandler_t;
+    let hangup = !crate::terminal::hangup_ignored();
+    // SAFETY: the handler stores to atomics, and on a second request restores the default
+    // action and raises the signal again: all async-signal-safe.
     unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+        if hangup {
+            libc::signal(libc::SIGHUP, handler);
+        }
     }
 }
 

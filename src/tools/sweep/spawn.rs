@@ -5,12 +5,15 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::grid::Job;
 use super::Status;
 use crate::config::Config;
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
+
+/// How long a finished job's output may still come.
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Ctrl-C and SIGTERM received: the first stops the sweep (each running job is asked once to
 /// stop and checkpoints), a second kills the jobs.
@@ -24,12 +27,17 @@ pub(super) fn stopping() -> bool {
     SIGNALS.load(Ordering::SeqCst) > 0
 }
 
-/// From here on, Ctrl-C and SIGTERM stop the sweep instead of ending this process.
+/// From here on, Ctrl-C, SIGTERM and a hangup (unless `nohup` ignores it) stop the sweep
+/// instead of ending this process.
 pub(super) fn catch_stop_signals() {
+    let hangup = !crate::terminal::hangup_ignored();
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        if hangup {
+            libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
+        }
     }
 }
 
@@ -205,8 +213,12 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    for handle in forwards.into_iter().flatten() {
-        let _ = handle.join();
+    // The job's output to its end, but not forever: a process it left (W&B's service, in a
+    // session of its own) may hold its pipes open a while.
+    let drained = Instant::now();
+    let forwards: Vec<_> = forwards.into_iter().flatten().collect();
+    while forwards.iter().any(|f| !f.is_finished()) && drained.elapsed() < DRAIN {
+        std::thread::sleep(Duration::from_millis(50));
     }
     match exit {
         Ok(exit) if exit.success() => Status::Ok,
