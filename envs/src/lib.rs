@@ -16,6 +16,7 @@ pub mod native;
 pub mod np_random;
 mod registry;
 pub mod renderer;
+pub mod running_binary;
 pub mod vector;
 pub mod wrappers;
 

@@ -330,3 +330,28 @@ fn workers_die_with_their_parent() {
         );
     }
 }
+
+/// A worker holds none of its parent's descriptors but its channel and region: a trainer's
+/// collective sockets and pipes (opened without close-on-exec by the libraries that own them)
+/// would stay open in it, and in anything it leaves behind.
+#[test]
+fn a_worker_holds_none_of_its_parents_descriptors() {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) into a two-element array; both ends are closed below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let pipe = std::fs::read_link(format!("/proc/self/fd/{}", fds[0])).unwrap();
+    let venv = VectorEnv::new(TASK, &[0, 1], Placement::Workers(1), &worker()).unwrap();
+    let held: Vec<std::path::PathBuf> =
+        std::fs::read_dir(format!("/proc/{}/fd", venv.worker_pids()[0]))
+            .unwrap()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .collect();
+    drop(venv);
+    // SAFETY: the two descriptors pipe(2) opened above.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    assert!(!held.contains(&pipe), "{pipe:?} in {held:?}");
+}

@@ -134,7 +134,7 @@ pub fn check(options: &LoopOptions) -> Result<()> {
 
 pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     check(options)?;
-    let program = std::env::current_exe().map_err(|e| Error::io("locate tdmpc2", e))?;
+    let program = crate::this_binary::path()?;
     let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
     for &size in &options.model_sizes {
         let mut baseline = None;

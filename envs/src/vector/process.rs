@@ -284,10 +284,20 @@ fn prepare_child(parent: u32, shm_fd: RawFd) -> io::Result<()> {
         // group; the rank decides what it means, and the exec above reset its handler.
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
         if shm_fd == protocol::SHM_FD {
-            check(libc::fcntl(shm_fd, libc::F_SETFD, 0))
+            check(libc::fcntl(shm_fd, libc::F_SETFD, 0))?;
         } else {
-            check(libc::dup2(shm_fd, protocol::SHM_FD))
+            check(libc::dup2(shm_fd, protocol::SHM_FD))?;
         }
+        // Nothing else of the parent's crosses the exec (its collectives' sockets and pipes,
+        // which a worker, or a process it leaves, would hold open): close-on-exec for every
+        // descriptor past the region's. Best effort: kernels before 5.11 lack the call.
+        libc::syscall(
+            libc::SYS_close_range,
+            protocol::SHM_FD as libc::c_uint + 1,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        Ok(())
     }
 }
 

@@ -19,7 +19,7 @@ const MAX_ERROR_BYTES: usize = 64 * 1024;
 pub fn serve_worker() -> Result<()> {
     // Environments of another family's venv (a multitask slot's) step in workers of this
     // same program.
-    if let Ok(program) = std::env::current_exe() {
+    if let Ok(program) = crate::running_binary::path() {
         let args: Vec<String> = std::env::args().skip(1).collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         super::set_default_worker(super::WorkerCommand::new(program, &args));

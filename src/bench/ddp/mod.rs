@@ -77,7 +77,7 @@ impl DdpOptions {
 /// line holds the scaling efficiency of each rank count above 1.
 pub fn run(options: &DdpOptions, emit: &mut dyn FnMut(&str)) -> Result<()> {
     options.check()?;
-    let program = std::env::current_exe().map_err(|e| Error::io("locate the tdmpc2 binary", e))?;
+    let program = crate::this_binary::path()?;
     let cores = crate::device::cores();
     let mut by_ranks: BTreeMap<usize, Vec<RoundResult>> = BTreeMap::new();
     for round_index in 0..options.rounds {
