@@ -8,6 +8,7 @@
 //! TDMPC2_TEST_WORKER set.
 mod common;
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -183,6 +184,7 @@ fn join_as_worker(config: &Config) -> ProcessGroup {
         Device::Cpu,
         Duration::from_secs(60),
         false,
+        || false,
     )
     .unwrap()
 }
@@ -479,6 +481,78 @@ fn a_taken_master_port_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains(&format!("master_port={port} is not free")),
+        "{stderr}"
+    );
+}
+
+/// A rank whose peers never come says what it waits for, stops at once on Ctrl-C (exit 3; it
+/// waited out `dist_timeout` inside c10d), and after `dist_timeout` names how many joined,
+/// without a Python traceback.
+#[test]
+fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().to_string();
+    let alone = |rank: &str, extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
+        command
+            .args(tiny_train())
+            .args(["steps=480", "seed=5"])
+            .args(extra)
+            .arg(format!("run_dir={}", dir.path().join(rank).display()))
+            .envs([
+                ("RANK", rank),
+                ("LOCAL_RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_WORLD_SIZE", "1"),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", port.as_str()),
+            ]);
+        command
+    };
+    // Rank 1, whose rank 0 never starts: told, then stopped.
+    let mut child = alone("1", &["dist_timeout=600"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut lines = stderr.lines().map_while(|line| line.ok());
+    let waiting = lines
+        .by_ref()
+        .find(|line| line.contains("waiting"))
+        .unwrap_or_default();
+    assert!(
+        waiting.contains("rank 1: waiting")
+            && waiting.contains(&format!("127.0.0.1:{port}"))
+            && waiting.contains("dist_timeout"),
+        "{waiting}"
+    );
+    let asked = Instant::now();
+    // SAFETY: a plain kill(2) of this test's child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let rest: Vec<String> = lines.collect();
+    let status = child.wait().unwrap();
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(status.code(), Some(3), "{rest:?}");
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("asked to stop while it waited for the other ranks")),
+        "{rest:?}"
+    );
+    // Rank 0, whose rank 1 never starts: named after dist_timeout.
+    let out = alone("0", &["dist_timeout=4", "peer_timeout=2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("1 of 2 ranks joined") && stderr.contains("within 4 s (dist_timeout)"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("Traceback") && !stderr.contains("traceback"),
         "{stderr}"
     );
 }

@@ -1,5 +1,5 @@
-//! The process group: PyTorch's c10d through `torch.distributed` in the embedded interpreter
-//! (`env://` rendezvous). Tensors cross into Python without a copy: the Python tensor shares the
+//! The process group: PyTorch's c10d through `torch.distributed` in the embedded interpreter,
+//! formed on the store the ranks met through ([`super::meeting`]). Tensors cross into Python without a copy: the Python tensor shares the
 //! tch tensor's storage, so in-place collectives land in ours.
 //!
 //! The rule callers cannot break: every collective accepts CPU tensors and tensors on the rank's
@@ -70,10 +70,23 @@ impl GroupSettings {
         }
     }
 
-    /// Forms the group of `rank` on `device`; returns it with the backend it chose.
-    pub fn join(&self, rank: RankInfo, device: Device) -> Result<(ProcessGroup, Backend)> {
+    /// Forms the group of `rank` on `device`; returns it with the backend it chose. A stop
+    /// asked meanwhile (`stop_asked`) ends the wait for the other ranks.
+    pub fn join(
+        &self,
+        rank: RankInfo,
+        device: Device,
+        stop_asked: fn() -> bool,
+    ) -> Result<(ProcessGroup, Backend)> {
         let backend = Backend::choose(&self.backend, device)?;
-        let group = ProcessGroup::init(rank, backend, device, self.timeout, self.force_group)?;
+        let group = ProcessGroup::init(
+            rank,
+            backend,
+            device,
+            self.timeout,
+            self.force_group,
+            stop_asked,
+        )?;
         Ok((group, backend))
     }
 }
@@ -97,70 +110,54 @@ impl ProcessGroup {
 
     /// Joins the group described by `info` for collectives on `device`. A single rank needs
     /// no group unless `force` asks for one (to run the real collectives with one rank).
+    /// `stop_asked` ends the wait for the other ranks early (see [`super::meeting`]).
     pub fn init(
         info: RankInfo,
         backend: Backend,
         device: Device,
         timeout: Duration,
         force: bool,
+        stop_asked: fn() -> bool,
     ) -> Result<Self> {
         if info.world_size == 1 && !force {
             return Ok(Self::alone(info));
         }
-        let dist = embedded_python::with_python(|py| {
-            let torch = py.import("torch")?;
-            if let Device::Cuda(index) = device {
-                // NCCL's communicators bind to the current device.
-                torch
+        if let Device::Cuda(index) = device {
+            // NCCL's communicators bind to the current device.
+            embedded_python::with_python(|py| {
+                py.import("torch")?
                     .getattr("cuda")?
                     .call_method1("set_device", (index,))?;
-            }
-            let os = py.import("os")?;
-            let environ = os.getattr("environ")?;
-            environ.set_item("MASTER_ADDR", &info.master_addr)?;
-            environ.set_item("MASTER_PORT", info.master_port.to_string())?;
+                Ok(())
+            })?;
+        }
+        let store = super::meeting::meet(&info, timeout, stop_asked)?;
+        let dist = embedded_python::with_python(|py| {
             let dist = py.import("torch.distributed")?;
-            let datetime = py.import("datetime")?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("backend", backend.torch_name())?;
-            if std::env::var(super::heartbeat::AGENT_STORE_ENV).as_deref() == Ok("1") {
-                // The launcher hosts the store: join through it, one prefix per attempt.
-                let attempt = std::env::var(super::launcher::RESTART_COUNT_ENV)
-                    .unwrap_or_else(|_| "0".into());
-                let store_kwargs = PyDict::new(py);
-                store_kwargs.set_item("is_master", false)?;
-                store_kwargs.set_item(
-                    "timeout",
-                    datetime
-                        .getattr("timedelta")?
-                        .call((0, timeout.as_secs_f64()), None)?,
-                )?;
-                let store = dist.getattr("TCPStore")?.call(
-                    (info.master_addr.as_str(), info.master_port),
-                    Some(&store_kwargs),
-                )?;
-                let store = dist
-                    .getattr("PrefixStore")?
-                    .call1((format!("tdmpc2/attempt_{attempt}/"), store))?;
-                kwargs.set_item("store", store)?;
-            } else {
-                kwargs.set_item("init_method", "env://")?;
-            }
+            kwargs.set_item("store", store.bind(py))?;
             kwargs.set_item("rank", info.rank)?;
             kwargs.set_item("world_size", info.world_size)?;
             let seconds = timeout.as_secs_f64();
             kwargs.set_item(
                 "timeout",
-                datetime.getattr("timedelta")?.call((0, seconds), None)?,
+                py.import("datetime")?
+                    .getattr("timedelta")?
+                    .call((0, seconds), None)?,
             )?;
             dist.call_method("init_process_group", (), Some(&kwargs))?;
             Ok(dist.unbind())
         })
         .map_err(|e| {
             Error::Collective(format!(
-                "cannot join the process group at {}:{} as rank {} of {} ({e}); check master_addr \
-                 and master_port (is the port free and reachable?), or raise dist_timeout",
-                info.master_addr, info.master_port, info.rank, info.world_size
+                "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
+                 raise dist_timeout if they are slow to start",
+                info.rank,
+                info.world_size,
+                info.master_addr,
+                info.master_port,
+                embedded_python::message(&e.0)
             ))
         })?;
         Ok(Self {

@@ -3,6 +3,7 @@ pub mod affinity;
 pub mod group;
 pub mod heartbeat;
 pub mod lifeline;
+mod meeting;
 pub mod rank;
 pub mod rendezvous;
 mod supervision;

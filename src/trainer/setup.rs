@@ -18,7 +18,11 @@ use crate::learner::{Learner, LearnerSettings};
 pub(super) fn join_group(config: &Config, rank: &RankInfo, device: Device) -> Result<ProcessGroup> {
     tch::set_num_threads(crate::device::rank_threads(config.num_threads, rank) as i32);
     crate::device::set_tf32(device, config.tf32)?;
-    let (group, backend) = GroupSettings::from_config(config).join(rank.clone(), device)?;
+    let (group, backend) = GroupSettings::from_config(config).join(
+        rank.clone(),
+        device,
+        super::stop::requested_here,
+    )?;
     let pinned = match config.cpu_affinity {
         true => affinity::apply_from_env()?,
         false => None,

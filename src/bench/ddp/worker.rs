@@ -135,6 +135,7 @@ pub fn worker(args: &WorkerArgs) -> Result<()> {
         Device::Cpu,
         GROUP_TIMEOUT,
         false,
+        || false,
     )?;
     crate::ddp::affinity::apply_from_env()?;
     let device = Device::Cpu;

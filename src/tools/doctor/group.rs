@@ -142,7 +142,7 @@ pub(super) fn rank_check() -> Result<()> {
         _ => (Backend::Gloo, Device::Cpu),
     };
     let (rank, world_size) = (info.rank, info.world_size);
-    let group = ProcessGroup::init(info, backend, device, GROUP_TIMEOUT, false)?;
+    let group = ProcessGroup::init(info, backend, device, GROUP_TIMEOUT, false, || false)?;
     let mut tensor = Tensor::from_slice(&[(rank + 1) as f32]).to_device(device);
     group.all_reduce_sum(&mut tensor)?;
     let sum = tensor.to_device(Device::Cpu).double_value(&[0]);

@@ -1,0 +1,208 @@
+//! How the ranks meet before their group forms: through a c10d TCP store (rank 0 hosts it, or
+//! the launcher that started them: ours or torchrun's), each rank checking in and waiting for
+//! all. The wait is ours, in short slices, rather than inside c10d: it says what it waits for,
+//! and a stop (Ctrl-C, SIGTERM) ends it at once instead of after `dist_timeout`.
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::rank::RankInfo;
+use crate::error::{Error, Result};
+
+/// How long one attempt to reach the store, or one look at who joined, may block.
+const SLICE: Duration = Duration::from_secs(2);
+/// When a wait is first reported, then how often.
+const FIRST_REPORT: Duration = Duration::from_secs(10);
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+/// torchrun's switch for a store its agent hosts (all ranks join it as clients).
+const TORCHRUN_AGENT_STORE_ENV: &str = "TORCHELASTIC_USE_AGENT_STORE";
+const TORCHRUN_RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
+
+/// Who hosts the store, and the key prefix of this attempt's rendezvous.
+struct Host {
+    this_rank: bool,
+    prefix: String,
+}
+
+impl Host {
+    fn of(info: &RankInfo) -> Self {
+        let attempt = |var: &str| std::env::var(var).unwrap_or_else(|_| "0".into());
+        if std::env::var(super::heartbeat::AGENT_STORE_ENV).as_deref() == Ok("1") {
+            // Our launcher hosts the store: one prefix per attempt, as it restarts.
+            let attempt = attempt(super::launcher::RESTART_COUNT_ENV);
+            return Self {
+                this_rank: false,
+                prefix: format!("tdmpc2/attempt_{attempt}/"),
+            };
+        }
+        if std::env::var(TORCHRUN_AGENT_STORE_ENV).as_deref() == Ok("True") {
+            let attempt = attempt(TORCHRUN_RESTART_COUNT_ENV);
+            return Self {
+                this_rank: false,
+                prefix: format!("tdmpc2/attempt_{attempt}/"),
+            };
+        }
+        Self {
+            this_rank: info.rank == 0,
+            prefix: "tdmpc2/".into(),
+        }
+    }
+}
+
+/// The store every rank of `info`'s group has joined (prefixed for this attempt), once all
+/// have; its operations then wait `timeout` (`dist_timeout`), as the group's collectives do.
+/// `stop_asked` is looked at between slices.
+pub(super) fn meet(
+    info: &RankInfo,
+    timeout: Duration,
+    stop_asked: fn() -> bool,
+) -> Result<Py<PyAny>> {
+    let host = Host::of(info);
+    let started = Instant::now();
+    let mut report = Report::new(info, timeout);
+    let store = loop {
+        match connect(info, &host) {
+            Ok(store) => break store,
+            // Not up yet (its host starts later, or is slower to start): again, until the
+            // deadline. A host that cannot start its store fails at once.
+            Err(e) if !host.this_rank && started.elapsed() < timeout => {
+                report.waiting(started, "the store is not up yet", &e.0);
+            }
+            Err(e) => return Err(cannot_meet(info, &trimmed(&e.0))),
+        }
+        if stop_asked() {
+            return Err(stopped(info));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let joined = |delta: i64| {
+        embedded_python::with_python(|py| {
+            store
+                .bind(py)
+                .call_method1("add", ("joined", delta))?
+                .extract::<i64>()
+                .map_err(Into::into)
+        })
+    };
+    joined(1).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
+    loop {
+        let count = joined(0).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
+        if count >= info.world_size as i64 {
+            break;
+        }
+        if stop_asked() {
+            return Err(stopped(info));
+        }
+        if started.elapsed() >= timeout {
+            return Err(Error::Collective(format!(
+                "rank {} of {}: {count} of {} ranks joined at {}:{} within {} s (dist_timeout); \
+                 are the other ranks started, with the same master_addr and master_port?",
+                info.rank,
+                info.world_size,
+                info.world_size,
+                info.master_addr,
+                info.master_port,
+                timeout.as_secs()
+            )));
+        }
+        report.waiting(
+            started,
+            &format!("{count} of {} joined", info.world_size),
+            "",
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    embedded_python::with_python(|py| {
+        let timedelta = py.import("datetime")?.getattr("timedelta")?;
+        store.bind(py).call_method1(
+            "set_timeout",
+            (timedelta.call((0, timeout.as_secs_f64()), None)?,),
+        )?;
+        Ok(())
+    })
+    .map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
+    Ok(store)
+}
+
+/// One attempt at the store: hosted here (bound at once, not waiting for the others), or
+/// reached within a slice.
+fn connect(info: &RankInfo, host: &Host) -> embedded_python::Result<Py<PyAny>> {
+    embedded_python::with_python(|py| {
+        let dist = py.import("torch.distributed")?;
+        let timedelta = py.import("datetime")?.getattr("timedelta")?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("is_master", host.this_rank)?;
+        kwargs.set_item("timeout", timedelta.call((0, SLICE.as_secs_f64()), None)?)?;
+        if host.this_rank {
+            kwargs.set_item("wait_for_workers", false)?;
+        }
+        let store = dist.getattr("TCPStore")?.call(
+            (info.master_addr.as_str(), info.master_port, info.world_size),
+            Some(&kwargs),
+        )?;
+        let store = dist
+            .getattr("PrefixStore")?
+            .call1((host.prefix.as_str(), store))?;
+        Ok(store.unbind())
+    })
+}
+
+/// Says, now and then, what a rank waits for.
+struct Report<'a> {
+    info: &'a RankInfo,
+    timeout: Duration,
+    next: Duration,
+}
+
+impl<'a> Report<'a> {
+    fn new(info: &'a RankInfo, timeout: Duration) -> Self {
+        Self {
+            info,
+            timeout,
+            next: FIRST_REPORT,
+        }
+    }
+
+    fn waiting(&mut self, started: Instant, state: &str, last_error: &str) {
+        let waited = started.elapsed();
+        if waited < self.next {
+            return;
+        }
+        self.next = waited + REPORT_EVERY;
+        let said = match last_error {
+            "" => String::new(),
+            error => format!(" ({})", trimmed(error)),
+        };
+        errln!(
+            "rank {}: waiting {} s for the other ranks at {}:{}: {state}{said}; up to {} s \
+             (dist_timeout); Ctrl-C stops",
+            self.info.rank,
+            waited.as_secs(),
+            self.info.master_addr,
+            self.info.master_port,
+            self.timeout.as_secs()
+        );
+    }
+}
+
+/// A Python error's message alone: its first line, without the traceback or c10d's frames.
+fn trimmed(text: &str) -> String {
+    let message = embedded_python::message(text);
+    message.lines().next().unwrap_or(message).trim().to_owned()
+}
+
+fn cannot_meet(info: &RankInfo, why: &str) -> Error {
+    Error::Collective(format!(
+        "cannot join the process group at {}:{} as rank {} of {} ({why}); check master_addr and \
+         master_port (is the port free and reachable?), or raise dist_timeout",
+        info.master_addr, info.master_port, info.rank, info.world_size
+    ))
+}
+
+fn stopped(info: &RankInfo) -> Error {
+    Error::Stopped(format!(
+        "rank {} was asked to stop while it waited for the other ranks at {}:{}",
+        info.rank, info.master_addr, info.master_port
+    ))
+}
