@@ -483,6 +483,19 @@ fn a_taken_master_port_is_a_clear_error() {
         stderr.contains(&format!("master_port={port} is not free")),
         "{stderr}"
     );
+    // A master name that cannot resolve, on one node too (each rank waited for it until
+    // dist_timeout).
+    let started = Instant::now();
+    let out = launcher(&[
+        "world_size=2".into(),
+        "steps=800".into(),
+        "master_addr=not..a.host".into(),
+        format!("master_port={}", free_port()),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("master_addr=not..a.host"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
 }
 
 /// A rank whose peers never come says what it waits for, stops at once on Ctrl-C (exit 3; it
@@ -544,7 +557,9 @@ fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
         "{rest:?}"
     );
     // Rank 0, whose rank 1 never starts: named after dist_timeout.
-    let out = alone("0", &["dist_timeout=4", "peer_timeout=2"]).output().unwrap();
+    let out = alone("0", &["dist_timeout=4", "peer_timeout=2"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

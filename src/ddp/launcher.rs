@@ -135,6 +135,8 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
             plan.world_size, plan.nnodes
         )));
     }
+    // Once here rather than by every rank (see `meeting`).
+    rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
     if plan.node_rank == 0 {
         rendezvous::check_port_free(&plan.master_addr, plan.master_port)?;
     }
@@ -319,7 +321,6 @@ fn job_store(plan: &LaunchPlan) -> Result<heartbeat::JobStore> {
     if let Some(warning) = rendezvous::loopback_warning(&plan.master_addr, plan.node_rank) {
         errln!("{warning}");
     }
-    rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
     heartbeat::JobStore::open(
         &plan.master_addr,
         plan.master_port,

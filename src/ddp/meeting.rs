@@ -58,6 +58,8 @@ pub(super) fn meet(
     timeout: Duration,
     stop_asked: fn() -> bool,
 ) -> Result<Py<PyAny>> {
+    // A name that cannot resolve would be tried until the deadline.
+    super::rendezvous::check_master_resolves(&info.master_addr, info.master_port, timeout)?;
     let host = Host::of(info);
     let started = Instant::now();
     let mut report = Report::new(info, timeout);

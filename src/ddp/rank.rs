@@ -112,12 +112,28 @@ impl Vars<'_> {
             .transpose()
     }
 
+    /// MASTER_ADDR when set; set but empty is refused (c10d took it for unset).
+    fn master_addr(&self) -> Result<Option<String>> {
+        match (self.0)("MASTER_ADDR") {
+            Some(addr) if addr.trim().is_empty() => Err(Error::Config(
+                "MASTER_ADDR is set but empty: give node 0's address or host name, or unset it \
+                 (master_addr then)"
+                    .into(),
+            )),
+            addr => Ok(addr),
+        }
+    }
+
     fn port(&self, default: u16) -> Result<u16> {
         match (self.0)("MASTER_PORT") {
             Some(v) => v
                 .trim()
                 .parse()
-                .map_err(|_| Error::Config(format!("MASTER_PORT={v} is not a port number"))),
+                .ok()
+                .filter(|&port: &u16| port != 0)
+                .ok_or_else(|| {
+                    Error::Config(format!("MASTER_PORT={v} is not a port number (1 to 65535)"))
+                }),
             None => Ok(default),
         }
     }
@@ -129,7 +145,9 @@ impl Vars<'_> {
             world_size,
             local_rank: self.number("LOCAL_RANK")?.unwrap_or(0),
             local_world_size: self.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size),
-            master_addr: (self.0)("MASTER_ADDR").unwrap_or_else(|| config.master_addr.clone()),
+            master_addr: self
+                .master_addr()?
+                .unwrap_or_else(|| config.master_addr.clone()),
             master_port: self.port(config.master_port)?,
             own_cpus: None,
         })
@@ -147,7 +165,7 @@ impl Vars<'_> {
         ]
         .iter()
         .find_map(|key| (self.0)(key));
-        let master_addr = match (self.0)("MASTER_ADDR") {
+        let master_addr = match self.master_addr()? {
             Some(addr) => addr,
             None => nodes
                 .as_deref()
@@ -303,6 +321,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("RANK=x"));
+        let rank_1 = |var: (&'static str, &'static str)| {
+            info(&[("RANK", "1"), ("WORLD_SIZE", "2"), var])
+                .unwrap_err()
+                .to_string()
+        };
+        // c10d took an empty address for a missing one, and port 0 waited out dist_timeout.
+        assert!(rank_1(("MASTER_ADDR", " ")).contains("MASTER_ADDR is set but empty"));
+        assert!(rank_1(("MASTER_PORT", "0")).contains("MASTER_PORT=0 is not a port number"));
     }
 
     #[test]
