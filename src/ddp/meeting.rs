@@ -84,7 +84,6 @@ pub(super) fn meet(
                 .bind(py)
                 .call_method1("add", ("joined", delta))?
                 .extract::<i64>()
-                .map_err(Into::into)
         })
     };
     joined(1).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
