@@ -778,6 +778,39 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("no-such-dir"), "{}", text(&out));
+    // A folder's name (a trailing '/') is no file to write: it met torch's own checks, with a
+    // traceback.
+    let folder = format!("{}/", dir.path().join("new").display());
+    let out = tdmpc2(&["export", &run.to_string_lossy(), &folder]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("ends in '/'"), "{}", text(&out));
+
+    // A name that is not UTF-8 is the same file to Python (it was another, garbled one).
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let odd_name = dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"model_\xff.pt"));
+        let out = Command::new(common::tdmpc2_bin())
+            .arg("export")
+            .arg(&run)
+            .arg(&odd_name)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(odd_name.is_file());
+        let back = dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(b"back_\xfe.safetensors"));
+        let out = Command::new(common::tdmpc2_bin())
+            .arg("import")
+            .arg(&odd_name)
+            .arg(&back)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(back.is_file());
+    }
 
     // A state dict whose Q weight is not a stack of matrices (a foreign file) is named.
     let odd = dir.path().join("odd.safetensors");

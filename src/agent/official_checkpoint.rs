@@ -111,14 +111,14 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         "pt",
         "import writes safetensors, e.g. model.safetensors",
     )?;
-    let path_text = pt_path.to_string_lossy().to_string();
+    let path_text = pt_path.display().to_string();
     let raw = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("weights_only", true)?;
         kwargs.set_item("map_location", "cpu")?;
         let checkpoint = torch
-            .call_method("load", (path_text.as_str(),), Some(&kwargs))
+            .call_method("load", (pt_path,), Some(&kwargs))
             .map_err(|e| unreadable(py, e))?;
         if !checkpoint.hasattr("items")? {
             let kind = checkpoint.get_type().name()?.to_string();
@@ -241,7 +241,8 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         let globals = PyDict::new(py);
         let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));
         globals.set_item("tensors", python_tensors(py, tensors)?)?;
-        globals.set_item("path", out_path.to_string_lossy().to_string())?;
+        // A path, not text: a name that is not UTF-8 reaches Python as the same file.
+        globals.set_item("path", out_path)?;
         globals.set_item("num_q", num_q)?;
         globals.set_item("online", Q_ONLINE)?;
         globals.set_item("detached", Q_DETACHED)?;
@@ -258,9 +259,12 @@ for name in [n for n in state if n.startswith(online + '.')]:
 for prefix in ensembles:
     state[prefix + '.__batch_size'] = torch.Size([num_q])
     state[prefix + '.__device'] = None
+path = os.fspath(path)
 partial = path + '.partial'
 try:
-    torch.save({'model': state}, partial)
+    # Through a file object: torch's own path handling takes only UTF-8 names.
+    with open(partial, 'wb') as out:
+        torch.save({'model': state}, out)
     os.replace(partial, path)
 finally:
     if os.path.exists(partial):
@@ -292,6 +296,9 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
     };
     if out_path.extension().is_some_and(|e| e == extension) {
         return refuse(format!("named .{extension}, but {writes}"));
+    }
+    if out_path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return refuse("ends in '/': give the name of the file to write".into());
     }
     let folder = out_path.parent().filter(|p| !p.as_os_str().is_empty());
     if let Some(folder) = folder.filter(|f| !f.is_dir()) {

@@ -194,6 +194,9 @@ def write_chunk(path, episodes, length, obs, obs_dim, action, action_dim, reward
         "reward": array(reward, "<f4"),
         "task": array(task, "<i8"),
     }, batch_size=[episodes, length])
-    torch.save(td, path + ".tmp")
     import os
+    # Through a file object: torch's own path handling takes only UTF-8 names.
+    path = os.fspath(path)
+    with open(path + ".tmp", "wb") as out:
+        torch.save(td, out)
     os.replace(path + ".tmp", path)

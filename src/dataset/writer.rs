@@ -125,11 +125,11 @@ impl ChunkWriter {
             task.extend(std::iter::repeat_n(i64::from(id), rows).flat_map(i64::to_le_bytes));
         }
         let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
-        let path_text = path.to_string_lossy().to_string();
         let failed = |e: pyo3::PyErr| {
             Error::Other(format!(
-                "write dataset file {path_text}: {e} (writing needs tensordict, which \
-                 scripts/setup.sh installs)"
+                "write dataset file {}: {e} (writing needs tensordict, which scripts/setup.sh \
+                 installs)",
+                path.display()
             ))
         };
         embedded_python::attach_exclusive(|py| {
@@ -137,8 +137,9 @@ impl ChunkWriter {
             use pyo3::types::PyBytes;
             let module =
                 embedded_python::load_module(py, OFFICIAL_FORMAT, MODULE).map_err(failed)?;
+            // A path, not text: a name that is not UTF-8 reaches Python as the same file.
             let args = (
-                path_text.as_str(),
+                path.as_path(),
                 episodes.len(),
                 rows,
                 PyBytes::new(py, &obs),
