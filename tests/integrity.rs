@@ -620,6 +620,11 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         &["resume=auto", "steps=300"],
         "is at step 400, past this run's steps=300",
     );
+    // Another model size: named, with where the trained one's settings are.
+    refused(
+        &["resume=auto", "steps=800", "model_size=5"],
+        "resume with those the checkpoint was trained with (model_size",
+    );
     // Several ranks: the launcher refuses it before starting any; a checkpoint that does not
     // fit the model (found once rank 0 loads it) is exit 2 on every rank, and not restarted.
     refused(

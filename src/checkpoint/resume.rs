@@ -377,7 +377,22 @@ fn load_on_root(
     if meta.format == FORMAT {
         verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
-    learner.model_mut().load(&dir.join(MODEL))?;
+    learner
+        .model_mut()
+        .load(&dir.join(MODEL))
+        .map_err(|e| match e {
+            crate::agent::Error::Mismatch { .. } => Error::Config(format!(
+                "{e}. The model is built from this run's settings: resume with those the \
+                 checkpoint was trained with (model_size, or the dimensions it sets), as in {}",
+                dir.parent()
+                    .and_then(Path::parent)
+                    .map_or("its run's config.yaml".into(), |run| run
+                        .join("config.yaml")
+                        .display()
+                        .to_string())
+            )),
+            other => other.into(),
+        })?;
     let device = learner.model().device();
     let state_file = dir.join(STATE);
     std::fs::File::open(&state_file)
