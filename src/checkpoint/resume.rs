@@ -381,16 +381,16 @@ fn load_on_root(
         .model_mut()
         .load(&dir.join(MODEL))
         .map_err(|e| match e {
-            crate::agent::Error::Mismatch { .. } => Error::Config(format!(
-                "{e}. The model is built from this run's settings: resume with those the \
+            crate::agent::Error::Mismatch { .. } => {
+                Error::Config(format!(
+                    "{e}. The model is built from this run's settings: resume with those the \
                  checkpoint was trained with (model_size, or the dimensions it sets), as in {}",
-                dir.parent()
-                    .and_then(Path::parent)
-                    .map_or("its run's config.yaml".into(), |run| run
-                        .join("config.yaml")
-                        .display()
-                        .to_string())
-            )),
+                    dir.parent().and_then(Path::parent).map_or(
+                        "its run's config.yaml".into(),
+                        |run| run.join("config.yaml").display().to_string()
+                    )
+                ))
+            }
             other => other.into(),
         })?;
     let device = learner.model().device();

@@ -70,6 +70,26 @@ impl RankInfo {
         let use_torchrun_vars = launcher != "slurm";
         let in_srun_step = (vars.0)("SLURM_STEP_ID").is_some();
         let use_slurm_vars = launcher == "slurm" || (launcher == "auto" && in_srun_step);
+        // One of a pair without the other is no launcher's doing: a half-copied environment,
+        // which would otherwise train as a single process beside the job's other ranks.
+        let half_set =
+            |(rank, size): (Option<usize>, Option<usize>), names: [&str; 2]| match (rank, size) {
+                (Some(r), None) if r > 0 => Err(Error::Config(format!(
+                    "{}={r} is set but {} is not: a launcher sets both; set both, or neither",
+                    names[0], names[1]
+                ))),
+                (None, Some(n)) if n > 1 => Err(Error::Config(format!(
+                    "{}={n} is set but {} is not: a launcher sets both; set both, or neither",
+                    names[1], names[0]
+                ))),
+                _ => Ok(()),
+            };
+        if use_torchrun_vars {
+            half_set(torchrun_vars, ["RANK", "WORLD_SIZE"])?;
+        }
+        if use_slurm_vars {
+            half_set(slurm_vars, ["SLURM_PROCID", "SLURM_NTASKS"])?;
+        }
         if let (true, (Some(rank), Some(world_size))) = (use_torchrun_vars, torchrun_vars) {
             let info = vars.torchrun(config, rank, world_size)?;
             return info.checked().map(|i| (i, LaunchedBy::Torchrun));
@@ -82,10 +102,27 @@ impl RankInfo {
     }
 
     fn checked(self) -> Result<Self> {
-        if self.world_size == 0 || self.rank >= self.world_size {
+        if self.world_size == 0 {
+            return Err(Error::Config(
+                "world size 0: WORLD_SIZE (or SLURM_NTASKS) must be at least 1".into(),
+            ));
+        }
+        if self.rank >= self.world_size {
             return Err(Error::Config(format!(
                 "rank {} is not below world size {}: check RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS)",
                 self.rank, self.world_size
+            )));
+        }
+        // Two ranks of a node on one GPU, or a rank on another's, without a word.
+        if self.local_world_size == 0
+            || self.local_world_size > self.world_size
+            || self.local_rank >= self.local_world_size
+        {
+            return Err(Error::Config(format!(
+                "local rank {} of {} ranks on this node, in a world of {}: the local rank must be \
+                 below the node's ranks, at least 1 and at most the world size; check \
+                 LOCAL_RANK/LOCAL_WORLD_SIZE (or SLURM_LOCALID/SLURM_TASKS_PER_NODE)",
+                self.local_rank, self.local_world_size, self.world_size
             )));
         }
         Ok(self)
@@ -328,6 +365,24 @@ mod tests {
         };
         // c10d took an empty address for a missing one, and port 0 waited out dist_timeout.
         assert!(rank_1(("MASTER_ADDR", " ")).contains("MASTER_ADDR is set but empty"));
+        assert!(rank_1(("LOCAL_RANK", "5")).contains("local rank 5 of 2 ranks on this node"));
+        assert!(rank_1(("LOCAL_WORLD_SIZE", "0")).contains("local rank 0 of 0"));
+        let alone = |vars: &[(&str, &str)]| info(vars).map(|(_, by)| by);
+        assert!(alone(&[("RANK", "1")])
+            .unwrap_err()
+            .to_string()
+            .contains("RANK=1 is set but WORLD_SIZE is not"));
+        assert!(alone(&[("WORLD_SIZE", "2")])
+            .unwrap_err()
+            .to_string()
+            .contains("WORLD_SIZE=2 is set but RANK is not"));
+        // What says one process anyway is taken as it says.
+        assert_eq!(alone(&[("WORLD_SIZE", "1")]).unwrap(), LaunchedBy::Nobody);
+        assert_eq!(alone(&[("RANK", "0")]).unwrap(), LaunchedBy::Nobody);
+        assert!(info(&[("RANK", "0"), ("WORLD_SIZE", "0")])
+            .unwrap_err()
+            .to_string()
+            .contains("must be at least 1"));
         assert!(rank_1(("MASTER_PORT", "0")).contains("MASTER_PORT=0 is not a port number"));
     }
 
