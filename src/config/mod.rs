@@ -204,9 +204,13 @@ impl Source {
             let key = arg.split_once('=').map_or(arg.as_str(), |(key, _)| key);
             let key = key.trim().trim_start_matches('+');
             if DERIVED_FIELDS.contains(&key) {
+                let from = match key {
+                    "bin_size" => "from vmin, vmax and num_bins",
+                    "action_dims" | "episode_lengths" => "from the tasks of a multitask run",
+                    _ => "from the task's environment",
+                };
                 return Err(Error::Config(format!(
-                    "{key} is derived from the task (bin_size from vmin, vmax and num_bins): \
-                     it cannot be set"
+                    "{key} is derived ({from}): it cannot be set"
                 )));
             }
         }

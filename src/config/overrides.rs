@@ -181,6 +181,13 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
         Value::String(raw.trim().to_owned())
     } else {
         serde_yaml_ng::from_str(raw).map_err(|e| {
+            let whole = !raw.trim().is_empty() && raw.trim().chars().all(|c| c.is_ascii_digit());
+            if whole {
+                return Error::Config(format!(
+                    "{key}={raw} is too large: a whole number is at most {}",
+                    u64::MAX
+                ));
+            }
             Error::Config(format!(
                 "cannot parse the value of {key}: '{raw}' is not a YAML value ({e})"
             ))
@@ -318,9 +325,13 @@ pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<C
                     .get(key.as_str())
                     .and_then(Value::as_f64)
                     .filter(|x| x.abs() >= 1e16);
-                let described = match huge {
-                    Some(x) => format!("expected {}, got {x:e}", describe_expected(expected)),
-                    None => describe_type_error(&inner),
+                let text = tree.get(key.as_str()).and_then(Value::as_str);
+                let described = match (huge, text.and_then(|t| why_not_a_number(t, expected))) {
+                    (_, Some(why)) => why,
+                    (Some(x), None) => {
+                        format!("expected {}, got {x:e}", describe_expected(expected))
+                    }
+                    (None, None) => describe_type_error(&inner),
                 };
                 return Err(Error::Config(format!(
                     "wrong type for '{key}': {described}"
@@ -406,6 +417,48 @@ fn arithmetic(s: &str) -> Option<f64> {
         _ => a / b,
     };
     x.is_finite().then_some(x)
+}
+
+/// Why `text` is not the number a numeric setting expected, where it looks like one: not
+/// finite (`inf`, `nan`, `1e400`), arithmetic that is no whole number or divides by zero, or an
+/// interpolation (`${steps}`), which this parser does not resolve.
+fn why_not_a_number(text: &str, expected: &str) -> Option<String> {
+    let numeric = ["usize", "u64", "u32", "u16", "f64", "f32"].contains(&expected);
+    let text = text.trim();
+    if text.starts_with("${") {
+        return Some(format!(
+            "got {text:?}: interpolations are not resolved here; give the value itself"
+        ));
+    }
+    if !numeric {
+        return None;
+    }
+    if text.parse::<f64>().is_ok_and(|x| !x.is_finite()) {
+        return Some(format!("expected a finite number, got {text}"));
+    }
+    let at = text.find(['+', '-', '*', '/'])?;
+    let (a, b) = (&text[..at], &text[at + 1..]);
+    let whole = |n: &str| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit());
+    if !whole(a) || !whole(b) {
+        return None;
+    }
+    match (&text[at..=at], b.parse::<f64>().ok()) {
+        ("/", Some(0.0)) => Some(format!("{text} divides by zero")),
+        _ => match arithmetic(text) {
+            Some(x) if x.fract() != 0.0 || x < 0.0 => Some(format!(
+                "{text} is {}, not {}",
+                match x.fract() {
+                    0.0 => format!("{x}"),
+                    _ => format!("{x:.3}…"),
+                },
+                describe_expected(expected)
+            )),
+            _ => Some(format!(
+                "{text} is out of range for {}",
+                describe_expected(expected)
+            )),
+        },
+    }
 }
 
 /// Plain words for the type serde expected.

@@ -185,7 +185,10 @@ fn the_official_parser_s_arithmetic_is_read() {
     );
     assert!((c.lr - 3e-4).abs() < 1e-12);
     let e = error(&["eval_freq=10000/3"]);
-    assert!(e.contains("got string \"10000/3\""), "{e}");
+    assert!(
+        e.contains("10000/3 is 3333.333…, not a non-negative integer"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -513,6 +516,23 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
     for bad in ["steps=1__0", "steps=_1", "compile=maybe", "compile=2"] {
         assert!(error(&[bad]).contains("wrong type"), "{bad}");
     }
+    // Why a value that looks like a number is none, in words ("got string" before).
+    for (bad, why) in [
+        ("lr=inf", "expected a finite number, got inf"),
+        ("lr=nan", "expected a finite number, got nan"),
+        ("lr=1e400", "expected a finite number, got 1e400"),
+        ("steps=10000/3", "10000/3 is 3333.333…"),
+        ("steps=10000/0", "10000/0 divides by zero"),
+        ("steps=3-5", "3-5 is -2, not a non-negative integer"),
+        ("eval_freq=${steps}", "interpolations are not resolved here"),
+        (
+            "steps=18446744073709551616",
+            "steps=18446744073709551616 is too large",
+        ),
+    ] {
+        let e = error(&[bad]);
+        assert!(e.contains(why), "{bad}: {e}");
+    }
     for key in [
         "data_dir",
         "run_dir",
@@ -547,10 +567,9 @@ fn derived_fields_cannot_be_set_on_the_command_line() {
             .refuse_derived_settings()
             .unwrap_err()
             .to_string();
-        assert!(
-            e.contains(&format!("{key} is derived from the task")),
-            "{e}"
-        );
+        assert!(e.contains(&format!("{key} is derived (from ")), "{e}");
+        // Each from what it is (all of them read "from vmin, vmax and num_bins").
+        assert_eq!(e.contains("num_bins"), key == "bin_size", "{e}");
     }
     let e = source(&["+episode_length=5"]).refuse_derived_settings();
     assert!(e.is_err(), "with hydra's + too");
