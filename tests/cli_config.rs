@@ -121,6 +121,19 @@ fn config_name_lays_a_file_over_the_defaults() {
         !e.contains(": folder"),
         "a directory is not listed as a config: {e}"
     );
+    let e = rejected(&[
+        "train",
+        "--config-path",
+        "/nonexistent/configs",
+        "--config-name",
+        "x",
+        "--cfg",
+        "job",
+    ]);
+    assert!(
+        e.contains("the config directory /nonexistent/configs does not exist"),
+        "{e}"
+    );
 
     // A hydra file as the official and seed-project ones are written: its defaults list (the
     // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.

@@ -32,6 +32,13 @@ impl Source {
         if path.is_file() {
             return Ok(Some(path));
         }
+        if !dir.is_dir() {
+            return Err(Error::Config(format!(
+                "--config-name {name}: the config directory {} does not exist (--config-path \
+                 sets it)",
+                dir.display()
+            )));
+        }
         let available: Vec<String> = std::fs::read_dir(&dir)
             .map(|entries| {
                 entries

@@ -74,7 +74,11 @@ impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
         std::fs::create_dir_all(dir).map_err(|e| {
-            Error::Config(format!("run_dir={}: cannot create it ({e})", dir.display()))
+            let why = match dir.exists() && !dir.is_dir() {
+                true => "a file, not a directory".to_string(),
+                false => format!("cannot create it ({e})"),
+            };
+            Error::Config(format!("run_dir={}: {why}", dir.display()))
         })?;
         let path = dir.join(LOCK);
         let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
@@ -195,6 +199,20 @@ pub(super) fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_dir_that_is_a_file_is_named_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("notes.txt");
+        std::fs::write(&file, "x").unwrap();
+        let Err(e) = RunLock::acquire(&file) else {
+            panic!("a file taken as a run directory");
+        };
+        assert!(
+            e.to_string().contains("notes.txt: a file, not a directory"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_held_lock_refuses_and_a_released_one_is_taken() {
