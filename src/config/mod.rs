@@ -197,6 +197,35 @@ fn refuse_a_resolved_file_for_another_task(file: &Path, layer: &Value, task: &st
     }
 }
 
+/// The deepest brackets a config takes (`[[...]]` lists of lists are two): the YAML parser
+/// takes time growing with the square of the depth (a 200 KB file of brackets, 19 s).
+const MOST_NESTING: usize = 32;
+
+/// Refuses `text` (a config file, or a command-line value) nested deeper than [`MOST_NESTING`]
+/// in flow brackets, before it is parsed.
+pub(crate) fn refuse_deep_nesting(text: &str, what: &str) -> Result<()> {
+    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None);
+    for c in text.chars() {
+        match (c, quote) {
+            ('"' | '\'', None) => quote = Some(c),
+            (c, Some(q)) if c == q => quote = None,
+            ('[' | '{', None) => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (']' | '}', None) => depth = depth.saturating_sub(1),
+            ('\n', _) => quote = None,
+            _ => {}
+        }
+        if deepest > MOST_NESTING {
+            return Err(Error::Config(format!(
+                "{what}: brackets nested more than {MOST_NESTING} deep; no setting takes that"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Source {
     /// Refuses a command-line setting of a field derived from the task.
     pub fn refuse_derived_settings(&self) -> Result<()> {
@@ -228,6 +257,7 @@ impl Config {
             Some(file) => {
                 let text = std::fs::read_to_string(&file)
                     .map_err(|e| Error::Config(format!("cannot read {}: {e}", file.display())))?;
+                refuse_deep_nesting(&text, &file.display().to_string())?;
                 let layer: Value = serde_yaml_ng::from_str(&text)
                     .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
                 Some((file, layer))

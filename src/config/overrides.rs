@@ -182,6 +182,7 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     // none, so such a value is taken whole, as a string.
     let commented = raw.contains(" #") || raw.contains("\t#");
     let quoted = raw.trim_start().starts_with(['\'', '"']);
+    super::refuse_deep_nesting(raw, key)?;
     let value: Value = if raw.trim().is_empty() {
         Value::String(String::new())
     } else if commented && !quoted {

@@ -591,3 +591,19 @@ fn exp_name_stays_under_the_runs_tree() {
         );
     }
 }
+
+/// Brackets nested past any setting's need are refused before the YAML parser, whose time
+/// grows with the square of the depth.
+#[test]
+fn deep_nesting_is_refused_before_parsing() {
+    let deep = format!("steps={}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let started = std::time::Instant::now();
+    let e = error(&[&deep]);
+    assert!(
+        e.contains("steps: brackets nested more than 32 deep"),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Brackets in quotes are not nesting.
+    super::refuse_deep_nesting("exp_name: '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['", "f").unwrap();
+}
