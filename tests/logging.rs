@@ -499,6 +499,23 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     assert_eq!(run["tags"]["changed_on_resume.steps"], "2000", "{run}");
     assert_eq!(run["tags"]["resumed_at_steps"], "500", "{run}");
 
+    // W&B holds the undone attempt's step 1000 already: the resumed run's is not sent (online
+    // W&B ignores it; an offline sync could renumber it).
+    let wandb = read("wandb_offline_run", &[path_arg(dir.path())]);
+    let mut points: Vec<(u64, f64)> = wandb["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|row| {
+            Some((
+                row["eval/step"].as_u64()?,
+                row["eval/episode_reward"].as_f64()?,
+            ))
+        })
+        .collect();
+    points.sort_by_key(|p| p.0);
+    assert_eq!(points, [(500, 1.0), (1000, 2.0), (1500, 4.0)]);
+
     // A fresh run in the same directory.
     Logger::open(&options(None, 1000)).unwrap().close().unwrap();
     let continued = ids[0].clone();

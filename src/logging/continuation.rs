@@ -9,8 +9,12 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// Keeps only the rows of `metrics.jsonl`, `train.csv` and `eval.csv` in `dir` up to global
-/// step `through` (none: no row). A file whose rows all stay is left untouched.
-pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
+/// step `through` (none: no row). A file whose rows all stay is left untouched. Returns the last
+/// step `metrics.jsonl` held before: how far the trackers were sent records.
+pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<Option<u64>> {
+    let logged_through = fs::read_to_string(dir.join("metrics.jsonl"))
+        .ok()
+        .and_then(|text| text.lines().filter_map(jsonl_step).max());
     let keeps = |step: Option<u64>| matches!((step, through), (Some(s), Some(t)) if s <= t);
     rewrite(&dir.join("metrics.jsonl"), |lines| {
         lines
@@ -33,7 +37,7 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
                 .collect()
         })?;
     }
-    Ok(())
+    Ok(logged_through)
 }
 
 /// Keeps only the points up to `through` in the metric files of an MLflow file store's run
@@ -133,7 +137,7 @@ mod tests {
         let csv_rows: String = rows.iter().map(|s| format!("{s},1.5\n")).collect();
         fs::write(&csv, format!("step,episode_reward\n{csv_rows}")).unwrap();
 
-        drop_rows_after(dir.path(), Some(1000)).unwrap();
+        assert_eq!(drop_rows_after(dir.path(), Some(1000)).unwrap(), Some(1500));
         let steps = |text: String| -> Vec<u64> { text.lines().filter_map(jsonl_step).collect() };
         assert_eq!(steps(fs::read_to_string(&jsonl).unwrap()), [0, 500, 1000]);
         let kept: Vec<String> = fs::read_dir(dir.path())

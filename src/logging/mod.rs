@@ -166,7 +166,7 @@ impl Logger {
         let dir = &opts.run_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        continuation::drop_rows_after(dir, opts.continues_from)?;
+        let logged_through = continuation::drop_rows_after(dir, opts.continues_from)?;
         tensorboard::drop_events_after(&dir.join("tb"), opts.continues_from);
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         if opts.console {
@@ -188,7 +188,10 @@ impl Logger {
         };
         let mut runs = before.clone();
         if let Some(wandb) = &opts.wandb {
-            let wandb = Wandb::create(wandb, dir, &opts.config, before.wandb.as_deref())?;
+            // The steps the undone attempt sent past the checkpoint: W&B takes no step twice.
+            let held_through = logged_through.filter(|_| opts.continues_from.is_some());
+            let continues = before.wandb.as_deref().map(|id| (id, held_through));
+            let wandb = Wandb::create(wandb, dir, &opts.config, continues)?;
             runs.wandb = Some(wandb.id().to_owned());
             sinks.push(Box::new(Remote::new(Box::new(wandb))));
         }

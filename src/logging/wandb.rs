@@ -34,6 +34,15 @@ pub struct Wandb {
     /// `None` once finished.
     run: Option<Py<PyAny>>,
     id: String,
+    /// A continued run holds the steps its undone attempt logged, up to this one: W&B ignores
+    /// a step it holds online, and its sync may renumber one offline, so they are not sent.
+    held_through: Option<u64>,
+}
+
+impl Wandb {
+    fn holds(&self, step: u64) -> bool {
+        self.held_through.is_some_and(|held| step <= held)
+    }
 }
 
 impl Wandb {
@@ -44,8 +53,10 @@ impl Wandb {
         opts: &WandbOptions,
         run_dir: &Path,
         config: &serde_json::Value,
-        continues: Option<&str>,
+        continues: Option<(&str, Option<u64>)>,
     ) -> Result<Self> {
+        let held_through = continues.and_then(|(_, held)| held);
+        let continues = continues.map(|(id, _)| id);
         let config = serde_json::to_string(config)
             .map_err(|e| Error::Other(format!("config to JSON for wandb: {e}")))?;
         let requested = opts
@@ -110,7 +121,11 @@ impl Wandb {
                 run_dir.display()
             ))
         })?;
-        Ok(Self { run: Some(run), id })
+        Ok(Self {
+            run: Some(run),
+            id,
+            held_through,
+        })
     }
 
     /// The run's id, which a resumed run continues.
@@ -150,6 +165,9 @@ impl Sink for Wandb {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
+        if self.holds(record.step) {
+            return Ok(());
+        }
         let run = self.run()?;
         python::attach_exclusive(|py| -> python::Result<_> {
             let data = PyDict::new(py);
@@ -169,6 +187,9 @@ impl Sink for Wandb {
 
     /// The GIF file as a `wandb.Video` at the video's step (W&B copies it into the run).
     fn video(&mut self, video: &Video) -> Result<()> {
+        if self.holds(video.step) {
+            return Ok(());
+        }
         let run = self.run()?;
         python::attach_exclusive(|py| -> python::Result<_> {
             let media = py
