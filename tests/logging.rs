@@ -412,6 +412,15 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
         e.contains("enable_mlflow") && e.contains("\"logging-test\" was deleted"),
         "{e}"
     );
+    // Nor is its run continued by a resume (MLflow finds it in its trash).
+    let resumed = LoggerOptions {
+        continues_from: Some(1500),
+        ..options("stopped")
+    };
+    let Err(e) = Logger::open(&resumed) else {
+        panic!("a run of a deleted experiment continued");
+    };
+    assert!(e.to_string().contains("was deleted"), "{e}");
 }
 
 /// The W&B run ids of a run directory's offline runs (`run-<id>.wandb`).
@@ -455,6 +464,9 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     let mut logger = Logger::open(&options(None, 1000)).unwrap();
     logger.log(&eval(500, 1.0)).unwrap();
     logger.log(&eval(1000, 2.0)).unwrap();
+    // A metric first logged past the checkpoint: none of its points stays.
+    let loss = Record::new(Phase::Train, 1000).with("loss", 0.5);
+    logger.log(&loss).unwrap();
     drop(logger); // a crash after step 1000; the checkpoint is of step 500
                   // ... which cut a point short (a full disk): MLflow refuses to read a run with one.
     let runs = std::fs::read_dir(&store).unwrap().flatten();

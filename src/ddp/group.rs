@@ -136,7 +136,15 @@ impl ProcessGroup {
             let dist = py.import("torch.distributed")?;
             let kwargs = PyDict::new(py);
             kwargs.set_item("backend", backend.torch_name())?;
-            kwargs.set_item("store", store.bind(py))?;
+            match &store {
+                Some(store) => kwargs.set_item("store", store.bind(py))?,
+                None => {
+                    let environ = py.import("os")?.getattr("environ")?;
+                    environ.set_item("MASTER_ADDR", &info.master_addr)?;
+                    environ.set_item("MASTER_PORT", info.master_port.to_string())?;
+                    kwargs.set_item("init_method", "env://")?;
+                }
+            }
             kwargs.set_item("rank", info.rank)?;
             kwargs.set_item("world_size", info.world_size)?;
             let seconds = timeout.as_secs_f64();

@@ -1,7 +1,9 @@
 //! How the ranks meet before their group forms: through a c10d TCP store (rank 0 hosts it, or
-//! the launcher that started them: ours or torchrun's), each rank checking in and waiting for
-//! all. The wait is ours, in short slices, rather than inside c10d: it says what it waits for,
-//! and a stop (Ctrl-C, SIGTERM) ends it at once instead of after `dist_timeout`.
+//! our launcher), each rank checking in and waiting for all. The wait is ours, in short slices,
+//! rather than inside c10d: it says what it waits for, and a stop (Ctrl-C, SIGTERM) ends it at
+//! once instead of after `dist_timeout`. torchrun's ranks join as torch has them (`env://` on
+//! its agent's store): its agents have met before they start ranks, and its restart counts
+//! differ between nodes, so no key prefix of an attempt is shared by all of them.
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -17,7 +19,6 @@ const FIRST_REPORT: Duration = Duration::from_secs(10);
 const REPORT_EVERY: Duration = Duration::from_secs(60);
 /// torchrun's switch for a store its agent hosts (all ranks join it as clients).
 const TORCHRUN_AGENT_STORE_ENV: &str = "TORCHELASTIC_USE_AGENT_STORE";
-const TORCHRUN_RESTART_COUNT_ENV: &str = "TORCHELASTIC_RESTART_COUNT";
 
 /// Who hosts the store, and the key prefix of this attempt's rendezvous.
 struct Host {
@@ -36,13 +37,6 @@ impl Host {
                 prefix: format!("tdmpc2/attempt_{attempt}/"),
             };
         }
-        if std::env::var(TORCHRUN_AGENT_STORE_ENV).as_deref() == Ok("True") {
-            let attempt = attempt(TORCHRUN_RESTART_COUNT_ENV);
-            return Self {
-                this_rank: false,
-                prefix: format!("tdmpc2/attempt_{attempt}/"),
-            };
-        }
         Self {
             this_rank: info.rank == 0,
             prefix: "tdmpc2/".into(),
@@ -52,14 +46,17 @@ impl Host {
 
 /// The store every rank of `info`'s group has joined (prefixed for this attempt), once all
 /// have; its operations then wait `timeout` (`dist_timeout`), as the group's collectives do.
-/// `stop_asked` is looked at between slices.
+/// `stop_asked` is looked at between slices. None under torchrun: its ranks join by `env://`.
 pub(super) fn meet(
     info: &RankInfo,
     timeout: Duration,
     stop_asked: fn() -> bool,
-) -> Result<Py<PyAny>> {
+) -> Result<Option<Py<PyAny>>> {
     // A name that cannot resolve would be tried until the deadline.
     super::rendezvous::check_master_resolves(&info.master_addr, info.master_port, timeout)?;
+    if std::env::var(TORCHRUN_AGENT_STORE_ENV).as_deref() == Ok("True") {
+        return Ok(None);
+    }
     let host = Host::of(info);
     let started = Instant::now();
     let mut report = Report::new(info, timeout);
@@ -123,7 +120,7 @@ pub(super) fn meet(
         Ok(())
     })
     .map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
-    Ok(store)
+    Ok(Some(store))
 }
 
 /// One attempt at the store: hosted here (bound at once, not waiting for the others), or

@@ -182,10 +182,11 @@ impl Supervision {
                 },
             };
             if self.failure.is_some() {
-                // Not a stop as asked, nor the SIGTERM this launcher sent since the first.
-                let stopped_as_asked = code == Some(STOPPED_EXIT_CODE)
-                    || matches!(&status, Ok(s) if s.signal() == Some(libc::SIGTERM));
-                if !stopped_as_asked {
+                // A failure of its own, whatever it was asked since: refused input, divergence,
+                // or killed (out of memory: the launcher's own kill counts as none).
+                let of_its_own = !matches!(failure.ended, heartbeat::Ended::Failed)
+                    || matches!(&status, Ok(s) if s.signal() == Some(libc::SIGKILL));
+                if of_its_own {
                     self.later_failures.push(failure);
                 }
                 return;
@@ -197,8 +198,8 @@ impl Supervision {
     }
 
     /// The failure that ended the attempt: the first, unless it was a collective that failed
-    /// because another rank had stopped and a later one failed of itself (whose exit code then
-    /// decides whether the job is restarted).
+    /// because another rank had stopped and a later one failed of itself (refused its input,
+    /// diverged, or was killed; its exit code then decides whether the job is restarted).
     fn cause(&mut self) -> Option<Failure> {
         let first = self.failure.take()?;
         let follows = |failure: &Failure| {
@@ -424,10 +425,14 @@ mod tests {
         job.on_exit(1, signalled(libc::SIGKILL));
         let err = job.outcome().unwrap_err().to_string();
         assert!(err.contains("rank 1 failed (killed by signal 9)"), "{err}");
-        // Stopped as asked after the first failure, or both collectives failed: the first.
-        for (other, other_collective_failed) in
-            [(exited(STOPPED_EXIT_CODE), false), (exited(1), true)]
-        {
+        // Stopped as asked after the first failure, both collectives failed, or the other
+        // failed after the launcher's SIGTERM (an NCCL abort, say): the first.
+        for (other, other_collective_failed) in [
+            (exited(STOPPED_EXIT_CODE), false),
+            (exited(1), true),
+            (exited(1), false),
+            (signalled(libc::SIGABRT), false),
+        ] {
             let mut job = two_ranks();
             collective_failed(&mut job, 0);
             if other_collective_failed {

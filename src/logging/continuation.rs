@@ -64,7 +64,11 @@ pub fn drop_file_store_points_after(metrics: &Path, through: u64) -> Result<()> 
             .filter(|line| file_store_step(line).is_some_and(|step| step <= through))
             .collect();
         let out: String = kept.iter().map(|line| format!("{line}\n")).collect();
-        if out != text {
+        // MLflow refuses a run with an empty metric file ("No data found"): none at all then.
+        if kept.is_empty() {
+            fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+        } else if out != text {
             crate::whole_file::write(&path, out)
                 .map_err(|e| Error::io(format!("rewrite {}", path.display()), e))?;
         }
@@ -79,8 +83,9 @@ fn file_store_step(line: &str) -> Option<u64> {
     fields[0].parse::<i64>().ok()?;
     fields.get(1)?.parse::<f64>().ok()?;
     match fields.len() {
-        2 => Some(0),
-        3 | 5 => fields[2].parse().ok(),
+        // MLflow reads the step of a line with a dataset as 0, as of one without a step.
+        2 | 5 => Some(0),
+        3 => fields[2].parse().ok(),
         _ => None,
     }
 }
@@ -197,13 +202,19 @@ mod tests {
         fs::write(&old, "17 1.5\n17 1.5 1500 7\n").unwrap();
         let kept = metrics.join("kept");
         fs::write(&kept, "17 1.5 0\n").unwrap();
+        let later = metrics.join("later");
+        fs::write(&later, "17 1.5 1500\n").unwrap();
         drop_file_store_points_after(&metrics, 1000).unwrap();
         assert_eq!(
             fs::read_to_string(&reward).unwrap(),
-            "17 1.5 500\n18 2.5 1000\n"
+            "17 1.5 500\n18 2.5 1000\n20 4.5 2000 d x\n"
         );
         assert_eq!(fs::read_to_string(&old).unwrap(), "17 1.5\n");
         assert_eq!(fs::read_to_string(&kept).unwrap(), "17 1.5 0\n");
+        assert!(
+            !later.exists(),
+            "a file of no point is none (MLflow refuses an empty one)"
+        );
         assert_eq!(
             fs::read_dir(&metrics).unwrap().count(),
             3,

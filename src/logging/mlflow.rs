@@ -76,6 +76,12 @@ impl Mlflow {
             // while the other ranks wait: 2 retries and 20 s, not its 7 and 120 s.
             environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"))?;
             environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))?;
+            // Its "View run" line, printed before a run is marked ended, fails on a terminal
+            // that is gone (and the run stays running); the run directory names the run.
+            environ.call_method1(
+                "setdefault",
+                ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"),
+            )?;
             let mlflow = py.import("mlflow")?;
             let entities = py.import("mlflow.entities")?;
             let client = mlflow
@@ -298,7 +304,11 @@ fn continue_run(client: &Bound<'_, PyAny>, run_id: &str) -> PyResult<Option<Cont
     };
     let info = run.getattr("info")?;
     let stage: String = info.getattr("lifecycle_stage")?.extract()?;
-    if stage != "active" {
+    // A run of a deleted experiment is found too (the file store looks in its trash): a new
+    // run is refused there, naming the experiment.
+    let experiment = client.call_method1("get_experiment", (info.getattr("experiment_id")?,))?;
+    let experiment_stage: String = experiment.getattr("lifecycle_stage")?.extract()?;
+    if stage != "active" || experiment_stage != "active" {
         return Ok(None);
     }
     let data = run.getattr("data")?;

@@ -1,7 +1,7 @@
 //! Stopping on Ctrl-C, SIGTERM or a hangup: the handler only sets a flag; the training loop
 //! checks it between steps, agreeing across ranks so that every rank stops at the same step (and
 //! rank 0 can write a checkpoint while the collectives still line up). A process no launcher
-//! started ends at once on a second request a moment after the first (a stop that hangs: a
+//! started ends at once on a second Ctrl-C a moment after the first (a stop that hangs: a
 //! tracker's network, a silent worker), as the launcher kills its ranks then.
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 
@@ -69,7 +69,10 @@ extern "C" fn on_signal(signal: libc::c_int) {
     let now = monotonic_ms();
     let first = FIRST_SIGNAL_MS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
     if let Err(first) = first {
-        if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && now - first >= SECOND_REQUEST_AFTER_MS {
+        // Ctrl-C again: what a person at the terminal does. A scheduler's or a launcher's
+        // repeated SIGTERM, or a hangup passed on twice, waits for the checkpoint.
+        let again = signal == libc::SIGINT && now - first >= SECOND_REQUEST_AFTER_MS;
+        if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && again {
             // SAFETY: signal and raise are async-signal-safe; the default action ends the
             // process, as the signal would have without a handler.
             unsafe {
@@ -97,7 +100,14 @@ pub fn request(reason: Reason) {
 /// Ctrl-C, SIGTERM and a hangup (unless `nohup` ignores it) ask the run to stop. A rank of the
 /// built-in launcher takes SIGHUP as its launcher's death ([`crate::ddp::lifeline`]).
 pub fn install_handlers() {
-    let launched = std::env::var_os(crate::ddp::lifeline::LAUNCHER_PID_ENV).is_some();
+    // A launcher of ours, torchrun's or an srun step decides for its ranks when to kill them.
+    let launched = [
+        crate::ddp::lifeline::LAUNCHER_PID_ENV,
+        "RANK",
+        "SLURM_STEP_ID",
+    ]
+    .iter()
+    .any(|var| std::env::var_os(var).is_some());
     SECOND_REQUEST_ENDS.store(!launched, Ordering::SeqCst);
     let handler = on_signal as *const () as libc::sighandler_t;
     let hangup = !crate::terminal::hangup_ignored();
