@@ -235,14 +235,17 @@ fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left()
     assert!(stderr.contains("Resumed from"), "{stderr}");
 }
 
-/// Starts `command` (stdout and stderr piped, their readers gone at once when `readers_gone`)
-/// and returns it once its run trains (a training record in `run_dir`'s metrics.jsonl).
+/// Starts `command` (its output to pipes whose readers are gone at once with `readers_gone`,
+/// else discarded: a pipe nobody reads fills and blocks the run) and returns it once its run
+/// trains (a training record in `run_dir`'s metrics.jsonl).
 fn training_run(mut command: Command, run_dir: &Path, readers_gone: bool) -> common::Reaped {
-    let mut child = common::Reaped::spawn(command.stdout(Stdio::piped()).stderr(Stdio::piped()));
-    if readers_gone {
-        drop(child.stdout.take());
-        drop(child.stderr.take());
-    }
+    let output = || match readers_gone {
+        true => Stdio::piped(),
+        false => Stdio::null(),
+    };
+    let mut child = common::Reaped::spawn(command.stdout(output()).stderr(output()));
+    drop(child.stdout.take());
+    drop(child.stderr.take());
     let training = || {
         std::fs::read_to_string(run_dir.join("metrics.jsonl"))
             .is_ok_and(|text| text.contains("\"phase\":\"train\""))

@@ -363,6 +363,28 @@ fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Re
     Ok(())
 }
 
+/// The checkpoint's model into `learner`; one that does not fit names the settings that build
+/// the model and where the trained run's are.
+fn load_model(learner: &mut Learner, dir: &Path) -> Result<()> {
+    let config = dir
+        .parent()
+        .and_then(Path::parent)
+        .map_or("its run's config.yaml".into(), |run| {
+            run.join("config.yaml").display().to_string()
+        });
+    learner
+        .model_mut()
+        .load(&dir.join(MODEL))
+        .map_err(|e| match e {
+            crate::agent::Error::Mismatch { .. } => Error::Config(format!(
+                "{e}. The model is built from this run's settings: resume with those the \
+                 checkpoint was trained with (model_size, or the dimensions it sets), as in \
+                 {config}"
+            )),
+            other => other.into(),
+        })
+}
+
 /// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`; returns
 /// its counters and every rank's planner warm start, where it has them.
 fn load_on_root(
@@ -377,22 +399,7 @@ fn load_on_root(
     if meta.format == FORMAT {
         verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
-    learner
-        .model_mut()
-        .load(&dir.join(MODEL))
-        .map_err(|e| match e {
-            crate::agent::Error::Mismatch { .. } => {
-                Error::Config(format!(
-                    "{e}. The model is built from this run's settings: resume with those the \
-                 checkpoint was trained with (model_size, or the dimensions it sets), as in {}",
-                    dir.parent().and_then(Path::parent).map_or(
-                        "its run's config.yaml".into(),
-                        |run| run.join("config.yaml").display().to_string()
-                    )
-                ))
-            }
-            other => other.into(),
-        })?;
+    load_model(learner, &dir)?;
     let device = learner.model().device();
     let state_file = dir.join(STATE);
     std::fs::File::open(&state_file)

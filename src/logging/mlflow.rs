@@ -67,21 +67,7 @@ impl Mlflow {
                     .call_method0("as_uri")?
                     .extract()?,
             };
-            let environ = py.import("os")?.getattr("environ")?;
-            if is_file_store(&tracking_uri) {
-                // MLflow 3 refuses the file store unless asked for it explicitly.
-                environ.call_method1("setdefault", ("MLFLOW_ALLOW_FILE_STORE", "true"))?;
-            }
-            // A server that does not answer costs its client's timeout per attempt on rank 0,
-            // while the other ranks wait: 2 retries and 20 s, not its 7 and 120 s.
-            environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"))?;
-            environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))?;
-            // Its "View run" line, printed before a run is marked ended, fails on a terminal
-            // that is gone (and the run stays running); the run directory names the run.
-            environ.call_method1(
-                "setdefault",
-                ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"),
-            )?;
+            set_client_defaults(py, &tracking_uri)?;
             let mlflow = py.import("mlflow")?;
             let entities = py.import("mlflow.entities")?;
             let client = mlflow
@@ -95,26 +81,12 @@ impl Mlflow {
                     || (default_store && is_file_store(&run.tracking_uri));
                 here.then_some((step, run.run_id.as_str()))
             });
-            let mut continued = None;
-            if let Some((step, run_id)) = earlier {
-                if is_file_store(&tracking_uri) {
-                    let store: std::path::PathBuf = py
-                        .import("mlflow.utils.file_utils")?
-                        .call_method1("local_file_uri_to_path", (tracking_uri.as_str(),))?
-                        .extract()?;
-                    drop_points_after(&store, run_id, step)?;
-                }
-                continued = continue_run(&client, run_id)?.map(|run| (step, run));
-            }
+            let continued = match earlier {
+                Some((step, run_id)) => continue_at(&client, &tracking_uri, run_id, step)?,
+                None => None,
+            };
             let (run_id, logged) = match continued {
-                Some((step, (run_id, logged, steps))) => {
-                    let steps = match steps {
-                        Some(before) => format!("{before},{step}"),
-                        None => step.to_string(),
-                    };
-                    client.call_method1("set_tag", (&run_id, RESUMED_TAG, steps))?;
-                    (run_id, logged)
-                }
+                Some(continued) => continued,
                 None => (new_run(py, &client, opts)?, HashMap::new()),
             };
             log_params(
@@ -257,6 +229,54 @@ fn new_run(py: Python<'_>, client: &Bound<'_, PyAny>, opts: &MlflowOptions) -> P
     kwargs.set_item("run_name", &opts.run_name)?;
     let run = client.call_method("create_run", (experiment_id,), Some(&kwargs))?;
     run.getattr("info")?.getattr("run_id")?.extract()
+}
+
+/// The settings of MLflow's client this trainer needs, unless the environment sets them.
+fn set_client_defaults(py: Python<'_>, tracking_uri: &str) -> PyResult<()> {
+    let environ = py.import("os")?.getattr("environ")?;
+    if is_file_store(tracking_uri) {
+        // MLflow 3 refuses the file store unless asked for it explicitly.
+        environ.call_method1("setdefault", ("MLFLOW_ALLOW_FILE_STORE", "true"))?;
+    }
+    // A server that does not answer costs its client's timeout per attempt on rank 0, while
+    // the other ranks wait: 2 retries and 20 s, not its 7 and 120 s.
+    environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"))?;
+    environ.call_method1("setdefault", ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"))?;
+    // Its "View run" line, printed before a run is marked ended, fails on a terminal that is
+    // gone (and the run stays running); the run directory names the run.
+    environ.call_method1(
+        "setdefault",
+        ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true"),
+    )?;
+    Ok(())
+}
+
+/// Continues `run_id` from the checkpoint of `step`: in a file store its points past the
+/// step are dropped first; the step joins its `resumed_at_steps` tag. Its id and logged params;
+/// None when the store does not hold it (see [`continue_run`]).
+fn continue_at(
+    client: &Bound<'_, PyAny>,
+    tracking_uri: &str,
+    run_id: &str,
+    step: u64,
+) -> python::Result<Option<(String, HashMap<String, String>)>> {
+    if is_file_store(tracking_uri) {
+        let store: std::path::PathBuf = client
+            .py()
+            .import("mlflow.utils.file_utils")?
+            .call_method1("local_file_uri_to_path", (tracking_uri,))?
+            .extract()?;
+        drop_points_after(&store, run_id, step)?;
+    }
+    let Some((run_id, logged, steps)) = continue_run(client, run_id)? else {
+        return Ok(None);
+    };
+    let steps = match steps {
+        Some(before) => format!("{before},{step}"),
+        None => step.to_string(),
+    };
+    client.call_method1("set_tag", (&run_id, RESUMED_TAG, steps))?;
+    Ok(Some((run_id, logged)))
 }
 
 /// The id of the experiment `name`, created when missing: also when another job (a sweep's
