@@ -314,7 +314,18 @@ fn a_hangup_stops_a_run_with_its_checkpoint_unless_nohup_asked_otherwise() {
             "steps=1000000".into(),
             format!("master_port={}", free_port()),
         ];
-        let mut child = training_run(command("train", dir.path(), &settings), dir.path(), false);
+        let mut train = command("train", dir.path(), &settings);
+        // As from a terminal: a hangup's default action, whatever this test inherited (a suite
+        // run under nohup ignores it, and so would the run).
+        // SAFETY: signal(2) in the child between fork and exec, async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            train.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = training_run(train, dir.path(), false);
         send(child.id(), "HUP");
         let status = exit_within(&mut child, Duration::from_secs(150));
         assert_eq!(status.code(), Some(3), "world_size={world_size}: stopped");
