@@ -124,12 +124,7 @@ impl Watched {
     }
 
     fn signal(&self, name: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -{name}");
+        send(self.child.id(), name);
     }
 
     /// Waits for the exit (at most `limit`); returns the status and every stderr line.

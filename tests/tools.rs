@@ -583,70 +583,17 @@ fn multirun_reports_a_failed_job_and_runs_the_others() {
     assert_eq!(summary[1]["status"], "ok", "{summary}");
 }
 
-/// A terminal's Ctrl-C (SIGINT to the sweep's whole process group) stops the sweep; its
-/// two-rank job is asked once, so it stops with a checkpoint instead of being killed.
-#[test]
-fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
+/// A sweep of two seeds' two-rank jobs into `dir`, in a process group of its own, once job 0
+/// trains (its first train record): the sweep, the rest of its stdout, and what it printed.
+fn two_rank_sweep_training(
+    dir: &Path,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+) {
     use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = format!("run_dir={}", dir.path().display());
-    let port = format!("master_port={}", common::free_port());
-    let mut args = vec![
-        "train",
-        "--multirun",
-        "steps=100000",
-        "seed=1,2",
-        "world_size=2",
-        &port,
-        &run_dir,
-    ];
-    args.extend(tiny());
-    let mut sweep = Command::new(common::tdmpc2_bin())
-        .args(&args)
-        .process_group(0)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait until job 0 is training (its first train record), then stop the sweep.
-    let mut stdout = std::io::BufReader::new(sweep.stdout.take().unwrap());
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let n = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
-        assert!(n > 0, "the sweep ended early: {seen}");
-        seen.push_str(&line);
-        if line.starts_with("[job 0] train") {
-            break;
-        }
-    }
-    // SAFETY: SIGINT to the process group our child leads, as a terminal's Ctrl-C.
-    unsafe { libc::kill(-(sweep.id() as libc::pid_t), libc::SIGINT) };
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
-    let status = sweep.wait().unwrap();
-    assert_eq!(status.code(), Some(3), "{seen}{rest}");
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
-            .unwrap();
-    assert_eq!(summary[0]["status"], "stopped", "{summary}");
-    assert_eq!(summary[1]["status"], "not started", "{summary}");
-    assert!(!dir.path().join("1_seed=2").exists());
-    // The stopped job wrote its checkpoint.
-    let checkpoints = dir.path().join("0_seed=1/checkpoints");
-    assert!(
-        std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
-        "{rest}"
-    );
-}
-
-/// A sweep killed outright (SIGKILL, the OOM killer) leaves no job training unwatched: its
-/// two-rank job's launcher is asked to stop when the sweep dies, and stops with a checkpoint.
-#[test]
-fn a_killed_sweep_leaves_no_job_running() {
-    use std::os::unix::process::CommandExt;
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = format!("run_dir={}", dir.path().display());
+    let run_dir = format!("run_dir={}", dir.display());
     let port = format!("master_port={}", common::free_port());
     let mut args = vec![
         "train",
@@ -671,6 +618,41 @@ fn a_killed_sweep_leaves_no_job_running() {
         let n = std::io::BufRead::read_line(&mut stdout, &mut seen).unwrap();
         assert!(n > 0, "the sweep ended early: {seen}");
     }
+    (sweep, stdout, seen)
+}
+
+/// A terminal's Ctrl-C (SIGINT to the sweep's whole process group) stops the sweep; its
+/// two-rank job is asked once, so it stops with a checkpoint instead of being killed.
+#[test]
+fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sweep, mut stdout, seen) = two_rank_sweep_training(dir.path());
+    // SAFETY: SIGINT to the process group our child leads, as a terminal's Ctrl-C.
+    unsafe { libc::kill(-(sweep.id() as libc::pid_t), libc::SIGINT) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = sweep.wait().unwrap();
+    assert_eq!(status.code(), Some(3), "{seen}{rest}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary[0]["status"], "stopped", "{summary}");
+    assert_eq!(summary[1]["status"], "not started", "{summary}");
+    assert!(!dir.path().join("1_seed=2").exists());
+    // The stopped job wrote its checkpoint.
+    let checkpoints = dir.path().join("0_seed=1/checkpoints");
+    assert!(
+        std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
+        "{rest}"
+    );
+}
+
+/// A sweep killed outright (SIGKILL, the OOM killer) leaves no job training unwatched: its
+/// two-rank job's launcher is asked to stop when the sweep dies, and stops with a checkpoint.
+#[test]
+fn a_killed_sweep_leaves_no_job_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sweep, _stdout, _) = two_rank_sweep_training(dir.path());
     let launcher = common::children_of(sweep.id());
     assert_eq!(launcher.len(), 1, "one job at a time");
     let ranks = common::children_of(launcher[0]);

@@ -49,14 +49,7 @@ pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
     // SAFETY: the handler calls dup2, loads an atomic (ON_ORPHANED, set above) and calls
     // `on_orphaned`, which this function's contract requires to be async-signal-safe.
     unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
-    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
-    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGHUP as libc::c_ulong) };
-    if set != 0 {
-        return Err(Error::io(
-            "ask for SIGTERM when the launcher dies (prctl)",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    signal_when_parent_dies(libc::SIGHUP, "SIGHUP")?;
     // The launcher may have died before the request above: then it is not the parent anymore.
     if parent() != launcher {
         return Err(Error::Other(format!(
@@ -78,20 +71,27 @@ pub fn stop_when_parent_dies() -> Result<()> {
         return Ok(());
     };
     let starter = parse_pid(&value.to_string_lossy())?;
-    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
-    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong) };
-    if set != 0 {
-        return Err(Error::io(
-            "ask for SIGTERM when the starting process dies (prctl)",
-            std::io::Error::last_os_error(),
-        ));
-    }
+    signal_when_parent_dies(libc::SIGTERM, "SIGTERM")?;
     if parent() != starter {
         return Err(Error::Stopped(format!(
             "the process that started this launcher (pid {starter}) exited before it started"
         )));
     }
     Ok(())
+}
+
+/// Asks the kernel for `signal` when this process's parent dies (the caller then checks that
+/// the parent it expects is still the one).
+fn signal_when_parent_dies(signal: libc::c_int, name: &str) -> Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number and changes nothing else.
+    let set = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong) };
+    match set {
+        0 => Ok(()),
+        _ => Err(Error::io(
+            format!("ask for {name} when the parent process dies (prctl)"),
+            std::io::Error::last_os_error(),
+        )),
+    }
 }
 
 fn parse_pid(value: &str) -> Result<libc::pid_t> {
