@@ -4,6 +4,7 @@
 //! [`make`] returns a fully wrapped environment whose actions live in `[-1, 1]^action_dim`.
 mod adapter;
 pub mod bench;
+pub mod deadline;
 pub mod dmc;
 mod env;
 mod error;

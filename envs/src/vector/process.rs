@@ -13,6 +13,7 @@ use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder};
 use super::{ReplyLimit, WorkerCommand};
+use crate::deadline::Deadline;
 use crate::{Error, Result};
 
 /// How long a worker whose channel broke may take to be reaped before it is killed.
@@ -144,7 +145,7 @@ impl WorkerProcess {
             // A frame already buffered is an answer; otherwise wait at most the limit for one
             // to start (a worker writes each frame at once).
             if self.stdout.buffer().is_empty() {
-                let deadline = self.asked_at + limit.after;
+                let deadline = Deadline::from(self.asked_at, limit.after);
                 match wait_readable(self.stdout.get_ref().as_raw_fd(), deadline) {
                     Ok(true) => {}
                     Ok(false) => return Err(self.silent(limit)),
@@ -342,10 +343,11 @@ fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
 
 /// Waits until `fd` has something to read (data, end of file or an error) or `deadline`
 /// passes; false if it passed.
-fn wait_readable(fd: RawFd, deadline: Instant) -> io::Result<bool> {
+fn wait_readable(fd: RawFd, deadline: Deadline) -> io::Result<bool> {
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let millis = left.as_millis().min(i32::MAX as u128) as i32;
+        // A continue after a stop gives the wait its time again: the poll ends at the old
+        // deadline, and the loop waits on.
+        let millis = deadline.left().as_millis().min(i32::MAX as u128) as i32;
         let mut poll = libc::pollfd {
             fd,
             events: libc::POLLIN,
@@ -353,7 +355,7 @@ fn wait_readable(fd: RawFd, deadline: Instant) -> io::Result<bool> {
         };
         // SAFETY: one valid pollfd for a descriptor this process owns.
         match unsafe { libc::poll(&mut poll, 1, millis) } {
-            0 if left.is_zero() || Instant::now() >= deadline => return Ok(false),
+            0 if deadline.passed() => return Ok(false),
             0 => continue,
             n if n > 0 => return Ok(true),
             _ => {
@@ -392,5 +394,46 @@ fn describe(status: ExitStatus) -> String {
             format!("killed by signal {signal}{name}")
         }
         _ => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deadline::{counts_continues, RAISING_SIGCONT};
+
+    /// A continue while a worker's answer is awaited (the job was stopped) gives the wait its
+    /// whole limit again; an answer within it is taken.
+    #[test]
+    fn a_continue_gives_a_wait_for_a_worker_its_limit_again() {
+        let _alone = RAISING_SIGCONT.lock();
+        counts_continues().unwrap();
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let limit = Duration::from_millis(400);
+        let started = Instant::now();
+        let deadline = Deadline::after(limit);
+        let answer = std::thread::spawn(move || {
+            std::thread::sleep(limit / 2);
+            // SAFETY: raising SIGCONT at a running process only runs its handler.
+            unsafe { libc::raise(libc::SIGCONT) };
+            std::thread::sleep(limit * 3 / 4);
+            std::io::Write::write_all(&mut writer, b"x").unwrap();
+            writer
+        });
+        let readable = wait_readable(reader.as_raw_fd(), deadline).unwrap();
+        let waited = started.elapsed();
+        let writer = answer.join().unwrap();
+        assert!(
+            readable,
+            "the answer came within the limit after the continue"
+        );
+        assert!(waited > limit, "{waited:?}");
+
+        let mut byte = [0u8; 1];
+        std::io::Read::read_exact(&mut &reader, &mut byte).unwrap();
+        // Silent for the limit with no continue: passed.
+        let silent = Deadline::after(Duration::from_millis(100));
+        assert!(!wait_readable(reader.as_raw_fd(), silent).unwrap());
+        drop(writer);
     }
 }
