@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envs::deadline::{waited_since, Deadline};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -254,8 +255,8 @@ impl JobStore {
         let mut last: Vec<(i64, Instant)> = (0..self.nnodes)
             .map(|n| (beats(n), Instant::now()))
             .collect();
-        let started = Instant::now();
-        while started.elapsed() < limit {
+        let deadline = Deadline::after(limit);
+        while !deadline.passed() {
             let mut waiting = false;
             for (node, (count, moved)) in last.iter_mut().enumerate() {
                 if settled(node) {
@@ -265,7 +266,7 @@ impl JobStore {
                 if now != *count {
                     (*count, *moved) = (now, Instant::now());
                 }
-                waiting |= moved.elapsed() < SILENT;
+                waiting |= !Deadline::from(*moved, SILENT).passed();
             }
             if !waiting {
                 return;
@@ -368,15 +369,15 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                 None => {}
             }
             let why = match moved {
-                Some(at) if at.elapsed() > watch.peer_timeout => format!(
+                Some(at) if Deadline::from(*at, watch.peer_timeout).passed() => format!(
                     "its launcher sent no heartbeat for {} s (peer_timeout)",
-                    at.elapsed().as_secs()
+                    waited_since(*at).as_secs()
                 ),
-                None if started.elapsed() > watch.start_timeout => format!(
+                None if Deadline::from(started, watch.start_timeout).passed() => format!(
                     "its launcher never joined within {} s (dist_timeout): check nnodes, \
                      node_rank, master_addr and master_port on every node, and that node 0 \
                      is reachable on master_port",
-                    started.elapsed().as_secs()
+                    waited_since(started).as_secs()
                 ),
                 _ => continue,
             };

@@ -387,7 +387,7 @@ async fn supervise(
         let deadline = job.deadline();
         let timeout = async {
             match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
+                Some(d) => tokio::time::sleep_until(d.at().into()).await,
                 None => std::future::pending().await,
             }
         };
@@ -405,7 +405,10 @@ async fn supervise(
                 }
                 job.interrupt(request)
             }
-            _ = timeout => job.kill("ranks still running after the grace period"),
+            // A continue after a stop (Ctrl-Z) gives the grace its time again.
+            _ = timeout => if deadline.is_some_and(|d| d.passed()) {
+                job.kill("ranks still running after the grace period")
+            },
         }
     }
     // The ranks' last lines (the error that ended one) may still be in the pipes when their

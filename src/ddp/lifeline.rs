@@ -141,7 +141,10 @@ fn watch(launcher: libc::pid_t) {
     }
     // SAFETY: the handler is installed; raising it again is harmless if the kernel already did.
     unsafe { libc::raise(libc::SIGHUP) };
-    std::thread::sleep(ORPHAN_GRACE);
+    let grace = envs::deadline::Deadline::after(ORPHAN_GRACE);
+    while !grace.passed() {
+        std::thread::sleep(POLL);
+    }
     // SAFETY: ends the process at once, as the launcher's SIGKILL would have.
     unsafe { libc::_exit(1) };
 }

@@ -4,8 +4,9 @@
 //! once instead of after `dist_timeout`. torchrun's ranks join as torch has them (`env://` on
 //! its agent's store): its agents have met before they start ranks, and its restart counts
 //! differ between nodes, so no key prefix of an attempt is shared by all of them.
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use envs::deadline::Deadline;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -45,7 +46,7 @@ impl Host {
 }
 
 /// The store every rank of `info`'s group has joined (prefixed for this attempt), once all
-/// have; its operations then wait `timeout` (`dist_timeout`), as the group's collectives do.
+/// have, within `timeout` (`dist_timeout`); the group sets how long its operations wait.
 /// `stop_asked` is looked at between slices. None under torchrun: its ranks join by `env://`.
 pub(super) fn meet(
     info: &RankInfo,
@@ -58,15 +59,15 @@ pub(super) fn meet(
         return Ok(None);
     }
     let host = Host::of(info);
-    let started = Instant::now();
+    let deadline = Deadline::after(timeout);
     let mut report = Report::new(info, timeout);
     let store = loop {
         match connect(info, &host) {
             Ok(store) => break store,
             // Not up yet (its host starts later, or is slower to start): again, until the
             // deadline. A host that cannot start its store fails at once.
-            Err(e) if !host.this_rank && started.elapsed() < timeout => {
-                report.waiting(started, "the store is not up yet", &e.0);
+            Err(e) if !host.this_rank && !deadline.passed() => {
+                report.waiting(&deadline, "the store is not up yet", &e.0);
             }
             Err(e) => return Err(cannot_meet(info, &trimmed(&e.0))),
         }
@@ -92,7 +93,7 @@ pub(super) fn meet(
         if stop_asked() {
             return Err(stopped(info));
         }
-        if started.elapsed() >= timeout {
+        if deadline.passed() {
             return Err(Error::Collective(format!(
                 "rank {} of {}: {count} of {} ranks joined at {}:{} within {} s (dist_timeout); \
                  are the other ranks started, with the same master_addr and master_port?",
@@ -105,21 +106,12 @@ pub(super) fn meet(
             )));
         }
         report.waiting(
-            started,
+            &deadline,
             &format!("{count} of {} joined", info.world_size),
             "",
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    embedded_python::with_python(|py| {
-        let timedelta = py.import("datetime")?.getattr("timedelta")?;
-        store.bind(py).call_method1(
-            "set_timeout",
-            (timedelta.call((0, timeout.as_secs_f64()), None)?,),
-        )?;
-        Ok(())
-    })
-    .map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
     Ok(Some(store))
 }
 
@@ -162,8 +154,8 @@ impl<'a> Report<'a> {
         }
     }
 
-    fn waiting(&mut self, started: Instant, state: &str, last_error: &str) {
-        let waited = started.elapsed();
+    fn waiting(&mut self, deadline: &Deadline, state: &str, last_error: &str) {
+        let waited = deadline.waited();
         if waited < self.next {
             return;
         }

@@ -4,6 +4,8 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use envs::deadline::Deadline;
+
 use super::group::PEER_PROBABLY_STOPPED;
 use super::heartbeat;
 use super::launcher::LaunchPlan;
@@ -63,7 +65,7 @@ pub(super) struct Supervision {
     stopped: Option<usize>,
     interrupted: Option<Interruption>,
     /// When the ranks still running get SIGKILL.
-    deadline: Option<tokio::time::Instant>,
+    deadline: Option<Deadline>,
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
     killing: bool,
@@ -119,7 +121,7 @@ impl Supervision {
     }
 
     /// When the ranks still running are to be killed, once that is decided.
-    pub(super) fn deadline(&self) -> Option<tokio::time::Instant> {
+    pub(super) fn deadline(&self) -> Option<Deadline> {
         self.deadline
     }
 
@@ -143,8 +145,7 @@ impl Supervision {
             // writing the checkpoint.
             Event::PeerLost(lost) if self.stopping && self.lost_peer.is_none() => {
                 self.lost_while_stopping.get_or_insert(lost);
-                self.deadline
-                    .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
+                self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
             }
             Event::PeerLost(lost) => {
                 if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
@@ -152,7 +153,7 @@ impl Supervision {
                     errln!("[launcher] {lost}; stopping this node's ranks");
                     self.lost_peer = Some(lost);
                     stop_all(&self.alive, libc::SIGTERM);
-                    self.deadline = Some(tokio::time::Instant::now() + PEER_GRACE);
+                    self.deadline = Some(Deadline::after(PEER_GRACE));
                 }
             }
         }
@@ -169,8 +170,7 @@ impl Supervision {
         } else if code == Some(STOPPED_EXIT_CODE) && self.failure.is_none() {
             // The others stop at the same step by agreement; the grace is a bound.
             self.stopped.get_or_insert(rank);
-            self.deadline
-                .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
+            self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
         } else if !ok && self.interrupted.is_none() {
             let failure = Failure {
                 rank,
@@ -193,7 +193,7 @@ impl Supervision {
             }
             self.failure = Some(failure);
             stop_all(&self.alive, libc::SIGTERM);
-            self.deadline = Some(tokio::time::Instant::now() + GRACE);
+            self.deadline = Some(Deadline::after(GRACE));
         }
     }
 
@@ -233,8 +233,7 @@ impl Supervision {
         }
         self.interrupted = Some(Interruption { why, at: now });
         stop_all(&self.alive, libc::SIGTERM);
-        self.deadline
-            .get_or_insert(tokio::time::Instant::now() + STOP_GRACE);
+        self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
     }
 
     pub(super) fn kill(&mut self, why: &str) {
@@ -535,7 +534,7 @@ mod tests {
     #[test]
     fn a_peer_lost_while_the_ranks_stop_leaves_them_the_stop_s_grace() {
         let mut job = stopping_then_a_peer_lost();
-        let left = job.deadline().unwrap() - tokio::time::Instant::now();
+        let left = job.deadline().unwrap().left();
         assert!(left > PEER_GRACE * 2, "{left:?}");
         job.on_exit(1, exited(STOPPED_EXIT_CODE));
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
