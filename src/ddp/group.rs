@@ -12,6 +12,7 @@ use pyo3::types::{PyDict, PyList};
 use tch::{Device, Tensor};
 
 use super::rank::RankInfo;
+use super::watchdog::{self, Watchdog};
 use crate::error::{Error, Result};
 
 /// Which c10d backend carries the collectives (`dist_backend`).
@@ -95,12 +96,18 @@ pub struct ProcessGroup {
     info: RankInfo,
     /// `torch.distributed`, present when there is a real group, and its backend.
     dist: Option<(Py<PyModule>, Backend)>,
+    /// Holds gloo's collectives to `dist_timeout`, counted while the job runs.
+    watchdog: Option<Watchdog>,
 }
 
 impl ProcessGroup {
     /// A lone rank with no group: every collective leaves its tensor as it is.
     pub fn alone(info: RankInfo) -> Self {
-        Self { info, dist: None }
+        Self {
+            info,
+            dist: None,
+            watchdog: None,
+        }
     }
 
     /// The backend of a real group; `None` for a lone rank.
@@ -132,31 +139,15 @@ impl ProcessGroup {
             })?;
         }
         let store = super::meeting::meet(&info, timeout, stop_asked)?;
-        let dist = embedded_python::with_python(|py| {
-            let dist = py.import("torch.distributed")?;
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("backend", backend.torch_name())?;
-            match &store {
-                Some(store) => kwargs.set_item("store", store.bind(py))?,
-                None => {
-                    let environ = py.import("os")?.getattr("environ")?;
-                    environ.set_item("MASTER_ADDR", &info.master_addr)?;
-                    environ.set_item("MASTER_PORT", info.master_port.to_string())?;
-                    kwargs.set_item("init_method", "env://")?;
-                }
-            }
-            kwargs.set_item("rank", info.rank)?;
-            kwargs.set_item("world_size", info.world_size)?;
-            let seconds = timeout.as_secs_f64();
-            kwargs.set_item(
-                "timeout",
-                py.import("datetime")?
-                    .getattr("timedelta")?
-                    .call((0, seconds), None)?,
-            )?;
-            dist.call_method("init_process_group", (), Some(&kwargs))?;
-            Ok(dist.unbind())
-        })
+        let (watchdog, torch_timeout) = match backend {
+            Backend::Gloo => (Some(Watchdog::start(timeout)?), watchdog::BEYOND_REACH),
+            Backend::Nccl => (None, timeout),
+        };
+        let join = || init_process_group(&info, backend, store.as_ref(), torch_timeout);
+        let dist = match &watchdog {
+            Some(watchdog) => watchdog.watch("init_process_group", join),
+            None => join(),
+        }
         .map_err(|e| {
             Error::Collective(format!(
                 "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
@@ -171,6 +162,7 @@ impl ProcessGroup {
         Ok(Self {
             info,
             dist: Some((dist, backend)),
+            watchdog,
         })
     }
 
@@ -217,7 +209,7 @@ impl ProcessGroup {
         let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
-        call(dist, "all_reduce", tensor)?;
+        self.watched("all_reduce", || call(dist, "all_reduce", tensor))?;
         let _ = tensor.divide_scalar_(self.info.world_size as f64);
         Ok(())
     }
@@ -227,7 +219,7 @@ impl ProcessGroup {
         let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
-        call(dist, "all_reduce", tensor)
+        self.watched("all_reduce", || call(dist, "all_reduce", tensor))
     }
 
     /// Overwrites `tensor` with rank 0's values.
@@ -235,14 +227,17 @@ impl ProcessGroup {
         let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
-        embedded_python::with_python(|py| {
-            let kwargs = PyDict::new(py);
-            kwargs.set_item("src", 0)?;
-            dist.bind(py)
-                .call_method("broadcast", (to_python(py, tensor)?,), Some(&kwargs))?;
-            Ok(())
-        })
-        .map_err(|e| collective_error("broadcast", e))
+        let broadcast = || {
+            embedded_python::with_python(|py| {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("src", 0)?;
+                dist.bind(py)
+                    .call_method("broadcast", (to_python(py, tensor)?,), Some(&kwargs))?;
+                Ok(())
+            })
+        };
+        self.watched("broadcast", broadcast)
+            .map_err(|e| collective_error("broadcast", e))
     }
 
     /// Concatenates every rank's `tensor` along dimension 0, in rank order.
@@ -253,16 +248,19 @@ impl ProcessGroup {
         let parts: Vec<Tensor> = (0..self.info.world_size)
             .map(|_| tensor.empty_like())
             .collect();
-        embedded_python::with_python(|py| {
-            let list = PyList::empty(py);
-            for part in &parts {
-                list.append(to_python(py, part)?)?;
-            }
-            dist.bind(py)
-                .call_method1("all_gather", (list, to_python(py, tensor)?))?;
-            Ok(())
-        })
-        .map_err(|e| collective_error("all_gather", e))?;
+        let all_gather = || {
+            embedded_python::with_python(|py| {
+                let list = PyList::empty(py);
+                for part in &parts {
+                    list.append(to_python(py, part)?)?;
+                }
+                dist.bind(py)
+                    .call_method1("all_gather", (list, to_python(py, tensor)?))?;
+                Ok(())
+            })
+        };
+        self.watched("all_gather", all_gather)
+            .map_err(|e| collective_error("all_gather", e))?;
         Ok(Tensor::cat(&parts, 0))
     }
 
@@ -270,8 +268,18 @@ impl ProcessGroup {
         let Some((dist, _)) = &self.dist else {
             return Ok(());
         };
-        embedded_python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()))
+        let barrier =
+            || embedded_python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()));
+        self.watched("barrier", barrier)
             .map_err(|e| collective_error("barrier", e))
+    }
+
+    /// Runs the collective `op` under the watchdog, when gloo carries it.
+    fn watched<T>(&self, op: &'static str, call: impl FnOnce() -> T) -> T {
+        match &self.watchdog {
+            Some(watchdog) => watchdog.watch(op, call),
+            None => call(),
+        }
     }
 }
 
@@ -285,6 +293,40 @@ impl Drop for ProcessGroup {
             });
         }
     }
+}
+
+/// `torch.distributed.init_process_group` on the store the ranks met through (`env://` under
+/// torchrun), its collectives waiting at most `timeout`.
+fn init_process_group(
+    info: &RankInfo,
+    backend: Backend,
+    store: Option<&Py<PyAny>>,
+    timeout: Duration,
+) -> embedded_python::Result<Py<PyModule>> {
+    embedded_python::with_python(|py| {
+        let dist = py.import("torch.distributed")?;
+        let timedelta = py.import("datetime")?.getattr("timedelta")?;
+        let timeout = timedelta.call((0, timeout.as_secs_f64()), None)?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("backend", backend.torch_name())?;
+        match store {
+            Some(store) => {
+                store.bind(py).call_method1("set_timeout", (&timeout,))?;
+                kwargs.set_item("store", store.bind(py))?
+            }
+            None => {
+                let environ = py.import("os")?.getattr("environ")?;
+                environ.set_item("MASTER_ADDR", &info.master_addr)?;
+                environ.set_item("MASTER_PORT", info.master_port.to_string())?;
+                kwargs.set_item("init_method", "env://")?;
+            }
+        }
+        kwargs.set_item("rank", info.rank)?;
+        kwargs.set_item("world_size", info.world_size)?;
+        kwargs.set_item("timeout", timeout)?;
+        dist.call_method("init_process_group", (), Some(&kwargs))?;
+        Ok(dist.unbind())
+    })
 }
 
 fn call(dist: &Py<PyModule>, op: &str, tensor: &Tensor) -> Result<()> {
