@@ -647,6 +647,49 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
     );
 }
 
+/// Ctrl-Z (SIGTSTP to the sweep's process group) stops the job's processes with the sweep,
+/// though the job runs in a group of its own; `fg` (SIGCONT to the sweep) continues them.
+#[test]
+fn a_suspended_sweep_suspends_its_job_and_continues_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sweep, mut stdout, seen) = two_rank_sweep_training(dir.path());
+    let launcher = common::children_of(sweep.id());
+    assert_eq!(launcher.len(), 1, "one job at a time");
+    let mut job = common::children_of(launcher[0]);
+    job.push(launcher[0]);
+    let stopped = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, s)| s.starts_with('T'))
+        })
+    };
+    let within = |what: &dyn Fn() -> bool| {
+        let started = std::time::Instant::now();
+        while !what() && started.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        what()
+    };
+    let signal_sweep = |signal| {
+        // SAFETY: kill(2) of the process group our child leads, as a terminal does.
+        unsafe { libc::kill(-(sweep.id() as libc::pid_t), signal) };
+    };
+    signal_sweep(libc::SIGTSTP);
+    let all_stopped = within(&|| stopped(&sweep.id()) && job.iter().all(stopped));
+    signal_sweep(libc::SIGCONT);
+    let all_continued = within(&|| !stopped(&sweep.id()) && !job.iter().any(stopped));
+    signal_sweep(libc::SIGINT);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = sweep.wait().unwrap();
+    assert!(
+        all_stopped,
+        "the job's launcher and ranks stopped with the sweep"
+    );
+    assert!(all_continued, "and continued with it");
+    assert_eq!(status.code(), Some(3), "{seen}{rest}");
+}
+
 /// A sweep killed outright (SIGKILL, the OOM killer) leaves no job training unwatched: its
 /// two-rank job's launcher is asked to stop when the sweep dies, and stops with a checkpoint.
 #[test]

@@ -4,6 +4,7 @@
 mod grid;
 mod spawn;
 mod summary;
+mod suspend;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -93,6 +94,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         base.display()
     );
     spawn::catch_stop_signals();
+    suspend::stop_jobs_on_suspend();
     let statuses = run_all(&spawner, &jobs, &configs);
     summarize(&jobs, &statuses, &base)
 }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::grid::Job;
+use super::suspend::SuspendedWithTheSweep;
 use super::Status;
 use crate::config::Config;
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
@@ -194,8 +195,10 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
             .take()
             .map(|err| forward(err, prefix.clone(), true)),
     ];
+    let mut suspended = SuspendedWithTheSweep::register(child.id() as libc::pid_t);
     let (mut signalled, mut killed) = (false, false);
     let exit = loop {
+        suspended.continue_if_the_sweep_did();
         match child.try_wait() {
             Ok(Some(exit)) => break Ok(exit),
             Ok(None) => {}
