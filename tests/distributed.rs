@@ -9,6 +9,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -619,7 +620,17 @@ fn spawn_node(
     steps: u64,
     extra: &[&str],
 ) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+    node_command(dir, port, rank, steps, extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// [`spawn_node`]'s command.
+fn node_command(dir: &Path, port: u16, rank: usize, steps: u64, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
+    command
         .args(tiny_train())
         .args([
             "world_size=2".to_string(),
@@ -632,11 +643,8 @@ fn spawn_node(
             format!("eval_freq={steps}"),
             format!("run_dir={}", dir.join(format!("node{rank}")).display()),
         ])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+        .args(extra);
+    command
 }
 
 #[test]
@@ -1390,6 +1398,83 @@ fn a_node_that_freezes_is_noticed_within_peer_timeout() {
         noticed < Duration::from_secs(40),
         "noticed after {noticed:?}, dist_timeout is 300 s"
     );
+}
+
+/// Ctrl-Z, `kill -STOP` of a job and a scheduler's suspension stop every process of a node at
+/// once, for as long as they like: after the continue the job trains on. Here both nodes (each
+/// launcher's process group: its rank and the rank's environment worker) stop three times for
+/// longer than `env_timeout`, `dist_timeout` and `peer_timeout`, whose clocks run on meanwhile,
+/// and continue a second apart.
+#[test]
+fn a_job_stopped_longer_than_its_timeouts_trains_on_after_it_continues() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let limits = [
+        "task=gym:Pendulum-v1",
+        "num_envs=2",
+        "env_workers=1",
+        "seed_steps=400",
+        "env_timeout=3",
+        "dist_timeout=5",
+        "peer_timeout=2",
+    ];
+    let log = |rank: usize| dir.path().join(format!("node{rank}.log"));
+    let nodes: Vec<common::Reaped> = (0..2)
+        .map(|rank| {
+            common::Reaped::spawn(
+                node_command(dir.path(), port, rank, 1_000_000, &limits)
+                    .process_group(0)
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(log(rank)).unwrap()),
+            )
+        })
+        .collect();
+    let run_dir = dir.path().join("node0");
+    let said = |rank: usize| std::fs::read_to_string(log(rank)).unwrap_or_default();
+    let trained = wait_for_train_record(&run_dir, 1600, Duration::from_secs(240));
+    assert!(trained, "the job reached training: {}{}", said(0), said(1));
+    // A moment between the nodes, as a scheduler resumes one node after another: the first
+    // node's waits on the second go on after its continue.
+    let signal_nodes = |signal: libc::c_int, between: Duration| {
+        for node in &nodes {
+            // SAFETY: kill(2) of the process group this test started.
+            unsafe { libc::kill(-(node.id() as i32), signal) };
+            std::thread::sleep(between);
+        }
+    };
+    for _ in 0..3 {
+        signal_nodes(libc::SIGSTOP, Duration::ZERO);
+        std::thread::sleep(Duration::from_secs(8));
+        signal_nodes(libc::SIGCONT, Duration::from_secs(1));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let continued_at = last_train_step(&run_dir);
+    let trains_on = wait_for_train_record(&run_dir, continued_at + 800, Duration::from_secs(120));
+    signal_nodes(libc::SIGTERM, Duration::ZERO);
+    for (rank, node) in nodes.into_iter().enumerate() {
+        let status = node.wait_with_output().unwrap().status;
+        assert_eq!(status.code(), Some(3), "a requested stop: {}", said(rank));
+    }
+    assert!(
+        trains_on,
+        "trained on after step {continued_at}: {}{}",
+        said(0),
+        said(1)
+    );
+    for timed_out in ["went away", "did not answer", "no answer", "timed out"] {
+        assert!(!said(0).contains(timed_out), "{}", said(0));
+    }
+}
+
+/// The step of the run's last train record (0 before the first).
+fn last_train_step(run_dir: &Path) -> u64 {
+    let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|record| record["phase"] == "train")
+        .filter_map(|record| record["step"].as_u64())
+        .max()
+        .unwrap_or(0)
 }
 
 /// Node 1 keeps no copy of node 0's run directory: its restarted rank takes rank 0's state.
