@@ -573,6 +573,54 @@ fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
     );
 }
 
+/// A SLURM task that finds another job's store on its master port (an earlier job, or a
+/// neighbour's on a shared node, still holding it) is refused before it joins that job's
+/// group, naming both jobs; the other job's rank 0 goes on waiting for its own.
+#[test]
+fn a_rank_refuses_another_jobs_store_on_its_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let task = |job: &str, rank: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
+        command
+            .args(tiny_train())
+            .args(["steps=480", "dist_timeout=600"])
+            .arg(format!("run_dir={}", dir.path().join(job).display()))
+            .envs([
+                ("SLURM_JOB_ID", job),
+                ("SLURM_STEP_ID", "0"),
+                ("SLURM_PROCID", rank),
+                ("SLURM_LOCALID", rank),
+                ("SLURM_NTASKS", "2"),
+                ("SLURM_NODEID", "0"),
+                ("SLURM_STEP_TASKS_PER_NODE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+            ])
+            .env("MASTER_PORT", port.to_string())
+            .stdout(Stdio::null());
+        command
+    };
+    let mut first = common::Reaped::spawn(task("111", "0").stderr(Stdio::null()));
+    let waiting = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        && waiting.elapsed() < Duration::from_secs(120)
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = task("222", "1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("master_port={port}"))
+            && stderr.contains("another job (SLURM job 111, step 0), not this one (SLURM job 222"),
+        "{stderr}"
+    );
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "job 111's rank 0 waits on for its own rank 1"
+    );
+}
+
 #[test]
 fn runs_under_torchrun() {
     let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");

@@ -25,6 +25,9 @@ const TORCHRUN_AGENT_STORE_ENV: &str = "TORCHELASTIC_USE_AGENT_STORE";
 struct Host {
     this_rank: bool,
     prefix: String,
+    /// The job the store serves, which a rank checks before it joins: where rank 0 hosts it
+    /// (our launcher binds the port itself, so no other job's store can answer there).
+    job: Option<String>,
 }
 
 impl Host {
@@ -36,11 +39,13 @@ impl Host {
             return Self {
                 this_rank: false,
                 prefix: format!("tdmpc2/attempt_{attempt}/"),
+                job: None,
             };
         }
         Self {
             this_rank: info.rank == 0,
             prefix: "tdmpc2/".into(),
+            job: Some(this_job()),
         }
     }
 }
@@ -76,6 +81,9 @@ pub(super) fn meet(
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    if let Some(job) = &host.job {
+        check_same_job(info, &store, host.this_rank, job, &deadline, stop_asked)?;
+    }
     let joined = |delta: i64| {
         embedded_python::with_python(|py| {
             store
@@ -113,6 +121,78 @@ pub(super) fn meet(
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(Some(store))
+}
+
+/// The job this rank belongs to: SLURM's job and step where SLURM started the ranks, else
+/// empty (nothing tells jobs apart).
+fn this_job() -> String {
+    match (
+        std::env::var("SLURM_JOB_ID"),
+        std::env::var("SLURM_STEP_ID"),
+    ) {
+        (Ok(job), Ok(step)) => format!("SLURM job {job}, step {step}"),
+        (Ok(job), Err(_)) => format!("SLURM job {job}"),
+        _ => String::new(),
+    }
+}
+
+/// The host writes which job its store serves; a rank of another job is refused before it
+/// joins: on a port that an earlier job (or a neighbour's on a shared node) still holds, it
+/// would join that job's group.
+fn check_same_job(
+    info: &RankInfo,
+    store: &Py<PyAny>,
+    host_here: bool,
+    ours: &str,
+    deadline: &Deadline,
+    stop_asked: fn() -> bool,
+) -> Result<()> {
+    let failed = |e: embedded_python::Error| cannot_meet(info, &trimmed(&e.0));
+    if host_here {
+        return embedded_python::with_python(|py| {
+            store.bind(py).call_method1("set", ("job", ours))?;
+            Ok(())
+        })
+        .map_err(failed);
+    }
+    loop {
+        let theirs = embedded_python::with_python(|py| {
+            let store = store.bind(py);
+            if !store
+                .call_method1("check", (vec!["job"],))?
+                .extract::<bool>()?
+            {
+                return Ok(None);
+            }
+            let bytes: Vec<u8> = store.call_method1("get", ("job",))?.extract()?;
+            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        })
+        .map_err(failed)?;
+        match theirs {
+            Some(theirs) if theirs == ours => return Ok(()),
+            Some(theirs) => {
+                let named = |job: &str| match job {
+                    "" => "one SLURM did not start".to_owned(),
+                    job => job.to_owned(),
+                };
+                return Err(Error::Config(format!(
+                    "master_port={} at {} is held by another job ({}), not this one ({}): give                      each job a master_port of its own (scripts/slurm/train.sbatch derives one                      from SLURM_JOB_ID)",
+                    info.master_port,
+                    info.master_addr,
+                    named(&theirs),
+                    named(ours)
+                )));
+            }
+            None if stop_asked() => return Err(stopped(info)),
+            None if deadline.passed() => {
+                return Err(cannot_meet(
+                    info,
+                    "its store never said which job it serves",
+                ))
+            }
+            None => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
 }
 
 /// One attempt at the store: hosted here (bound at once, not waiting for the others), or
