@@ -7,59 +7,53 @@
 //! that [`counts_continues`] restarts every deadline's allowance at the last continue
 //! (SIGCONT), so a process that really went silent is still caught, within the limit of the job
 //! running again.
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// The last SIGCONT, in nanoseconds of `CLOCK_MONOTONIC` (0: none yet).
-static LAST_CONTINUE_NS: AtomicU64 = AtomicU64::new(0);
+/// When this process last continued after a stop.
+static LAST_CONTINUE: Mutex<Option<Instant>> = Mutex::new(None);
 
-/// One reading of both clocks, to turn the handler's nanoseconds into an [`Instant`] (which
-/// reads the same `CLOCK_MONOTONIC` on Linux).
-static ORIGIN: OnceLock<(Instant, u64)> = OnceLock::new();
-
-/// How long [`Deadline::passed`] waits before it looks again: a process's waiting thread can
-/// wake the instant the job continues, before another thread has run the SIGCONT handler.
+/// How long [`Deadline::passed`] waits before it looks again: a waiting thread can wake the
+/// instant the job continues, before the thread that notes continues has run.
 const SECOND_LOOK: Duration = Duration::from_millis(250);
 
-/// Notes every continue of this process from now on (installs a SIGCONT handler; continuing
-/// itself is the kernel's and stays as it is). Call once, early, in every process that waits
-/// on another with a limit.
+/// Notes every continue of this process from now on. Call it first thing in `main`, before
+/// any thread starts: SIGCONT is blocked in this thread and every thread started after, and
+/// taken by a thread of its own (continuing itself is the kernel's, blocked or not). A handler
+/// would interrupt whichever thread it ran on, and libraries' sleeps and polls do not all
+/// retry an interrupted call (c10d's connect does not).
 pub fn counts_continues() -> std::io::Result<()> {
-    ORIGIN.get_or_init(|| (Instant::now(), monotonic_ns()));
-    let handler = on_continue as *const () as libc::sighandler_t;
-    // SAFETY: the handler reads the monotonic clock and stores to an atomic: async-signal-safe.
-    if unsafe { libc::signal(libc::SIGCONT, handler) } == libc::SIG_ERR {
-        return Err(std::io::Error::last_os_error());
+    // SAFETY: sigemptyset and sigaddset fill the set they are given.
+    let set = unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCONT);
+        set
+    };
+    // SAFETY: a valid set; the old mask is not asked for.
+    let blocked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if blocked != 0 {
+        return Err(std::io::Error::from_raw_os_error(blocked));
     }
+    std::thread::Builder::new()
+        .name("continues".into())
+        .spawn(move || loop {
+            // SAFETY: waits for a signal of a valid set; no information is asked for.
+            if unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) } == libc::SIGCONT {
+                note_continue();
+            }
+        })?;
     Ok(())
 }
 
-extern "C" fn on_continue(_: libc::c_int) {
-    LAST_CONTINUE_NS.store(monotonic_ns(), Ordering::SeqCst);
-}
-
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
+/// Notes that the process continued now.
+pub(crate) fn note_continue() {
+    *LAST_CONTINUE.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
 }
 
 /// When this process last continued after a stop, if it has since [`counts_continues`].
 pub fn last_continue() -> Option<Instant> {
-    let at = LAST_CONTINUE_NS.load(Ordering::SeqCst);
-    let (origin, origin_ns) = ORIGIN.get()?;
-    (at != 0).then(|| *origin + Duration::from_nanos(at.saturating_sub(*origin_ns)))
-}
-
-/// How long a wait that began at `start` has lasted while the job ran: the time since `start`,
-/// or since the last continue if that came later.
-pub fn waited_since(start: Instant) -> Duration {
-    counted_from(start).elapsed()
+    *LAST_CONTINUE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn counted_from(start: Instant) -> Instant {
@@ -76,11 +70,11 @@ pub struct Deadline {
 impl Deadline {
     /// A deadline `limit` from now.
     pub fn after(limit: Duration) -> Self {
-        Self::from(Instant::now(), limit)
+        Self::since(Instant::now(), limit)
     }
 
     /// A deadline `limit` after `start`.
-    pub fn from(start: Instant, limit: Duration) -> Self {
+    pub fn since(start: Instant, limit: Duration) -> Self {
         Self { start, limit }
     }
 
@@ -88,9 +82,10 @@ impl Deadline {
         self.limit
     }
 
-    /// How long the wait has lasted, as [`waited_since`] counts it.
+    /// How long the wait has lasted while the job ran: since its start, or since the last
+    /// continue if that came later.
     pub fn waited(&self) -> Duration {
-        waited_since(self.start)
+        counted_from(self.start).elapsed()
     }
 
     /// The time left (zero once passed).
@@ -104,7 +99,7 @@ impl Deadline {
     }
 
     /// Whether the limit passed. Looked at twice, a moment apart, before it says so: the job
-    /// may just have continued, with the handler not yet run.
+    /// may just have continued, its continue not yet noted.
     pub fn passed(&self) -> bool {
         if self.waited() < self.limit {
             return false;
@@ -114,10 +109,11 @@ impl Deadline {
     }
 }
 
-/// Held by the tests that raise SIGCONT: a continue reaches every deadline of the process, so
-/// two such tests side by side would reach each other's.
+/// Held by the tests that note continues: a continue reaches every deadline of the process, so
+/// two such tests side by side would reach each other's. (They note continues themselves: the
+/// test harness's threads do not block SIGCONT, so one of them could take a real one.)
 #[cfg(test)]
-pub(crate) static RAISING_SIGCONT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+pub(crate) static NOTING_CONTINUES: Mutex<()> = Mutex::new(());
 
 #[cfg(test)]
 mod tests {
@@ -125,14 +121,12 @@ mod tests {
 
     #[test]
     fn a_continue_restarts_the_allowance_and_a_silence_after_it_still_passes() {
-        let _alone = RAISING_SIGCONT.lock();
-        counts_continues().unwrap();
+        let _alone = NOTING_CONTINUES.lock();
         let limit = Duration::from_millis(300);
         let deadline = Deadline::after(limit);
         std::thread::sleep(limit + Duration::from_millis(100));
-        // SAFETY: raising SIGCONT at a running process only runs its handler.
-        unsafe { libc::raise(libc::SIGCONT) };
-        let continued = last_continue().expect("the handler ran");
+        note_continue();
+        let continued = last_continue().expect("noted");
         assert!(continued.elapsed() < Duration::from_secs(1));
         assert!(deadline.waited() < limit, "{:?}", deadline.waited());
         assert!(deadline.left() > Duration::ZERO);
@@ -142,10 +136,10 @@ mod tests {
         assert!(deadline.passed(), "silent for its limit after the continue");
 
         // A deadline that starts after the last continue counts from its start.
-        let later = Deadline::after(Duration::from_millis(50));
+        let later = Deadline::after(Duration::from_secs(1));
         assert!(!later.passed());
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(1100));
         assert!(later.passed());
-        assert_eq!(later.limit(), Duration::from_millis(50));
+        assert_eq!(later.limit(), Duration::from_secs(1));
     }
 }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envs::deadline::{waited_since, Deadline};
+use envs::deadline::Deadline;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -266,7 +266,7 @@ impl JobStore {
                 if now != *count {
                     (*count, *moved) = (now, Instant::now());
                 }
-                waiting |= !Deadline::from(*moved, SILENT).passed();
+                waiting |= !Deadline::since(*moved, SILENT).passed();
             }
             if !waiting {
                 return;
@@ -368,16 +368,18 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                 }
                 None => {}
             }
-            let why = match moved {
-                Some(at) if Deadline::from(*at, watch.peer_timeout).passed() => format!(
+            let silence = moved.map(|at| Deadline::since(at, watch.peer_timeout));
+            let start = Deadline::since(started, watch.start_timeout);
+            let why = match silence {
+                Some(silence) if silence.passed() => format!(
                     "its launcher sent no heartbeat for {} s (peer_timeout)",
-                    waited_since(*at).as_secs()
+                    silence.waited().as_secs()
                 ),
-                None if Deadline::from(started, watch.start_timeout).passed() => format!(
+                None if start.passed() => format!(
                     "its launcher never joined within {} s (dist_timeout): check nnodes, \
                      node_rank, master_addr and master_port on every node, and that node 0 \
                      is reachable on master_port",
-                    waited_since(started).as_secs()
+                    start.waited().as_secs()
                 ),
                 _ => continue,
             };

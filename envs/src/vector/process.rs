@@ -145,7 +145,7 @@ impl WorkerProcess {
             // A frame already buffered is an answer; otherwise wait at most the limit for one
             // to start (a worker writes each frame at once).
             if self.stdout.buffer().is_empty() {
-                let deadline = Deadline::from(self.asked_at, limit.after);
+                let deadline = Deadline::since(self.asked_at, limit.after);
                 match wait_readable(self.stdout.get_ref().as_raw_fd(), deadline) {
                     Ok(true) => {}
                     Ok(false) => return Err(self.silent(limit)),
@@ -400,22 +400,20 @@ fn describe(status: ExitStatus) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deadline::{counts_continues, RAISING_SIGCONT};
+    use crate::deadline::{note_continue, NOTING_CONTINUES};
 
     /// A continue while a worker's answer is awaited (the job was stopped) gives the wait its
     /// whole limit again; an answer within it is taken.
     #[test]
     fn a_continue_gives_a_wait_for_a_worker_its_limit_again() {
-        let _alone = RAISING_SIGCONT.lock();
-        counts_continues().unwrap();
+        let _alone = NOTING_CONTINUES.lock();
         let (reader, mut writer) = std::io::pipe().unwrap();
         let limit = Duration::from_millis(400);
         let started = Instant::now();
         let deadline = Deadline::after(limit);
         let answer = std::thread::spawn(move || {
             std::thread::sleep(limit / 2);
-            // SAFETY: raising SIGCONT at a running process only runs its handler.
-            unsafe { libc::raise(libc::SIGCONT) };
+            note_continue();
             std::thread::sleep(limit * 3 / 4);
             std::io::Write::write_all(&mut writer, b"x").unwrap();
             writer
