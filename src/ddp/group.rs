@@ -5,14 +5,15 @@
 //! The rule callers cannot break: every collective accepts CPU tensors and tensors on the rank's
 //! device. Gloo serves both; NCCL is always joined device-keyed (`cpu:gloo,cuda:nccl`), so the
 //! small host-side collectives (stop flag, readiness, evaluation) go through gloo beside it.
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use envs::deadline::Deadline;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyDict, PyList, PyTuple};
 use tch::{Device, Tensor};
 
 use super::rank::RankInfo;
-use super::watchdog::{self, Watchdog};
 use crate::error::{Error, Result};
 
 /// Which c10d backend carries the collectives (`dist_backend`).
@@ -96,8 +97,11 @@ pub struct ProcessGroup {
     info: RankInfo,
     /// `torch.distributed`, present when there is a real group, and its backend.
     dist: Option<(Py<PyModule>, Backend)>,
-    /// Holds gloo's collectives to `dist_timeout`, counted while the job runs.
-    watchdog: Option<Watchdog>,
+    /// How long a collective waits for the other ranks (`dist_timeout`).
+    timeout: Duration,
+    /// A collective timed out and gloo still waits in it: the group is left as it is at exit
+    /// (destroying it would join gloo's thread, which waits on).
+    abandoned: AtomicBool,
 }
 
 impl ProcessGroup {
@@ -106,7 +110,8 @@ impl ProcessGroup {
         Self {
             info,
             dist: None,
-            watchdog: None,
+            timeout: Duration::ZERO,
+            abandoned: AtomicBool::new(false),
         }
     }
 
@@ -139,30 +144,27 @@ impl ProcessGroup {
             })?;
         }
         let store = super::meeting::meet(&info, timeout, stop_asked)?;
-        let (watchdog, torch_timeout) = match backend {
-            Backend::Gloo => (Some(Watchdog::start(timeout)?), watchdog::BEYOND_REACH),
-            Backend::Nccl => (None, timeout),
+        let own_timeout = match backend {
+            Backend::Gloo => GLOO_OWN_TIMEOUT,
+            Backend::Nccl => timeout,
         };
-        let join = || init_process_group(&info, backend, store.as_ref(), torch_timeout);
-        let dist = match &watchdog {
-            Some(watchdog) => watchdog.watch("init_process_group", join),
-            None => join(),
-        }
-        .map_err(|e| {
-            Error::Collective(format!(
-                "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
+        let dist = init_process_group(&info, backend, store.as_ref(), timeout, own_timeout)
+            .map_err(|e| {
+                Error::Collective(format!(
+                    "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
                  raise dist_timeout if they are slow to start",
-                info.rank,
-                info.world_size,
-                info.master_addr,
-                info.master_port,
-                embedded_python::message(&e.0)
-            ))
-        })?;
+                    info.rank,
+                    info.world_size,
+                    info.master_addr,
+                    info.master_port,
+                    embedded_python::message(&e.0)
+                ))
+            })?;
         Ok(Self {
             info,
             dist: Some((dist, backend)),
-            watchdog,
+            timeout,
+            abandoned: AtomicBool::new(false),
         })
     }
 
@@ -206,85 +208,108 @@ impl ProcessGroup {
 
     /// Averages `tensor` in place across ranks (sum then divide: gloo has no AVG).
     pub fn all_reduce_mean(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some((dist, _)) = &self.dist else {
-            return Ok(());
-        };
-        self.watched("all_reduce", || call(dist, "all_reduce", tensor))?;
-        let _ = tensor.divide_scalar_(self.info.world_size as f64);
+        self.all_reduce_sum(tensor)?;
+        if self.is_real() {
+            let _ = tensor.divide_scalar_(self.info.world_size as f64);
+        }
         Ok(())
     }
 
     /// Sums `tensor` in place across ranks.
     pub fn all_reduce_sum(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some((dist, _)) = &self.dist else {
-            return Ok(());
-        };
-        self.watched("all_reduce", || call(dist, "all_reduce", tensor))
+        self.collective("all_reduce", |py| {
+            Ok((PyTuple::new(py, [to_python(py, tensor)?])?, PyDict::new(py)))
+        })
     }
 
     /// Overwrites `tensor` with rank 0's values.
     pub fn broadcast_from_root(&self, tensor: &mut Tensor) -> Result<()> {
-        let Some((dist, _)) = &self.dist else {
-            return Ok(());
-        };
-        let broadcast = || {
-            embedded_python::with_python(|py| {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("src", 0)?;
-                dist.bind(py)
-                    .call_method("broadcast", (to_python(py, tensor)?,), Some(&kwargs))?;
-                Ok(())
-            })
-        };
-        self.watched("broadcast", broadcast)
-            .map_err(|e| collective_error("broadcast", e))
+        self.collective("broadcast", |py| {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item("src", 0)?;
+            Ok((PyTuple::new(py, [to_python(py, tensor)?])?, kwargs))
+        })
     }
 
     /// Concatenates every rank's `tensor` along dimension 0, in rank order.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Tensor> {
-        let Some((dist, _)) = &self.dist else {
+        if !self.is_real() {
             return Ok(tensor.shallow_clone());
-        };
+        }
         let parts: Vec<Tensor> = (0..self.info.world_size)
             .map(|_| tensor.empty_like())
             .collect();
-        let all_gather = || {
-            embedded_python::with_python(|py| {
-                let list = PyList::empty(py);
-                for part in &parts {
-                    list.append(to_python(py, part)?)?;
-                }
-                dist.bind(py)
-                    .call_method1("all_gather", (list, to_python(py, tensor)?))?;
-                Ok(())
-            })
-        };
-        self.watched("all_gather", all_gather)
-            .map_err(|e| collective_error("all_gather", e))?;
+        self.collective("all_gather", |py| {
+            let list = PyList::empty(py);
+            for part in &parts {
+                list.append(to_python(py, part)?)?;
+            }
+            let args = PyTuple::new(py, [list.into_any(), to_python(py, tensor)?])?;
+            Ok((args, PyDict::new(py)))
+        })?;
         Ok(Tensor::cat(&parts, 0))
     }
 
     pub fn barrier(&self) -> Result<()> {
-        let Some((dist, _)) = &self.dist else {
-            return Ok(());
-        };
-        let barrier =
-            || embedded_python::with_python(|py| dist.bind(py).call_method0("barrier").map(|_| ()));
-        self.watched("barrier", barrier)
-            .map_err(|e| collective_error("barrier", e))
+        self.collective("barrier", |py| Ok((PyTuple::empty(py), PyDict::new(py))))
     }
 
-    /// Runs the collective `op` under the watchdog, when gloo carries it.
-    fn watched<T>(&self, op: &'static str, call: impl FnOnce() -> T) -> T {
-        match &self.watchdog {
-            Some(watchdog) => watchdog.watch(op, call),
-            None => call(),
+    /// Runs `torch.distributed.<op>` on the arguments `args` makes, and waits for it. Over
+    /// gloo it runs asynchronously and is waited for in slices, up to `dist_timeout` counted
+    /// while the job runs (see [`GLOO_OWN_TIMEOUT`]).
+    fn collective(
+        &self,
+        op: &'static str,
+        args: impl for<'py> FnOnce(Python<'py>) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyDict>)>,
+    ) -> Result<()> {
+        let Some((dist, backend)) = &self.dist else {
+            return Ok(());
+        };
+        let waits_here = *backend == Backend::Gloo;
+        let deadline = Deadline::after(self.timeout);
+        let work = embedded_python::with_python(|py| {
+            let (args, kwargs) = args(py)?;
+            kwargs.set_item("async_op", waits_here)?;
+            Ok(dist.bind(py).call_method(op, args, Some(&kwargs))?.unbind())
+        })
+        .map_err(|e| collective_error(op, e))?;
+        if !waits_here {
+            return Ok(());
+        }
+        loop {
+            let done = embedded_python::with_python(|py| {
+                let work = work.bind(py);
+                let kwargs = PyDict::new(py);
+                let slice = py.import("datetime")?.getattr("timedelta")?.call1((0, 1))?;
+                kwargs.set_item("timeout", slice)?;
+                // torch raises the same for a slice that ended and for a collective that
+                // failed; a completed one's own wait (at once) says which it was.
+                if work.call_method("wait", (), Some(&kwargs)).is_ok() {
+                    return Ok(true);
+                }
+                if !work.call_method0("is_completed")?.extract::<bool>()? {
+                    return Ok(false);
+                }
+                work.call_method0("wait")?;
+                Ok(true)
+            })
+            .map_err(|e| collective_error(op, e))?;
+            if done {
+                return Ok(());
+            }
+            if deadline.passed() {
+                self.abandoned.store(true, Ordering::SeqCst);
+                return Err(timed_out(op, self.timeout));
+            }
         }
     }
 }
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
+        if self.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
         if let Some((dist, _)) = &self.dist {
             let _ = embedded_python::with_python(|py| {
                 dist.bind(py)
@@ -296,22 +321,23 @@ impl Drop for ProcessGroup {
 }
 
 /// `torch.distributed.init_process_group` on the store the ranks met through (`env://` under
-/// torchrun), its collectives waiting at most `timeout`.
+/// torchrun): the store's operations wait at most `timeout`, the backend's `own_timeout`.
 fn init_process_group(
     info: &RankInfo,
     backend: Backend,
     store: Option<&Py<PyAny>>,
     timeout: Duration,
+    own_timeout: Duration,
 ) -> embedded_python::Result<Py<PyModule>> {
     embedded_python::with_python(|py| {
         let dist = py.import("torch.distributed")?;
         let timedelta = py.import("datetime")?.getattr("timedelta")?;
-        let timeout = timedelta.call((0, timeout.as_secs_f64()), None)?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("backend", backend.torch_name())?;
         match store {
             Some(store) => {
-                store.bind(py).call_method1("set_timeout", (&timeout,))?;
+                let timeout = timedelta.call((0, timeout.as_secs_f64()), None)?;
+                store.bind(py).call_method1("set_timeout", (timeout,))?;
                 kwargs.set_item("store", store.bind(py))?
             }
             None => {
@@ -323,18 +349,11 @@ fn init_process_group(
         }
         kwargs.set_item("rank", info.rank)?;
         kwargs.set_item("world_size", info.world_size)?;
-        kwargs.set_item("timeout", timeout)?;
+        let own_timeout = timedelta.call((0, own_timeout.as_secs_f64()), None)?;
+        kwargs.set_item("timeout", own_timeout)?;
         dist.call_method("init_process_group", (), Some(&kwargs))?;
         Ok(dist.unbind())
     })
-}
-
-fn call(dist: &Py<PyModule>, op: &str, tensor: &Tensor) -> Result<()> {
-    embedded_python::with_python(|py| {
-        dist.bind(py).call_method1(op, (to_python(py, tensor)?,))?;
-        Ok(())
-    })
-    .map_err(|e| collective_error(op, e))
 }
 
 fn collective_error(op: &str, e: embedded_python::Error) -> Error {
@@ -354,6 +373,23 @@ fn likely_cause(said: &str) -> &'static str {
                 GPU per local rank), or set dist_backend=gloo to let ranks share GPUs";
     }
     PEER_PROBABLY_STOPPED
+}
+
+/// Gloo's own limit on a collective, 20 days: out of reach. Gloo fixes an operation's deadline
+/// when it starts and counts a stop of the job (Ctrl-Z, a scheduler's suspension) as time
+/// waited, so every rank waiting on another when the job was stopped for longer than
+/// `dist_timeout` would fail the moment it continued, before the other had run. The ranks wait
+/// for gloo's collectives themselves instead ([`ProcessGroup::collective`]). NCCL keeps its own
+/// limit: its collectives return to the host before they complete, so only its watchdog sees
+/// them wait. (Below 2^31 ms, which c10d's polls take as an `int`.)
+const GLOO_OWN_TIMEOUT: Duration = Duration::from_secs(20 * 24 * 3600);
+
+fn timed_out(op: &str, limit: Duration) -> Error {
+    Error::Collective(format!(
+        "collective {op} waited {} s for the other ranks while the job ran (dist_timeout); \
+         {PEER_PROBABLY_STOPPED}",
+        limit.as_secs()
+    ))
 }
 
 /// How a rank says that its collective failed because another rank likely stopped: a failure

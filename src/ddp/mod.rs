@@ -7,7 +7,6 @@ mod meeting;
 pub mod rank;
 pub mod rendezvous;
 mod supervision;
-mod watchdog;
 
 pub use group::{Backend, GroupSettings, ProcessGroup};
 pub use rank::{LaunchedBy, RankInfo};
