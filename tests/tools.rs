@@ -678,6 +678,13 @@ fn a_suspended_sweep_suspends_its_job_and_continues_it() {
     let all_stopped = within(&|| stopped(&sweep.id()) && job.iter().all(stopped));
     signal_sweep(libc::SIGCONT);
     let all_continued = within(&|| !stopped(&sweep.id()) && !job.iter().any(stopped));
+    // And trains on: another train record.
+    let mut more = String::new();
+    while !more.lines().any(|line| line.starts_with("[job 0] train")) {
+        if std::io::BufRead::read_line(&mut stdout, &mut more).unwrap() == 0 {
+            break;
+        }
+    }
     signal_sweep(libc::SIGINT);
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
@@ -687,7 +694,11 @@ fn a_suspended_sweep_suspends_its_job_and_continues_it() {
         "the job's launcher and ranks stopped with the sweep"
     );
     assert!(all_continued, "and continued with it");
-    assert_eq!(status.code(), Some(3), "{seen}{rest}");
+    assert_eq!(status.code(), Some(3), "{seen}{more}{rest}");
+    assert!(
+        more.contains("[job 0] train"),
+        "trained on: {seen}{more}{rest}"
+    );
 }
 
 /// A sweep killed outright (SIGKILL, the OOM killer) leaves no job training unwatched: its

@@ -94,7 +94,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
         base.display()
     );
     spawn::catch_stop_signals();
-    suspend::stop_jobs_on_suspend();
+    suspend::stop_jobs_with_the_sweep();
     let statuses = run_all(&spawner, &jobs, &configs);
     summarize(&jobs, &statuses, &base)
 }

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::grid::Job;
-use super::suspend::SuspendedWithTheSweep;
+use super::suspend::StoppedWithTheSweep;
 use super::Status;
 use crate::config::Config;
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
@@ -195,10 +195,9 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
             .take()
             .map(|err| forward(err, prefix.clone(), true)),
     ];
-    let mut suspended = SuspendedWithTheSweep::register(child.id() as libc::pid_t);
+    let stopped_with_the_sweep = StoppedWithTheSweep::register(child.id() as libc::pid_t);
     let (mut signalled, mut killed) = (false, false);
     let exit = loop {
-        suspended.continue_if_the_sweep_did();
         match child.try_wait() {
             Ok(Some(exit)) => break Ok(exit),
             Ok(None) => {}
@@ -216,6 +215,8 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    // Its group is gone: not one to stop with the sweep while its output drains.
+    drop(stopped_with_the_sweep);
     // The job's output to its end, but not forever: a process it left (W&B's service, in a
     // session of its own) may hold its pipes open a while.
     let drained = Instant::now();

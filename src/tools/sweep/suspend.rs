@@ -3,67 +3,75 @@
 //! suspension does not reach it: left running, a job would fill the pipes of the stopped sweep
 //! with its output and block, and its other ranks would fail waiting for it.
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::time::Instant;
 
 /// The process groups of the running jobs (0: a free slot). A fixed array: the handler may
 /// neither allocate nor lock.
 static JOB_GROUPS: [AtomicI32; 1024] = [const { AtomicI32::new(0) }; 1024];
 
-/// From here on, Ctrl-Z (SIGTSTP) stops every registered job's processes, then the sweep.
-pub(super) fn stop_jobs_on_suspend() {
-    // SAFETY: the handler reads atomics and calls kill and getpid: async-signal-safe.
-    unsafe { libc::signal(libc::SIGTSTP, on_suspend as *const () as libc::sighandler_t) };
+/// The terminal's stop signals: Ctrl-Z, and a background sweep reading or writing the
+/// terminal (`stty tostop`).
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// From here on, the terminal's stop signals stop every registered job with the sweep.
+pub(super) fn stop_jobs_with_the_sweep() {
+    for signal in STOP_SIGNALS {
+        // SAFETY: the handler is async-signal-safe (see there).
+        unsafe { libc::signal(signal, on_stop as *const () as libc::sighandler_t) };
+    }
 }
 
-extern "C" fn on_suspend(_: libc::c_int) {
+/// Stops the jobs, then this process by the signal's own default action (which the kernel
+/// drops in an orphaned process group: the jobs are continued at once then), and continues the
+/// jobs when this process continues. Only kill, signal, sigprocmask and raise: all
+/// async-signal-safe; errno is kept for the interrupted code.
+extern "C" fn on_stop(signal: libc::c_int) {
+    // SAFETY: errno is this thread's; read and restored around the calls below.
+    let errno = unsafe { *libc::__errno_location() };
+    signal_jobs(libc::SIGSTOP);
+    // SAFETY: the default action for this signal, unblocked (a handler runs with its signal
+    // blocked), raised: the process stops here until it is continued; then the handler is put
+    // back for the next stop.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(signal);
+        libc::signal(signal, on_stop as *const () as libc::sighandler_t);
+    }
+    signal_jobs(libc::SIGCONT);
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+fn signal_jobs(signal: libc::c_int) {
     for group in &JOB_GROUPS {
         let group = group.load(Ordering::SeqCst);
         if group > 0 {
             // SAFETY: kill(2) of a job's process group, which this sweep started.
-            unsafe { libc::kill(-group, libc::SIGSTOP) };
+            unsafe { libc::kill(-group, signal) };
         }
     }
-    // SAFETY: stops this process once the handler returns, as SIGTSTP's default action would.
-    unsafe { libc::kill(libc::getpid(), libc::SIGSTOP) };
 }
 
-/// A running job's process group, stopped with the sweep while this lives, and continued after
-/// it by [`Self::continue_if_the_sweep_did`].
-pub(super) struct SuspendedWithTheSweep {
-    group: libc::pid_t,
-    slot: Option<usize>,
-    continued: Option<Instant>,
-}
+/// A running job's process group, stopped and continued with the sweep while this lives.
+pub(super) struct StoppedWithTheSweep(Option<usize>);
 
-impl SuspendedWithTheSweep {
+impl StoppedWithTheSweep {
     /// Registers the job whose process group is `group` (beyond 1024 jobs at once, a job is
     /// left to run on while the sweep is stopped).
     pub(super) fn register(group: libc::pid_t) -> Self {
-        let slot = JOB_GROUPS.iter().position(|slot| {
+        Self(JOB_GROUPS.iter().position(|slot| {
             slot.compare_exchange(0, group, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
-        });
-        Self {
-            group,
-            slot,
-            continued: envs::deadline::last_continue(),
-        }
-    }
-
-    /// Continues the job if the sweep continued since the last look.
-    pub(super) fn continue_if_the_sweep_did(&mut self) {
-        let continued = envs::deadline::last_continue();
-        if continued != self.continued {
-            self.continued = continued;
-            // SAFETY: kill(2) of the job's process group, which this sweep started.
-            unsafe { libc::kill(-self.group, libc::SIGCONT) };
-        }
+        }))
     }
 }
 
-impl Drop for SuspendedWithTheSweep {
+impl Drop for StoppedWithTheSweep {
     fn drop(&mut self) {
-        if let Some(slot) = self.slot {
+        if let Some(slot) = self.0 {
             JOB_GROUPS[slot].store(0, Ordering::SeqCst);
         }
     }
