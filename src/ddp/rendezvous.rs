@@ -28,7 +28,7 @@ pub fn loopback_warning(addr: &str, node_rank: usize) -> Option<String> {
 /// restartable); a name the resolver does not know is bad input.
 pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
     use std::net::ToSocketAddrs;
-    let started = std::time::Instant::now();
+    let deadline = envs::deadline::Deadline::after(limit);
     loop {
         let e = match (addr, port).to_socket_addrs().map(|mut addrs| addrs.next()) {
             Ok(Some(_)) => return Ok(()),
@@ -47,7 +47,7 @@ pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<(
                 "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
             )));
         }
-        if started.elapsed() >= limit {
+        if deadline.passed() {
             return Err(Error::Other(format!(
                 "master_addr={addr} could not be resolved within {} s (dist_timeout): {e}",
                 limit.as_secs()
