@@ -144,22 +144,17 @@ impl ProcessGroup {
             })?;
         }
         let store = super::meeting::meet(&info, timeout, stop_asked)?;
-        let own_timeout = match backend {
-            Backend::Gloo => GLOO_OWN_TIMEOUT,
-            Backend::Nccl => timeout,
-        };
-        let dist = init_process_group(&info, backend, store.as_ref(), timeout, own_timeout)
-            .map_err(|e| {
-                Error::Collective(format!(
-                    "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
+        let dist = init_process_group(&info, backend, store.as_ref(), timeout).map_err(|e| {
+            Error::Collective(format!(
+                "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
                  raise dist_timeout if they are slow to start",
-                    info.rank,
-                    info.world_size,
-                    info.master_addr,
-                    info.master_port,
-                    embedded_python::message(&e.0)
-                ))
-            })?;
+                info.rank,
+                info.world_size,
+                info.master_addr,
+                info.master_port,
+                embedded_python::message(&e.0)
+            ))
+        })?;
         Ok(Self {
             info,
             dist: Some((dist, backend)),
@@ -321,23 +316,23 @@ impl Drop for ProcessGroup {
 }
 
 /// `torch.distributed.init_process_group` on the store the ranks met through (`env://` under
-/// torchrun): the store's operations wait at most `timeout`, the backend's `own_timeout`.
+/// torchrun), forming within `timeout` (`dist_timeout`); then gloo's own limit is put out of
+/// reach ([`GLOO_OWN_TIMEOUT`]).
 fn init_process_group(
     info: &RankInfo,
     backend: Backend,
     store: Option<&Py<PyAny>>,
     timeout: Duration,
-    own_timeout: Duration,
 ) -> embedded_python::Result<Py<PyModule>> {
     embedded_python::with_python(|py| {
         let dist = py.import("torch.distributed")?;
         let timedelta = py.import("datetime")?.getattr("timedelta")?;
+        let timeout = timedelta.call((0, timeout.as_secs_f64()), None)?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("backend", backend.torch_name())?;
         match store {
             Some(store) => {
-                let timeout = timedelta.call((0, timeout.as_secs_f64()), None)?;
-                store.bind(py).call_method1("set_timeout", (timeout,))?;
+                store.bind(py).call_method1("set_timeout", (&timeout,))?;
                 kwargs.set_item("store", store.bind(py))?
             }
             None => {
@@ -349,9 +344,13 @@ fn init_process_group(
         }
         kwargs.set_item("rank", info.rank)?;
         kwargs.set_item("world_size", info.world_size)?;
-        let own_timeout = timedelta.call((0, own_timeout.as_secs_f64()), None)?;
-        kwargs.set_item("timeout", own_timeout)?;
+        kwargs.set_item("timeout", timeout)?;
         dist.call_method("init_process_group", (), Some(&kwargs))?;
+        if backend == Backend::Gloo {
+            let out_of_reach = timedelta.call((0, GLOO_OWN_TIMEOUT.as_secs_f64()), None)?;
+            dist.getattr("distributed_c10d")?
+                .call_method1("_set_pg_timeout", (out_of_reach,))?;
+        }
         Ok(dist.unbind())
     })
 }
