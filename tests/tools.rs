@@ -652,7 +652,7 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
 #[test]
 fn a_suspended_sweep_suspends_its_job_and_continues_it() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut sweep, mut stdout, seen) = two_rank_sweep_training(dir.path());
+    let (mut sweep, stdout, seen) = two_rank_sweep_training(dir.path());
     let launcher = common::children_of(sweep.id());
     assert_eq!(launcher.len(), 1, "one job at a time");
     let mut job = common::children_of(launcher[0]);
@@ -678,17 +678,27 @@ fn a_suspended_sweep_suspends_its_job_and_continues_it() {
     let all_stopped = within(&|| stopped(&sweep.id()) && job.iter().all(stopped));
     signal_sweep(libc::SIGCONT);
     let all_continued = within(&|| !stopped(&sweep.id()) && !job.iter().any(stopped));
-    // And trains on: another train record.
+    // And trains on: another train record (read on a thread of its own, so that a job that
+    // does not train fails the test rather than hanging it).
+    let (lines, read) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(stdout).map_while(|line| line.ok()) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
     let mut more = String::new();
-    while !more.lines().any(|line| line.starts_with("[job 0] train")) {
-        if std::io::BufRead::read_line(&mut stdout, &mut more).unwrap() == 0 {
+    while let Ok(line) = read.recv_timeout(std::time::Duration::from_secs(120)) {
+        more += &line;
+        more.push('\n');
+        if line.starts_with("[job 0] train") {
             break;
         }
     }
     signal_sweep(libc::SIGINT);
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let status = sweep.wait().unwrap();
+    let rest: String = read.try_iter().map(|line| line + "\n").collect();
     assert!(
         all_stopped,
         "the job's launcher and ranks stopped with the sweep"

@@ -15,14 +15,29 @@ const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGT
 /// From here on, the terminal's stop signals stop every registered job with the sweep.
 pub(super) fn stop_jobs_with_the_sweep() {
     for signal in STOP_SIGNALS {
-        // SAFETY: the handler is async-signal-safe (see there).
-        unsafe { libc::signal(signal, on_stop as *const () as libc::sighandler_t) };
+        install(signal);
+    }
+}
+
+/// The handler for `signal`, with every stop signal blocked while it runs (a second Ctrl-Z, or
+/// SIGTTOU during a SIGTSTP, waits for the first to end).
+fn install(signal: libc::c_int) {
+    // SAFETY: a zeroed sigaction filled in below; the handler is async-signal-safe (see there).
+    unsafe {
+        let mut action = std::mem::zeroed::<libc::sigaction>();
+        action.sa_sigaction = on_stop as *const () as libc::sighandler_t;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        for blocked in STOP_SIGNALS {
+            libc::sigaddset(&mut action.sa_mask, blocked);
+        }
+        libc::sigaction(signal, &action, std::ptr::null_mut());
     }
 }
 
 /// Stops the jobs, then this process by the signal's own default action (which the kernel
 /// drops in an orphaned process group: the jobs are continued at once then), and continues the
-/// jobs when this process continues. Only kill, signal, sigprocmask and raise: all
+/// jobs when this process continues. Only kill, signal, sigaction, sigprocmask and raise: all
 /// async-signal-safe; errno is kept for the interrupted code.
 extern "C" fn on_stop(signal: libc::c_int) {
     // SAFETY: errno is this thread's; read and restored around the calls below.
@@ -38,8 +53,8 @@ extern "C" fn on_stop(signal: libc::c_int) {
         libc::sigaddset(&mut set, signal);
         libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::raise(signal);
-        libc::signal(signal, on_stop as *const () as libc::sighandler_t);
     }
+    install(signal);
     signal_jobs(libc::SIGCONT);
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = errno };
