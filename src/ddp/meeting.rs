@@ -123,17 +123,12 @@ pub(super) fn meet(
     Ok(Some(store))
 }
 
-/// The job this rank belongs to: SLURM's job and step where SLURM started the ranks, else
-/// empty (nothing tells jobs apart).
+/// The job this rank belongs to: SLURM's job where SLURM started the ranks (its steps may
+/// hold a job's ranks between them), else empty (nothing tells jobs apart).
 fn this_job() -> String {
-    match (
-        std::env::var("SLURM_JOB_ID"),
-        std::env::var("SLURM_STEP_ID"),
-    ) {
-        (Ok(job), Ok(step)) => format!("SLURM job {job}, step {step}"),
-        (Ok(job), Err(_)) => format!("SLURM job {job}"),
-        _ => String::new(),
-    }
+    std::env::var("SLURM_JOB_ID")
+        .map(|job| format!("SLURM job {job}"))
+        .unwrap_or_default()
 }
 
 /// The host writes which job its store serves; a rank of another job is refused before it
@@ -176,7 +171,9 @@ fn check_same_job(
                     job => job.to_owned(),
                 };
                 return Err(Error::Config(format!(
-                    "master_port={} at {} is held by another job ({}), not this one ({}): give                      each job a master_port of its own (scripts/slurm/train.sbatch derives one                      from SLURM_JOB_ID)",
+                    "master_port={} at {} is held by another job ({}), not this one ({}): give \
+                     each job a master_port of its own (scripts/slurm/train.sbatch derives one \
+                     from SLURM_JOB_ID)",
                     info.master_port,
                     info.master_addr,
                     named(&theirs),
