@@ -21,7 +21,8 @@ const SECOND_LOOK: Duration = Duration::from_millis(250);
 /// any thread starts: SIGCONT is blocked in this thread and every thread started after, and
 /// taken by a thread of its own (continuing itself is the kernel's, blocked or not). A handler
 /// would interrupt whichever thread it ran on, and libraries' sleeps and polls do not all
-/// retry an interrupted call (c10d's connect does not).
+/// retry an interrupted call (c10d's connect does not). Child processes inherit the mask: ours
+/// take their continues the same way, and any other is still continued by the kernel.
 pub fn counts_continues() -> std::io::Result<()> {
     // SAFETY: sigemptyset and sigaddset fill the set they are given.
     let set = unsafe {
