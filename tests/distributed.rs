@@ -357,6 +357,15 @@ fn launcher(args: &[String]) -> std::process::Output {
 
 /// Two ranks on a run far too long to finish, for the tests that stop it from outside.
 fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> common::Reaped {
+    spawn_endless_two_rank_run_with(run_dir, stdout, &[])
+}
+
+/// [`spawn_endless_two_rank_run`] with `extra` settings.
+fn spawn_endless_two_rank_run_with(
+    run_dir: &Path,
+    stdout: Stdio,
+    extra: &[&str],
+) -> common::Reaped {
     common::Reaped::spawn(
         Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
             .args(tiny_train())
@@ -366,6 +375,7 @@ fn spawn_endless_two_rank_run(run_dir: &Path, stdout: Stdio) -> common::Reaped {
                 format!("master_port={}", free_port()),
                 format!("run_dir={}", run_dir.display()),
             ])
+            .args(extra)
             .stdout(stdout)
             .stderr(Stdio::piped()),
     )
@@ -1527,21 +1537,8 @@ fn a_job_stopped_longer_than_its_timeouts_trains_on_after_it_continues() {
 #[test]
 fn a_collective_waiting_on_a_stopped_rank_fails_after_dist_timeout() {
     let dir = tempfile::tempdir().unwrap();
-    let launcher = common::Reaped::spawn(
-        Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
-            .args(tiny_train())
-            .args([
-                "world_size=2".to_string(),
-                "steps=1000000".into(),
-                "dist_timeout=15".into(),
-                "peer_timeout=5".into(),
-                "env_timeout=10".into(),
-                format!("master_port={}", free_port()),
-                format!("run_dir={}", dir.path().display()),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped()),
-    );
+    let limits = ["dist_timeout=15", "peer_timeout=5", "env_timeout=10"];
+    let launcher = spawn_endless_two_rank_run_with(dir.path(), Stdio::null(), &limits);
     let trained = wait_for_train_record(dir.path(), 400, Duration::from_secs(240));
     let rank_1 = rank_pid(launcher.id(), 1).expect("rank 1 runs");
     // SAFETY: kill(2) of a rank of this test's run.

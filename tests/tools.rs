@@ -621,6 +621,15 @@ fn two_rank_sweep_training(
     (sweep, stdout, seen)
 }
 
+/// The launcher of the sweep's one running job, and its two ranks.
+fn job_processes(sweep: &std::process::Child) -> (u32, Vec<u32>) {
+    let launcher = common::children_of(sweep.id());
+    assert_eq!(launcher.len(), 1, "one job at a time");
+    let ranks = common::children_of(launcher[0]);
+    assert_eq!(ranks.len(), 2, "the job's two ranks");
+    (launcher[0], ranks)
+}
+
 /// A terminal's Ctrl-C (SIGINT to the sweep's whole process group) stops the sweep; its
 /// two-rank job is asked once, so it stops with a checkpoint instead of being killed.
 #[test]
@@ -653,10 +662,8 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
 fn a_suspended_sweep_suspends_its_job_and_continues_it() {
     let dir = tempfile::tempdir().unwrap();
     let (mut sweep, stdout, seen) = two_rank_sweep_training(dir.path());
-    let launcher = common::children_of(sweep.id());
-    assert_eq!(launcher.len(), 1, "one job at a time");
-    let mut job = common::children_of(launcher[0]);
-    job.push(launcher[0]);
+    let (launcher, ranks) = job_processes(&sweep);
+    let job = [launcher, ranks[0], ranks[1]];
     let stopped = |pid: &u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
             stat.rsplit_once(") ")
@@ -717,17 +724,14 @@ fn a_suspended_sweep_suspends_its_job_and_continues_it() {
 fn a_killed_sweep_leaves_no_job_running() {
     let dir = tempfile::tempdir().unwrap();
     let (mut sweep, _stdout, _) = two_rank_sweep_training(dir.path());
-    let launcher = common::children_of(sweep.id());
-    assert_eq!(launcher.len(), 1, "one job at a time");
-    let ranks = common::children_of(launcher[0]);
-    assert_eq!(ranks.len(), 2, "the job's two ranks");
+    let (launcher, ranks) = job_processes(&sweep);
     sweep.kill().unwrap();
     sweep.wait().unwrap();
     let alive = |pid: &u32| {
         std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z"))
     };
     let killed = std::time::Instant::now();
-    let job = [launcher[0], ranks[0], ranks[1]];
+    let job = [launcher, ranks[0], ranks[1]];
     while job.iter().any(alive) && killed.elapsed() < std::time::Duration::from_secs(150) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
