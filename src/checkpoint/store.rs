@@ -184,7 +184,7 @@ pub fn prune(root: &Path, step: u64, keep: usize) -> Result<Vec<u64>> {
     older.sort_unstable_by_key(|(at, _)| std::cmp::Reverse(*at));
     let kept = keep.saturating_sub(1).min(older.len());
     for (_, dir) in older.split_off(kept) {
-        fs::remove_dir_all(&dir).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+        discard(&dir)?;
     }
     Ok(older.into_iter().map(|(at, _)| at).collect())
 }
@@ -194,11 +194,20 @@ pub fn prune(root: &Path, step: u64, keep: usize) -> Result<Vec<u64>> {
 pub fn prune_to(root: &Path, step: u64, kept: &[u64]) -> Result<()> {
     for (at, dir) in complete(root) {
         if at < step && !kept.contains(&at) {
-            fs::remove_dir_all(&dir)
-                .map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+            discard(&dir)?;
         }
     }
     Ok(())
+}
+
+/// Removes a complete checkpoint: renamed to a temporary name first, so that a kill while its
+/// files go leaves no partly removed directory under a name that loading counts (the next save
+/// removes the rest).
+fn discard(dir: &Path) -> Result<()> {
+    let name = dir.file_name().unwrap_or_default().to_string_lossy();
+    let doomed = dir.with_file_name(format!("{TMP_PREFIX}removed-{name}-{}", std::process::id()));
+    fs::rename(dir, &doomed).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
+    fs::remove_dir_all(&doomed).map_err(|e| Error::io(format!("remove {}", doomed.display()), e))
 }
 
 fn remove_stale_temporaries(root: &Path) {
@@ -377,5 +386,34 @@ mod tests {
         left.sort();
         assert_eq!(left, [100, 300]);
         prune_to(&root.path().join("absent"), 300, &[]).unwrap();
+    }
+
+    /// A pruned checkpoint leaves under a name loading skips before its files go: what a kill
+    /// in the middle leaves is not a checkpoint, and the next save removes it.
+    #[test]
+    fn a_pruned_checkpoint_is_renamed_out_of_sight_before_its_files_go() {
+        let root = tempfile::tempdir().unwrap();
+        for step in [100, 200] {
+            save(root.path(), step, writes(b"model")).unwrap();
+        }
+        prune(root.path(), 200, 1).unwrap();
+        let names = || -> Vec<String> {
+            let mut names: Vec<String> = fs::read_dir(root.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(names(), ["step_000000000200"]);
+
+        let cut_short = root
+            .path()
+            .join(format!("{TMP_PREFIX}removed-step_000000000100-1"));
+        fs::create_dir(&cut_short).unwrap();
+        assert_eq!(latest(root.path()).unwrap().0, 200);
+        assert!(at(root.path(), 100).is_none());
+        save(root.path(), 300, writes(b"model")).unwrap();
+        assert!(!cut_short.exists());
     }
 }
