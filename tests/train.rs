@@ -381,6 +381,24 @@ fn a_resume_passes_over_buffers_not_saved_with_its_checkpoint() {
     );
 }
 
+/// Continued from another run's checkpoint of the step it holds its own of, a run writes its
+/// own again: keeping the old one would make a restart (`resume=auto`) continue the run's
+/// former learner instead of the one it was given.
+#[test]
+fn a_run_continued_from_another_runs_checkpoint_of_its_step_saves_its_own_again() {
+    let (own, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let settings = ["steps=400", "save_freq=400", "eval_freq=100000"];
+    train(own.path(), &settings);
+    train(other.path(), &[&settings[..], &["seed=2"]].concat());
+    let model = |run: &Path| std::fs::read(checkpoint(run, 400).join("model.safetensors")).unwrap();
+    let former = model(own.path());
+    assert_ne!(former, model(other.path()));
+
+    let resume = format!("resume={}", checkpoint(other.path(), 400).display());
+    train(own.path(), &[&settings[..], &[resume.as_str()]].concat());
+    assert_ne!(model(own.path()), former);
+}
+
 /// A saved replay buffer whose bytes changed is refused on resume, naming the file and the way
 /// out; moved away, the run resumes without it.
 #[test]

@@ -39,6 +39,15 @@ pub fn check_resume_source(config: &crate::config::Config) -> Result<()> {
     }
 }
 
+/// Whether the checkpoint `settings` resume from is the run directory's own of `global_step`,
+/// not another run's of the same step: only its own makes a save of that step redundant.
+pub fn resumes_own_checkpoint(settings: &CheckpointSettings, global_step: u64) -> bool {
+    let canonical = |dir: PathBuf| dir.canonicalize().ok();
+    let own = store::at(&checkpoints_dir(&settings.run_dir), global_step).and_then(canonical);
+    let source = resume_source(settings).ok().flatten().and_then(canonical);
+    own.is_some() && own == source
+}
+
 /// Which checkpoint `resume` names: `auto` is the run directory's latest, else a path to a
 /// checkpoint directory.
 fn resume_source(settings: &CheckpointSettings) -> Result<Option<PathBuf>> {

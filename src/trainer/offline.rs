@@ -92,9 +92,7 @@ impl<'g> Offline<'g> {
         // Resumed from this run's own checkpoint of this update: a stop before the next update
         // keeps it (saved again, the same state would replace it for nothing).
         let saved_at = match resumed_from {
-            Some(from) if setup::holds_checkpoint(&checkpoints.run_dir, from, group)? => {
-                Some(state.step)
-            }
+            Some(from) if setup::holds_checkpoint(&checkpoints, from, group)? => Some(state.step),
             _ => None,
         };
         let mut streams = Streams::new(config.seed, rank.rank, false);

@@ -203,15 +203,15 @@ pub(super) fn every_rank(group: &ProcessGroup, mine: bool) -> Result<bool> {
     Ok(Vec::<f32>::try_from(all)?.iter().all(|&v| v == 1.0))
 }
 
-/// Whether `run_dir` holds the checkpoint of `global_step` (the one resumed from, when it is
-/// this run's): a stop before anything changed keeps it rather than write it again. Rank 0's
-/// answer: the other ranks may not see the run directory.
+/// Whether the checkpoint resumed from is the run directory's own of `global_step`: a stop
+/// before anything changed keeps it rather than write it again. Another run's checkpoint of the
+/// same step does not count: this run's own would stay, and a restart would resume from it.
+/// Rank 0's answer: the other ranks may not see the run directory.
 pub(super) fn holds_checkpoint(
-    run_dir: &std::path::Path,
+    checkpoints: &CheckpointSettings,
     global_step: u64,
     group: &ProcessGroup,
 ) -> Result<bool> {
-    let dir = checkpoint::checkpoints_dir(run_dir);
-    let held = checkpoint::store::at(&dir, global_step).is_some();
-    every_rank(group, group.rank() != 0 || held)
+    let held = group.rank() != 0 || checkpoint::resumes_own_checkpoint(checkpoints, global_step);
+    every_rank(group, held)
 }

@@ -451,7 +451,7 @@ impl<'g> Training<'g> {
     /// Whether the run directory holds a checkpoint of this step (the one resumed from, when it
     /// is this run's).
     fn holds_a_checkpoint_of_this_step(&self) -> Result<bool> {
-        setup::holds_checkpoint(&self.checkpoints.run_dir, self.global_step(), self.group)
+        setup::holds_checkpoint(&self.checkpoints, self.global_step(), self.group)
     }
 
     /// What a checkpoint keeps of the run beside the learner: time, an evaluation still owed,
