@@ -29,12 +29,18 @@ impl BufferMeta {
     fn check(&self) -> Result<()> {
         let capacity = self.capacity;
         let mut end = self.episodes.first().map_or(self.cursor, |s| s.start);
-        let mut rows = 0;
+        let mut rows = 0usize;
         let mut consistent = capacity > 0 && self.cursor < capacity;
         for span in &self.episodes {
-            consistent &= span.start == end && span.rows > 0 && span.context <= span.rows;
-            rows += span.rows;
-            end = (span.start + span.rows.min(capacity)) % capacity.max(1);
+            consistent &= span.start == end
+                && span.start < capacity
+                && span.rows > 0
+                && span.context <= span.rows;
+            if !consistent {
+                break;
+            }
+            rows = rows.saturating_add(span.rows);
+            end = (span.start + span.rows.min(capacity)) % capacity;
         }
         if consistent && rows == self.filled && rows <= capacity && end == self.cursor {
             return Ok(());
@@ -616,6 +622,12 @@ mod tests {
             },
             BufferMeta {
                 episodes: vec![Span { start: 3, ..first }],
+                ..meta.clone()
+            },
+            // Rows past the ring's end, with a cursor that agrees.
+            BufferMeta {
+                cursor: (60 + first.rows) % 50,
+                episodes: vec![Span { start: 60, ..first }],
                 ..meta.clone()
             },
         ] {

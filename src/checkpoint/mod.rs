@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-pub use resume::{check_resume_source, resume, resume_source_of, resumes};
+pub use resume::{check_resume_source, resume, resume_source_of, resumes, resumes_own_checkpoint};
 pub use save::save;
 
 /// Where and what a run checkpoints, taken once from the config.
@@ -302,8 +302,21 @@ fn read_meta(dir: &Path) -> Result<Meta> {
 impl Meta {
     /// What every checkpoint of its format holds, as a save writes it.
     fn check(&self) -> std::result::Result<(), String> {
-        if self.world_size == 0 {
-            return Err("world_size 0".into());
+        if !(1..=crate::config::MAX_WORLD_SIZE).contains(&self.world_size) {
+            return Err(format!(
+                "world_size {} (a run has 1 to {} ranks)",
+                self.world_size,
+                crate::config::MAX_WORLD_SIZE
+            ));
+        }
+        if let Some(hashes) = self.buffer_hashes.as_ref().filter(|h| !h.is_empty()) {
+            if hashes.len() != self.world_size {
+                return Err(format!(
+                    "{} replay-buffer hashes for world_size {}",
+                    hashes.len(),
+                    self.world_size
+                ));
+            }
         }
         if self.format < FORMAT {
             return Ok(());
@@ -384,25 +397,41 @@ mod tests {
         let written = serde_json::to_value(&meta).unwrap();
         std::fs::write(dir.path().join(META), written.to_string()).unwrap();
         read_meta(dir.path()).unwrap();
-        for (key, value, why) in [
-            ("world_size", serde_json::json!(0), "world_size 0"),
+        for (edits, why) in [
+            (vec![("world_size", serde_json::json!(0))], "world_size 0"),
             (
-                "rank_checksums",
-                serde_json::json!([]),
+                vec![("rank_checksums", serde_json::json!([]))],
                 "0 rank checksums for world_size 2",
             ),
             (
-                "files",
-                serde_json::json!({}),
+                vec![("files", serde_json::json!({}))],
                 "no hash of model.safetensors",
+            ),
+            // In any format: a world size no run has (read on, it would size allocations),
+            // and buffer hashes of another world size (they would go unchecked).
+            (
+                vec![
+                    ("format", serde_json::json!(1)),
+                    ("world_size", serde_json::json!(1u64 << 40)),
+                ],
+                "world_size 1099511627776 (a run has 1 to 65536 ranks)",
+            ),
+            (
+                vec![
+                    ("format", serde_json::json!(1)),
+                    ("buffer_hashes", serde_json::json!([1, 2, 3])),
+                ],
+                "3 replay-buffer hashes for world_size 2",
             ),
         ] {
             let mut edited = written.clone();
-            edited[key] = value;
+            for (key, value) in edits {
+                edited[key] = value;
+            }
             std::fs::write(dir.path().join(META), edited.to_string()).unwrap();
             let e = read_meta(dir.path()).unwrap_err();
             assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE, "{e}");
-            assert!(e.to_string().contains(why), "{key}: {e}");
+            assert!(e.to_string().contains(why), "{why}: {e}");
         }
     }
 

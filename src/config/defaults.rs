@@ -22,6 +22,8 @@ pub const DIST_BACKENDS: [&str; 3] = ["auto", "gloo", "nccl"];
 pub const LAUNCHERS: [&str; 4] = ["auto", "builtin", "torchrun", "slurm"];
 /// `lr_scale`.
 pub const LR_SCALES: [&str; 3] = ["none", "linear", "sqrt"];
+/// The most ranks a run may have (`world_size`).
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
 
 /// The widths a model-size preset sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,7 +22,9 @@ use serde_yaml_ng::Value;
 
 use crate::error::{Error, Result};
 
-pub use defaults::{DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
+pub use defaults::{
+    DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_WORLD_SIZE, MODEL_SIZES,
+};
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
 pub use resources::most_local_cpu_ranks;

@@ -1,6 +1,8 @@
 //! Range checks of a loaded config that need no environment. Every error names the key and
 //! what is allowed.
-use super::defaults::{preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
+use super::defaults::{
+    preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_WORLD_SIZE, MODEL_SIZES,
+};
 use super::Config;
 use crate::error::{Error, Result};
 
@@ -490,7 +492,12 @@ impl Config {
             ("num_channels", self.num_channels as u64, 0, DIM),
             ("action_dim", optional(self.action_dim), 1, DIM),
             ("episode_length", optional(self.episode_length), 1, STEPS),
-            ("world_size", self.world_size as u64, 1, 1 << 16),
+            (
+                "world_size",
+                self.world_size as u64,
+                1,
+                MAX_WORLD_SIZE as u64,
+            ),
             ("nnodes", self.nnodes as u64, 1, 1 << 16),
             ("node_rank", self.node_rank as u64, 0, 1 << 16),
             ("sync_freq", self.sync_freq as u64, 1, 1 << 16),
