@@ -485,6 +485,10 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
             "--plan-envs",
         ),
         (
+            &["bench", "--cases", "agent", "--plan-envs", "100000000"],
+            "at most 4096 (num_envs's limit)",
+        ),
+        (
             &["bench", "--cases", "env", "--env-steps", "0"],
             "--env-steps",
         ),

@@ -43,7 +43,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "walker-run,dog-run")]
     pub tasks: Vec<String>,
     /// agent: environment counts of batched plans to time besides one (per-environment ms).
-    #[arg(long, value_delimiter = ',', default_value = "4,16", value_parser = count)]
+    #[arg(long, value_delimiter = ',', default_value = "4,16", value_parser = env_count)]
     pub plan_envs: Vec<usize>,
     /// agent: torch threads (default: all cores).
     #[arg(long, value_parser = thread_count)]
@@ -74,7 +74,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "Pendulum-v1")]
     pub loop_task: String,
     /// loop: environments per rank to measure.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16", value_parser = count)]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16", value_parser = env_count)]
     pub num_envs: Vec<usize>,
     /// loop: pipeline settings to measure.
     #[arg(long, value_delimiter = ',', default_value = "false,true")]
@@ -230,4 +230,13 @@ fn check(args: &BenchArgs) -> Result<()> {
         super::train_loop::check(&loop_options(args))?;
     }
     Ok(())
+}
+
+/// An environment count, at most `num_envs`'s limit.
+fn env_count(text: &str) -> std::result::Result<usize, String> {
+    let most = crate::config::MAX_NUM_ENVS;
+    match count(text)? {
+        n if n > most => Err(format!("at most {most} (num_envs's limit)")),
+        n => Ok(n),
+    }
 }

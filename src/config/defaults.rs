@@ -24,6 +24,8 @@ pub const LAUNCHERS: [&str; 4] = ["auto", "builtin", "torchrun", "slurm"];
 pub const LR_SCALES: [&str; 3] = ["none", "linear", "sqrt"];
 /// The most ranks a run may have (`world_size`).
 pub const MAX_WORLD_SIZE: usize = 1 << 16;
+/// The most environments a rank may play (`num_envs`).
+pub const MAX_NUM_ENVS: usize = 4096;
 
 /// The widths a model-size preset sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

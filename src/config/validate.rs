@@ -1,7 +1,7 @@
 //! Range checks of a loaded config that need no environment. Every error names the key and
 //! what is allowed.
 use super::defaults::{
-    preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_WORLD_SIZE, MODEL_SIZES,
+    preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_NUM_ENVS, MAX_WORLD_SIZE, MODEL_SIZES,
 };
 use super::Config;
 use crate::error::{Error, Result};
@@ -502,7 +502,7 @@ impl Config {
             ("node_rank", self.node_rank as u64, 0, 1 << 16),
             ("sync_freq", self.sync_freq as u64, 1, 1 << 16),
             ("num_threads", optional(self.num_threads), 1, 4096),
-            ("num_envs", self.num_envs as u64, 1, 4096),
+            ("num_envs", self.num_envs as u64, 1, MAX_NUM_ENVS as u64),
             ("steps_per_update", self.steps_per_update as u64, 1, 4096),
             ("env_workers", optional(self.env_workers), 0, 4096),
             ("env_timeout", self.env_timeout, 1, 7 * 24 * 3600),

@@ -98,8 +98,8 @@ impl Planner {
             temperature: config.temperature,
             action_dim: a,
             num_envs: e,
-            prev_mean: Tensor::zeros([e, h, a], (Kind::Float, device)),
-            candidates: Tensor::zeros([e, h, n, a], (Kind::Float, device)),
+            prev_mean: Tensor::f_zeros([e, h, a], (Kind::Float, device))?,
+            candidates: Tensor::f_zeros([e, h, n, a], (Kind::Float, device))?,
             discounts: discounts(config.discount, h, device),
             horizon_discount: Tensor::full(
                 [1],
