@@ -24,6 +24,7 @@ pub mod this_binary;
 pub mod tools;
 pub mod trainer;
 pub mod whole_file;
+pub mod zip_crc;
 
 pub use config::Config;
 pub use error::{Error, Result};

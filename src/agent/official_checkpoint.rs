@@ -112,6 +112,7 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         "import writes safetensors, e.g. model.safetensors",
     )?;
     let path_text = pt_path.display().to_string();
+    refuse_a_damaged_archive(pt_path)?;
     let raw = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
         let kwargs = PyDict::new(py);
@@ -161,6 +162,27 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     Tensor::write_safetensors(&named, &tmp).map_err(|e| fail(e.to_string()))?;
     std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string()))?;
     Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+/// Refuses a `torch.save` file whose bytes are not those written (torch's reader checks no
+/// CRC-32, and a damaged copy loads as other weights). A file in torch's older format, which
+/// is no zip archive, is left to torch's reader.
+fn refuse_a_damaged_archive(pt_path: &Path) -> Result<()> {
+    if !crate::zip_crc::is_zip(pt_path) {
+        return Ok(());
+    }
+    let message = match crate::zip_crc::read_back(pt_path) {
+        Ok(_) => return Ok(()),
+        Err(crate::zip_crc::Unreadable::Damaged(what)) => format!(
+            "{what}; the file is not what was written (a damaged copy or an interrupted \
+             download): copy or download it again"
+        ),
+        Err(crate::zip_crc::Unreadable::Io(what, e)) => format!("{what} ({e})"),
+    };
+    Err(Error::Unreadable {
+        path: pt_path.display().to_string(),
+        message,
+    })
 }
 
 /// Why `named` is not a TD-MPC2 model's state dict, if it is not: a part every model has is
@@ -316,7 +338,8 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
                 .display()
         ));
     }
-    if out_path.exists() {
+    // A link counts, one that leads nowhere too: writing would replace it.
+    if out_path.symlink_metadata().is_ok() {
         return refuse("exists; give a new file (nothing is ever overwritten)".into());
     }
     Ok(())
@@ -349,6 +372,45 @@ mod tests {
             assert!(!e.contains('\n') && !e.contains("weights_only"), "{e}");
             assert!(!out.exists());
         }
+    }
+
+    /// A copy whose tensor bytes changed loads in torch as other weights: it is refused by the
+    /// archive's CRC-32s, and nothing is written; an output that is a link, even one leading
+    /// nowhere, is not written through.
+    #[test]
+    fn a_damaged_official_checkpoint_or_a_link_as_output_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let pt = dir.path().join("agent.pt");
+        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
+                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        let code = format!(
+            "import torch\ntorch.save({{'model': {{k: torch.full((4, 4), 0.5) for k in {parts}}}}}, \
+             {:?})\n",
+            pt.to_string_lossy()
+        );
+        embedded_python::with_python(|py| {
+            py.run(&std::ffi::CString::new(code).unwrap(), None, None)
+        })
+        .unwrap();
+        let out = dir.path().join("out.safetensors");
+        import_official(&pt, &out).unwrap();
+
+        let mut bytes = std::fs::read(&pt).unwrap();
+        let half = 0.5f32.to_le_bytes().repeat(4);
+        let at = bytes.windows(half.len()).position(|w| w == half).unwrap();
+        bytes[at + 3] ^= 0x01;
+        std::fs::write(&pt, &bytes).unwrap();
+        let fresh = dir.path().join("fresh.safetensors");
+        let e = import_official(&pt, &fresh).unwrap_err();
+        assert!(matches!(e, Error::Unreadable { .. }), "{e:?}");
+        assert!(e.to_string().contains("does not match the CRC-32"), "{e}");
+        assert!(!fresh.exists());
+
+        let link = dir.path().join("link.safetensors");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+        let e = import_official(&dir.path().join("agent.pt"), &link).unwrap_err();
+        assert!(e.to_string().contains("exists; give a new file"), "{e}");
+        assert!(!dir.path().join("nowhere").exists());
     }
 
     /// Files torch loads that hold no TD-MPC2 model are refused, naming why, and nothing is

@@ -14,6 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::zip_crc::Unreadable;
 
 /// What checking one file found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,48 +28,16 @@ pub enum Checked {
 /// Reads every entry of `path` to its end, checking its CRC-32; the bytes read. The error
 /// names the file and the entry, and what to do.
 pub fn verify(path: &Path) -> Result<u64> {
-    let damaged = |what: String| {
-        Error::Config(format!(
+    crate::zip_crc::read_back(path).map_err(|unreadable| match unreadable {
+        Unreadable::Damaged(what) => Error::Config(format!(
             "dataset file {}: {what}; the file is not what was written (a damaged copy or an \
              interrupted download): download or copy it again",
             path.display()
-        ))
-    };
-    let file = File::open(path)
-        .map_err(|e| Error::Config(format!("dataset file {}: {e}", path.display())))?;
-    let mut archive = zip::ZipArchive::new(file)
-        .map_err(|e| damaged(format!("not a readable zip archive ({e})")))?;
-    let mut bytes = 0;
-    let mut buffer = vec![0u8; 1 << 20];
-    for i in 0..archive.len() {
-        let mut entry = archive
-            .by_index(i)
-            .map_err(|e| damaged(format!("entry {i} cannot be read ({e})")))?;
-        let name = entry
-            .name()
-            .map_or_else(|_| format!("entry {i}"), |n| n.into_owned());
-        loop {
-            match entry.read(&mut buffer) {
-                Ok(0) => break,
-                Ok(n) => bytes += n as u64,
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::InvalidData
-                        || e.to_string().contains("checksum") =>
-                {
-                    return Err(damaged(format!(
-                        "entry `{name}` does not match the CRC-32 the archive keeps for it ({e})"
-                    )))
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        format!("read entry `{name}` of dataset file {}", path.display()),
-                        e,
-                    ))
-                }
-            }
+        )),
+        Unreadable::Io(what, e) => {
+            Error::Config(format!("dataset file {}: {what} ({e})", path.display()))
         }
-    }
-    Ok(bytes)
+    })
 }
 
 /// [`verify`], unless a stamp says this file (same size and modification time) was verified
