@@ -399,6 +399,38 @@ fn a_run_continued_from_another_runs_checkpoint_of_its_step_saves_its_own_again(
     assert_ne!(model(own.path()), former);
 }
 
+/// A folder of the user's own, holding files a run writes, is refused before anything runs, and
+/// keeps them as they were: a run would have replaced its config.yaml and added its rows to
+/// the CSVs under the user's headers.
+#[test]
+fn a_folder_of_files_no_run_wrote_is_refused_as_a_run_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("config.yaml", "my: settings\n"),
+        ("train.csv", "a,b\n1,2\n"),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let mut args = vec!["train"];
+    args.extend(tiny());
+    args.push("steps=300");
+    let out = tdmpc2(&args, &[format!("run_dir={}", dir.path().display())]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("holds config.yaml, train.csv that no tdmpc2 run wrote there"),
+        "{stderr}"
+    );
+    for (name, text) in files {
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join(name)).unwrap(),
+            text
+        );
+    }
+    assert!(!dir.path().join("metrics.jsonl").exists());
+}
+
 /// A saved replay buffer whose bytes changed is refused on resume, naming the file and the way
 /// out; moved away, the run resumes without it.
 #[test]

@@ -37,6 +37,9 @@ use video::VideoWriter;
 pub use video::{video_path, write_video, Video, VIDEO_DIR, VIDEO_FPS, VIDEO_TAG};
 pub use wandb::{Wandb, WandbOptions};
 
+/// The files a run's logs continue in its directory (rows past a resumed step are dropped).
+pub const LOG_FILES: [&str; 3] = ["metrics.jsonl", "train.csv", "eval.csv"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     Train,

@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
 use envs::Family;
 
+/// The resolved config, in the run directory.
+pub(super) const CONFIG_FILE: &str = "config.yaml";
+
 pub(super) struct Report {
     logger: Logger,
     progress: Option<ProgressBar>,
@@ -29,7 +32,7 @@ impl Report {
     pub(super) fn open(config: &Config, dir: &Path, continues_from: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let path = dir.join("config.yaml");
+        let path = dir.join(CONFIG_FILE);
         let yaml = config.to_yaml()?;
         // A resume may change settings; the file then says the latest, and the log what changed.
         if let Ok(before) = std::fs::read_to_string(&path) {

@@ -58,7 +58,7 @@ pub fn claim(config: &Config) -> Result<RunLock> {
 pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
     let run_dir = config.run_dir();
     let Some((latest, _)) = store::latest(&checkpoints_dir(&run_dir)) else {
-        return Ok(());
+        return refuse_files_of_no_run(&run_dir);
     };
     if !resumes(config.resume.as_deref()) {
         return Err(Error::Config(format!(
@@ -79,6 +79,26 @@ pub fn refuse_a_used_run_dir(config: &Config) -> Result<()> {
         ))),
         _ => Ok(()),
     }
+}
+
+/// Refuses a run directory holding files a run writes (and would replace or append to) that
+/// no run wrote there: a run's directory has its `.job`. A folder of the user's own (`run_dir=.`,
+/// a shared output folder) keeps its files.
+fn refuse_files_of_no_run(run_dir: &Path) -> Result<()> {
+    if run_dir.join(JOB).exists() {
+        return Ok(());
+    }
+    let written = std::iter::once(super::report::CONFIG_FILE).chain(crate::logging::LOG_FILES);
+    let found: Vec<&str> = written.filter(|name| run_dir.join(name).exists()).collect();
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "run_dir={} holds {} that no tdmpc2 run wrote there (a run's directory has its {JOB} \
+         file); a run would replace or add to them: give another run_dir, or move them away",
+        run_dir.display(),
+        found.join(", ")
+    )))
 }
 
 /// Records this process's job as the one that writes `run_dir` (rank 0, holding its lock).
