@@ -764,3 +764,63 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         "{stdout}"
     );
 }
+
+/// A checkpoint or a saved replay buffer copied in part, or edited, is bad input (exit 2, not
+/// restarted), named with the way on: a missing file, a newer checkpoint directory left empty
+/// by a copy cut short, a replay buffer's bookkeeping that is not JSON.
+#[test]
+fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    let settings = args(&[
+        "steps=400",
+        "save_freq=400",
+        "eval_freq=400",
+        "save_buffer=true",
+    ]);
+    assert_ok(&run("train", &whole, &settings));
+    let copy = |name: &str| {
+        let to = dir.path().join(name);
+        let status = Command::new("cp").arg("-a").arg(&whole).arg(&to).status();
+        assert!(status.unwrap().success());
+        to
+    };
+    let refused = |run_dir: &Path, verb: &str, expected: &str| {
+        let extra = match verb {
+            "train" => args(&["steps=800", "resume=auto"]),
+            _ => vec![format!("checkpoint={}", run_dir.display())],
+        };
+        let out = run(verb, run_dir, &extra);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{verb}: {stderr}");
+        assert!(stderr.contains(expected), "{verb}: {stderr}");
+    };
+
+    let no_model = copy("no_model");
+    let saved = checkpoint(&no_model, 400);
+    std::fs::remove_file(saved.join("model.safetensors")).unwrap();
+    let incomplete = format!(
+        "{} is incomplete: it has no model.safetensors",
+        saved.display()
+    );
+    refused(&no_model, "train", &incomplete);
+    refused(&no_model, "eval", &incomplete);
+
+    let left_empty = copy("left_empty");
+    let empty = checkpoint(&left_empty, 800);
+    std::fs::create_dir(&empty).unwrap();
+    let incomplete = format!("{} is incomplete: it has no meta.json", empty.display());
+    refused(&left_empty, "train", &incomplete);
+
+    let edited = copy("edited");
+    let buffer = edited.join("buffers/rank0/step_000000000400");
+    std::fs::write(buffer.join("buffer.json"), "{").unwrap();
+    refused(
+        &edited,
+        "train",
+        &format!(
+            "{} is damaged or edited",
+            buffer.join("buffer.json").display()
+        ),
+    );
+}

@@ -489,6 +489,37 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     );
 }
 
+/// The doctor reads what `train` would refuse of a run directory's files: a checkpoint whose
+/// bytes changed, and a folder of files no run wrote.
+#[test]
+fn doctor_names_a_damaged_checkpoint_and_a_folder_of_other_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(&run, "seed=1");
+    let model = common::checkpoint(&run, 400).join("model.safetensors");
+    common::damage_middle(&model);
+    let settings = [
+        "task=Pendulum-v1".to_string(),
+        "steps=800".into(),
+        "resume=auto".into(),
+        format!("run_dir={}", run.display()),
+    ];
+    let log = text(&doctor(&settings.each_ref().map(String::as_str), &[]));
+    assert!(
+        log.contains(&format!("✗ resume: {} is damaged", model.display())),
+        "{log}"
+    );
+
+    let folder = dir.path().join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::write(folder.join("config.yaml"), "mine: 1\n").unwrap();
+    let log = text(&doctor(&[&format!("run_dir={}", folder.display())], &[]));
+    assert!(
+        log.contains("holds config.yaml that no tdmpc2 run wrote there"),
+        "{log}"
+    );
+}
+
 #[test]
 fn doctor_passes_here_and_forms_a_two_rank_group() {
     let out = doctor(&["--world-size", "2"], &[]);

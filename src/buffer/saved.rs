@@ -45,7 +45,7 @@ impl BufferMeta {
         if consistent && rows == self.filled && rows <= capacity && end == self.cursor {
             return Ok(());
         }
-        Err(Error::Other(format!(
+        Err(Error::Unreadable(format!(
             "the saved replay buffer's bookkeeping is inconsistent: capacity {capacity}, cursor \
              {}, {} rows filled, episodes (start, rows, context) {:?}",
             self.cursor,

@@ -36,18 +36,22 @@ fn recorded_hash(dir: &Path) -> Option<u32> {
 /// (buffers saved before hashes were written are read unchecked).
 fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
     let path = dir.join(TENSORS);
+    if !path.exists() {
+        return Err(unusable(dir, &format!("{} is missing", path.display())));
+    }
     if let Ok(text) = std::fs::read_to_string(dir.join(HASH)) {
         let saved = u32::from_str_radix(text.trim(), 16)
             .map_err(|e| fail(&dir.join(HASH).display().to_string(), e))?;
         let now = integrity::file_crc(&path)?;
         if now != saved {
-            return Err(Error::Checkpoint(format!(
-                "{} is damaged: its bytes do not match the hash recorded when it was saved \
-                 (crc32c {now:08x}, saved {saved:08x}); move {} away to resume without this \
-                 replay buffer (it refills from new episodes), or resume an earlier checkpoint",
-                path.display(),
-                dir.display()
-            )));
+            return Err(unusable(
+                dir,
+                &format!(
+                    "{} is damaged: its bytes do not match the hash recorded when it was saved \
+                     (crc32c {now:08x}, saved {saved:08x})",
+                    path.display()
+                ),
+            ));
         }
     }
     super::tensor_file::read(&path)
@@ -173,7 +177,23 @@ impl SavedBuffers<'_> {
 
 fn read_meta(dir: &Path) -> Result<BufferMeta> {
     let path = dir.join(META);
-    let bytes =
-        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    serde_json::from_slice(&bytes).map_err(|e| fail(&path.display().to_string(), e))
+    let bytes = std::fs::read(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => unusable(dir, &format!("{} is missing", path.display())),
+        _ => Error::io(format!("read {}", path.display()), e),
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        unusable(
+            dir,
+            &format!("{} is damaged or edited ({e})", path.display()),
+        )
+    })
+}
+
+/// A saved replay buffer that cannot be taken as it is: bad input, with the way on.
+fn unusable(dir: &Path, why: &str) -> Error {
+    Error::Unreadable(format!(
+        "{why}; move {} away to resume without this replay buffer (it refills from new \
+         episodes), or resume an earlier checkpoint",
+        dir.display()
+    ))
 }

@@ -27,7 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-pub use resume::{check_resume_source, resume, resume_source_of, resumes, resumes_own_checkpoint};
+pub use resume::{
+    check_resume_source, resume, resume_source_of, resumes, resumes_own_checkpoint,
+    verify_checkpoint,
+};
 pub use save::save;
 
 /// Where and what a run checkpoints, taken once from the config.
@@ -268,8 +271,7 @@ pub fn step_of(dir: &Path) -> Option<u64> {
 /// checksums left out, and [`Meta::format`] says it cannot be verified.
 fn read_meta(dir: &Path) -> Result<Meta> {
     let path = dir.join(META);
-    let bytes =
-        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let bytes = std::fs::read(&path).map_err(|e| missing_or_io(dir, META, e))?;
     let unreadable = |e: serde_json::Error| {
         Error::Unreadable(format!(
             "{}: not a checkpoint's meta.json (damaged or edited): {e}",
@@ -338,6 +340,21 @@ impl Meta {
     }
 }
 
+/// A file of the checkpoint in `dir` that cannot be read: one that is not there makes the
+/// checkpoint incomplete (a copy cut short, a file removed), which is bad input, not a failure
+/// to restart from.
+fn missing_or_io(dir: &Path, name: &str, e: std::io::Error) -> Error {
+    let path = dir.join(name);
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Error::Unreadable(format!(
+            "{} is incomplete: it has no {name} (a copy cut short, or a file removed); move it \
+             out of checkpoints/ and resume the one before, or copy it whole",
+            dir.display()
+        )),
+        _ => Error::io(format!("read {}", path.display()), e),
+    }
+}
+
 /// Compares each of `names` in `dir` with the hash `meta` recorded when it was saved.
 fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
     for name in names {
@@ -350,6 +367,13 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
             );
             continue;
         };
+        if !path.exists() {
+            return Err(missing_or_io(
+                dir,
+                name,
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
         let now = integrity::file_crc(&path)?;
         if now != *saved {
             return Err(Error::Unreadable(format!(

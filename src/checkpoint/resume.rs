@@ -39,6 +39,16 @@ pub fn check_resume_source(config: &crate::config::Config) -> Result<()> {
     }
 }
 
+/// That the checkpoint in `dir` is whole and its model and train state are the bytes saved (its
+/// replay buffers are checked as a resume reads them).
+pub fn verify_checkpoint(dir: &Path) -> Result<()> {
+    let meta = read_meta(dir)?;
+    if meta.format == FORMAT {
+        verify_files(dir, &meta, &[MODEL, STATE])?;
+    }
+    Ok(())
+}
+
 /// Whether the checkpoint `settings` resume from is the run directory's own of `global_step`,
 /// not another run's of the same step: only its own makes a save of that step redundant.
 pub fn resumes_own_checkpoint(settings: &CheckpointSettings, global_step: u64) -> bool {

@@ -485,8 +485,13 @@ fn check_resume(report: &mut Report, config: &Config) {
         return;
     }
     let source = crate::checkpoint::resume_source_of(config);
-    // A checkpoint train would refuse for these settings (another task, past steps).
+    // A checkpoint train would refuse for these settings (another task, past steps), or as
+    // incomplete or damaged.
     let source = source.and_then(|dir| crate::checkpoint::check_resume_source(config).map(|_| dir));
+    let source = source.and_then(|dir| match &dir {
+        Some(found) => crate::checkpoint::verify_checkpoint(found).map(|()| dir),
+        None => Ok(dir),
+    });
     match source {
         Ok(Some(dir)) => report.line(Mark::Pass, "resume", format!("from {}", dir.display())),
         Ok(None) => report.line(Mark::Pass, "resume", "no checkpoint yet: a fresh run"),
