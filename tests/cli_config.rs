@@ -521,6 +521,11 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
         ),
         (&["doctor", "--world-size", "100000"], "--world-size 100000"),
         (&["plot", ".", "--width", "100000"], "--width 100000"),
+        // An output no figure can be written to, named before any run is read.
+        (
+            &["plot", ".", "--out", "/proc/curves.png"],
+            "--out /proc/curves.png: cannot be written",
+        ),
     ] {
         let stderr = rejected(args);
         assert!(stderr.contains(named), "{args:?}: {stderr}");

@@ -66,20 +66,40 @@ fn figure_size(args: &PlotArgs, rows: usize, columns: usize) -> Result<(u32, u32
     }
 }
 
-/// One line of the figure, with a band when it aggregates several runs.
-pub fn run(args: &PlotArgs) -> Result<()> {
-    let format = Format::of(&args.out)?;
-    let folder = match args.out.parent() {
+/// Refuses an `--out` the figure cannot be written to, before any run is read: a missing
+/// folder, a directory, a file that cannot be opened for writing.
+fn refuse_an_unwritable_out(out: &Path) -> Result<()> {
+    let refused = |why: String| Error::Config(format!("--out {}: {why}", out.display()));
+    let folder = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     if !folder.is_dir() {
-        return Err(Error::Config(format!(
-            "--out {}: the folder {} does not exist",
-            args.out.display(),
+        return Err(refused(format!(
+            "the folder {} does not exist",
             folder.display()
         )));
     }
+    if out.is_dir() {
+        return Err(refused("is a directory; give the file to write".into()));
+    }
+    let existed = out.exists();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(out)
+        .map_err(|e| refused(format!("cannot be written ({e})")))?;
+    if !existed {
+        let _ = std::fs::remove_file(out);
+    }
+    Ok(())
+}
+
+/// One line of the figure, with a band when it aggregates several runs.
+pub fn run(args: &PlotArgs) -> Result<()> {
+    let format = Format::of(&args.out)?;
+    refuse_an_unwritable_out(&args.out)?;
     if !(MIN_SIZE.0..=MAX_SIDE).contains(&args.width)
         || !(MIN_SIZE.1..=MAX_SIDE).contains(&args.height)
     {
