@@ -592,6 +592,22 @@ fn exp_name_stays_under_the_runs_tree() {
     }
 }
 
+/// A W&B project name that W&B would refuse once the run has started is refused first, when
+/// W&B is on.
+#[test]
+fn a_wandb_project_name_wandb_refuses_is_refused_first() {
+    load(&["wandb_project=a/b"]).unwrap();
+    let e = error(&["enable_wandb=true", "wandb_project=a/b"]);
+    assert!(
+        e.contains("wandb_project=a/b: a project name has none of"),
+        "{e}"
+    );
+    let long = format!("wandb_project={}", "p".repeat(129));
+    let e = error(&["enable_wandb=true", &long]);
+    assert!(e.contains("at most 128 characters"), "{e}");
+    load(&["enable_wandb=true", "wandb_project=tdmpc2-walker_run.v2"]).unwrap();
+}
+
 /// Brackets nested past any setting's need are refused before the YAML parser, whose time
 /// grows with the square of the depth.
 #[test]

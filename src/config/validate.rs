@@ -29,6 +29,30 @@ impl Config {
         self.validate_run()
     }
 
+    /// A project name W&B takes: it refuses others when the run starts, after the run
+    /// directory is made.
+    fn validate_wandb_project(&self) -> Result<()> {
+        const MOST: usize = 128;
+        const REFUSED: &str = "/\\#?%:";
+        let project = &self.wandb_project;
+        let refused = |why: String| {
+            Error::Config(format!(
+                "wandb_project={project}: {why} (W&B refuses it when the run starts)"
+            ))
+        };
+        if project.chars().count() > MOST {
+            return Err(refused(format!(
+                "a project name has at most {MOST} characters"
+            )));
+        }
+        match project.chars().find(|c| REFUSED.contains(*c)) {
+            Some(c) => Err(refused(format!(
+                "a project name has none of {REFUSED}, and this one has '{c}'"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// MPPI: the elite and policy-trajectory counts fit the samples; the std bounds.
     fn validate_planning(&self) -> Result<()> {
         if !(self.rho > 0.0 && self.rho <= 1.0) {
@@ -395,6 +419,9 @@ impl Config {
         }
         if self.data_dir.is_some() {
             self.validate_offline()?;
+        }
+        if self.enable_wandb {
+            self.validate_wandb_project()?;
         }
         if self.num_threads == Some(0) {
             return Err(range(
