@@ -156,7 +156,7 @@ fn resolved(args: &RunArgs, as_placed: bool) -> Result<Config> {
     // The first environment made loads dm_control's renderer for the whole process: rank 0
     // films with save_video. A launcher's variables that do not parse are reported when the
     // rank starts; commands that run no rank need none.
-    let launched = RankInfo::from_env(&config, &|key| std::env::var(key).ok()).ok();
+    let launched = RankInfo::from_env(&config, &env_text).ok();
     match &launched {
         Some((rank, by)) if as_placed && *by != LaunchedBy::Nobody => {
             check_world_size(&config, rank, *by)?;
@@ -172,6 +172,12 @@ fn resolved(args: &RunArgs, as_placed: bool) -> Result<Config> {
     let rank = launched.map_or(0, |(rank, _)| rank.rank);
     config.resolve_by_making_tasks(config.env_options(rank)?)?;
     Ok(config)
+}
+
+/// An environment variable as text, one that is not UTF-8 included (lossily, so that a check
+/// refuses it rather than take it for unset).
+fn env_text(key: &str) -> Option<String> {
+    std::env::var_os(key).map(|value| value.to_string_lossy().into_owned())
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -258,7 +264,7 @@ pub fn run(cli: Cli) -> Result<()> {
 /// A plain process with world_size > 1 becomes the launcher of this node's ranks; a process
 /// started by a launcher (ours, torchrun or SLURM) is one rank.
 fn train(mut config: Config) -> Result<()> {
-    let (rank, launched_by) = RankInfo::from_env(&config, &|key| std::env::var(key).ok())?;
+    let (rank, launched_by) = RankInfo::from_env(&config, &env_text)?;
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
         if config.node_rank == 0 {
             trainer::lock::check_free(&config.run_dir())?;

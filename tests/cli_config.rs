@@ -661,4 +661,20 @@ fn arguments_that_are_not_utf8_are_refused_not_a_panic() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+    // A launcher's variable that is not UTF-8 is refused, not taken for unset (which trained
+    // one rank alone).
+    let run_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["train", "task=Pendulum-v1", "steps=400"])
+        .arg(format!("run_dir={}", run_dir.path().display()))
+        .env("RANK", "0")
+        .env("WORLD_SIZE", latin1(b"\xff"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("environment variable WORLD_SIZE=\u{fffd} is not a non-negative integer"),
+        "{stderr}"
+    );
 }
