@@ -134,6 +134,23 @@ fn config_name_lays_a_file_over_the_defaults() {
         e.contains("the config directory /nonexistent/configs does not exist"),
         "{e}"
     );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let file = file.path().to_str().unwrap();
+    let e = rejected(&[
+        "train",
+        "--config-path",
+        file,
+        "--config-name",
+        "x",
+        "--cfg",
+        "job",
+    ]);
+    assert!(
+        e.contains(&format!(
+            "the config directory {file} is a file, not a directory"
+        )),
+        "{e}"
+    );
 
     // A hydra file as the official and seed-project ones are written: its defaults list (the
     // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.

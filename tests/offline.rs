@@ -226,12 +226,14 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
     let file = elsewhere.path().join("a-file");
     std::fs::write(&file, b"").unwrap();
     let fresh = elsewhere.path().join("fresh");
+    let under_a_file = file.join("sub");
     for (out, episodes, expected) in [
         (
             &file,
             "1",
             "a-file is a file: dataset files are written into a directory",
         ),
+        (&under_a_file, "1", "a-file/sub: cannot be made"),
         (
             &fresh,
             "100000000000000",

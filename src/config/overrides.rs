@@ -33,9 +33,12 @@ impl Source {
             return Ok(Some(path));
         }
         if !dir.is_dir() {
+            let what = match dir.exists() {
+                true => "is a file, not a directory",
+                false => "does not exist",
+            };
             return Err(Error::Config(format!(
-                "--config-name {name}: the config directory {} does not exist (--config-path \
-                 sets it)",
+                "--config-name {name}: the config directory {} {what} (--config-path sets it)",
                 dir.display()
             )));
         }

@@ -62,8 +62,13 @@ impl ChunkWriter {
             return Err(Error::Config("episodes per file must be at least 1".into()));
         }
         refuse_a_dataset(dir)?;
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        // Bad input: the path cannot be a directory here (a file on the way, no permission).
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Error::Config(format!(
+                "{}: cannot be made ({e}); give a new or empty directory that can",
+                dir.display()
+            ))
+        })?;
         Ok(Self {
             dir: dir.to_owned(),
             per_file,
