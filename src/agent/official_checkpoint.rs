@@ -171,18 +171,33 @@ fn refuse_a_damaged_archive(pt_path: &Path) -> Result<()> {
     if !crate::zip_crc::is_zip(pt_path) {
         return Ok(());
     }
-    let message = match crate::zip_crc::read_back(pt_path) {
-        Ok(_) => return Ok(()),
-        Err(crate::zip_crc::Unreadable::Damaged(what)) => format!(
-            "{what}; the file is not what was written (a damaged copy or an interrupted \
-             download): copy or download it again"
-        ),
-        Err(crate::zip_crc::Unreadable::Io(what, e)) => format!("{what} ({e})"),
-    };
-    Err(Error::Unreadable {
-        path: pt_path.display().to_string(),
-        message,
-    })
+    use crate::zip_crc::{ReadBack, Unreadable};
+    let path = pt_path.display().to_string();
+    match crate::zip_crc::read_back(pt_path) {
+        Ok(ReadBack::Checked(_)) => Ok(()),
+        Ok(ReadBack::NoChecksums) => {
+            errln!(
+                "warning: {path} records no CRC-32s (saved with torch's CRC-32s turned off): \
+                 its bytes cannot be checked"
+            );
+            Ok(())
+        }
+        Err(Unreadable::Damaged(what)) => Err(Error::Unreadable {
+            path,
+            message: format!(
+                "{what}; the file is not what was written (a damaged copy or an interrupted \
+                 download): copy or download it again"
+            ),
+        }),
+        Err(Unreadable::CannotOpen(e)) => Err(Error::Unreadable {
+            path,
+            message: format!("cannot be opened ({e})"),
+        }),
+        Err(Unreadable::ReadFailed(what, e)) => Err(Error::Checkpoint {
+            path,
+            message: format!("reading {what} failed ({e})"),
+        }),
+    }
 }
 
 /// Why `named` is not a TD-MPC2 model's state dict, if it is not: a part every model has is
@@ -394,6 +409,19 @@ mod tests {
         .unwrap();
         let out = dir.path().join("out.safetensors");
         import_official(&pt, &out).unwrap();
+        // Saved without CRC-32s (torch writes 0s): not checkable, not damaged.
+        let unchecked = dir.path().join("unchecked.pt");
+        let code = format!(
+            "import torch\ns = torch.serialization\ns.set_crc32_options(False)\n\
+             torch.save(torch.load({:?}), {:?})\ns.set_crc32_options(True)\n",
+            pt.to_string_lossy(),
+            unchecked.to_string_lossy()
+        );
+        embedded_python::with_python(|py| {
+            py.run(&std::ffi::CString::new(code).unwrap(), None, None)
+        })
+        .unwrap();
+        import_official(&unchecked, &dir.path().join("unchecked.safetensors")).unwrap();
 
         let mut bytes = std::fs::read(&pt).unwrap();
         let half = 0.5f32.to_le_bytes().repeat(4);

@@ -14,7 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::zip_crc::Unreadable;
+use crate::zip_crc::{ReadBack, Unreadable};
 
 /// What checking one file found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,16 +28,31 @@ pub enum Checked {
 /// Reads every entry of `path` to its end, checking its CRC-32; the bytes read. The error
 /// names the file and the entry, and what to do.
 pub fn verify(path: &Path) -> Result<u64> {
-    crate::zip_crc::read_back(path).map_err(|unreadable| match unreadable {
-        Unreadable::Damaged(what) => Error::Config(format!(
+    match crate::zip_crc::read_back(path) {
+        Ok(ReadBack::Checked(bytes)) => Ok(bytes),
+        Ok(ReadBack::NoChecksums) => {
+            errln!(
+                "warning: dataset file {} records no CRC-32s (saved with torch's CRC-32s \
+                 turned off): its bytes cannot be checked",
+                path.display()
+            );
+            Ok(0)
+        }
+        Err(Unreadable::Damaged(what)) => Err(Error::Config(format!(
             "dataset file {}: {what}; the file is not what was written (a damaged copy or an \
              interrupted download): download or copy it again",
             path.display()
+        ))),
+        Err(Unreadable::CannotOpen(e)) => Err(Error::Config(format!(
+            "dataset file {}: {e}",
+            path.display()
+        ))),
+        // Not known to be damaged: a failure a restart may get past.
+        Err(Unreadable::ReadFailed(what, e)) => Err(Error::io(
+            format!("read {what} of dataset file {}", path.display()),
+            e,
         )),
-        Unreadable::Io(what, e) => {
-            Error::Config(format!("dataset file {}: {what} ({e})", path.display()))
-        }
-    })
+    }
 }
 
 /// [`verify`], unless a stamp says this file (same size and modification time) was verified
