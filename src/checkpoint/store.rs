@@ -177,6 +177,7 @@ fn complete(root: &Path) -> Vec<(u64, PathBuf)> {
 /// that `keep` remain with `step`'s own; returns the steps of those older ones kept. Later
 /// ones, if any, stay.
 pub fn prune(root: &Path, step: u64, keep: usize) -> Result<Vec<u64>> {
+    remove_stale_temporaries(root);
     let mut older: Vec<(u64, PathBuf)> = complete(root)
         .into_iter()
         .filter(|(at, _)| *at < step)
@@ -192,6 +193,7 @@ pub fn prune(root: &Path, step: u64, keep: usize) -> Result<Vec<u64>> {
 /// Removes the entries under `root` older than `step` whose steps are not in `kept` (a rank's
 /// replay buffers, kept for the checkpoints kept and no other).
 pub fn prune_to(root: &Path, step: u64, kept: &[u64]) -> Result<()> {
+    remove_stale_temporaries(root);
     for (at, dir) in complete(root) {
         if at < step && !kept.contains(&at) {
             discard(&dir)?;
@@ -204,10 +206,16 @@ pub fn prune_to(root: &Path, step: u64, kept: &[u64]) -> Result<()> {
 /// files go leaves no partly removed directory under a name that loading counts (the next save
 /// removes the rest).
 fn discard(dir: &Path) -> Result<()> {
+    let doomed = out_of_sight(dir)?;
+    fs::remove_dir_all(&doomed).map_err(|e| Error::io(format!("remove {}", doomed.display()), e))
+}
+
+/// Renames a checkpoint to a temporary name, which loading skips; returns that name.
+fn out_of_sight(dir: &Path) -> Result<PathBuf> {
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     let doomed = dir.with_file_name(format!("{TMP_PREFIX}removed-{name}-{}", std::process::id()));
     fs::rename(dir, &doomed).map_err(|e| Error::io(format!("remove {}", dir.display()), e))?;
-    fs::remove_dir_all(&doomed).map_err(|e| Error::io(format!("remove {}", doomed.display()), e))
+    Ok(doomed)
 }
 
 fn remove_stale_temporaries(root: &Path) {
@@ -389,31 +397,29 @@ mod tests {
     }
 
     /// A pruned checkpoint leaves under a name loading skips before its files go: what a kill
-    /// in the middle leaves is not a checkpoint, and the next save removes it.
+    /// in the middle leaves is not a checkpoint, and the next save or prune removes it.
     #[test]
     fn a_pruned_checkpoint_is_renamed_out_of_sight_before_its_files_go() {
         let root = tempfile::tempdir().unwrap();
-        for step in [100, 200] {
+        for step in [100, 200, 300] {
             save(root.path(), step, writes(b"model")).unwrap();
         }
-        prune(root.path(), 200, 1).unwrap();
-        let names = || -> Vec<String> {
-            let mut names: Vec<String> = fs::read_dir(root.path())
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            names
-        };
-        assert_eq!(names(), ["step_000000000200"]);
-
-        let cut_short = root
-            .path()
-            .join(format!("{TMP_PREFIX}removed-step_000000000100-1"));
-        fs::create_dir(&cut_short).unwrap();
-        assert_eq!(latest(root.path()).unwrap().0, 200);
+        // As a kill right after the rename leaves it: files and all.
+        let doomed = out_of_sight(&root.path().join("step_000000000100")).unwrap();
+        assert!(doomed.join("model.safetensors").is_file());
         assert!(at(root.path(), 100).is_none());
-        save(root.path(), 300, writes(b"model")).unwrap();
-        assert!(!cut_short.exists());
+        let steps = || -> Vec<u64> {
+            let mut steps: Vec<u64> = complete(root.path()).iter().map(|(s, _)| *s).collect();
+            steps.sort();
+            steps
+        };
+        assert_eq!(steps(), [200, 300]);
+        prune(root.path(), 300, 1).unwrap();
+        assert!(!doomed.exists());
+        let names: Vec<String> = fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["step_000000000300"]);
     }
 }
