@@ -814,13 +814,17 @@ fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
 
     let edited = copy("edited");
     let buffer = edited.join("buffers/rank0/step_000000000400");
-    std::fs::write(buffer.join("buffer.json"), "{").unwrap();
+    let bookkeeping = buffer.join("buffer.json");
+    let mut ring: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&bookkeeping).unwrap()).unwrap();
+    ring["cursor"] = serde_json::json!(1_000_000);
+    std::fs::write(&bookkeeping, ring.to_string()).unwrap();
+    let named = format!("{} is damaged or edited", bookkeeping.display());
     refused(
         &edited,
         "train",
-        &format!(
-            "{} is damaged or edited",
-            buffer.join("buffer.json").display()
-        ),
+        &format!("{named} (the saved replay buffer's bookkeeping is inconsistent"),
     );
+    std::fs::write(&bookkeeping, "{").unwrap();
+    refused(&edited, "train", &named);
 }

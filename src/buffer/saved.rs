@@ -26,7 +26,7 @@ impl BufferMeta {
 
     /// That the bookkeeping describes a ring the buffer could have written: episodes one after
     /// another within the capacity, ending at the cursor, their rows the rows filled.
-    fn check(&self) -> Result<()> {
+    pub fn check(&self) -> Result<()> {
         let capacity = self.capacity;
         let mut end = self.episodes.first().map_or(self.cursor, |s| s.start);
         let mut rows = 0usize;

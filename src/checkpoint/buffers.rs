@@ -36,9 +36,10 @@ fn recorded_hash(dir: &Path) -> Option<u32> {
 /// (buffers saved before hashes were written are read unchecked).
 fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
     let path = dir.join(TENSORS);
-    if !path.exists() {
-        return Err(unusable(dir, &format!("{} is missing", path.display())));
-    }
+    std::fs::File::open(&path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => unusable(dir, &format!("{} is missing", path.display())),
+        _ => Error::io(format!("read {}", path.display()), e),
+    })?;
     if let Ok(text) = std::fs::read_to_string(dir.join(HASH)) {
         let saved = u32::from_str_radix(text.trim(), 16)
             .map_err(|e| fail(&dir.join(HASH).display().to_string(), e))?;
@@ -181,12 +182,15 @@ fn read_meta(dir: &Path) -> Result<BufferMeta> {
         std::io::ErrorKind::NotFound => unusable(dir, &format!("{} is missing", path.display())),
         _ => Error::io(format!("read {}", path.display()), e),
     })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    let edited = |why: String| {
         unusable(
             dir,
-            &format!("{} is damaged or edited ({e})", path.display()),
+            &format!("{} is damaged or edited ({why})", path.display()),
         )
-    })
+    };
+    let meta: BufferMeta = serde_json::from_slice(&bytes).map_err(|e| edited(e.to_string()))?;
+    meta.check().map_err(|e| edited(e.to_string()))?;
+    Ok(meta)
 }
 
 /// A saved replay buffer that cannot be taken as it is: bad input, with the way on.

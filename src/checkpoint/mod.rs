@@ -367,13 +367,7 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
             );
             continue;
         };
-        if !path.exists() {
-            return Err(missing_or_io(
-                dir,
-                name,
-                std::io::ErrorKind::NotFound.into(),
-            ));
-        }
+        std::fs::File::open(&path).map_err(|e| missing_or_io(dir, name, e))?;
         let now = integrity::file_crc(&path)?;
         if now != *saved {
             return Err(Error::Unreadable(format!(
