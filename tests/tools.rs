@@ -515,7 +515,7 @@ fn doctor_names_a_damaged_checkpoint_and_a_folder_of_other_files() {
     std::fs::write(folder.join("config.yaml"), "mine: 1\n").unwrap();
     let log = text(&doctor(&[&format!("run_dir={}", folder.display())], &[]));
     assert!(
-        log.contains("holds config.yaml that no tdmpc2 run wrote there"),
+        log.contains("holds config.yaml but no run recorded there"),
         "{log}"
     );
 }

@@ -419,7 +419,7 @@ fn a_folder_of_files_no_run_wrote_is_refused_as_a_run_dir() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("holds config.yaml, train.csv that no tdmpc2 run wrote there"),
+        stderr.contains("holds config.yaml, train.csv but no run recorded there"),
         "{stderr}"
     );
     for (name, text) in files {

@@ -62,12 +62,16 @@ impl ChunkWriter {
             return Err(Error::Config("episodes per file must be at least 1".into()));
         }
         refuse_a_dataset(dir)?;
-        // Bad input: the path cannot be a directory here (a file on the way, no permission).
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Error::Config(format!(
+        // A path that cannot be a directory here (a file on the way, no permission) is bad
+        // input; a full disk is not.
+        std::fs::create_dir_all(dir).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotADirectory
+            | std::io::ErrorKind::PermissionDenied
+            | std::io::ErrorKind::AlreadyExists => Error::Config(format!(
                 "{}: cannot be made ({e}); give a new or empty directory that can",
                 dir.display()
-            ))
+            )),
+            _ => Error::io(format!("create {}", dir.display()), e),
         })?;
         Ok(Self {
             dir: dir.to_owned(),

@@ -94,8 +94,8 @@ fn refuse_files_of_no_run(run_dir: &Path) -> Result<()> {
         return Ok(());
     }
     Err(Error::Config(format!(
-        "run_dir={} holds {} that no tdmpc2 run wrote there (a run's directory has its {JOB} \
-         file); a run would replace or add to them: give another run_dir, or move them away",
+        "run_dir={} holds {} but no run recorded there (a run's directory has its {JOB} file); \
+         a run would replace or add to them: give another run_dir, or move them away",
         run_dir.display(),
         found.join(", ")
     )))

@@ -75,24 +75,26 @@ fn refuse_an_unwritable_out(out: &Path) -> Result<()> {
         _ => Path::new("."),
     };
     if !folder.is_dir() {
-        return Err(refused(format!(
-            "the folder {} does not exist",
-            folder.display()
-        )));
+        let what = match folder.exists() {
+            true => "is a file, not a folder",
+            false => "does not exist",
+        };
+        return Err(refused(format!("the folder {} {what}", folder.display())));
     }
     if out.is_dir() {
         return Err(refused("is a directory; give the file to write".into()));
     }
-    let existed = out.exists();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(out)
-        .map_err(|e| refused(format!("cannot be written ({e})")))?;
-    if !existed {
-        let _ = std::fs::remove_file(out);
-    }
+    // A file there is opened as it is (the figure replaces it later); a new one is made and
+    // removed again, and a link is not written through.
+    let probe = match out.symlink_metadata() {
+        Ok(_) => std::fs::OpenOptions::new().write(true).open(out).map(drop),
+        Err(_) => std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(out)
+            .and_then(|_| std::fs::remove_file(out)),
+    };
+    probe.map_err(|e| refused(format!("cannot be written ({e})")))?;
     Ok(())
 }
 
