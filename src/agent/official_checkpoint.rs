@@ -364,6 +364,14 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
 mod tests {
     use super::*;
 
+    /// Runs `code` in the embedded interpreter (to write a `.pt` as torch does).
+    fn run_python(code: &str) {
+        embedded_python::with_python(|py| {
+            py.run(&std::ffi::CString::new(code).unwrap(), None, None)
+        })
+        .unwrap();
+    }
+
     #[test]
     fn a_file_torch_cannot_load_is_one_line_naming_why() {
         let dir = tempfile::tempdir().unwrap();
@@ -403,10 +411,7 @@ mod tests {
              {:?})\n",
             pt.to_string_lossy()
         );
-        embedded_python::with_python(|py| {
-            py.run(&std::ffi::CString::new(code).unwrap(), None, None)
-        })
-        .unwrap();
+        run_python(&code);
         let out = dir.path().join("out.safetensors");
         import_official(&pt, &out).unwrap();
         // Saved without CRC-32s (torch writes 0s): not checkable, not damaged.
@@ -417,10 +422,7 @@ mod tests {
             pt.to_string_lossy(),
             unchecked.to_string_lossy()
         );
-        embedded_python::with_python(|py| {
-            py.run(&std::ffi::CString::new(code).unwrap(), None, None)
-        })
-        .unwrap();
+        run_python(&code);
         import_official(&unchecked, &dir.path().join("unchecked.safetensors")).unwrap();
 
         let mut bytes = std::fs::read(&pt).unwrap();
@@ -474,10 +476,7 @@ mod tests {
                 "import torch\ntorch.save({object}, {:?})\n",
                 pt.to_string_lossy()
             );
-            embedded_python::with_python(|py| {
-                py.run(&std::ffi::CString::new(code.clone()).unwrap(), None, None)
-            })
-            .unwrap();
+            run_python(&code);
             let e = import_official(&pt, &out).unwrap_err();
             assert!(matches!(e, Error::Unreadable { .. }), "{name}: {e:?}");
             assert!(e.to_string().contains(why), "{name}: {e}");
