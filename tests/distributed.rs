@@ -511,7 +511,7 @@ fn a_taken_master_port_is_a_clear_error() {
 
 /// A rank whose peers never come says what it waits for, stops at once on Ctrl-C (exit 3; it
 /// waited out `dist_timeout` inside c10d), and after `dist_timeout` names how many joined,
-/// without a Python traceback.
+/// without a Python traceback or c10d's C++ frames.
 #[test]
 fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
     let dir = tempfile::tempdir().unwrap();
@@ -541,9 +541,13 @@ fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
         .unwrap();
     let stderr = BufReader::new(child.stderr.take().unwrap());
     let mut lines = stderr.lines().map_while(|line| line.ok());
+    let mut before = Vec::new();
     let waiting = lines
         .by_ref()
-        .find(|line| line.contains("waiting"))
+        .find(|line| {
+            before.push(line.clone());
+            line.contains("waiting")
+        })
         .unwrap_or_default();
     assert!(
         waiting.contains("rank 1: waiting")
@@ -563,6 +567,10 @@ fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
     );
     assert_eq!(status.code(), Some(3), "{rest:?}");
     assert!(
+        !before.iter().chain(&rest).any(|l| l.contains("frame #")),
+        "no C++ frames of c10d's tries: {before:?} {rest:?}"
+    );
+    assert!(
         rest.iter()
             .any(|l| l.contains("asked to stop while it waited for the other ranks")),
         "{rest:?}"
@@ -581,6 +589,31 @@ fn a_rank_waiting_for_its_peers_says_so_and_stops_when_asked() {
         !stderr.contains("Traceback") && !stderr.contains("traceback"),
         "{stderr}"
     );
+}
+
+/// A node whose node 0 never comes says that it waits for it, then names it after
+/// `dist_timeout` (exit 1), without c10d's C++ frames for each try.
+#[test]
+fn a_node_waiting_for_node_0_says_so_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = node_command(
+        dir.path(),
+        free_port(),
+        1,
+        480,
+        &["dist_timeout=12", "peer_timeout=5"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("node 1: waiting 10 s for node 0's launcher")
+            && stderr.contains("cannot reach node 0's launcher")
+            && stderr.contains("within 12 s (dist_timeout)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("frame #"), "{stderr}");
 }
 
 /// A SLURM task that finds another job's store on its master port (an earlier job, or a

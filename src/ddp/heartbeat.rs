@@ -58,6 +58,40 @@ const JOB_KEY: &str = "tdmpc2/job";
 /// Beats missed after which a node that has not said it ended is taken for gone.
 const SILENT: Duration = Duration::from_secs(3);
 
+/// The least time c10d is given to connect once node 0's port answers.
+const MIN_CONNECT: Duration = Duration::from_secs(5);
+/// When a node's wait for node 0 is first reported, then how often.
+const FIRST_REPORT: Duration = Duration::from_secs(10);
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// Waits until node 0's launcher answers at `addr:port`, saying now and then that this node
+/// waits, rather than leaving the wait to c10d, which prints its C++ frames for each try.
+fn wait_for_node_0(addr: &str, port: u16, node: usize, start: &Deadline) -> Result<()> {
+    let mut next_report = FIRST_REPORT;
+    while !super::rendezvous::answers(addr, port, Duration::from_secs(2)) {
+        if start.passed() {
+            return Err(Error::Other(format!(
+                "cannot reach node 0's launcher at {addr}:{port} within {} s (dist_timeout): \
+                 nothing answered there; is node 0's launcher started, with the same \
+                 master_addr and master_port, and can this node reach that port?",
+                start.limit().as_secs()
+            )));
+        }
+        let waited = start.waited();
+        if waited >= next_report {
+            next_report = waited + REPORT_EVERY;
+            errln!(
+                "node {node}: waiting {} s for node 0's launcher at {addr}:{port} (master_addr, \
+                 master_port): nothing answers there yet; up to {} s (dist_timeout)",
+                waited.as_secs(),
+                start.limit().as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
 fn heartbeat_key(attempt: usize, node: usize) -> String {
     format!("tdmpc2/heartbeat/{attempt}/{node}")
 }
@@ -91,6 +125,10 @@ impl JobStore {
         timeouts: (Duration, Duration),
     ) -> Result<Self> {
         let (start_timeout, op_timeout) = timeouts;
+        let start = Deadline::after(start_timeout);
+        if node > 0 {
+            wait_for_node_0(addr, port, node, &start)?;
+        }
         let store = embedded_python::with_python(|py| {
             let dist = py.import("torch.distributed")?;
             let timedelta = py.import("datetime")?.getattr("timedelta")?;
@@ -99,7 +137,7 @@ impl JobStore {
             kwargs.set_item("wait_for_workers", false)?;
             kwargs.set_item(
                 "timeout",
-                timedelta.call((0, start_timeout.as_secs_f64()), None)?,
+                timedelta.call((0, start.left().max(MIN_CONNECT).as_secs_f64()), None)?,
             )?;
             let store = dist
                 .getattr("TCPStore")?

@@ -67,7 +67,14 @@ pub(super) fn meet(
     let deadline = Deadline::after(timeout);
     let mut report = Report::new(info, timeout);
     let store = loop {
-        match connect(info, &host) {
+        // Nothing there yet is not asked of c10d, which prints its C++ frames for each try.
+        let there = host.this_rank
+            || super::rendezvous::answers(&info.master_addr, info.master_port, SLICE);
+        let attempt = match there {
+            true => connect(info, &host),
+            false => Err(embedded_python::Error("nothing answers there".into())),
+        };
+        match attempt {
             Ok(store) => break store,
             // Not up yet (its host starts later, or is slower to start): again, until the
             // deadline. A host that cannot start its store fails at once.

@@ -57,6 +57,20 @@ pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<(
     }
 }
 
+/// Whether anything accepts a connection at `addr:port` within `within`: a client asks this
+/// before it asks c10d's store to connect, which prints a warning with some 30 lines of C++
+/// frames for every try that finds nothing there (thousands of lines while a node or a rank
+/// waits for the host to come up). A store tolerates the bare connection.
+pub fn answers(addr: &str, port: u16, within: Duration) -> bool {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let Ok(addrs) = (addr, port).to_socket_addrs() else {
+        return false;
+    };
+    addrs
+        .into_iter()
+        .any(|at| TcpStream::connect_timeout(&at, within).is_ok())
+}
+
 /// Waits (briefly) for the last attempt's rendezvous store to let go of master_port.
 pub fn wait_for_port(addr: &str, port: u16) -> Result<()> {
     let started = std::time::Instant::now();
@@ -93,6 +107,18 @@ mod tests {
         }
         assert_eq!(loopback_warning("10.0.0.7", 1), None);
         assert_eq!(loopback_warning("node-a.cluster", 3), None);
+    }
+
+    #[test]
+    fn a_port_answers_only_while_something_listens_there() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let within = Duration::from_secs(1);
+        assert!(answers("127.0.0.1", port, within));
+        assert!(answers("localhost", port, within));
+        drop(listener);
+        assert!(!answers("127.0.0.1", port, within));
+        assert!(!answers("not..a.host", port, within));
     }
 
     #[test]
