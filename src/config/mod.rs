@@ -2,10 +2,11 @@
 //! overrides, validation, and the fields derived from the task.
 //!
 //! In parts by job: `defaults` (the one source of every default, preset and allowed value),
-//! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks),
+//! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks, the numbers' in `bounds`),
 //! `resolve` (fields derived from the task), `tasks` (one task or a multitask list) and
 //! `resources` (what the settings need of the machine). The config reads no other module of
 //! the crate.
+mod bounds;
 mod defaults;
 mod overrides;
 mod resolve;
