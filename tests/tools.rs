@@ -787,8 +787,12 @@ fn export_writes_the_official_format_and_refuses_what_it_cannot_read() {
     let run = dir.path().join("run");
     train(&run, "seed=1");
     let pt = dir.path().join("final.pt");
+    // A file named as a partial export would be is someone else's: kept.
+    let bystander = dir.path().join("final.pt.partial");
+    std::fs::write(&bystander, "keep me").unwrap();
     let out = tdmpc2(&["export", &run.to_string_lossy(), &pt.to_string_lossy()]);
     assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&bystander).unwrap(), "keep me");
     assert!(
         text(&out).contains("step_000000000400/model.safetensors"),
         "{}",

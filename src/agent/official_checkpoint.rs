@@ -1,7 +1,7 @@
 //! The official TD-MPC2 checkpoint (`torch.save({"model": state_dict})`) and our safetensors
 //! state dict, both ways: an import reads one with `torch.load(weights_only=True)` in the
 //! embedded Python, an export writes one with `torch.save` there, for the official `TDMPC2.load`.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyAnyMethods, PyBytes, PyDict, PyDictMethods};
@@ -60,6 +60,11 @@ fn collect<'py>(
             format!("{prefix}.{key}")
         };
         if value.is_instance(&tensor_type)? {
+            if value.call_method0("is_complex")?.extract::<bool>()? {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "`{name}` holds complex numbers, which no TD-MPC2 parameter does"
+                )));
+            }
             let value = value.call_method0("detach")?.call_method0("cpu")?;
             let value = value
                 .call_method1("to", (torch.getattr("float32")?,))?
@@ -141,10 +146,21 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     })?;
 
     let mut named = Vec::new();
+    let mut sources = std::collections::BTreeMap::new();
     for t in raw {
         let Some(name) = convert_key(&t.name) else {
             continue;
         };
+        if let Some(first) = sources.insert(name.clone(), t.name.clone()) {
+            return Err(Error::Unreadable {
+                path: path_text,
+                message: format!(
+                    "`{first}` and `{}` are both the model's `{name}`: a state dict holds each \
+                     parameter once",
+                    t.name
+                ),
+            });
+        }
         let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
         named.push((name, tensor));
     }
@@ -154,14 +170,43 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
             message: why,
         });
     }
-    let tmp = out_path.with_extension("safetensors.tmp");
     let fail = |message: String| Error::Checkpoint {
         path: out_path.display().to_string(),
         message,
     };
-    Tensor::write_safetensors(&named, &tmp).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string()))?;
+    let tmp = reserve_partial(out_path)?;
+    let written = Tensor::write_safetensors(&named, &tmp)
+        .map_err(|e| fail(e.to_string()))
+        .and_then(|()| std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string())));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
     Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+/// A file of this process's own beside `out_path` (created here, so no file of anyone else's
+/// is written over), to be renamed to `out_path` once whole.
+fn reserve_partial(out_path: &Path) -> Result<PathBuf> {
+    let name = out_path.file_name().unwrap_or_default().to_string_lossy();
+    let fail = |e: std::io::Error| Error::Output {
+        path: out_path.display().to_string(),
+        message: format!("cannot make a file beside it to write into ({e})"),
+    };
+    for n in 0.. {
+        let partial =
+            out_path.with_file_name(format!(".{name}.{}-{n}.partial", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&partial)
+        {
+            Ok(_) => return Ok(partial),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    unreachable!("the loop returns")
 }
 
 /// Refuses a `torch.save` file whose bytes are not those written (torch's reader checks no
@@ -274,12 +319,14 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
                 format!("no `{first_q}` of shape [members, out, in]: not a TD-MPC2 state dict"),
             )
         })?;
+    let partial = reserve_partial(out_path)?;
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
         let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));
         globals.set_item("tensors", python_tensors(py, tensors)?)?;
         // A path, not text: a name that is not UTF-8 reaches Python as the same file.
         globals.set_item("path", out_path)?;
+        globals.set_item("partial", &partial)?;
         globals.set_item("num_q", num_q)?;
         globals.set_item("online", Q_ONLINE)?;
         globals.set_item("detached", Q_DETACHED)?;
@@ -296,8 +343,7 @@ for name in [n for n in state if n.startswith(online + '.')]:
 for prefix in ensembles:
     state[prefix + '.__batch_size'] = torch.Size([num_q])
     state[prefix + '.__device'] = None
-path = os.fspath(path)
-partial = path + '.partial'
+path, partial = os.fspath(path), os.fspath(partial)
 try:
     # Through a file object: torch's own path handling takes only UTF-8 names.
     with open(partial, 'wb') as out:
@@ -315,8 +361,11 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
             .get_item("written")?
             .map_or(Ok(0), |n| n.extract::<usize>())
     })
-    .map_err(|e| fail(out_path, e.to_string()))?;
-    Ok(written)
+    .map_err(|e| fail(out_path, e.to_string()));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
 }
 
 /// A file to write whose name says the format the command reads: a `.safetensors` file holding
@@ -470,6 +519,21 @@ mod tests {
                 ),
                 "`_pi.0.weight` holds NaN or infinite values",
             ),
+            (
+                "twice",
+                format!(
+                    "{{'model': {{**{{k: torch.zeros(2) for k in {parts}}}, \
+                     'module._pi.0.weight': torch.zeros(2)}}}}"
+                ),
+                "`_pi.0.weight` and `module._pi.0.weight` are both the model's `_pi.0.weight`",
+            ),
+            (
+                "complex",
+                format!(
+                    "{{'model': {{k: torch.zeros(2, dtype=torch.complex64) for k in {parts}}}}}"
+                ),
+                "holds complex numbers",
+            ),
         ] {
             let pt = dir.path().join(format!("{name}.pt"));
             let code = format!(
@@ -482,6 +546,35 @@ mod tests {
             assert!(e.to_string().contains(why), "{name}: {e}");
             assert!(!out.exists(), "{name}");
         }
+    }
+
+    /// The file written first and renamed is this process's own: a file of that kind of name
+    /// already there is kept, and none is left behind.
+    #[test]
+    fn an_import_writes_over_no_other_file_on_its_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let pt = dir.path().join("agent.pt");
+        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
+                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        let code = format!(
+            "import torch\ntorch.save({{'model': {{k: torch.ones(2) for k in {parts}}}}}, {:?})\n",
+            pt.to_string_lossy()
+        );
+        run_python(&code);
+        let out = dir.path().join("out.safetensors");
+        let bystanders = [
+            dir.path().join("out.safetensors.tmp"),
+            dir.path()
+                .join(format!(".out.safetensors.{}-0.partial", std::process::id())),
+        ];
+        for file in &bystanders {
+            std::fs::write(file, "keep me").unwrap();
+        }
+        import_official(&pt, &out).unwrap();
+        for file in &bystanders {
+            assert_eq!(std::fs::read_to_string(file).unwrap(), "keep me");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
     }
 
     #[test]
