@@ -243,11 +243,16 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
 }
 
 /// Checks a weights file against the hash its checkpoint's `meta.json` recorded. A file outside
-/// a checkpoint directory (an imported one) has nothing to check against; a checkpoint written
-/// before hashes were recorded loads with a warning.
+/// a checkpoint directory (an imported one) has nothing to check against; one inside a
+/// checkpoint (a `step_N` folder, or one beside its state) without its `meta.json` is refused
+/// as incomplete; a checkpoint written before hashes were recorded loads with a warning.
 pub fn verify_model(path: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    if path.file_name() != Some(MODEL.as_ref()) || !dir.join(META).is_file() {
+    if path.file_name() != Some(MODEL.as_ref()) {
+        return Ok(());
+    }
+    let in_a_checkpoint = store::step_of(dir).is_some() || dir.join(STATE).exists();
+    if !in_a_checkpoint && !dir.join(META).is_file() {
         return Ok(());
     }
     let meta = read_meta(dir)?;
@@ -661,5 +666,15 @@ mod tests {
                 "{err}"
             );
         }
+
+        // Without its meta.json a checkpoint's weights cannot be checked: refused, where a
+        // weights file of its own (an imported one) is not.
+        std::fs::remove_file(dir.join(META)).unwrap();
+        let err = verify_model(&model).unwrap_err().to_string();
+        assert!(err.contains("is incomplete: it has no meta.json"), "{err}");
+        let loose = run.path().join("imported");
+        std::fs::create_dir(&loose).unwrap();
+        std::fs::copy(&model, loose.join(MODEL)).unwrap();
+        verify_model(&loose.join(MODEL)).unwrap();
     }
 }
