@@ -326,6 +326,30 @@ fn a_resume_path_naming_no_checkpoint_leaves_no_run_dir() {
     }
 }
 
+/// A `WANDB_MODE` W&B would refuse once the run started, and a sweep's run id that would lead
+/// the run's folder out of runs/, are refused with the config, before any folder is made.
+#[test]
+fn tracker_variables_wandb_would_refuse_are_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |vars: &[(&str, &str)], args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .current_dir(dir.path())
+            .args(["train", "task=Pendulum-v1", "enable_wandb=true"])
+            .args(args)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{vars:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = refused(&[("WANDB_MODE", "bogus")], &["--cfg", "job"]);
+    assert!(e.contains("WANDB_MODE=\"bogus\" is not a W&B mode"), "{e}");
+    let sweep = [("WANDB_SWEEP_ID", "abc"), ("WANDB_RUN_ID", "x/../../evil")];
+    let e = refused(&sweep, &["steps=201", "eval_episodes=0"]);
+    assert!(e.contains("names this run's folder"), "{e}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{e}");
+}
+
 /// Issue 11's failure matrix (items 4, 5, 8 and 9): each of these once panicked, passed
 /// silently or named a key the user never set.
 #[test]

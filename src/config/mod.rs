@@ -2,9 +2,10 @@
 //! overrides, validation, and the fields derived from the task.
 //!
 //! In parts by job: `defaults` (the one source of every default, preset and allowed value),
-//! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks, the numbers' in `bounds`),
-//! `resolve` (fields derived from the task), `tasks` (one task or a multitask list) and
-//! `resources` (what the settings need of the machine). The config reads no other module of
+//! `overrides` (files and `key=value` laid over the defaults), `validate` (range checks; the
+//! numbers' in `bounds`, the trackers' environment variables in `tracker_env`), `resolve`
+//! (fields derived from the task), `tasks` (one task or a multitask list) and `resources` (what
+//! the settings need of the machine). The config reads no other module of
 //! the crate.
 mod bounds;
 mod defaults;
@@ -13,6 +14,7 @@ mod resolve;
 mod resources;
 mod task_specs;
 mod tasks;
+mod tracker_env;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -278,6 +280,7 @@ impl Config {
             false => Self::layered(&task_settings, file, &source.overrides)?,
         };
         config.validate()?;
+        config.validate_tracker_env(|key| std::env::var(key).ok())?;
         Ok(config)
     }
 

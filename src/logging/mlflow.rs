@@ -106,9 +106,10 @@ impl Mlflow {
         })
         .map_err(|e| {
             Error::Other(format!(
-                "enable_mlflow: cannot start an MLflow run in experiment {:?}: {e}. \
+                "enable_mlflow: cannot start an MLflow run in experiment {:?}: {}. \
                  Set enable_mlflow=false, or MLFLOW_TRACKING_URI",
-                opts.experiment
+                opts.experiment,
+                python::message(&e.0).trim_end().trim_end_matches('.')
             ))
         })
     }

@@ -115,10 +115,11 @@ impl Wandb {
         })
         .map_err(|e| {
             Error::Other(format!(
-                "enable_wandb: wandb.init failed ({} mode, dir {}): {e}. \
+                "enable_wandb: wandb.init failed ({} mode, dir {}): {}. \
                  Set enable_wandb=false, or WANDB_MODE=offline to log locally",
                 mode,
-                run_dir.display()
+                run_dir.display(),
+                python::message(&e.0).trim_end().trim_end_matches('.')
             ))
         })?;
         Ok(Self {
