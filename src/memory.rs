@@ -1,5 +1,52 @@
-//! What this process holds in memory, as Linux reports it (/proc/self/status).
+//! What this process holds in memory, as Linux reports it (/proc/self/status), and what it
+//! says when torch finds none left.
 use crate::error::{Error, Result};
+
+/// The exit code of a process that ran out of memory: a failure, which the settings may cure.
+pub const EXHAUSTED_EXIT: i32 = 1;
+
+/// Reports a panic of torch running out of memory (tch raises torch's errors as panics on the
+/// hot path) as one line naming the settings that size memory, and exits; other panics keep
+/// Rust's report, as bugs.
+pub fn report_exhaustion_panics() {
+    let rust_report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let text = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        match exhaustion(text) {
+            Some(what) => {
+                errln!(
+                    "error: out of memory: {what}; lower num_envs, eval_episodes, batch_size, \
+                     horizon, num_samples or model_size, or give the process more memory"
+                );
+                std::process::exit(EXHAUSTED_EXIT);
+            }
+            None => rust_report(info),
+        }
+    }));
+}
+
+/// torch's words for memory it could not get, in one line, if `panic` is about that.
+fn exhaustion(panic: &str) -> Option<String> {
+    const SIGNS: [&str; 2] = ["can't allocate memory", "out of memory"];
+    let at = SIGNS.iter().filter_map(|sign| panic.find(sign)).min()?;
+    // The sentence around the sign: from the message's start (after tch's wrapping), to the
+    // first line break (escaped in tch's Debug text) or quote.
+    let start = panic[..at]
+        .rfind("Torch(\"")
+        .map_or(0, |i| i + "Torch(\"".len());
+    let line = &panic[start..];
+    let end = ["\\n", "\n", "\""]
+        .iter()
+        .filter_map(|stop| line[at - start..].find(stop).map(|i| i + at - start))
+        .min()
+        .unwrap_or(line.len());
+    Some(line[..end].trim().to_owned())
+}
 
 /// Resident memory now, in bytes (`VmRSS`).
 pub fn resident_bytes() -> Result<f64> {
@@ -37,4 +84,29 @@ fn status_kib(field: &str) -> Result<f64> {
         .map_err(|e| Error::io("read /proc/self/status", e))?;
     kib_field(&status, field)
         .ok_or_else(|| Error::Other(format!("no {field} in /proc/self/status")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// torch's own refusal of an allocation, as tch panics with it, reads as one line; a panic
+    /// about anything else is not taken for it.
+    #[test]
+    fn an_allocation_torch_refuses_is_told_in_one_line() {
+        let panic = std::panic::catch_unwind(|| {
+            tch::Tensor::empty([1i64 << 50], (tch::Kind::Float, tch::Device::Cpu))
+        })
+        .expect_err("4 PiB cannot be had");
+        let text = panic
+            .downcast_ref::<String>()
+            .expect("tch panics with text");
+        let what = exhaustion(text).expect("an allocation failure");
+        assert!(
+            what.contains("can't allocate memory: you tried to allocate 4503599627370496 bytes"),
+            "{what}"
+        );
+        assert!(!what.contains('\n') && !what.contains("\\n") && !what.contains("Torch("));
+        assert_eq!(exhaustion("index out of bounds: the len is 3"), None);
+    }
 }
