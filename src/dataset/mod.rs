@@ -244,6 +244,34 @@ impl Chunk {
     }
 }
 
+impl Chunk {
+    /// Refuses a value that is not finite among `bytes` (rows of `name` of episode `episode`
+    /// from `row`): bad data, named when a batch first draws it, rather than a loss that
+    /// diverges thousands of updates later or a reward silently learnt as another number.
+    /// Row 0's action and reward, which the official format leaves NaN, are never drawn.
+    fn refuse_non_finite(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        width: usize,
+        episode: usize,
+        row: usize,
+    ) -> Result<()> {
+        let values = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        match values.enumerate().find(|(_, v)| !v.is_finite()) {
+            None => Ok(()),
+            Some((k, value)) => Err(Error::Config(format!(
+                "dataset file {}: `{name}` of episode {episode} at row {} is {value}: training \
+                 takes finite numbers only; repair the episode, or leave its file out",
+                self.path.display(),
+                row + k / width.max(1)
+            ))),
+        }
+    }
+}
+
 /// A dataset file's entries, as its index describes them.
 struct Fields<'a> {
     index: &'a Index,
@@ -461,17 +489,22 @@ impl Dataset {
                     Error::io(format!("read dataset file {}", chunk.path.display()), err)
                 })
             };
-            scatter(&read(&chunk.obs, start, rows)?, &mut obs, i, b, d);
+            let read = |name, field: &Field, row, n| {
+                let bytes = read(field, row, n)?;
+                chunk.refuse_non_finite(name, &bytes, field.width, e, row)?;
+                Ok::<_, Error>(bytes)
+            };
+            scatter(&read("obs", &chunk.obs, start, rows)?, &mut obs, i, b, d);
             // Actions and rewards of rows 1..=H of the slice.
             scatter(
-                &read(&chunk.action, start + 1, horizon)?,
+                &read("action", &chunk.action, start + 1, horizon)?,
                 &mut action,
                 i,
                 b,
                 a,
             );
             scatter(
-                &read(&chunk.reward, start + 1, horizon)?,
+                &read("reward", &chunk.reward, start + 1, horizon)?,
                 &mut reward,
                 i,
                 b,
@@ -602,6 +635,36 @@ mod tests {
                 );
                 assert_eq!(reward[t * 64 + b], e + step);
             }
+        }
+    }
+
+    /// A number that is not finite where a batch draws it names the file, the entry, the
+    /// episode and the row.
+    #[test]
+    fn a_value_that_is_not_finite_is_named_when_drawn() {
+        let _turn = one_at_a_time();
+        for (name, value, row) in [("reward", f32::NAN, 3), ("obs", f32::INFINITY, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut writer = ChunkWriter::new(dir.path(), 1, 3, vec![2]).unwrap();
+            let mut bad = episode(0, 5, 0, 3, 2);
+            match name {
+                // Step 2's reward: row 3 of the file's episode (row 0 has none).
+                "reward" => bad.reward[2] = value,
+                _ => bad.obs[row * 3 + 1] = value,
+            }
+            writer.add(bad).unwrap();
+            let files = writer.finish().unwrap();
+            let data = Dataset::open(&files, &expected(1)).unwrap();
+            let mut rng = Pcg64::seed_from_u64(1);
+            let e = (0..50)
+                .find_map(|_| data.sample(8, &mut rng).err())
+                .expect("a batch drew the row")
+                .to_string();
+            assert!(
+                e.contains(&format!("`{name}` of episode 0 at row {row} is {value}"))
+                    && e.contains(&files[0].display().to_string()),
+                "{e}"
+            );
         }
     }
 
