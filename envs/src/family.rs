@@ -163,6 +163,12 @@ impl Family {
         })
     }
 
+    /// Whether its tasks observe state only, as in the official code (their videos still
+    /// render).
+    pub fn observes_state_only(self) -> bool {
+        matches!(self, Family::MetaWorld | Family::MyoSuite)
+    }
+
     /// Why a task of this family cannot be made at all (ManiSkill2), if so.
     pub fn refusal(self) -> Option<&'static str> {
         (self == Family::ManiSkill2).then_some(

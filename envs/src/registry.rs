@@ -35,6 +35,11 @@ pub fn make_observed(
                 reason: reason.into(),
             });
         }
+        // Here, before a worker is started for it: its refusal is the input's, not a worker's
+        // failure.
+        if family.observes_state_only() {
+            crate::adapter::state_only(task, family.title(), options)?;
+        }
         if !family.steps_here() {
             return Ok(Box::new(RemoteEnv::new(
                 &TaskMix::single(task),

@@ -143,11 +143,17 @@ fn a_family_task_steps_in_a_worker_with_its_venv_and_observes_state_only() {
     assert!(environ.contains(&format!("TDMPC2_SITE_PACKAGES={}", site.display())));
     let mut here = envs::make("mw-reach", 5).unwrap();
     assert_eq!(env.reset(None).unwrap(), here.reset(None).unwrap());
-    let err = envs::make_observed("mw-reach", 5, envs::ObsKind::Rgb)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(err.contains("observe state only"), "{err}");
+    // Refused before a worker starts: the input's error, not a worker's failure.
+    for task in ["mw-reach", "myo-reach"] {
+        let err = envs::make_observed(task, 5, envs::ObsKind::Rgb)
+            .err()
+            .unwrap();
+        assert!(
+            matches!(err, envs::Error::Unsupported { .. }),
+            "{task}: {err:?}"
+        );
+        assert!(err.to_string().contains("observe state only"), "{err}");
+    }
 }
 
 #[test]
