@@ -376,6 +376,10 @@ fn evaluate(config: Config) -> Result<()> {
             "eval_episodes=0: eval plays at least one episode".into(),
         ));
     }
+    let video_path = match config.save_video {
+        true => Some(fresh_video_path(&config)?),
+        false => None,
+    };
     let rank = RankInfo::single(&config);
     let policy = crate::tools::playing_policy::build(&config, &rank, 1, Some(path))?;
     // One environment in this process (of every task, in a multitask run).
@@ -409,14 +413,12 @@ fn evaluate(config: Config) -> Result<()> {
             s.std
         );
     }
-    if !video.is_empty() {
-        let path = std::path::PathBuf::from(crate::logging::VIDEO_DIR).join(format!(
-            "{}-{}.gif",
-            config.task.replace(':', "_"),
-            config.seed
-        ));
-        crate::logging::write_video(&path, &video)?;
-        outln!("video of the first episode: {}", path.display());
+    if let Some(path) = video_path.filter(|_| !video.is_empty()) {
+        // The returns are the result: a video that cannot be written is said, not the end.
+        match crate::logging::write_video(&path, &video) {
+            Ok(_) => outln!("video of the first episode: {}", path.display()),
+            Err(e) => errln!("warning: the video was not written: {e}"),
+        }
     }
     outln!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
@@ -441,6 +443,30 @@ fn evaluate(config: Config) -> Result<()> {
     }
     outln!("{line}");
     Ok(())
+}
+
+/// Where `eval` films its first episode: `eval_video/<task>-<seed>.gif`, or with `-2`, `-3`,
+/// ... when an earlier evaluation's video has that name. A folder that cannot be made there is
+/// refused before any episode is played.
+fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
+    let dir = std::path::Path::new(crate::logging::VIDEO_DIR);
+    std::fs::create_dir_all(dir).map_err(|e| {
+        Error::Config(format!(
+            "save_video=true: eval writes its video into ./{}/, which cannot be made here \
+             ({e}); run eval from another folder, or without save_video",
+            dir.display()
+        ))
+    })?;
+    let stem = format!("{}-{}", config.task.replace([':', '/'], "_"), config.seed);
+    let name = |n: usize| match n {
+        1 => format!("{stem}.gif"),
+        n => format!("{stem}-{n}.gif"),
+    };
+    let free = (1..).map(|n| dir.join(name(n)));
+    Ok(free
+        .take(100_000)
+        .find(|path| std::fs::symlink_metadata(path).is_err())
+        .unwrap_or_else(|| dir.join(name(0))))
 }
 
 #[cfg(test)]

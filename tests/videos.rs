@@ -92,6 +92,32 @@ fn a_state_run_films_each_evaluation_and_eval_films_its_first_episode() {
         "{stdout}"
     );
     assert!(common::gif_frames(&path).0 >= 2);
+
+    // A second evaluation keeps the first one's video and films under a name of its own.
+    let first = std::fs::read(&path).unwrap();
+    let eval = |cwd: &std::path::Path| {
+        Command::new(common::tdmpc2_bin())
+            .current_dir(cwd)
+            .arg("eval")
+            .args(SETTINGS)
+            .arg(format!("checkpoint={}", dir.path().display()))
+            .output()
+            .unwrap()
+    };
+    let again = eval(dir.path());
+    assert!(again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("eval_video/InvertedPendulum-v5-1-2.gif")
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), first);
+    // Where its folder cannot be made, it is refused before any episode is played.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(elsewhere.path().join("eval_video"), "a file").unwrap();
+    let refused = eval(elsewhere.path());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("save_video=true: eval writes its video into ./eval_video/"));
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("return"));
 }
 
 #[test]
