@@ -22,6 +22,23 @@ pub fn most_local_cpu_ranks() -> usize {
     most_cpu_ranks(Machine::this().cores)
 }
 
+/// A pipelined rank's (acting, learning) threads out of `total`: `actor` when set (it must leave the learner at
+/// least one), else half, each at least one.
+pub fn split_threads(total: usize, actor: Option<usize>) -> Result<(usize, usize)> {
+    match actor {
+        Some(a) if a >= total && total > 1 => Err(Error::Config(format!(
+            "actor_threads={a} leaves no thread to the learner: the rank has {total} \
+             (num_threads, or cores / local ranks); use actor_threads <= {}",
+            total - 1
+        ))),
+        Some(a) => Ok((a.max(1), total.saturating_sub(a).max(1))),
+        None => {
+            let actor = (total / 2).max(1);
+            Ok((actor, total.saturating_sub(actor).max(1)))
+        }
+    }
+}
+
 /// What a part of a rank's memory is for, the keys that size it, and its bytes.
 struct Footprint {
     what: &'static str,
@@ -103,6 +120,14 @@ impl Config {
                  threads, so fewer ranks still use every core)",
                 machine.cores, max_ranks
             )));
+        }
+        if self.pipeline {
+            // As the rank will split them: here with this node's cores (a rank bound to CPUs
+            // of its own checks again with those).
+            let threads = self
+                .num_threads
+                .unwrap_or((machine.cores / local_ranks).max(1));
+            split_threads(threads, self.actor_threads)?;
         }
         let parts = self.footprint();
         let per_rank: f64 = parts.iter().map(|p| p.bytes).sum();
@@ -235,5 +260,40 @@ impl Config {
                 bytes: buffer,
             },
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_split_between_acting_and_learning() {
+        assert_eq!(split_threads(2, None).unwrap(), (1, 1));
+        assert_eq!(split_threads(1, None).unwrap(), (1, 1));
+        assert_eq!(split_threads(16, None).unwrap(), (8, 8));
+        assert_eq!(split_threads(16, Some(4)).unwrap(), (4, 12));
+        let err = split_threads(4, Some(4)).unwrap_err().to_string();
+        assert!(
+            err.contains("actor_threads=4") && err.contains("<= 3"),
+            "{err}"
+        );
+        // Checked with the config (a sweep's jobs, `--cfg job`), with this node's cores.
+        let mut c = Config::defaults().unwrap();
+        (c.pipeline, c.actor_threads) = (true, Some(2));
+        c.obs_shape = Some(vec![3]);
+        c.action_dim = Some(1);
+        let two_cores = Machine {
+            cores: 2,
+            memory_bytes: 4e9,
+            cuda_available: || false,
+        };
+        let e = c.check_resources(&two_cores).unwrap_err().to_string();
+        assert!(e.contains("actor_threads=2 leaves no thread"), "{e}");
+        c.num_threads = Some(3);
+        c.check_resources(&two_cores).unwrap();
+        c.pipeline = false;
+        c.num_threads = None;
+        c.check_resources(&two_cores).unwrap();
     }
 }

@@ -30,7 +30,7 @@ impl Pipeline {
         if !config.pipeline {
             return Ok(None);
         }
-        let (actor_threads, learner_threads) = split_threads(
+        let (actor_threads, learner_threads) = crate::config::split_threads(
             crate::device::rank_threads(config.num_threads, rank),
             config.actor_threads,
         )?;
@@ -68,39 +68,9 @@ impl Pipeline {
     }
 }
 
-/// (acting, learning) threads out of `total`: `actor` when set (it must leave the learner at
-/// least one), else half, each at least one.
-fn split_threads(total: usize, actor: Option<usize>) -> Result<(usize, usize)> {
-    match actor {
-        Some(a) if a >= total && total > 1 => Err(Error::Config(format!(
-            "actor_threads={a} leaves no thread to the learner: the rank has {total} \
-             (num_threads, or cores / local ranks); use actor_threads <= {}",
-            total - 1
-        ))),
-        Some(a) => Ok((a.max(1), total.saturating_sub(a).max(1))),
-        None => {
-            let actor = (total / 2).max(1);
-            Ok((actor, total.saturating_sub(actor).max(1)))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn threads_split_between_acting_and_learning() {
-        assert_eq!(split_threads(2, None).unwrap(), (1, 1));
-        assert_eq!(split_threads(1, None).unwrap(), (1, 1));
-        assert_eq!(split_threads(16, None).unwrap(), (8, 8));
-        assert_eq!(split_threads(16, Some(4)).unwrap(), (4, 12));
-        let err = split_threads(4, Some(4)).unwrap_err().to_string();
-        assert!(
-            err.contains("actor_threads=4") && err.contains("<= 3"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn both_sides_run_and_their_errors_come_back() {
