@@ -55,12 +55,27 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The files of a dataset in `dir`: every `.pt` file there, in name order.
+/// The files of a dataset in `dir`: every `.pt` file there, in name order. A `.pt` entry that
+/// cannot be followed (a link to nothing) is an error naming it: left out, the run would train
+/// on part of the data without a word.
 fn dataset_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "pt") && p.is_file())
-        .collect();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|x| x != "pt") {
+            continue;
+        }
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => files.push(path),
+            Ok(_) => {}
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{} cannot be followed ({e})", path.display()),
+                ))
+            }
+        }
+    }
     files.sort();
     Ok(files)
 }
@@ -770,6 +785,27 @@ mod tests {
 
     /// A `terminated` entry is read: a file whose episodes end early is refused, naming the
     /// episode; one of zeros (and the first row's NaN filler) opens.
+    #[test]
+    fn a_dataset_file_that_is_a_link_to_nothing_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("chunk_0.pt"), "x").unwrap();
+        std::fs::create_dir(dir.path().join("folder.pt")).unwrap();
+        assert_eq!(files(dir.path()).unwrap(), [dir.path().join("chunk_0.pt")]);
+        let link = dir.path().join("chunk_1.pt");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &link).unwrap();
+        let e = files(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{} cannot be followed", link.display())),
+            "{e}"
+        );
+        // Nor is a new dataset written through it.
+        std::fs::remove_file(dir.path().join("chunk_0.pt")).unwrap();
+        let e = ChunkWriter::new(dir.path(), 1, 3, vec![2]).err().unwrap();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert!(e.to_string().contains("written through it"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    }
+
     #[test]
     fn a_file_with_terminations_is_refused() {
         let _turn = one_at_a_time();

@@ -32,8 +32,15 @@ fn refuse_a_dataset(dir: &Path) -> Result<()> {
             dir.display()
         )));
     }
-    let held =
-        super::dataset_files(dir).map_err(|e| Error::io(format!("read {}", dir.display()), e))?;
+    let held = super::dataset_files(dir).map_err(|e| match e.kind() {
+        // The directory is there: what is not is a link's target.
+        std::io::ErrorKind::NotFound => Error::Config(format!(
+            "{}: {e}; a new chunk would be written through it: remove it, or give an empty or \
+             new directory",
+            dir.display()
+        )),
+        _ => Error::io(format!("read {}", dir.display()), e),
+    })?;
     if held.is_empty() {
         return Ok(());
     }
