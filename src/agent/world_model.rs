@@ -397,11 +397,20 @@ impl WorldModel {
             if let Some(masks) = by_name.remove(ACTION_MASKS) {
                 let ours = task.masks.to_device(Device::Cpu);
                 if masks.size() != ours.size() || !masks.to_kind(Kind::Float).equal(&ours) {
+                    // Each task's number of actions, which is what a mask row says.
+                    let actions = |m: &Tensor| match m.size()[..] {
+                        [tasks, _] => {
+                            let counts = m.to_kind(Kind::Int64).sum_dim_intlist(1, false, None);
+                            let counts = Vec::<i64>::try_from(counts).unwrap_or_default();
+                            format!("{tasks} tasks of {counts:?} actions")
+                        }
+                        _ => format!("shape {:?}", m.size()),
+                    };
                     return Err(Error::Config(format!(
-                        "{ACTION_MASKS} of the state dict ({:?}) are not those of this model's \
-                         tasks ({:?}): the task lists differ",
-                        masks.size(),
-                        ours.size()
+                        "{ACTION_MASKS} of the state dict ({}) are not those of this model's \
+                         tasks ({}): the task lists differ",
+                        actions(&masks),
+                        actions(&ours)
                     )));
                 }
             }
@@ -660,7 +669,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("_action_masks") && err.contains("task lists"),
+            err.contains("_action_masks of the state dict (2 tasks of [2, 1] actions)")
+                && err.contains("this model's tasks (2 tasks of [1, 2] actions)"),
             "{err}"
         );
         assert!(
