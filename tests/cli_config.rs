@@ -131,7 +131,7 @@ fn config_name_lays_a_file_over_the_defaults() {
         "job",
     ]);
     assert!(
-        e.contains("the config directory /nonexistent/configs does not exist"),
+        e.contains("the config directory \"/nonexistent/configs\" does not exist"),
         "{e}"
     );
     let file = tempfile::NamedTempFile::new().unwrap();
@@ -147,10 +147,24 @@ fn config_name_lays_a_file_over_the_defaults() {
     ]);
     assert!(
         e.contains(&format!(
-            "the config directory {file} is a file, not a directory"
+            "the config directory {file:?} is a file, not a directory"
         )),
         "{e}"
     );
+    for dir in ["/nonexistent", ""] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(["train", "--config-name", "x", "--cfg", "job"])
+            .env("TDMPC2_CONFIG_DIR", dir)
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{e}");
+        assert!(
+            e.contains(&format!("the config directory {dir:?} does not exist"))
+                && e.contains("(TDMPC2_CONFIG_DIR, or --config-path sets it)"),
+            "{e}"
+        );
+    }
 
     // A hydra file as the official and seed-project ones are written: its defaults list (the
     // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.

@@ -37,9 +37,14 @@ impl Source {
                 true => "is a file, not a directory",
                 false => "does not exist",
             };
+            let set_by =
+                match self.config_path.is_none() && std::env::var_os(CONFIG_DIR_VAR).is_some() {
+                    true => format!("{CONFIG_DIR_VAR}, or --config-path"),
+                    false => "--config-path".to_owned(),
+                };
             return Err(Error::Config(format!(
-                "--config-name {name}: the config directory {} {what} (--config-path sets it)",
-                dir.display()
+                "--config-name {name}: the config directory {:?} {what} ({set_by} sets it)",
+                dir.display().to_string()
             )));
         }
         let available: Vec<String> = std::fs::read_dir(&dir)
@@ -69,10 +74,13 @@ impl Source {
     }
 }
 
+/// The variable that names another directory of config files than the repository's.
+const CONFIG_DIR_VAR: &str = "TDMPC2_CONFIG_DIR";
+
 /// The repository's `configs/` directory: `TDMPC2_CONFIG_DIR`, else next to the sources the
 /// binary was built from.
 pub fn default_config_dir() -> PathBuf {
-    std::env::var_os("TDMPC2_CONFIG_DIR")
+    std::env::var_os(CONFIG_DIR_VAR)
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("configs"))
 }
