@@ -364,6 +364,29 @@ fn tracker_variables_wandb_would_refuse_are_refused_before_the_run() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{e}");
 }
 
+/// A venv or site-packages named by a variable that is not there is named with the variable,
+/// not replaced by the build's venv nor reported as a missing module.
+#[test]
+fn a_python_environment_variable_naming_nothing_is_named() {
+    for (var, dir) in [
+        ("TDMPC2_VENV", "/nonexistent/lib/python3"),
+        ("TDMPC2_SITE_PACKAGES", "/nonexistent"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+            .args(["train", "task=cartpole-swingup", "--cfg", "job"])
+            .env(var, "/nonexistent")
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            e.contains(&format!("cannot use site-packages {dir}"))
+                && e.contains(&format!("(from {var}=/nonexistent)")),
+            "{e}"
+        );
+    }
+}
+
 /// Issue 11's failure matrix (items 4, 5, 8 and 9): each of these once panicked, passed
 /// silently or named a key the user never set.
 #[test]

@@ -69,18 +69,27 @@ pub fn site_packages() -> PathBuf {
         return PathBuf::from(dir);
     }
     if let Ok(venv) = std::env::var("TDMPC2_VENV") {
-        let lib = PathBuf::from(venv).join("lib");
+        let lib = PathBuf::from(&venv).join("lib");
         let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
             entries
                 .flatten()
                 .map(|e| e.path().join("site-packages"))
                 .find(|p| p.is_dir())
         });
-        if let Some(dir) = found {
-            return dir;
-        }
+        // A venv without one is named as it is, not replaced by the build's.
+        return found.unwrap_or_else(|| PathBuf::from(venv).join(site_packages_in_venv()));
     }
     PathBuf::from(BUILD_SITE_PACKAGES)
+}
+
+/// What chose [`site_packages`], in words for an error.
+fn site_packages_source() -> String {
+    for var in [SITE_PACKAGES_VAR, "TDMPC2_VENV"] {
+        if let Some(value) = std::env::var_os(var) {
+            return format!("{var}={}", value.to_string_lossy());
+        }
+    }
+    "the venv this binary was built with; TDMPC2_VENV names another".into()
 }
 
 /// The project's venv: `TDMPC2_VENV`, else the venv whose site-packages was recorded at
@@ -124,6 +133,13 @@ pub fn init() -> Result<()> {
     READY
         .get_or_init(|| {
             let dir = site_packages();
+            if !dir.is_dir() {
+                return Err(format!(
+                    "cannot use site-packages {}: there is no such directory (from {})",
+                    dir.display(),
+                    site_packages_source()
+                ));
+            }
             Python::attach(|py| -> PyResult<()> {
                 let globals = pyo3::types::PyDict::new(py);
                 globals.set_item("OURS", dir.to_string_lossy())?;
