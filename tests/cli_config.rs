@@ -597,6 +597,46 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
             &["bench", "--cases", "dataset", "--dataset-mb", "999999999"],
             "--dataset-mb 999999999:",
         ),
+        (
+            &["bench", "--cases", "env,ddp", "--ranks", "100000"],
+            "--ranks 100000: at most",
+        ),
+        (
+            &["bench", "--cases", "env,video", "--video-task", "nosuch"],
+            "unknown task `nosuch`",
+        ),
+        (
+            &[
+                "bench",
+                "--cases",
+                "env,video",
+                "--video-task",
+                "Pendulum-v1",
+            ],
+            "draws none",
+        ),
+        (
+            &[
+                "bench",
+                "--cases",
+                "env,buffer",
+                "--buffer-rows",
+                "100000000000",
+            ],
+            "--buffer-rows 100000000000: the largest case's buffer needs",
+        ),
+        (
+            &[
+                "bench",
+                "--cases",
+                "env,loop",
+                "--loop-task",
+                "mw-reach",
+                "--loop-set",
+                "obs=rgb",
+            ],
+            "Meta-World tasks observe state only",
+        ),
         (&["doctor", "--world-size", "100000"], "--world-size 100000"),
         (&["plot", ".", "--width", "100000"], "--width 100000"),
         // An output no figure can be written to, named before any run is read.
@@ -607,6 +647,8 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
     ] {
         let stderr = rejected(args);
         assert!(stderr.contains(named), "{args:?}: {stderr}");
+        // Refused before the first case ran: nothing measured.
+        assert!(tdmpc2(args).stdout.is_empty(), "{args:?}");
     }
 }
 

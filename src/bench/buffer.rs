@@ -90,6 +90,27 @@ fn tempfile_dir() -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// Refuses `rows` whose largest buffer the machine could not hold, naming the option, before
+/// any case runs.
+pub fn check(rows: usize) -> Result<()> {
+    let row_bytes = cases()
+        .iter()
+        .map(|case| ReplayBuffer::bytes_per_row(case.layout, case.action_dim))
+        .max()
+        .unwrap_or(0);
+    let need = rows as f64 * row_bytes as f64;
+    let have = crate::memory::available_bytes()?;
+    if need > have {
+        return Err(crate::Error::Config(format!(
+            "--buffer-rows {rows}: the largest case's buffer needs {:.1} GB, more than the \
+             {:.1} GB this machine has available; give fewer rows",
+            need / 1e9,
+            have / 1e9
+        )));
+    }
+    Ok(())
+}
+
 /// Fills one buffer of `rows` rows per case with 500-step episodes and prints a JSON line each.
 pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for case in cases() {

@@ -144,17 +144,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 };
                 super::graphs::run(&options, &mut |line| outln!("{line}"))?;
             }
-            "ddp" => {
-                let options = super::ddp::DdpOptions {
-                    ranks: args.ranks.clone(),
-                    sync_freq: args.sync_freq,
-                    steps: args.ddp_steps,
-                    warmup: args.ddp_warmup,
-                    rounds: args.ddp_rounds,
-                    seed: 1,
-                };
-                super::ddp::run(&options, &mut |line| outln!("{line}"))?;
-            }
+            "ddp" => super::ddp::run(&ddp_options(args), &mut |line| outln!("{line}"))?,
             "loop" => {
                 super::train_loop::run(&loop_options(args), &mut |line| outln!("{line}"))?;
             }
@@ -229,7 +219,27 @@ fn check(args: &BenchArgs) -> Result<()> {
     if runs("loop") {
         super::train_loop::check(&loop_options(args))?;
     }
+    if runs("ddp") {
+        ddp_options(args).check()?;
+    }
+    if runs("buffer") {
+        super::buffer::check(args.buffer_rows as usize)?;
+    }
+    if runs("video") {
+        super::video::check(&args.video_task)?;
+    }
     Ok(())
+}
+
+fn ddp_options(args: &BenchArgs) -> super::ddp::DdpOptions {
+    super::ddp::DdpOptions {
+        ranks: args.ranks.clone(),
+        sync_freq: args.sync_freq,
+        steps: args.ddp_steps,
+        warmup: args.ddp_warmup,
+        rounds: args.ddp_rounds,
+        seed: 1,
+    }
 }
 
 /// An environment count, at most `num_envs`'s limit.

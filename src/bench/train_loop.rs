@@ -105,6 +105,7 @@ pub fn check(options: &LoopOptions) -> Result<()> {
         )));
     }
     let spec = envs::make(&options.task, 0)?.spec().clone();
+    let mut observed = false;
     for &size in &options.model_sizes {
         for (num_envs, pipeline, compile) in cases(options) {
             let source = crate::config::Source {
@@ -121,7 +122,15 @@ pub fn check(options: &LoopOptions) -> Result<()> {
             source
                 .refuse_derived_settings()
                 .and_then(|()| crate::config::Config::load(&source))
-                .and_then(|mut config| config.resolve(&spec))
+                .and_then(|mut config| {
+                    config.resolve(&spec)?;
+                    // What the settings observe (obs=rgb), made once as the runs will.
+                    if !observed {
+                        crate::config::task_specs(&config, config.env_options(0)?)?;
+                        observed = true;
+                    }
+                    Ok(())
+                })
                 .map_err(|e| {
                     let why = e.to_string();
                     let why = why.trim_start_matches("config error: ");

@@ -8,14 +8,24 @@ use serde_json::{json, Value};
 use crate::error::Result;
 use crate::logging::{write_video, VIDEO_FPS};
 
+/// The environment a video case renders, made once to refuse a task that is unknown or draws
+/// nothing before any case runs.
+pub fn check(task: &str) -> Result<()> {
+    envs::make_observed(task, 1, options()).map(drop)?;
+    Ok(())
+}
+
+fn options() -> envs::EnvOptions {
+    envs::EnvOptions {
+        obs: envs::ObsKind::State,
+        videos: true,
+    }
+}
+
 /// Renders `frames` frames of `task` at each size, encodes the video-size ones and prints a
 /// JSON line per measurement.
 pub fn run(task: &str, frames: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    let options = envs::EnvOptions {
-        obs: envs::ObsKind::State,
-        videos: true,
-    };
-    let mut env = envs::make_observed(task, 1, options)?;
+    let mut env = envs::make_observed(task, 1, options())?;
     let action_dim = env.spec().action_dim;
     let episode = env.spec().episode_length + 1;
     let frames = frames.max(1);

@@ -47,7 +47,7 @@ pub struct DdpOptions {
 
 impl DdpOptions {
     /// Rank counts and counts of steps and rounds of at least one.
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         if self.ranks.is_empty() || self.ranks.contains(&0) {
             return Err(Error::Config(format!(
                 "--ranks {:?}: give rank counts >= 1, e.g. --ranks 1,2",
