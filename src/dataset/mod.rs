@@ -221,6 +221,11 @@ impl Chunk {
                 index.batch_size
             )));
         };
+        if episodes == 0 {
+            return Err(fail(format!(
+                "holds no episode (its TensorDict has batch size [0, {length}]): leave it out"
+            )));
+        }
         let fields = Fields {
             index: &index,
             episodes,
@@ -783,8 +788,6 @@ mod tests {
         .unwrap();
     }
 
-    /// A `terminated` entry is read: a file whose episodes end early is refused, naming the
-    /// episode; one of zeros (and the first row's NaN filler) opens.
     #[test]
     fn a_dataset_file_that_is_a_link_to_nothing_is_named() {
         let dir = tempfile::tempdir().unwrap();
@@ -806,6 +809,42 @@ mod tests {
         assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
     }
 
+    /// A checkpoint's weights (a plain mapping, one tensor under two names as our export
+    /// writes) and a file of no episodes are named for what they are.
+    #[test]
+    fn a_checkpoint_or_a_file_of_no_episodes_is_named_for_what_it_is() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let (weights, none) = (dir.path().join("chunk_0.pt"), dir.path().join("chunk_1.pt"));
+        let script = format!(
+            "import torch\n\
+             from tensordict import TensorDict\n\
+             w = torch.zeros(2)\n\
+             torch.save({{'model': {{'_pi.0.weight': w, '_Qs.0.weight': w}}}}, '{}')\n\
+             torch.save(TensorDict({{'obs': torch.zeros(0, 6, 3), 'action': torch.zeros(0, 6, 2), \
+             'reward': torch.zeros(0, 6), 'task': torch.zeros(0, 6, dtype=torch.int64)}}, \
+             batch_size=[0, 6]), '{}')\n",
+            weights.display(),
+            none.display()
+        );
+        run_python(script);
+        let e = Dataset::open(&[weights], &expected(1))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("holds a plain mapping (model), not a TensorDict of episodes"),
+            "{e}"
+        );
+        let e = Dataset::open(&[none], &expected(1))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("holds no episode"), "{e}");
+    }
+
+    /// A `terminated` entry is read: a file whose episodes end early is refused, naming the
+    /// episode; one of zeros (and the first row's NaN filler) opens.
     #[test]
     fn a_file_with_terminations_is_refused() {
         let _turn = one_at_a_time();

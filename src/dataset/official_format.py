@@ -162,8 +162,14 @@ def index(path):
             root = _Unpickler(f).load()
         if not isinstance(root, dict):
             raise ValueError(f"holds a {type(root).__name__}, not a TensorDict of episodes")
+        if not isinstance(root, _TensorDict):
+            keys = ", ".join(map(str, list(root)[:5]))
+            raise ValueError(f"holds a plain mapping ({keys}), not a TensorDict of episodes "
+                             "(a checkpoint's weights?)")
         tensors = {}
         _flatten(root, "", tensors)
+        # A tensor stored under two names is one description: each name gets its own.
+        tensors = {name: dict(t) for name, t in tensors.items()}
         for name, t in tensors.items():
             if t["dtype"] is None:
                 raise ValueError(f"{name}: storage of unknown dtype")
