@@ -5,16 +5,24 @@
 #   scripts/collect_dataset.sh data/mine 300 "task=[walker-run,cup-catch]" checkpoint=runs/.../1
 # Without checkpoint=, the episodes play uniform random actions. The agent's settings (task,
 # model_size, ...) must be those it was trained with. Sets everything up on first use.
+# Environment: TDMPC2_BIN (default: the release build's tdmpc2; given, setup is skipped).
 set -euo pipefail
+usage="usage: $0 OUT_DIR EPISODES [key=value ...]"
 if [ $# -lt 2 ]; then
-    echo "usage: $0 OUT_DIR EPISODES [key=value ...]" >&2
+    echo "$usage" >&2
     exit 2
 fi
 out=$1 episodes=$2
 shift 2
+# Checked before the setup, which can take minutes.
+if ! [[ $episodes =~ ^[1-9][0-9]*$ ]]; then
+    echo "$0: EPISODES is '$episodes', not a positive whole number" >&2
+    echo "$usage" >&2
+    exit 2
+fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-"$here/setup.sh" >&2
+if [ -z "${TDMPC2_BIN:-}" ]; then "$here/setup.sh" >&2; fi
 source "$here/env.sh"
-bin=$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 --no-deps \
-    | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2
+bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
+    --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
 exec "$bin" collect --out "$out" --episodes "$episodes" "$@"

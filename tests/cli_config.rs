@@ -277,6 +277,44 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     }
 }
 
+/// scripts/collect_dataset.sh checks EPISODES before its setup and runs the binary TDMPC2_BIN
+/// names.
+#[test]
+fn collect_dataset_sh_checks_its_arguments_first_and_runs_the_given_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], bin: &str| {
+        Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/collect_dataset.sh"
+        ))
+        .args(args)
+        .env("TDMPC2_BIN", bin)
+        .output()
+        .expect("scripts/collect_dataset.sh runs")
+    };
+    let out_dir = dir.path().join("data");
+    let out_dir = out_dir.to_str().unwrap();
+    for episodes in ["x", "0", "-3"] {
+        let out = run(&[out_dir, episodes], "/nonexistent/tdmpc2");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("EPISODES is '{episodes}'")),
+            "{stderr}"
+        );
+    }
+    let out = run(
+        &[out_dir, "1", "task=Pendulum-v1"],
+        env!("CARGO_BIN_EXE_tdmpc2"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::path::Path::new(out_dir).join("chunk_0.pt").is_file());
+}
+
 #[test]
 fn every_validation_error_is_clear() {
     let cases: &[(&str, &str)] = &[
