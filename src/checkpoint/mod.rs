@@ -111,6 +111,10 @@ pub struct TrainState {
     /// Whether an evaluation was due and not yet made (a stop during it, or while environments
     /// waited for it): the resumed run makes it first.
     pub eval_due: bool,
+    /// Whether a periodic checkpoint was due and not yet made (a stop during the evaluation
+    /// before it, or while environments waited for it): the resumed run writes it when it
+    /// would have been, and derives the random streams there as the uninterrupted run did.
+    pub save_due: bool,
     /// Episodes started in each of this rank's environments (empty when not known).
     pub env_episodes: Vec<u64>,
     /// This rank's planner warm start, the means its next plans shift (empty when not known).
@@ -151,6 +155,8 @@ struct Meta {
     pretrain_updates: u64,
     #[serde(default)]
     eval_due: bool,
+    #[serde(default)]
+    save_due: bool,
     /// Episodes started in each environment, rank by rank: where each rank's episode seeds
     /// and a multitask run's task cycles continue.
     #[serde(default)]
@@ -412,6 +418,7 @@ mod tests {
             policy_optim_step: 1,
             pretrain_updates: 0,
             eval_due: false,
+            save_due: false,
             env_episodes: Vec::new(),
             offline: Some(false),
             buffer_hashes: None,

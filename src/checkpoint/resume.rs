@@ -165,6 +165,7 @@ pub fn resume(
         elapsed: meta.elapsed,
         pretrain_updates: meta.pretrain_updates,
         eval_due: meta.eval_due,
+        save_due: meta.save_due,
         env_episodes,
         warm_start,
         batches_read: meta.batches_read,
@@ -276,6 +277,7 @@ struct Counters {
     model_optim_step: u64,
     policy_optim_step: u64,
     eval_due: bool,
+    save_due: bool,
     batches_read: Option<u64>,
 }
 
@@ -298,12 +300,13 @@ impl Counters {
             model_optim_step: meta.model_optim_step,
             policy_optim_step: meta.policy_optim_step,
             eval_due: meta.eval_due,
+            save_due: meta.save_due,
             batches_read: meta.batches_read,
         }
     }
 
     /// `status` then the counters, as float64 (exact for counts below 2^53).
-    fn header(&self, status: f64) -> [f64; 10] {
+    fn header(&self, status: f64) -> [f64; 11] {
         [
             status,
             self.global_step as f64,
@@ -315,6 +318,7 @@ impl Counters {
             self.policy_optim_step as f64,
             f64::from(u8::from(self.eval_due)),
             self.batches_read.map_or(-1.0, |n| n as f64),
+            f64::from(u8::from(self.save_due)),
         ]
     }
 
@@ -330,6 +334,7 @@ impl Counters {
             policy_optim_step: n(7) as u64,
             eval_due: n(8) == 1.0,
             batches_read: Some(n(9)).filter(|&n| n >= 0.0).map(|n| n as u64),
+            save_due: n(10) == 1.0,
         }
     }
 }
@@ -542,6 +547,7 @@ mod tests {
             model_optim_step: 99_999,
             policy_optim_step: 99_998,
             eval_due: true,
+            save_due: true,
             batches_read: Some(4_000_000),
         };
         let header = counters.header(1.0);

@@ -149,6 +149,7 @@ fn write(
         policy_optim_step: policy_state.step,
         pretrain_updates: state.pretrain_updates,
         eval_due: state.eval_due,
+        save_due: state.save_due,
         env_episodes,
         offline: Some(settings.counts_updates),
         buffer_hashes: Some(buffer_hashes),

@@ -135,7 +135,7 @@ impl<'g> Offline<'g> {
                     Some(config.eval_freq),
                     config.save_freq,
                     from,
-                    state.eval_due,
+                    (state.eval_due, state.save_due),
                 ),
             },
             clock: Clock::new(state.elapsed),
@@ -267,6 +267,8 @@ impl<'g> Offline<'g> {
     /// own, if it failed).
     fn stop(&mut self, when: &str, request: stop::StopRequest) -> Error {
         self.note_state();
+        // Only a stop leaves a periodic checkpoint owed.
+        self.state.save_due = self.schedule.save_due();
         let (state, learner, report) = (&self.state, &self.learner, self.report.take());
         let saved_here = self.saved_at == Some(self.state.step);
         let stop = setup::Stop {

@@ -25,18 +25,21 @@ impl Schedule {
         }
     }
 
-    /// A run resumed from its checkpoint at global step `from`: it saved there, and evaluated
-    /// unless `eval_due` (a stop came first). Steps below `from` (a resume at another world
-    /// size rounds the step down) cross no multiple again.
+    /// A run resumed from its checkpoint at global step `from`: it evaluated there unless
+    /// `eval_due`, and made its periodic checkpoint unless `save_due` (a stop came first: that
+    /// checkpoint is then made when it would have been, after the evaluation or at the
+    /// episodes' end). Steps below `from` (a resume at another world size rounds the step
+    /// down) cross no multiple again.
     pub(super) fn resumed(
         eval_freq: Option<u64>,
         save_freq: u64,
         from: u64,
-        eval_due: bool,
+        (eval_due, save_due): (bool, bool),
     ) -> Self {
         Self {
             previous_step: from,
             eval_due: eval_freq.is_some() && eval_due,
+            save_due,
             ..Self::fresh(eval_freq, save_freq)
         }
     }
@@ -95,10 +98,14 @@ mod tests {
         s.evaluated();
         s.advance(260);
         assert!(s.eval_due() && s.save_due(), "260 crossed 200 and 250");
-        let resumed = Schedule::resumed(Some(100), 250, 260, false);
+        let resumed = Schedule::resumed(Some(100), 250, 260, (false, false));
         assert!(!resumed.any_due());
-        let stopped_before_evaluating = Schedule::resumed(Some(100), 250, 260, true);
-        assert!(stopped_before_evaluating.eval_due());
+        let stopped_before_evaluating = Schedule::resumed(Some(100), 250, 260, (true, false));
+        assert!(stopped_before_evaluating.eval_due() && !stopped_before_evaluating.save_due());
+        // Stopped during the evaluation before a periodic checkpoint: both are owed, so the
+        // checkpoint (and the streams derived there) follows the evaluation, as it would have.
+        let stopped_before_saving = Schedule::resumed(Some(100), 250, 260, (true, true));
+        assert!(stopped_before_saving.eval_due() && stopped_before_saving.save_due());
         let mut no_evaluations = Schedule::fresh(None, 250);
         assert!(!no_evaluations.any_due(), "nothing waits for evaluations");
         no_evaluations.advance(300);
@@ -108,14 +115,14 @@ mod tests {
     #[test]
     fn a_resume_at_step_zero_does_not_evaluate_again() {
         // Stopped after the first evaluation, before any step: the checkpoint owes none.
-        assert!(!Schedule::resumed(Some(100), 250, 0, false).eval_due());
-        assert!(Schedule::resumed(Some(100), 250, 0, true).eval_due());
+        assert!(!Schedule::resumed(Some(100), 250, 0, (false, false)).eval_due());
+        assert!(Schedule::resumed(Some(100), 250, 0, (true, false)).eval_due());
     }
 
     #[test]
     fn a_resume_that_rounds_its_step_down_crosses_no_point_twice() {
         // Saved and evaluated at 1000 by two ranks, resumed by three: 999, then 1002.
-        let mut s = Schedule::resumed(Some(500), 1000, 1000, false);
+        let mut s = Schedule::resumed(Some(500), 1000, 1000, (false, false));
         s.advance(999);
         s.advance(1002);
         assert!(!s.any_due());

@@ -124,7 +124,7 @@ impl<'g> Training<'g> {
         }
         let mut training = Self {
             settings: LoopSettings::from_config(config, world_size)?,
-            schedule: schedule(config, resumed_from, state.eval_due),
+            schedule: schedule(config, resumed_from, (state.eval_due, state.save_due)),
             clock: Clock::new(state.elapsed),
             checkpoints,
             group,
@@ -475,6 +475,8 @@ impl<'g> Training<'g> {
         if let Err(e) = self.note_actor_state() {
             return e;
         }
+        // Only a stop leaves a periodic checkpoint owed.
+        self.state.save_due = self.schedule.save_due();
         let (state, learner, report) = (&self.state, &self.learner, self.report.take());
         let saved_here = self.saved_at == Some(self.global_step());
         let stop = setup::Stop {
@@ -496,10 +498,10 @@ fn run_updates(learner: &mut Learner, rng: &mut rand_pcg::Pcg64, count: u64) -> 
 
 /// The evaluation and checkpoint points, from the checkpoint's global step when resumed.
 /// Without evaluation episodes, nothing waits for evaluation points.
-fn schedule(config: &Config, resumed_from: Option<u64>, eval_due: bool) -> Schedule {
+fn schedule(config: &Config, resumed_from: Option<u64>, due: (bool, bool)) -> Schedule {
     let eval_freq = (config.eval_episodes > 0).then_some(config.eval_freq);
     match resumed_from {
         None => Schedule::fresh(eval_freq, config.save_freq),
-        Some(from) => Schedule::resumed(eval_freq, config.save_freq, from, eval_due),
+        Some(from) => Schedule::resumed(eval_freq, config.save_freq, from, due),
     }
 }
