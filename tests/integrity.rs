@@ -440,7 +440,9 @@ fn sigterm_during_a_long_evaluation_stops_between_two_steps() {
 }
 
 /// A stop during a later evaluation keeps the episode that ended before it: in the replay
-/// buffer the checkpoint saves, in the episode count and in the logs.
+/// buffer the checkpoint saves, in the episode count and in the logs; and it records the
+/// periodic checkpoint due after that evaluation as owed, for the resumed run to write (and
+/// derive its streams at) where the uninterrupted run did.
 #[test]
 fn a_stop_during_an_evaluation_keeps_the_episode_that_ended_before_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -450,6 +452,7 @@ fn a_stop_during_an_evaluation_keeps_the_episode_that_ended_before_it() {
         "steps=1000000",
         "seed_steps=1000",
         "eval_freq=400",
+        "save_freq=400",
         "eval_episodes=1",
         "save_buffer=true",
         "num_samples=1024",
@@ -472,6 +475,12 @@ fn a_stop_during_an_evaluation_keeps_the_episode_that_ended_before_it() {
     );
     let saved = checkpoint(dir.path(), 400);
     assert_eq!(meta(&saved)["episodes"], 2, "both episodes are counted");
+    assert_eq!(meta(&saved)["eval_due"], true);
+    assert_eq!(
+        meta(&saved)["save_due"],
+        true,
+        "the checkpoint at 400 is owed"
+    );
     let trains = common::metrics(dir.path())
         .iter()
         .filter(|l| l["phase"] == "train")
