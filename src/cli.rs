@@ -265,6 +265,7 @@ pub fn run(cli: Cli) -> Result<()> {
 /// started by a launcher (ours, torchrun or SLURM) is one rank.
 fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &env_text)?;
+    config.check_pipeline_threads()?;
     if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
         if config.node_rank == 0 {
             trainer::lock::check_free(&config.run_dir())?;
@@ -291,6 +292,14 @@ fn train(mut config: Config) -> Result<()> {
             args: std::env::args_os().skip(1).collect(),
         };
         return launcher::launch(&plan);
+    }
+    if launched_by == LaunchedBy::Nobody && config.max_restarts > 0 {
+        errln!(
+            "warning: max_restarts={} is the built-in launcher's, which a run of world_size=1 \
+             does without: this process is not restarted when it fails (resume=auto continues \
+             it from its last checkpoint)",
+            config.max_restarts
+        );
     }
     // The launcher's world size was checked and taken as the config resolved.
     resume_after_restart(&mut config, std::env::var(launcher::RESTART_COUNT_ENV).ok())?;
@@ -376,12 +385,13 @@ fn evaluate(config: Config) -> Result<()> {
             "eval_episodes=0: eval plays at least one episode".into(),
         ));
     }
+    let rank = RankInfo::single(&config);
+    let policy = crate::tools::playing_policy::build(&config, &rank, 1, Some(path))?;
+    // Once the weights are found: a refused checkpoint leaves no folder behind.
     let video_path = match config.save_video {
         true => Some(fresh_video_path(&config)?),
         false => None,
     };
-    let rank = RankInfo::single(&config);
-    let policy = crate::tools::playing_policy::build(&config, &rank, 1, Some(path))?;
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {
         world_size: 1,

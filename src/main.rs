@@ -8,8 +8,17 @@ fn main() {
     }
     tdmpc2::memory::report_exhaustion_panics();
     let cli = tdmpc2::cli::Cli::parse_from(tdmpc2::cli::hydra_short_flags(std::env::args_os()));
-    if let Err(error) = tdmpc2::cli::run(cli) {
-        tdmpc2::errln!("error: {error}");
-        std::process::exit(error.exit_code());
+    match std::panic::catch_unwind(|| tdmpc2::cli::run(cli)) {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tdmpc2::errln!("error: {error}");
+            std::process::exit(error.exit_code());
+        }
+        // Reported by the panic hook, and unwound: what ends trackers' runs and releases
+        // locks has run.
+        Err(panic) if tdmpc2::memory::is_exhaustion(panic.as_ref()) => {
+            std::process::exit(tdmpc2::memory::EXHAUSTED_EXIT)
+        }
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }

@@ -6,28 +6,35 @@ use crate::error::{Error, Result};
 pub const EXHAUSTED_EXIT: i32 = 1;
 
 /// Reports a panic of torch running out of memory (tch raises torch's errors as panics on the
-/// hot path) as one line naming the settings that size memory, and exits; other panics keep
-/// Rust's report, as bugs.
+/// hot path) as one line naming the settings that size memory, in place of Rust's report; the
+/// panic then unwinds as any other (dropping what ends trackers' runs and releases locks), and
+/// the process exits with [`EXHAUSTED_EXIT`] once it reaches `main` (see [`is_exhaustion`]).
+/// Other panics keep Rust's report, as bugs.
 pub fn report_exhaustion_panics() {
     let rust_report = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let payload = info.payload();
-        let text = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied())
-            .unwrap_or_default();
-        match exhaustion(text) {
-            Some(what) => {
-                errln!(
-                    "error: out of memory: {what}; lower num_envs, eval_episodes, batch_size, \
-                     horizon, num_samples or model_size, or give the process more memory"
-                );
-                std::process::exit(EXHAUSTED_EXIT);
-            }
+        match exhaustion(text_of(info.payload())) {
+            Some(what) => errln!(
+                "error: out of memory: {what}; lower the settings that size memory (num_envs, \
+             eval_episodes, batch_size, horizon, num_samples, model_size), or give the process \
+             more memory"
+            ),
             None => rust_report(info),
         }
     }));
+}
+
+/// Whether a panic's payload is torch running out of memory (already reported by the hook).
+pub fn is_exhaustion(payload: &(dyn std::any::Any + Send)) -> bool {
+    exhaustion(text_of(payload)).is_some()
+}
+
+fn text_of(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or_default()
 }
 
 /// torch's words for memory it could not get, in one line, if `panic` is about that.

@@ -402,6 +402,25 @@ fn tracker_variables_wandb_would_refuse_are_refused_before_the_run() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{e}");
 }
 
+/// max_restarts is the launcher's: a run of one process, which has none, says it will not be
+/// restarted.
+#[test]
+fn max_restarts_without_a_launcher_is_said_to_restart_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["train", "task=Pendulum-v1", "model_size=1", "steps=201"])
+        .args(["eval_episodes=0", "max_restarts=2", "num_threads=1"])
+        .arg(format!("run_dir={}", dir.path().join("run").display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: max_restarts=2 is the built-in launcher's"),
+        "{stderr}"
+    );
+}
+
 /// A venv or site-packages named by a variable that is not there is named with the variable,
 /// not replaced by the build's venv nor reported as a missing module.
 #[test]
@@ -412,6 +431,7 @@ fn a_python_environment_variable_naming_nothing_is_named() {
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
             .args(["train", "task=cartpole-swingup", "--cfg", "job"])
+            .env_remove("TDMPC2_SITE_PACKAGES")
             .env(var, "/nonexistent")
             .output()
             .unwrap();

@@ -65,10 +65,10 @@ pub const SITE_PACKAGES_VAR: &str = "TDMPC2_SITE_PACKAGES";
 
 /// The site-packages directory the interpreter is pointed at.
 pub fn site_packages() -> PathBuf {
-    if let Ok(dir) = std::env::var(SITE_PACKAGES_VAR) {
+    if let Some(dir) = set_var(SITE_PACKAGES_VAR) {
         return PathBuf::from(dir);
     }
-    if let Ok(venv) = std::env::var("TDMPC2_VENV") {
+    if let Some(venv) = set_var("TDMPC2_VENV") {
         let lib = PathBuf::from(&venv).join("lib");
         let found = std::fs::read_dir(&lib).ok().and_then(|entries| {
             entries
@@ -82,11 +82,16 @@ pub fn site_packages() -> PathBuf {
     PathBuf::from(BUILD_SITE_PACKAGES)
 }
 
+/// A variable's value, unless it is unset or empty (an empty one names nothing).
+fn set_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
 /// What chose [`site_packages`], in words for an error.
 fn site_packages_source() -> String {
     for var in [SITE_PACKAGES_VAR, "TDMPC2_VENV"] {
-        if let Some(value) = std::env::var_os(var) {
-            return format!("{var}={}", value.to_string_lossy());
+        if let Some(value) = set_var(var) {
+            return format!("{var}={value}");
         }
     }
     "the venv this binary was built with; TDMPC2_VENV names another".into()
@@ -95,7 +100,7 @@ fn site_packages_source() -> String {
 /// The project's venv: `TDMPC2_VENV`, else the venv whose site-packages was recorded at
 /// build time (`<venv>/lib/pythonX.Y/site-packages`).
 pub fn venv_dir() -> PathBuf {
-    if let Some(venv) = std::env::var_os("TDMPC2_VENV") {
+    if let Some(venv) = set_var("TDMPC2_VENV") {
         return PathBuf::from(venv);
     }
     let site = PathBuf::from(BUILD_SITE_PACKAGES);

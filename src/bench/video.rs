@@ -11,8 +11,9 @@ use crate::logging::{write_video, VIDEO_FPS};
 /// The environment a video case renders, made once to refuse a task that is unknown or draws
 /// nothing before any case runs.
 pub fn check(task: &str) -> Result<()> {
-    envs::make_observed(task, 1, options()).map(drop)?;
-    Ok(())
+    envs::make_observed(task, 1, options())
+        .map(drop)
+        .map_err(|e| crate::Error::Config(format!("--video-task {task}: {e}")))
 }
 
 fn options() -> envs::EnvOptions {

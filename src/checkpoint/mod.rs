@@ -257,7 +257,9 @@ pub fn verify_model(path: &Path) -> Result<()> {
     if path.file_name() != Some(MODEL.as_ref()) {
         return Ok(());
     }
-    let in_a_checkpoint = store::step_of(dir).is_some() || dir.join(STATE).exists();
+    let in_checkpoints = dir.parent().and_then(Path::file_name) == Some("checkpoints".as_ref());
+    let in_a_checkpoint =
+        dir.join(STATE).exists() || (in_checkpoints && store::step_of(dir).is_some());
     if !in_a_checkpoint && !dir.join(META).is_file() {
         return Ok(());
     }
@@ -679,8 +681,9 @@ mod tests {
         std::fs::remove_file(dir.join(META)).unwrap();
         let err = verify_model(&model).unwrap_err().to_string();
         assert!(err.contains("is incomplete: it has no meta.json"), "{err}");
-        let loose = run.path().join("imported");
-        std::fs::create_dir(&loose).unwrap();
+        // (even in a folder named as a checkpoint is, outside checkpoints/)
+        let loose = run.path().join("imported/step_000000001000");
+        std::fs::create_dir_all(&loose).unwrap();
         std::fs::copy(&model, loose.join(MODEL)).unwrap();
         verify_model(&loose.join(MODEL)).unwrap();
     }

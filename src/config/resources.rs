@@ -91,10 +91,7 @@ impl Config {
     /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
-        let local_ranks = self
-            .ranks_on_this_node
-            .unwrap_or(self.world_size / self.nnodes.max(1))
-            .max(1);
+        let local_ranks = self.local_ranks();
         let placement = match self.ranks_on_this_node {
             Some(_) => "as this process runs".to_owned(),
             None => format!("world_size={} / nnodes={}", self.world_size, self.nnodes),
@@ -120,14 +117,6 @@ impl Config {
                  threads, so fewer ranks still use every core)",
                 machine.cores, max_ranks
             )));
-        }
-        if self.pipeline {
-            // As the rank will split them: here with this node's cores (a rank bound to CPUs
-            // of its own checks again with those).
-            let threads = self
-                .num_threads
-                .unwrap_or((machine.cores / local_ranks).max(1));
-            split_threads(threads, self.actor_threads)?;
         }
         let parts = self.footprint();
         let per_rank: f64 = parts.iter().map(|p| p.bytes).sum();
@@ -160,6 +149,31 @@ impl Config {
             )));
         }
         Ok(())
+    }
+
+    /// Ranks on this node: as placed, else world_size / nnodes.
+    fn local_ranks(&self) -> usize {
+        self.ranks_on_this_node
+            .unwrap_or(self.world_size / self.nnodes.max(1))
+            .max(1)
+    }
+
+    /// A training run's `actor_threads` against the threads its ranks will have, split as a
+    /// pipelined rank splits them: checked before a run (or a sweep's jobs) starts, with this
+    /// node's cores (a rank bound to CPUs of its own checks again with those). Other commands
+    /// build no pipeline.
+    pub fn check_pipeline_threads(&self) -> Result<()> {
+        self.check_pipeline_threads_on(&Machine::this())
+    }
+
+    fn check_pipeline_threads_on(&self, machine: &Machine) -> Result<()> {
+        if !self.pipeline {
+            return Ok(());
+        }
+        let threads = self
+            .num_threads
+            .unwrap_or((machine.cores / self.local_ranks()).max(1));
+        split_threads(threads, self.actor_threads).map(drop)
     }
 
     /// Numbers in an observation and in an action (0 before the task resolves them).
@@ -278,22 +292,23 @@ mod tests {
             err.contains("actor_threads=4") && err.contains("<= 3"),
             "{err}"
         );
-        // Checked with the config (a sweep's jobs, `--cfg job`), with this node's cores.
+        // Checked before a training run or a sweep's jobs start, with this node's cores.
         let mut c = Config::defaults().unwrap();
         (c.pipeline, c.actor_threads) = (true, Some(2));
-        c.obs_shape = Some(vec![3]);
-        c.action_dim = Some(1);
         let two_cores = Machine {
             cores: 2,
             memory_bytes: 4e9,
             cuda_available: || false,
         };
-        let e = c.check_resources(&two_cores).unwrap_err().to_string();
+        let e = c
+            .check_pipeline_threads_on(&two_cores)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("actor_threads=2 leaves no thread"), "{e}");
         c.num_threads = Some(3);
-        c.check_resources(&two_cores).unwrap();
+        c.check_pipeline_threads_on(&two_cores).unwrap();
         c.pipeline = false;
         c.num_threads = None;
-        c.check_resources(&two_cores).unwrap();
+        c.check_pipeline_threads_on(&two_cores).unwrap();
     }
 }

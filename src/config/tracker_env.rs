@@ -6,8 +6,10 @@ use crate::error::{Error, Result};
 
 /// The modes `wandb.init` takes.
 const WANDB_MODES: [&str; 6] = ["online", "offline", "disabled", "dryrun", "shared", "run"];
-/// What W&B refuses in a project name or a run id.
-pub(super) const WANDB_REFUSED: &str = "/\\#?%:";
+/// What W&B refuses in a project name.
+pub(super) const PROJECT_REFUSED: &str = "/\\#?%:";
+/// What W&B refuses in a run id.
+const RUN_ID_REFUSED: &str = ":;,#?/'";
 
 impl Config {
     /// `WANDB_MODE` (with `enable_wandb`) and the sweep run id that names the run directory,
@@ -26,11 +28,11 @@ impl Config {
         }
         let sweep_run = var("WANDB_SWEEP_ID").and(var("WANDB_RUN_ID"));
         if let Some(id) = sweep_run.filter(|id| !id.is_empty() && self.run_dir.is_none()) {
-            let refused = id.chars().find(|c| WANDB_REFUSED.contains(*c));
+            let refused = id.chars().find(|c| RUN_ID_REFUSED.contains(*c));
             if refused.is_some() || id == "." || id == ".." {
                 return Err(Error::Config(format!(
                     "WANDB_RUN_ID={id:?} (set by a W&B sweep's agent) names this run's folder \
-                     under runs/, and a run id has none of {WANDB_REFUSED} and is not . or ..; \
+                     under runs/, and a run id has none of {RUN_ID_REFUSED} and is not . or ..; \
                      give a W&B run id, or run_dir=PATH"
                 )));
             }
@@ -69,6 +71,7 @@ mod tests {
         }
         let sweep = |id: &'static str| [("WANDB_SWEEP_ID", "abc"), ("WANDB_RUN_ID", id)];
         check(&config, &sweep("x7g2kq")).unwrap();
+        check(&config, &sweep("run%1")).unwrap();
         check(&config, &[("WANDB_RUN_ID", "../x")]).unwrap();
         for id in ["x/../../evil", "..", "a:b"] {
             let e = check(&config, &sweep(id)).unwrap_err();

@@ -28,7 +28,7 @@ impl Config {
     /// directory is made.
     fn validate_wandb_project(&self) -> Result<()> {
         const MOST: usize = 128;
-        const REFUSED: &str = super::tracker_env::WANDB_REFUSED;
+        const REFUSED: &str = super::tracker_env::PROJECT_REFUSED;
         let project = &self.wandb_project;
         let refused = |why: String| {
             Error::Config(format!(

@@ -202,7 +202,7 @@ fn check_venv(report: &mut Report, site: &Path) {
                 "venv",
                 format!(
                     "TDMPC2_VENV={venv} holds no lib/python3.*/site-packages (the embedded \
-                     interpreter falls back to {}); point TDMPC2_VENV at the venv \
+                     interpreter looks for {}); point TDMPC2_VENV at the venv \
                      scripts/setup.sh made, or unset it",
                     site.display()
                 ),

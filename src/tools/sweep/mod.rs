@@ -144,6 +144,7 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
                 specs.insert(key.clone(), made);
             }
             config.resolve_with_specs(&specs[&key])?;
+            config.check_pipeline_threads()?;
             crate::trainer::run_dir::refuse_a_bad_start(&config)?;
             Ok::<_, Error>(config)
         })();
