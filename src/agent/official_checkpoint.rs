@@ -413,6 +413,10 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
 mod tests {
     use super::*;
 
+    /// One tensor name of every part a TD-MPC2 state dict has, as a Python list.
+    const PARTS: &str = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
+                         '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+
     /// Runs `code` in the embedded interpreter (to write a `.pt` as torch does).
     fn run_python(code: &str) {
         embedded_python::with_python(|py| {
@@ -453,8 +457,7 @@ mod tests {
     fn a_damaged_official_checkpoint_or_a_link_as_output_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let pt = dir.path().join("agent.pt");
-        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
-                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        let parts = PARTS;
         let code = format!(
             "import torch\ntorch.save({{'model': {{k: torch.full((4, 4), 0.5) for k in {parts}}}}}, \
              {:?})\n",
@@ -498,8 +501,7 @@ mod tests {
     fn what_is_not_a_tdmpc2_model_is_not_imported() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out.safetensors");
-        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
-                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        let parts = PARTS;
         for (name, object, why) in [
             (
                 "tensor",
@@ -554,8 +556,7 @@ mod tests {
     fn an_import_writes_over_no_other_file_on_its_way() {
         let dir = tempfile::tempdir().unwrap();
         let pt = dir.path().join("agent.pt");
-        let parts = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
-                     '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
+        let parts = PARTS;
         let code = format!(
             "import torch\ntorch.save({{'model': {{k: torch.ones(2) for k in {parts}}}}}, {:?})\n",
             pt.to_string_lossy()
