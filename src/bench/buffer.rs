@@ -101,7 +101,7 @@ pub fn check(rows: usize) -> Result<()> {
     let need = rows as f64 * row_bytes as f64;
     let have = crate::memory::available_bytes()?;
     if need > have {
-        return Err(crate::Error::Config(format!(
+        return Err(crate::error::Error::Config(format!(
             "--buffer-rows {rows}: the largest case's buffer needs {:.1} GB, more than the \
              {:.1} GB this machine has available; give fewer rows",
             need / 1e9,

@@ -13,7 +13,7 @@ use crate::logging::{write_video, VIDEO_FPS};
 pub fn check(task: &str) -> Result<()> {
     envs::make_observed(task, 1, options())
         .map(drop)
-        .map_err(|e| crate::Error::Config(format!("--video-task {task}: {e}")))
+        .map_err(|e| crate::error::Error::Config(format!("--video-task {task}: {e}")))
 }
 
 fn options() -> envs::EnvOptions {
