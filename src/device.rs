@@ -99,7 +99,7 @@ pub fn cores() -> usize {
 
 /// Threads per rank: the setting, else this machine's cores shared among the local ranks.
 pub fn threads(setting: Option<usize>, local_ranks: usize) -> usize {
-    setting.unwrap_or_else(|| (cores() / local_ranks.max(1)).max(1))
+    crate::config::share_of_cores(setting, cores(), local_ranks)
 }
 
 /// A rank's threads: the setting; else the CPUs its launcher allotted to it alone, at most the

@@ -105,7 +105,7 @@ const BENCH_CASES: [&str; 8] = [
 ];
 
 pub fn run(args: &BenchArgs) -> Result<()> {
-    check(args)?;
+    let mut video_env = check(args)?;
     for case in &args.cases {
         match case.as_str() {
             "env" => super::env::run(args.env_steps, &mut |line| outln!("{line}"))?,
@@ -116,9 +116,12 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 super::dataset::run(args.dataset_mb as usize, &mut |line| outln!("{line}"))?
             }
             "video" => {
-                super::video::run(&args.video_task, args.video_frames as usize, &mut |line| {
-                    outln!("{line}")
-                })?
+                let env = match video_env.take() {
+                    Some(env) => env,
+                    None => super::video::open(&args.video_task)?,
+                };
+                let frames = args.video_frames as usize;
+                super::video::run(env, &args.video_task, frames, &mut |line| outln!("{line}"))?
             }
             "agent" => {
                 let options = super::agent::BenchOptions {
@@ -174,8 +177,9 @@ fn loop_options(args: &BenchArgs) -> super::train_loop::LoopOptions {
 }
 
 /// What no case could run with is refused before the first runs (exit 2): a model size, a
-/// task, a device this machine lacks, a loop setting `train` would refuse.
-fn check(args: &BenchArgs) -> Result<()> {
+/// task, a device this machine lacks, a loop setting `train` would refuse. Returns the video
+/// case's environment, made to check its task.
+fn check(args: &BenchArgs) -> Result<Option<Box<dyn envs::Env>>> {
     let runs = |case: &str| args.cases.iter().any(|c| c == case);
     if ["agent", "graphs", "loop"].into_iter().any(runs) {
         if let Some(size) = args.model_sizes.iter().find(|s| !MODEL_SIZES.contains(s)) {
@@ -225,10 +229,10 @@ fn check(args: &BenchArgs) -> Result<()> {
     if runs("buffer") {
         super::buffer::check(args.buffer_rows as usize)?;
     }
-    if runs("video") {
-        super::video::check(&args.video_task)?;
+    match runs("video") {
+        true => super::video::open(&args.video_task).map(Some),
+        false => Ok(None),
     }
-    Ok(())
 }
 
 fn ddp_options(args: &BenchArgs) -> super::ddp::DdpOptions {

@@ -8,11 +8,10 @@ use serde_json::{json, Value};
 use crate::error::Result;
 use crate::logging::{write_video, VIDEO_FPS};
 
-/// The environment a video case renders, made once to refuse a task that is unknown or draws
-/// nothing before any case runs.
-pub fn check(task: &str) -> Result<()> {
+/// The environment a video case renders, made before any case runs to refuse a task that is
+/// unknown or draws nothing.
+pub fn open(task: &str) -> Result<Box<dyn envs::Env>> {
     envs::make_observed(task, 1, options())
-        .map(drop)
         .map_err(|e| crate::error::Error::Config(format!("--video-task {task}: {e}")))
 }
 
@@ -25,8 +24,12 @@ fn options() -> envs::EnvOptions {
 
 /// Renders `frames` frames of `task` at each size, encodes the video-size ones and prints a
 /// JSON line per measurement.
-pub fn run(task: &str, frames: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    let mut env = envs::make_observed(task, 1, options())?;
+pub fn run(
+    mut env: Box<dyn envs::Env>,
+    task: &str,
+    frames: usize,
+    print: &mut dyn FnMut(&Value),
+) -> Result<()> {
     let action_dim = env.spec().action_dim;
     let episode = env.spec().episode_length + 1;
     let frames = frames.max(1);

@@ -22,6 +22,12 @@ pub fn most_local_cpu_ranks() -> usize {
     most_cpu_ranks(Machine::this().cores)
 }
 
+/// A rank's threads: the setting, else its share of `cores` among the node's local ranks, at
+/// least one.
+pub fn share_of_cores(setting: Option<usize>, cores: usize, local_ranks: usize) -> usize {
+    setting.unwrap_or_else(|| (cores / local_ranks.max(1)).max(1))
+}
+
 /// A pipelined rank's (acting, learning) threads out of `total`: `actor` when set (it must leave the learner at
 /// least one), else half, each at least one.
 pub fn split_threads(total: usize, actor: Option<usize>) -> Result<(usize, usize)> {
@@ -170,9 +176,7 @@ impl Config {
         if !self.pipeline {
             return Ok(());
         }
-        let threads = self
-            .num_threads
-            .unwrap_or((machine.cores / self.local_ranks()).max(1));
+        let threads = share_of_cores(self.num_threads, machine.cores, self.local_ranks());
         split_threads(threads, self.actor_threads).map(drop)
     }
 
