@@ -21,6 +21,7 @@ pub mod planner;
 #[cfg(test)]
 mod planner_reference;
 pub mod scale;
+pub mod state_dict_check;
 pub mod task;
 pub mod update;
 mod update_stats;

@@ -246,7 +246,8 @@ fn refuse_a_damaged_archive(pt_path: &Path) -> Result<()> {
 }
 
 /// Why `named` is not a TD-MPC2 model's state dict, if it is not: a part every model has is
-/// missing, or a value is not finite (the weights of a diverged run play nothing).
+/// missing, its shapes disagree among themselves, or a value is not finite (the weights of a
+/// diverged run play nothing).
 fn not_a_tdmpc2_model(named: &[(String, Tensor)]) -> Option<String> {
     let has = |prefix: &str| named.iter().any(|(name, _)| name.starts_with(prefix));
     let parts = ["_encoder.", DYNAMICS, REWARD, POLICY, Q_ONLINE, Q_TARGET];
@@ -260,9 +261,15 @@ fn not_a_tdmpc2_model(named: &[(String, Tensor)]) -> Option<String> {
     let not_finite = named
         .iter()
         .find(|(_, t)| !bool::try_from(t.isfinite().all()).unwrap_or(false));
-    not_finite.map(|(name, _)| {
-        format!("`{name}` holds NaN or infinite values: these weights cannot be played or trained")
-    })
+    if let Some((name, _)) = not_finite {
+        return Some(format!(
+            "`{name}` holds NaN or infinite values: these weights cannot be played or trained"
+        ));
+    }
+    let shapes: Vec<(String, Vec<i64>)> =
+        named.iter().map(|(n, t)| (n.clone(), t.size())).collect();
+    super::state_dict_check::inconsistency(&shapes)
+        .map(|why| format!("an incomplete or damaged TD-MPC2 state dict: {why}"))
 }
 
 /// Tensors for the embedded Python, name → (float32 bytes, shape), which
@@ -319,6 +326,9 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
                 format!("no `{first_q}` of shape [members, out, in]: not a TD-MPC2 state dict"),
             )
         })?;
+    if let Some(why) = not_a_tdmpc2_model(&named) {
+        return Err(fail(model_path, why));
+    }
     let partial = reserve_partial(out_path)?;
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
@@ -417,6 +427,14 @@ mod tests {
     const PARTS: &str = "['_encoder.state.0.weight', '_dynamics.0.weight', '_reward.0.weight', \
                          '_pi.0.weight', '_Qs.params.0.weight', '_target_Qs_params.0.weight']";
 
+    /// The smallest whole model, as a Python dict: every part's first layer, 4 × 4.
+    fn whole_model() -> String {
+        format!(
+            "{{**{{k: torch.full((4, 4), 0.5) for k in {PARTS}}}, \
+             **{{k.replace('weight', 'bias'): torch.full((4,), 0.5) for k in {PARTS}}}}}"
+        )
+    }
+
     /// Runs `code` in the embedded interpreter (to write a `.pt` as torch does).
     fn run_python(code: &str) {
         embedded_python::with_python(|py| {
@@ -457,10 +475,9 @@ mod tests {
     fn a_damaged_official_checkpoint_or_a_link_as_output_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let pt = dir.path().join("agent.pt");
-        let parts = PARTS;
         let code = format!(
-            "import torch\ntorch.save({{'model': {{k: torch.full((4, 4), 0.5) for k in {parts}}}}}, \
-             {:?})\n",
+            "import torch\ntorch.save({{'model': {}}}, {:?})\n",
+            whole_model(),
             pt.to_string_lossy()
         );
         run_python(&code);
@@ -496,7 +513,8 @@ mod tests {
     }
 
     /// Files torch loads that hold no TD-MPC2 model are refused, naming why, and nothing is
-    /// written: a bare tensor, a state dict of something else, a model with NaN weights.
+    /// written: a bare tensor, a state dict of something else, a model with NaN weights, one
+    /// with a part missing.
     #[test]
     fn what_is_not_a_tdmpc2_model_is_not_imported() {
         let dir = tempfile::tempdir().unwrap();
@@ -530,6 +548,16 @@ mod tests {
                 "`_pi.0.weight` and `module._pi.0.weight` are both the model's `_pi.0.weight`",
             ),
             (
+                "incomplete",
+                format!(
+                    "{{'model': {{**{{k: torch.zeros(2, 2) for k in {parts}}}, \
+                     **{{k.replace('weight', 'bias'): torch.zeros(2) for k in {parts} \
+                     if not k.startswith('_dynamics')}}}}}}"
+                ),
+                "an incomplete or damaged TD-MPC2 state dict: `_dynamics.0.bias` is missing \
+                 beside `_dynamics.0.weight`",
+            ),
+            (
                 "complex",
                 format!(
                     "{{'model': {{k: torch.zeros(2, dtype=torch.complex64) for k in {parts}}}}}"
@@ -556,9 +584,9 @@ mod tests {
     fn an_import_writes_over_no_other_file_on_its_way() {
         let dir = tempfile::tempdir().unwrap();
         let pt = dir.path().join("agent.pt");
-        let parts = PARTS;
         let code = format!(
-            "import torch\ntorch.save({{'model': {{k: torch.ones(2) for k in {parts}}}}}, {:?})\n",
+            "import torch\ntorch.save({{'model': {}}}, {:?})\n",
+            whole_model(),
             pt.to_string_lossy()
         );
         run_python(&code);
@@ -576,6 +604,44 @@ mod tests {
             assert_eq!(std::fs::read_to_string(file).unwrap(), "keep me");
         }
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 4);
+    }
+
+    /// Export refuses what import would: here a model with a layer's bias missing.
+    #[test]
+    fn an_incomplete_model_is_not_exported() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("model.safetensors");
+        let mut named = Vec::new();
+        for stack in [
+            "_encoder.state",
+            DYNAMICS,
+            REWARD,
+            POLICY,
+            Q_ONLINE,
+            Q_TARGET,
+        ] {
+            let lead: &[i64] = if stack.starts_with("_Q") || stack.starts_with("_target") {
+                &[2]
+            } else {
+                &[]
+            };
+            let zeros = |dims: &[i64]| {
+                Tensor::zeros([lead, dims].concat(), (Kind::Float, tch::Device::Cpu))
+            };
+            named.push((format!("{stack}.0.weight"), zeros(&[2, 2])));
+            if stack != REWARD {
+                named.push((format!("{stack}.0.bias"), zeros(&[2])));
+            }
+        }
+        Tensor::write_safetensors(&named, &model).unwrap();
+        let out = dir.path().join("agent.pt");
+        let e = export_official(&model, &out).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`_reward.0.bias` is missing beside `_reward.0.weight`"),
+            "{e}"
+        );
+        assert!(!out.exists());
     }
 
     #[test]

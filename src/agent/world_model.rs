@@ -472,9 +472,22 @@ impl WorldModel {
                 "not a readable safetensors file (truncated, damaged, or another format): {e}"
             ),
         })?;
-        self.load_named(tensors).map_err(|e| Error::Mismatch {
-            path: path.display().to_string(),
-            message: e.to_string(),
+        let shapes: Vec<(String, Vec<i64>)> =
+            tensors.iter().map(|(n, t)| (n.clone(), t.size())).collect();
+        let path = path.display().to_string();
+        self.load_named(tensors).map_err(|e| {
+            // Settings other than the training run's show as a mismatch; a file whose shapes
+            // disagree among themselves is damaged whatever the settings.
+            match super::state_dict_check::inconsistency(&shapes) {
+                Some(why) => Error::Unreadable {
+                    path,
+                    message: format!("an incomplete or damaged state dict: {why}"),
+                },
+                None => Error::Mismatch {
+                    path,
+                    message: e.to_string(),
+                },
+            }
         })
     }
 
@@ -677,6 +690,39 @@ mod tests {
             model.task_rows(None).is_err(),
             "a multitask model needs task ids"
         );
+    }
+
+    /// A file that lacks a part, or holds one of a shape its other parts contradict, is named
+    /// damaged: no settings would load it.
+    #[test]
+    fn an_incomplete_file_is_damaged_not_a_mismatch() {
+        let model = WorldModel::new(&small_config(), Device::Cpu).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let mut named = model.named_tensors();
+        named.retain(|(name, _)| name != "_reward.1.bias");
+        Tensor::write_safetensors(&named, &path).unwrap();
+        let e = WorldModel::new(&small_config(), Device::Cpu)
+            .unwrap()
+            .load(&path)
+            .unwrap_err();
+        assert!(matches!(e, Error::Unreadable { .. }), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("`_reward.1.bias` is missing beside `_reward.1.weight`"),
+            "{e}"
+        );
+        // Whole, but of other settings: a mismatch.
+        let other = AgentConfig {
+            mlp_dim: small_config().mlp_dim * 2,
+            ..small_config()
+        };
+        model.save(&path).unwrap();
+        let e = WorldModel::new(&other, Device::Cpu)
+            .unwrap()
+            .load(&path)
+            .unwrap_err();
+        assert!(matches!(e, Error::Mismatch { .. }), "{e:?}");
     }
 
     #[test]
