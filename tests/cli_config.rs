@@ -167,9 +167,11 @@ fn config_name_lays_a_file_over_the_defaults() {
     }
 
     // A hydra file as the official and seed-project ones are written: its defaults list (the
-    // base config, hydra's launcher) and its "???" (to be given) read as what they mean here.
+    // base config, hydra's launcher) and its "???" (to be given) read as what they mean here;
+    // the official file's derived fields, all "???", resolve for any task.
     let hydra = "defaults:\n  - config\n  - override hydra/launcher: submitit_local\n  - _self_\n\
-                 \nhorizon: 5\nmodel_size: ???\ndata_dir: ???\n";
+                 \ntask: dog-run\nhorizon: 5\nmodel_size: ???\ndata_dir: ???\n\
+                 obs_shape: ???\naction_dim: ???\nepisode_length: ???\nseed_steps: ???\n";
     std::fs::write(dir.path().join("hydra.yaml"), hydra).unwrap();
     let c = job(&[
         "--config-path",

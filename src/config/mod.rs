@@ -188,7 +188,10 @@ pub const DERIVED_FIELDS: [&str; 6] = [
 /// keeps that task's discount, seed steps and extra planning iterations: another task would
 /// silently train with them.
 fn refuse_a_resolved_file_for_another_task(file: &Path, layer: &Value, task: &str) -> Result<()> {
-    let resolved = layer.get("episode_length").is_some_and(|v| !v.is_null());
+    // The official config.yaml has the derived fields too, each "???" (to be given).
+    let resolved = layer
+        .get("episode_length")
+        .is_some_and(|v| !v.is_null() && !overrides::is_hydra_missing(v));
     let file_task = layer.get("task").and_then(Value::as_str);
     match (resolved, file_task) {
         (true, Some(resolved_for)) if resolved_for != task => Err(Error::Config(format!(

@@ -101,7 +101,7 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
             .ok_or_else(|| Error::Config(format!("{}: keys must be strings", file.display())))?
             .to_owned();
         // Hydra's "???" (a value to be given) leaves the default: every key has one here.
-        if value.as_str() == Some(HYDRA_MISSING) {
+        if is_hydra_missing(&value) {
             continue;
         }
         if key == "defaults" {
@@ -115,7 +115,10 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
     Ok(())
 }
 
-const HYDRA_MISSING: &str = "???";
+/// Hydra's "???": a value to be given.
+pub(super) fn is_hydra_missing(value: &Value) -> bool {
+    value.as_str() == Some("???")
+}
 
 /// A hydra config file's `defaults` list, as the official and seed-project files have it: the
 /// base config (every file here is laid over the defaults, which are that config), `_self_` and

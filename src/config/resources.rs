@@ -93,8 +93,8 @@ fn gib(bytes: f64) -> String {
 }
 
 impl Config {
-    /// What the settings need against what this machine has: ranks per node against CPU
-    /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
+    /// What the settings need against what this machine has: a GPU for NCCL, ranks per node
+    /// against CPU cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
         let local_ranks = self.local_ranks();
@@ -115,6 +115,13 @@ impl Config {
             "auto" => (machine.cuda_available)(),
             _ => true,
         };
+        if self.dist_backend == "nccl" && !gpu() {
+            return Err(Error::Config(format!(
+                "dist_backend=nccl needs a CUDA device, but device={} runs on the CPU here; use \
+                 dist_backend=gloo (or auto), or device=cuda on a machine with a GPU",
+                self.device
+            )));
+        }
         let max_ranks = most_cpu_ranks(machine.cores);
         if local_ranks > max_ranks && !gpu() {
             return Err(Error::Config(format!(

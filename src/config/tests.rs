@@ -235,6 +235,15 @@ fn resources_are_checked_against_the_machine() {
         cuda_available: || false,
     };
     c.check_resources(&small).unwrap();
+    // NCCL on a machine without a GPU: refused before any rank starts.
+    for device in ["cpu", "auto"] {
+        c.device = device.into();
+        c.dist_backend = "nccl".into();
+        let e = c.check_resources(&small).unwrap_err().to_string();
+        assert!(e.contains("dist_backend=nccl needs a CUDA device"), "{e}");
+    }
+    c.dist_backend = "auto".into();
+    c.device = "cpu".into();
     c.world_size = 9;
     let e = c.check_resources(&small).unwrap_err().to_string();
     assert!(e.contains("world_size=9 puts 9 ranks"), "{e}");
