@@ -139,3 +139,30 @@ fn a_native_task_cannot_be_filmed() {
         "{stderr}"
     );
 }
+
+/// A task gymnasium draws with pygame renders off screen: SDL looks for no display, so no
+/// error line about one reaches the user.
+#[test]
+fn a_pygame_task_films_without_a_word_about_a_display() {
+    let out = Command::new(common::tdmpc2_bin())
+        .args([
+            "bench",
+            "--cases",
+            "video",
+            "--video-task",
+            "gym:Pendulum-v1",
+            "--video-frames",
+            "3",
+        ])
+        .env_remove("SDL_VIDEODRIVER")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"what\":\"encode gif\""),
+        "{stderr}"
+    );
+    assert!(!stderr.to_lowercase().contains("error"), "{stderr}");
+}

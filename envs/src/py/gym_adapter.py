@@ -37,6 +37,10 @@ class GymAdapter:
         if renders:
             # MuJoCo envs render headless through EGL unless the user chose a backend.
             os.environ.setdefault("MUJOCO_GL", "egl")
+            # pygame-drawn ones (classic control, Box2D) draw off screen: SDL needs no display
+            # (probing for one prints an error line where there is none), nor a sound card.
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         kwargs = {"continuous": True} if continuous else {}
         # Only when rendering: envs whose constructor takes no render_mode refuse even None.
         if renders:
