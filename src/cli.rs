@@ -191,6 +191,11 @@ pub fn run(cli: Cli) -> Result<()> {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)
         }
         Command::Train(args) => {
+            // Before the config resolves (it starts Python, and that takes a while): a stop
+            // asked meanwhile ends the run before it starts, not through Python's own handler.
+            if args.cfg.is_none() {
+                trainer::stop::install_handlers();
+            }
             let config = resolved_training_config(&args)?;
             if args.cfg.is_some() {
                 crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
@@ -266,7 +271,21 @@ pub fn run(cli: Cli) -> Result<()> {
 fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &env_text)?;
     config.check_pipeline_threads()?;
-    if launched_by == LaunchedBy::Nobody && config.world_size > 1 {
+    let launches = launched_by == LaunchedBy::Nobody && config.world_size > 1;
+    if launches {
+        // The launcher watches the signals its own way from here; one that came before is
+        // seen below.
+        trainer::stop::restore_default_handlers();
+    }
+    // A rank under a launcher stops with the others, in the loop; a process of its own stops
+    // here, having written nothing.
+    if launched_by == LaunchedBy::Nobody && trainer::stop::requested_here() {
+        return Err(Error::Stopped(
+            "stopped before the run started (Ctrl-C, SIGTERM or a hangup): nothing was written"
+                .into(),
+        ));
+    }
+    if launches {
         if config.node_rank == 0 {
             trainer::lock::check_free(&config.run_dir())?;
             trainer::run_dir::refuse_a_bad_start(&config)?;

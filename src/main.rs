@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    tdmpc2::trainer::stop::end_at_once_on_interrupt();
     // Limits on waits for other processes (workers, ranks, nodes) count from a continue after
     // Ctrl-Z or a scheduler's suspension, not across it.
     if let Err(error) = envs::deadline::counts_continues() {

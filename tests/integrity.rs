@@ -279,6 +279,40 @@ fn checkpoints_in(run_dir: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Whether `pid` catches `signal` (its handler is installed), from /proc.
+fn catches(pid: u32, signal: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
+}
+
+/// Ctrl-C during start-up, the moment anything catches it (the embedded Python, importing the
+/// task's simulator, took SIGINT over for its KeyboardInterrupt: a traceback and exit 1): the
+/// run stops as asked, exit 3, and one stopped before it began leaves no run directory.
+#[test]
+fn ctrl_c_during_start_up_stops_the_run_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let settings = args(&["task=cartpole-swingup", "seed_steps=1000"]);
+    let mut command = command("train", &run_dir, &settings);
+    let child = common::Reaped::spawn(command.stdout(Stdio::null()).stderr(Stdio::piped()));
+    let start = Instant::now();
+    while !catches(child.id(), libc::SIGINT) && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    send(child.id(), "INT");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("KeyboardInterrupt"), "{stderr}");
+    if stderr.contains("stopped before the run started") {
+        assert!(!run_dir.exists(), "nothing written: {stderr}");
+    }
+}
+
 /// `train ... | tee log`, then Ctrl-C: the same signal ends `tee`, and the lines written after
 /// it reach no reader. They are lost, the run is not: it stops with its checkpoint (every line
 /// was a panic, on the launcher's first forwarded line, whose ranks were then killed).

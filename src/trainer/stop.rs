@@ -122,6 +122,44 @@ pub fn install_handlers() {
     }
 }
 
+/// Ctrl-C ends the process at once, as by default, but through a handler of ours: first
+/// thing in `main`, before any Python runs. An embedded Python that imports `signal` takes
+/// over a SIGINT left at its default, and then turns a Ctrl-C into a KeyboardInterrupt raised
+/// in whatever Python code runs next: a traceback and exit 1, or no stop at all while none
+/// runs. A SIGINT ignored from the start (an environment worker's) stays ignored.
+pub fn end_at_once_on_interrupt() {
+    let handler = end_at_once as *const () as libc::sighandler_t;
+    // SAFETY: the handler restores the default action and raises the signal again, both
+    // async-signal-safe; an ignored signal is put back as it was.
+    unsafe {
+        if libc::signal(libc::SIGINT, handler) == libc::SIG_IGN {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        }
+    }
+}
+
+extern "C" fn end_at_once(signal: libc::c_int) {
+    // SAFETY: signal and raise are async-signal-safe.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
+/// Puts back the default actions of what [`install_handlers`] watches, for a launcher, whose
+/// own watch runs the signals' handlers that were there before it.
+pub fn restore_default_handlers() {
+    let hangup = !crate::terminal::hangup_ignored();
+    // SAFETY: setting a signal's default action has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        if hangup {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+        }
+    }
+}
+
 /// [`install_handlers`] for the life of this guard; the handlers before are restored after (a
 /// tool's long step in a process that otherwise ends on a signal).
 pub struct HandlersForNow([libc::sighandler_t; 2]);
