@@ -376,3 +376,82 @@ fn a_damaged_dataset_file_stops_the_run_before_any_update_and_the_doctor_finds_i
         "{stderr}"
     );
 }
+
+/// A stop during an evaluation (here at update 20, once its training record is logged) keeps
+/// that record, and the resumed run redoes the evaluation as the uninterrupted run made it (its
+/// planning noise is derived at its update), then trains on to the same model.
+#[test]
+fn a_stop_during_an_offline_evaluation_resumes_to_the_same_run() {
+    let data = tempfile::tempdir().unwrap();
+    succeeds(
+        Command::new(common::tdmpc2_bin())
+            .args(["collect", "--episodes", "4", "--out"])
+            .arg(data.path())
+            .arg("task=Pendulum-v1"),
+    );
+    let train = |run_dir: &Path| {
+        let mut command = Command::new(common::tdmpc2_bin());
+        command.arg("train").args(TINY).args([
+            format!("data_dir={}", data.path().display()),
+            format!("run_dir={}", run_dir.display()),
+            "eval_episodes=10".into(),
+            "eval_freq=20".into(),
+            "steps=40".into(),
+            "num_threads=1".into(),
+        ]);
+        command
+    };
+    let (whole, split) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    succeeds(&mut train(whole.path()));
+
+    let mut stopped = common::Reaped::spawn(
+        train(split.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped()),
+    );
+    let logged_20 = |r: &serde_json::Value| r["phase"] == "train" && r["step"] == 20;
+    // Read as it is written: a last line may be half there.
+    let logged_so_far = || {
+        let text = std::fs::read_to_string(split.path().join("metrics.jsonl")).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .any(|r| logged_20(&r))
+    };
+    let start = std::time::Instant::now();
+    while !logged_so_far() {
+        assert!(start.elapsed().as_secs() < 300, "no training record at 20");
+        assert_eq!(stopped.try_wait().unwrap(), None, "the run went on");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: SIGINT to this test's own child, as a terminal's Ctrl-C.
+    unsafe { libc::kill(stopped.id() as libc::pid_t, libc::SIGINT) };
+    let out = stopped.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("during the evaluation at update 20"),
+        "{said}"
+    );
+    assert!(
+        metrics(split.path()).iter().any(logged_20),
+        "the record stays"
+    );
+
+    let mut resumed = train(split.path());
+    succeeds(resumed.arg("resume=auto"));
+    let records = |run: &Path| {
+        let records = metrics(run);
+        records
+            .iter()
+            .map(|r| {
+                let value = r.get("episode_reward").or_else(|| r.get("total_loss"));
+                (r["phase"].to_string(), r["step"].as_u64(), value.cloned())
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(records(split.path()), records(whole.path()));
+    common::assert_same_tensors(
+        &common::checkpoint(whole.path(), 40).join("model.safetensors"),
+        &common::checkpoint(split.path(), 40).join("model.safetensors"),
+    );
+}

@@ -146,7 +146,7 @@ impl<'g> Offline<'g> {
         })
     }
 
-    /// Evaluates each task with the current model, then logs the last update's statistics.
+    /// Logs the last update's statistics, then evaluates each task with the current model.
     fn evaluate_if_due(&mut self) -> Result<()> {
         if !self.schedule.eval_due() {
             return Ok(());
@@ -159,8 +159,16 @@ impl<'g> Offline<'g> {
         if let Some(stats) = &stats {
             finite::check_stats(stats, i)?;
         }
+        // Before the evaluation, so that a stop during it keeps the record. Multiples of
+        // LOG_EVERY are logged already.
+        if let (Some(report), Some(stats)) = (&mut self.report, &stats) {
+            if !i.is_multiple_of(LOG_EVERY) {
+                report.updates(i, &self.clock, stats)?;
+            }
+        }
         if self.settings.eval.episodes > 0 {
             self.actor.policy_mut().load_weights(self.learner.model())?;
+            self.streams.reseed_evaluation_noise(i);
             let point = Point {
                 step: i,
                 episodes: 0,
@@ -176,12 +184,6 @@ impl<'g> Offline<'g> {
             )?;
             if let Some(request) = stopped {
                 return Err(self.stop(&format!("during the evaluation at update {i}"), request));
-            }
-        }
-        // Multiples of LOG_EVERY are logged already.
-        if let (Some(report), Some(stats)) = (&mut self.report, &stats) {
-            if !i.is_multiple_of(LOG_EVERY) {
-                report.updates(i, &self.clock, stats)?;
             }
         }
         self.schedule.evaluated();

@@ -20,6 +20,7 @@ enum Purpose {
     ActingNoise = 5,
     RandomActions = 6,
     Batch = 7,
+    EvaluationNoise = 8,
 }
 
 pub(super) struct Streams {
@@ -90,6 +91,13 @@ impl Streams {
             Box::new(TorchNoise::seeded(seed(self.rank, Purpose::LearnerSamples))),
             Box::new(HostNoise::seeded(seed(0, Purpose::SharedBatch))),
         );
+    }
+
+    /// Seeds torch's generators, which the playing policy draws from, for an offline run's
+    /// evaluation at update `counter`: redone after a stop during it, it draws the same.
+    pub(super) fn reseed_evaluation_noise(&self, counter: u64) {
+        let seed = derive_seed(self.seed, self.rank, counter, Purpose::EvaluationNoise);
+        tch::manual_seed(seed as i64);
     }
 
     /// The stream that samples this rank's `batch`-th batch of an offline run.
