@@ -145,6 +145,10 @@ impl ProcessGroup {
         }
         let store = super::meeting::meet(&info, timeout, stop_asked)?;
         let dist = init_process_group(&info, backend, store.as_ref(), timeout).map_err(|e| {
+            // A stop asked meanwhile took the store's host down: not a rank slow to start.
+            if stop_asked() {
+                return super::meeting::stopped(&info);
+            }
             Error::Collective(format!(
                 "rank {} of {} cannot form the process group with the others at {}:{} ({}); \
                  raise dist_timeout if they are slow to start",
@@ -152,7 +156,7 @@ impl ProcessGroup {
                 info.world_size,
                 info.master_addr,
                 info.master_port,
-                embedded_python::message(&e.0)
+                super::meeting::trimmed(&e.0)
             ))
         })?;
         Ok(Self {

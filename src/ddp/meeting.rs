@@ -261,7 +261,7 @@ impl<'a> Report<'a> {
 }
 
 /// A Python error's message alone: its first line, without the traceback or c10d's frames.
-fn trimmed(text: &str) -> String {
+pub(super) fn trimmed(text: &str) -> String {
     let message = embedded_python::message(text);
     message.lines().next().unwrap_or(message).trim().to_owned()
 }
@@ -274,7 +274,7 @@ fn cannot_meet(info: &RankInfo, why: &str) -> Error {
     ))
 }
 
-fn stopped(info: &RankInfo) -> Error {
+pub(super) fn stopped(info: &RankInfo) -> Error {
     Error::Stopped(format!(
         "rank {} was asked to stop while it waited for the other ranks at {}:{}",
         info.rank, info.master_addr, info.master_port

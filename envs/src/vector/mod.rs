@@ -273,6 +273,17 @@ impl VectorEnv {
         }
     }
 
+    /// Whether every worker process still runs (for long work that steps no environment):
+    /// one that died is an error naming it, as a step would be.
+    pub fn check_workers(&mut self) -> Result<()> {
+        match &mut self.backend {
+            Backend::InProcess(_) => Ok(()),
+            Backend::Workers { workers, .. } => {
+                workers.iter_mut().try_for_each(WorkerProcess::check_alive)
+            }
+        }
+    }
+
     /// Resets env i only (each env resets on its own schedule). Returns its observation.
     pub fn reset(&mut self, i: usize, seed: Option<u64>) -> Result<Vec<f32>> {
         self.check_index(i)?;

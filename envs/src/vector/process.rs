@@ -188,6 +188,24 @@ impl WorkerProcess {
         self.receive()
     }
 
+    /// Whether the worker still runs, asking nothing of it (no reply is waited for): one that
+    /// died is named as [`Self::call`] would name it, and gone for good.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(what) = &self.dead {
+            return Err(self.failure(what.clone()));
+        }
+        match self.child.try_wait() {
+            Ok(Some(status)) => {
+                self.stdin = None;
+                let what = format!("died: {}", describe(status));
+                self.dead = Some(what.clone());
+                Err(self.failure(what))
+            }
+            // Running, or not to be told: the next call finds out.
+            Ok(None) | Err(_) => Ok(()),
+        }
+    }
+
     /// The channel broke: the worker died (or, if still running after a grace period, is
     /// killed). Either way it is gone for good.
     fn died(&mut self, cause: &io::Error) -> Error {
