@@ -3,7 +3,7 @@
 //!
 //! - Output: rank 0 speaks as is; other ranks' lines are prefixed with `[rank r]`.
 //! - A rank that fails makes the launcher stop the others (SIGTERM, then SIGKILL after a grace
-//!   period) and exit non-zero, naming the rank and its last error lines.
+//!   period) and exit non-zero, naming the rank and its last lines on stderr.
 //! - Ctrl-C or SIGTERM is passed to every rank (rank 0 writes a checkpoint), then the launcher
 //!   exits non-zero; a second Ctrl-C kills the ranks.
 //! - With `max_restarts=K`, a failed job is started again, up to K times: every rank resumes
@@ -172,8 +172,9 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
                     return Err(e);
                 }
                 errln!(
-                    "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint \
-                     (restart {} of {}, max_restarts)",
+                    "[launcher] {why}\n[launcher] restarting every rank from the last checkpoint, \
+                     or from the start when none was written yet (restart {} of {}, \
+                     max_restarts)",
                     restart + 1,
                     plan.max_restarts
                 );

@@ -54,7 +54,7 @@ pub(super) struct Supervision {
     running: usize,
     /// The ranks' stdout and stderr pipes not yet at their end.
     open_streams: usize,
-    /// Each rank's last error lines.
+    /// Each rank's last lines on stderr (where it says everything it says).
     tails: Vec<VecDeque<String>>,
     failure: Option<Failure>,
     /// Ranks that failed after the first: one of them may be the cause, the first only waiting
@@ -68,7 +68,8 @@ pub(super) struct Supervision {
     deadline: Option<Deadline>,
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
-    killing: bool,
+    /// Why the ranks still running are being killed, once they are.
+    killing: Option<String>,
     /// A rank here said that every rank agreed to stop ([`STOPPING_NOTICE`]).
     stopping: bool,
     /// A node that went away after that: the stop goes on, but may end without its checkpoint.
@@ -104,7 +105,7 @@ impl Supervision {
             interrupted: None,
             deadline: None,
             killed: Vec::new(),
-            killing: false,
+            killing: None,
             stopping: false,
             lost_while_stopping: None,
         }
@@ -165,7 +166,7 @@ impl Supervision {
         self.alive[rank - self.first_rank] = None;
         let ok = matches!(&status, Ok(s) if s.success());
         let code = status.as_ref().ok().and_then(|s| s.code());
-        if self.killing && matches!(&status, Ok(s) if s.signal() == Some(libc::SIGKILL)) {
+        if self.killing.is_some() && matches!(&status, Ok(s) if s.signal() == Some(libc::SIGKILL)) {
             self.killed.push(rank);
         } else if code == Some(STOPPED_EXIT_CODE) && self.failure.is_none() {
             // The others stop at the same step by agreement; the grace is a bound.
@@ -238,18 +239,18 @@ impl Supervision {
 
     pub(super) fn kill(&mut self, why: &str) {
         errln!("[launcher] {why}; killing the ranks still running");
-        self.killing = true;
+        self.killing = Some(why.to_owned());
         stop_all(&self.alive, libc::SIGKILL);
         self.deadline = None;
     }
 
     /// The ranks the launcher killed, for a message ("" when none).
     fn killed_note(&self) -> String {
-        match self.killed.as_slice() {
-            [] => String::new(),
-            ranks => format!(
-                "; killed after the grace period: rank(s) {ranks:?}, so a checkpoint they were \
-                 writing may be missing"
+        match (self.killed.as_slice(), &self.killing) {
+            ([], _) | (_, None) => String::new(),
+            (ranks, Some(why)) => format!(
+                "; killed ({why}): rank(s) {ranks:?}, so a checkpoint they were writing may be \
+                 missing"
             ),
         }
     }
@@ -281,7 +282,7 @@ impl Supervision {
             let tail = &self.tails[failure.rank - self.first_rank];
             let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
             let lines = match lines.is_empty() {
-                true => "  (none)".to_owned(),
+                true => "  (none: it wrote nothing)".to_owned(),
                 false => lines.join("\n"),
             };
             let (rank, how) = (failure.rank, &failure.how);
@@ -289,21 +290,21 @@ impl Supervision {
                 heartbeat::Ended::Refused => {
                     return Err(Error::Config(format!(
                         "rank {rank} refused its input ({how}); the other ranks were \
-                         stopped. Its last error lines:\n{lines}"
+                         stopped. Its last lines on stderr:\n{lines}"
                     )))
                 }
                 heartbeat::Ended::Diverged => {
                     return Err(Error::Diverged(format!(
                         "rank {rank}'s training diverged ({how}); the other ranks were stopped, \
                          and the job is not restarted: from the last checkpoint it would most \
-                         likely diverge again. Its last error lines:\n{lines}"
+                         likely diverge again. Its last lines on stderr:\n{lines}"
                     )))
                 }
                 _ => {}
             }
             return Err(Error::JobFailed(format!(
                 "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
-                 error lines:\n{lines}"
+                 lines on stderr:\n{lines}"
             )));
         }
         if let (None, Some(lost)) = (self.stopped, &self.lost_while_stopping) {
@@ -560,11 +561,22 @@ mod tests {
         let mut job = two_ranks();
         job.interrupt("interrupted (Ctrl-C)");
         job.interrupt("terminated (SIGTERM)");
-        assert!(!job.killing, "the same stop, passed on by a wrapper");
+        assert!(
+            job.killing.is_none(),
+            "the same stop, passed on by a wrapper"
+        );
         let first = job.interrupted.as_mut().unwrap();
         first.at -= SECOND_REQUEST_AFTER * 2;
         job.interrupt("interrupted (Ctrl-C)");
-        assert!(job.killing, "a second Ctrl-C kills");
+        assert!(job.killing.is_some(), "a second Ctrl-C kills");
+        // And the stop says so, not that a grace period ran out.
+        job.on_exit(0, signalled(libc::SIGKILL));
+        job.on_exit(1, signalled(libc::SIGKILL));
+        let err = job.outcome().unwrap_err().to_string();
+        assert!(
+            err.contains("killed (asked again to stop): rank(s) [0, 1]"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -575,6 +587,10 @@ mod tests {
         job.on_exit(0, signalled(libc::SIGKILL));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
-        assert!(err.to_string().contains("rank(s) [0]"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("killed (ranks still running after the grace period): rank(s) [0]"),
+            "{err}"
+        );
     }
 }

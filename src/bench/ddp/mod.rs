@@ -312,7 +312,7 @@ fn worker_failed(
         .unwrap_or_default();
     Error::Other(format!(
         "bench worker rank {rank} of {ranks} ({threads} threads) failed ({status}); the other \
-         ranks were stopped. Its last error lines:\n{}",
+         ranks were stopped. Its last lines on stderr:\n{}",
         tail(&stderr)
     ))
 }
