@@ -382,13 +382,7 @@ fn a_damaged_dataset_file_stops_the_run_before_any_update_and_the_doctor_finds_i
 /// planning noise is derived at its update), then trains on to the same model.
 #[test]
 fn a_stop_during_an_offline_evaluation_resumes_to_the_same_run() {
-    let data = tempfile::tempdir().unwrap();
-    succeeds(
-        Command::new(common::tdmpc2_bin())
-            .args(["collect", "--episodes", "4", "--out"])
-            .arg(data.path())
-            .arg("task=Pendulum-v1"),
-    );
+    let data = pendulum_dataset();
     let train = |run_dir: &Path| {
         let mut command = Command::new(common::tdmpc2_bin());
         command.arg("train").args(TINY).args([
@@ -454,4 +448,46 @@ fn a_stop_during_an_offline_evaluation_resumes_to_the_same_run() {
         &common::checkpoint(whole.path(), 40).join("model.safetensors"),
         &common::checkpoint(split.path(), 40).join("model.safetensors"),
     );
+}
+
+/// Four random Pendulum episodes of 200 steps, in one file.
+fn pendulum_dataset() -> tempfile::TempDir {
+    let data = tempfile::tempdir().unwrap();
+    succeeds(
+        Command::new(common::tdmpc2_bin())
+            .args(["collect", "--episodes", "4", "--out"])
+            .arg(data.path())
+            .arg("task=Pendulum-v1"),
+    );
+    data
+}
+
+/// A sweep whose later job's horizon the dataset's episodes cannot give is refused before its
+/// first job runs, naming that job.
+#[test]
+fn a_sweep_is_checked_against_its_dataset_before_any_job_runs() {
+    let data = pendulum_dataset();
+    let runs = tempfile::tempdir().unwrap();
+    let out = Command::new(common::tdmpc2_bin())
+        .args([
+            "train",
+            "-m",
+            "task=Pendulum-v1",
+            "model_size=1",
+            "steps=10",
+        ])
+        .arg(format!("data_dir={}", data.path().display()))
+        .arg(format!("run_dir={}", runs.path().join("sweep").display()))
+        .arg("horizon=3,250")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--multirun job 1 (horizon=250)")
+            && said.contains("shorter than a sampled slice of horizon + 1 = 251")
+            && said.contains("no job was started"),
+        "{said}"
+    );
+    assert!(!runs.path().join("sweep").exists(), "nothing ran");
 }

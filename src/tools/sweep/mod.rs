@@ -134,6 +134,8 @@ fn jobs_dir(sweep: &Source) -> Result<PathBuf> {
 /// Every job's configuration, loaded and resolved against its task before anything runs.
 fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Config>> {
     let mut specs: BTreeMap<String, Vec<envs::EnvSpec>> = BTreeMap::new();
+    // The datasets of offline jobs, checked once for each model and horizon they train.
+    let mut datasets_fit = std::collections::BTreeSet::new();
     let mut configs = Vec::new();
     for job in jobs {
         let checked = (|| {
@@ -144,6 +146,20 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
                 specs.insert(key.clone(), made);
             }
             config.resolve_with_specs(&specs[&key])?;
+            if config.offline() {
+                let model = format!(
+                    "{:?} {:?} {:?} {:?} horizon={}",
+                    config.data_dir,
+                    config.tasks()?,
+                    config.resolved_obs_dim()?,
+                    config.resolved_action_dim()?,
+                    config.horizon
+                );
+                if !datasets_fit.contains(&model) {
+                    crate::trainer::open_dataset(&config)?;
+                    datasets_fit.insert(model);
+                }
+            }
             config.check_pipeline_threads()?;
             crate::trainer::run_dir::refuse_a_bad_start(&config)?;
             Ok::<_, Error>(config)
