@@ -190,19 +190,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) if args.multirun => {
             crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)
         }
-        Command::Train(args) => {
-            // Before the config resolves (it starts Python, and that takes a while): a stop
-            // asked meanwhile ends the run before it starts, not through Python's own handler.
-            if args.cfg.is_none() {
-                trainer::stop::install_handlers();
-            }
-            let config = resolved_training_config(&args)?;
-            if args.cfg.is_some() {
-                crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
-                return Ok(());
-            }
-            train(config)
-        }
+        Command::Train(args) => train_command(&args),
         Command::Eval(args) if args.multirun => Err(Error::Config(
             "--multirun sweeps `tdmpc2 train`; evaluate checkpoints one by one".into(),
         )),
@@ -264,6 +252,21 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Plot(args) => crate::tools::plot::run(&args),
         Command::Doctor(args) => crate::tools::doctor::run(&args),
     }
+}
+
+/// `tdmpc2 train` without `--multirun`: the resolved config printed (`--cfg job`), or trained.
+fn train_command(args: &RunArgs) -> Result<()> {
+    // Before the config resolves (it starts Python, and that takes a while): a stop asked
+    // meanwhile ends the run before it starts, not through Python's own handler.
+    if args.cfg.is_none() {
+        trainer::stop::install_handlers();
+    }
+    let config = resolved_training_config(args)?;
+    if args.cfg.is_some() {
+        crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
+        return Ok(());
+    }
+    train(config)
 }
 
 /// A plain process with world_size > 1 becomes the launcher of this node's ranks; a process
