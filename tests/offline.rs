@@ -182,10 +182,28 @@ fn collecting_a_task_that_ends_episodes_early_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("task=lunarlander-continuous ends episodes early")
-            && stderr.contains("episodic=false"),
+            && !stderr.contains("episodic=false to collect"),
         "{stderr}"
     );
     assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0);
+    // A gymnasium id with episodic=false (its default) is stopped at its first early end,
+    // named, and the folder it made for nothing is gone.
+    let fresh = data.path().join("fresh");
+    let out = Command::new(common::tdmpc2_bin())
+        .args(["collect", "--episodes", "3", "--out"])
+        .arg(&fresh)
+        .arg("task=gym:LunarLanderContinuous-v3")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("environment 0 ended its episode early")
+            && stderr.contains("dataset files (the official format) hold no terminations")
+            && !stderr.contains("set episodic=true"),
+        "{stderr}"
+    );
+    assert!(!fresh.exists(), "{stderr}");
     // Pixels: the files hold states. Refused before the episodes are played.
     let out = Command::new(common::tdmpc2_bin())
         .args(["collect", "--episodes", "1", "--out"])

@@ -57,6 +57,9 @@ pub struct Actor {
     task_of: Vec<u32>,
     /// Each task's own action size, by task id (multitask).
     action_dims: Vec<usize>,
+    /// What to do about an episode that ended early with `episodic=false`, where the default
+    /// advice (`episodic=true`) does not apply.
+    early_end_advice: Option<&'static str>,
 }
 
 /// How a step chooses its actions.
@@ -92,7 +95,15 @@ impl Actor {
             tasks: None,
             task_of: Vec::new(),
             action_dims: Vec::new(),
+            early_end_advice: None,
         })
+    }
+
+    /// Gives `advice` instead of `episodic=true` when an episode ends early (`collect`, whose
+    /// files hold no terminations either way).
+    pub fn advise_on_early_ends(mut self, advice: &'static str) -> Self {
+        self.early_end_advice = Some(advice);
+        self
     }
 
     /// A multitask run's actor: each environment plays the tasks `assignment` gives it (its
@@ -121,6 +132,25 @@ impl Actor {
         self.policy.set_tasks(&self.task_of)?;
         self.tasks = Some(assignment);
         Ok(self)
+    }
+
+    /// The error for environment `i` ending its episode early in a run that takes no
+    /// terminations (`episodic=false`).
+    fn ended_early(&self, i: usize) -> Error {
+        let advice = match (self.early_end_advice, &self.tasks) {
+            (Some(advice), _) => advice,
+            (None, Some(_)) => {
+                "a task that can end early trains alone, with episodic=true (a task list trains \
+                 without terminations)"
+            }
+            (None, None) => "set episodic=true for a task that can end early",
+        };
+        Error::Config(format!(
+            "task={}: environment {i} ended its episode early (after {} steps: it fell, \
+             crashed or reached its goal), but episodic=false; {advice}",
+            self.envs.task(),
+            self.slots[i].stats.length + 1
+        ))
     }
 
     /// Zeroes the components of `actions` (one row per environment of `running`) past each
@@ -278,11 +308,7 @@ impl Actor {
         let steps = self.envs.step(&running, &actions)?;
         for ((&i, step), action) in running.iter().zip(steps).zip(actions.chunks(a)) {
             if step.terminated && !self.episodic {
-                return Err(Error::Config(
-                    "the environment terminated an episode, but episodic=false; set \
-                     episodic=true for tasks that can end early"
-                        .into(),
-                ));
+                return Err(self.ended_early(i));
             }
             let slot = &mut self.slots[i];
             slot.episode
@@ -509,6 +535,36 @@ mod tests {
         )
         .unwrap();
         Actor::new(envs, policy, episodic).unwrap()
+    }
+
+    /// An episode that ends early in a run without terminations is named, with what to do:
+    /// `episodic=true`, or the advice of whoever made the actor.
+    #[test]
+    fn an_early_end_without_terminations_names_the_environment_and_what_to_do() {
+        let mut rng = Pcg64::seed_from_u64(1);
+        let mut run = |actor: &mut Actor| {
+            (0..2).for_each(|i| actor.reset(i, 0).unwrap());
+            let mut steps = 0;
+            loop {
+                steps += 1;
+                if let Err(e) = actor.step(Acting::Random(&mut rng)) {
+                    return (e.to_string(), steps);
+                }
+            }
+        };
+        let (e, steps) = run(&mut actor(&[20, 3], false));
+        assert_eq!(steps, 3);
+        assert!(
+            e.contains("task=countdown: environment 1 ended its episode early (after 3 steps")
+                && e.contains("set episodic=true"),
+            "{e}"
+        );
+        let mut collecting = actor(&[20, 3], false).advise_on_early_ends("collect another");
+        let (e, _) = run(&mut collecting);
+        assert!(
+            e.contains("but episodic=false; collect another") && !e.contains("episodic=true"),
+            "{e}"
+        );
     }
 
     #[test]

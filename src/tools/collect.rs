@@ -29,8 +29,7 @@ pub fn refuse_what_files_cannot_hold(config: &Config, args: &Collection) -> Resu
         return Err(Error::Config(format!(
             "collect: task={} ends episodes early (episodic=true), and dataset files (the \
              official format) hold no terminations: offline training would bootstrap through \
-             every fall or crash. Collect a task that runs its episodes to the end, or pass \
-             episodic=false to collect anyway, the terminations lost",
+             every fall or crash. Collect a task that runs its episodes to the end",
             config.task
         )));
     }
@@ -81,7 +80,19 @@ fn refuse_what_the_disk_cannot_hold(
 }
 
 /// Plays `args.episodes` episodes, with the agent of `checkpoint=` or random actions.
+/// Plays and writes the episodes; a failure leaves no `--out` folder that it made and left
+/// empty.
 pub fn run(config: &Config, args: &Collection) -> Result<()> {
+    let made_out = !args.out.exists();
+    let collected = collect(config, args);
+    if collected.is_err() && made_out {
+        // Only while nothing is in it: a file finished before the failure stays.
+        let _ = std::fs::remove_dir(&args.out);
+    }
+    collected
+}
+
+fn collect(config: &Config, args: &Collection) -> Result<()> {
     refuse_what_files_cannot_hold(config, args)?;
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
@@ -106,7 +117,12 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
         num_envs,
         ..config.clone()
     };
-    let mut actor = ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
+    let mut actor = ActorSettings::from_config(&alone, 0)?
+        .make_actor(policy)?
+        .advise_on_early_ends(
+            "dataset files (the official format) hold no terminations: collect a task that runs \
+             its episodes to the end (the files finished before this episode are kept)",
+        );
     let tasks = config.tasks()?;
     let mut random = Pcg64::seed_from_u64(config.seed);
     let episode_seed = |n: usize| config.seed.wrapping_add(n as u64) & 0xffff_ffff;
