@@ -2,6 +2,7 @@ use clap::Parser;
 
 fn main() {
     tdmpc2::trainer::stop::end_at_once_on_interrupt();
+    envs::renderer::forget_an_empty_choice();
     // Limits on waits for other processes (workers, ranks, nodes) count from a continue after
     // Ctrl-Z or a scheduler's suspension, not across it.
     if let Err(error) = envs::deadline::counts_continues() {

@@ -166,3 +166,25 @@ fn a_pygame_task_films_without_a_word_about_a_display() {
     );
     assert!(!stderr.to_lowercase().contains("error"), "{stderr}");
 }
+
+/// An empty `MUJOCO_GL` is none chosen (the default backend), as everywhere else: MuJoCo's
+/// own packages refused it at the first frame, with a traceback.
+#[test]
+fn an_empty_mujoco_gl_renders_with_the_default_backend() {
+    let out = Command::new(common::tdmpc2_bin())
+        .args([
+            "bench",
+            "--cases",
+            "video",
+            "--video-task",
+            "cartpole-swingup",
+            "--video-frames",
+            "2",
+        ])
+        .env("MUJOCO_GL", "")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+}

@@ -20,6 +20,14 @@ pub fn chosen() -> String {
         .unwrap_or_else(|| DEFAULT.to_string())
 }
 
+/// Takes an empty `MUJOCO_GL` for none chosen, for the simulators too (MuJoCo and dm_control
+/// refuse an empty value, at the first frame): called first thing, while no other thread runs.
+pub fn forget_an_empty_choice() {
+    if std::env::var_os("MUJOCO_GL").is_some_and(|gl| gl.is_empty()) {
+        std::env::remove_var("MUJOCO_GL");
+    }
+}
+
 /// The backends whose libraries (or display) this machine has.
 pub fn available() -> Vec<&'static str> {
     static FOUND: OnceLock<Vec<&'static str>> = OnceLock::new();
