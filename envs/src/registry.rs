@@ -236,6 +236,23 @@ mod tests {
         assert!(!looks_like_gym_id("walker-v"));
     }
 
+    /// gymnasium registers ids it cannot make (the mujoco-py v2/v3 ones, shimmy's wrappers,
+    /// the Jax ones without Jax): named unknown, with what can be made, never a traceback; and
+    /// never suggested.
+    #[test]
+    fn ids_gymnasium_registers_but_cannot_make_are_unknown_tasks() {
+        for task in ["gym:Pusher-v2", "Walker2d-v3", "gym:GymV26Environment-v0"] {
+            let err = make(task, 0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(&format!("unknown task `{task}`")), "{err}");
+            assert!(!err.contains("Traceback") && !err.contains("-v2,"), "{err}");
+        }
+        let err = make("gym:Pusher-v1", 0).err().map(|e| e.to_string());
+        assert!(err.unwrap_or_default().contains("gym:Pusher-v5"));
+    }
+
     #[test]
     fn unknown_non_gym_names_need_no_python() {
         let err = make("walker-runn", 0)

@@ -1,4 +1,5 @@
 """Per-step glue between Rust and a gymnasium env: one call per step, float32 observations."""
+import importlib.util
 import os
 import sys
 import warnings
@@ -13,7 +14,17 @@ class Unsupported(Exception):
 
 
 def registered_ids():
-    return list(gymnasium.envs.registry.keys())
+    """The ids gymnasium can make here: not those whose entry point only raises (the mujoco-py
+    v2/v3 ids, the shimmy wrappers), nor the Jax ones without Jax."""
+    has_jax = importlib.util.find_spec("jax") is not None
+
+    def usable(spec):
+        entry = spec.entry_point
+        if callable(entry):
+            return not getattr(entry, "__name__", "").startswith("_raise")
+        return has_jax or not any(jax in str(entry) for jax in (".phys2d.", ".tabular."))
+
+    return [name for name, spec in gymnasium.envs.registry.items() if usable(spec)]
 
 
 def report_warning(message):
@@ -56,6 +67,8 @@ class GymAdapter:
                 env = gymnasium.make(env_id, **kwargs)
         except gymnasium.error.DependencyNotInstalled as e:
             raise Unsupported(f"{e} (scripts/setup.sh installs gymnasium[mujoco,box2d])") from None
+        except ImportError as e:
+            raise Unsupported(f"gymnasium cannot make it here: {e}") from None
         if env.spec is None or env.spec.max_episode_steps is None:
             env.close()
             raise Unsupported("the env has no max_episode_steps in its spec")
