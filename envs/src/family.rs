@@ -125,13 +125,29 @@ impl Family {
     /// The family's venv: `TDMPC2_VENV_<NAME>`, else beside the project's venv
     /// (`.venv-metaworld` beside `.venv`).
     pub fn venv(self) -> PathBuf {
-        if let Some(dir) = std::env::var_os(self.venv_var()) {
-            return PathBuf::from(dir);
+        if let Some(dir) = self.venv_from_variable() {
+            return dir;
         }
         let main = embedded_python::venv_dir();
         let mut name = main.file_name().unwrap_or_default().to_os_string();
         name.push(format!("-{}", self.name()));
         main.with_file_name(name)
+    }
+
+    /// `TDMPC2_VENV_<NAME>`, when set to something (empty is unset).
+    fn venv_from_variable(self) -> Option<PathBuf> {
+        std::env::var_os(self.venv_var())
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from)
+    }
+
+    /// The package a venv of the family's own holds (what its adapter imports).
+    fn package(self) -> Option<&'static str> {
+        match self {
+            Family::MetaWorld => Some("metaworld"),
+            Family::MyoSuite => Some("myosuite"),
+            _ => None,
+        }
     }
 
     /// What installs the family's venv.
@@ -142,11 +158,27 @@ impl Family {
     /// The site-packages of the family's venv, made for this interpreter's Python version;
     /// an error naming the command that installs it when there is none.
     pub fn site_packages(self) -> Result<PathBuf> {
-        let venv = self.venv();
+        self.site_packages_of(&self.venv())
+    }
+
+    /// [`Self::site_packages`] of the venv at `venv`.
+    fn site_packages_of(self, venv: &std::path::Path) -> Result<PathBuf> {
         let inside = embedded_python::site_packages_in_venv();
         let site = venv.join(&inside);
+        let lacks = |package: &str| !site.join(package).is_dir();
         let problem = match (venv.join("pyvenv.cfg").is_file(), site.is_dir()) {
-            (true, true) => return Ok(site),
+            (true, true) => match self.package().filter(|p| lacks(p)) {
+                None => return Ok(site),
+                Some(package) => format!(
+                    "the one at {}{} has no {package} (another family's venv, or an install \
+                     that failed)",
+                    venv.display(),
+                    match self.venv_from_variable() {
+                        Some(_) => format!(" ({})", self.venv_var()),
+                        None => String::new(),
+                    }
+                ),
+            },
             (true, false) => format!(
                 "the one at {} was made for another Python than this binary's (it has no {}; \
                  remove it)",
@@ -205,6 +237,30 @@ mod tests {
         assert_eq!(
             Family::MetaWorld.install_command(),
             "scripts/setup.sh --family metaworld"
+        );
+    }
+
+    /// A venv that is there but lacks the family's package (another family's) is named, with
+    /// what to run; not left to the worker's import to fail.
+    #[test]
+    fn a_venv_without_the_familys_package_is_named() {
+        let main = embedded_python::venv_dir();
+        if !main.join("pyvenv.cfg").is_file() {
+            return;
+        }
+        let site = embedded_python::site_packages_in_venv();
+        assert!(
+            main.join(&site).is_dir() && !main.join(&site).join("metaworld").exists(),
+            "the project's venv holds no metaworld"
+        );
+        let err = Family::MetaWorld
+            .site_packages_of(&main)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("the one at {} has no metaworld", main.display()))
+                && err.contains("scripts/setup.sh --family metaworld"),
+            "{err}"
         );
     }
 }
