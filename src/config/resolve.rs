@@ -104,7 +104,20 @@ impl Config {
             action_dim: largest,
             episode_length: longest,
         };
+        let given_discount = self.discount;
         self.resolve(&padded)?;
+        // Each task's discount follows its own episode length (the one kept here is the
+        // longest's, for what a config shows): another set here would be ignored.
+        match given_discount {
+            Some(given) if given != self.discount_for(longest) => {
+                return Err(Error::Config(format!(
+                    "discount={given} is not used by a task list: each task's discount follows \
+                     its episode length (discount_denom, discount_min, discount_max), as in the \
+                     official code; leave discount unset"
+                )))
+            }
+            _ => {}
+        }
         if self.task == "mt30" && self.model_size == Some(19) {
             self.latent_dim = 512;
         }

@@ -485,6 +485,31 @@ fn several_tasks_need_states_and_no_terminations() {
     assert!(e.contains("two or more"), "{e}");
     let e = error(&["task_dim=32"]);
     assert!(e.contains("task embedding of a multitask model"), "{e}");
+    // A task list's width and discounts follow the official rules: another one set is refused,
+    // not silently replaced (its default and the official value load, as a saved config does).
+    let e = error(&["task=[walker-run,cartpole-swingup]", "task_dim=7"]);
+    assert!(
+        e.contains("task_dim=7 is not supported") && e.contains("64 here"),
+        "{e}"
+    );
+    for given in ["task_dim=96", "task_dim=64"] {
+        load(&["task=[walker-run,cartpole-swingup]", given]).unwrap();
+    }
+    let spec = |obs, action_dim, episode_length| envs::EnvSpec {
+        obs_shape: vec![obs],
+        action_dim,
+        episode_length,
+    };
+    let mut discounted = load(&["task=[walker-run,mw-reach]", "discount=0.9"]).unwrap();
+    let e = discounted
+        .resolve_tasks(&[spec(24, 6, 500), spec(39, 4, 100)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("discount=0.9 is not used by a task list"), "{e}");
+    let mut saved = load(&["task=[walker-run,mw-reach]", "discount=0.99"]).unwrap();
+    saved
+        .resolve_tasks(&[spec(24, 6, 500), spec(39, 4, 100)])
+        .unwrap();
 }
 
 #[test]

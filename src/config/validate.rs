@@ -449,17 +449,30 @@ impl Config {
             "save_agent",
             self.save_agent.to_string(),
             defaults.save_agent.to_string(),
-            "checkpoints are always written (save_freq spaces them)",
+            "checkpoints are always written (save_freq spaces them)".to_string(),
         )];
         // Several tasks: the official rule sets task_dim when the run is resolved. One task
         // has none, which 0 says too (as the official parser sets it).
+        let official_task_dim = super::tasks::task_dim(&self.task, self.model_size);
+        if self.multitask() && self.task_dim != official_task_dim {
+            unsupported.push((
+                "task_dim",
+                self.task_dim.to_string(),
+                defaults.task_dim.to_string(),
+                format!(
+                    "a task list's embedding width follows the official rule (96 for mt80 or \
+                     model sizes 1 and 317, else 64): {official_task_dim} here, whatever is set"
+                ),
+            ));
+        }
         if !self.multitask() && self.task_dim != 0 {
             unsupported.push((
                 "task_dim",
                 self.task_dim.to_string(),
                 defaults.task_dim.to_string(),
                 "it sizes the task embedding of a multitask model (task=mt30, mt80 or \
-                 [task,task,...]), and a single task has none",
+                 [task,task,...]), and a single task has none"
+                    .to_string(),
             ));
         }
         for (key, value, default, why) in unsupported {
