@@ -480,6 +480,14 @@ fn evaluate(config: Config) -> Result<()> {
 /// Where `eval` films its first episode: `eval_video/<task>-<seed>.gif`, or with `-2`, `-3`,
 /// ... when an earlier evaluation's video has that name. A folder that cannot be made there is
 /// refused before any episode is played.
+/// The video's name before its number: the task as a file name (`gym_Pendulum-v1`, a list's
+/// names joined by `+`) and the seed.
+fn video_stem(task: &str, seed: u64) -> String {
+    let task = task.trim_start_matches('[').trim_end_matches(']');
+    let task = task.replace(',', "+").replace([':', '/'], "_");
+    format!("{task}-{seed}")
+}
+
 fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
     let dir = std::path::Path::new(crate::logging::VIDEO_DIR);
     std::fs::create_dir_all(dir).map_err(|e| {
@@ -489,7 +497,7 @@ fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
             dir.display()
         ))
     })?;
-    let stem = format!("{}-{}", config.task.replace([':', '/'], "_"), config.seed);
+    let stem = video_stem(&config.task, config.seed);
     let name = |n: usize| match n {
         1 => format!("{stem}.gif"),
         n => format!("{stem}-{n}.gif"),
@@ -504,6 +512,16 @@ fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_video_is_named_for_its_task_as_a_file_name() {
+        assert_eq!(video_stem("walker-run", 1), "walker-run-1");
+        assert_eq!(video_stem("gym:Pendulum-v1", 7), "gym_Pendulum-v1-7");
+        assert_eq!(
+            video_stem("[mw-reach,myo-reach]", 2),
+            "mw-reach+myo-reach-2"
+        );
+    }
 
     #[test]
     fn hydra_short_flags_read_as_the_long_ones() {
