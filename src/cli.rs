@@ -274,19 +274,21 @@ fn train_command(args: &RunArgs) -> Result<()> {
 fn train(mut config: Config) -> Result<()> {
     let (rank, launched_by) = RankInfo::from_env(&config, &env_text)?;
     config.check_pipeline_threads()?;
+    config.check_backend()?;
     let launches = launched_by == LaunchedBy::Nobody && config.world_size > 1;
     if launches {
+        // Python's signal module, first imported while SIGINT is at its default, would take it
+        // over (and turn a Ctrl-C into a KeyboardInterrupt in the launcher's next Python
+        // call): imported now, while ours holds it, it leaves SIGINT alone.
+        let _ = embedded_python::with_python(|py| py.import("signal").map(drop));
         // The launcher watches the signals its own way from here; one that came before is
         // seen below.
         trainer::stop::restore_default_handlers();
     }
     // A rank under a launcher stops with the others, in the loop; a process of its own stops
     // here, having written nothing.
-    if launched_by == LaunchedBy::Nobody && trainer::stop::requested_here() {
-        return Err(Error::Stopped(
-            "stopped before the run started (Ctrl-C, SIGTERM or a hangup): nothing was written"
-                .into(),
-        ));
+    if launched_by == LaunchedBy::Nobody {
+        trainer::stop::refuse_to_start_when_asked()?;
     }
     if launches {
         if config.node_rank == 0 {

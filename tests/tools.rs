@@ -414,7 +414,10 @@ fn doctor_fails_a_broken_family_only_for_a_run_that_needs_it() {
     let myosuite = [("TDMPC2_VENV_MYOSUITE", metaworld.as_path())];
     let out = doctor(&["task=cartpole-swingup"], &myosuite);
     let log = text(&out);
-    assert!(log.contains("! myosuite: myo-reach does not step"), "{log}");
+    assert!(
+        log.contains("! myosuite: not installed") && log.contains("has no myosuite"),
+        "{log}"
+    );
     // Whatever else this machine lacks, not that.
     let verdict = log
         .lines()
@@ -423,7 +426,7 @@ fn doctor_fails_a_broken_family_only_for_a_run_that_needs_it() {
     assert!(!verdict.contains("myosuite"), "{log}");
     let out = doctor(&["task=myo-reach"], &myosuite);
     let log = text(&out);
-    assert!(log.contains("✗ myosuite: myo-reach does not step"), "{log}");
+    assert!(log.contains("✗ myosuite: not installed"), "{log}");
     assert!(log.contains("not ready: myosuite"), "{log}");
 }
 

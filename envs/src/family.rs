@@ -165,7 +165,7 @@ impl Family {
     fn site_packages_of(self, venv: &std::path::Path) -> Result<PathBuf> {
         let inside = embedded_python::site_packages_in_venv();
         let site = venv.join(&inside);
-        let lacks = |package: &str| !site.join(package).is_dir();
+        let lacks = |package: &str| !holds_package(&site, package);
         let problem = match (venv.join("pyvenv.cfg").is_file(), site.is_dir()) {
             (true, true) => match self.package().filter(|p| lacks(p)) {
                 None => return Ok(site),
@@ -211,6 +211,21 @@ impl Family {
     }
 }
 
+/// Whether `site` (a site-packages folder) holds `package`: its folder, or what pip leaves
+/// beside any install of it, editable ones too (`<package>-<version>.dist-info`, an egg link).
+fn holds_package(site: &std::path::Path, package: &str) -> bool {
+    let Ok(entries) = std::fs::read_dir(site) else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let name = entry.file_name().to_string_lossy().to_lowercase();
+        name == package
+            || name == format!("{package}.egg-link")
+            || name.starts_with(&format!("{package}-"))
+            || name.starts_with(&format!("__editable__.{package}-"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +253,27 @@ mod tests {
             Family::MetaWorld.install_command(),
             "scripts/setup.sh --family metaworld"
         );
+    }
+
+    /// An install pip made of the package, editable or not, counts; another package's does not.
+    #[test]
+    fn a_package_is_found_however_pip_installed_it() {
+        let site = std::env::temp_dir().join(format!("tdmpc2-site-{}", std::process::id()));
+        let holds = |entries: &[&str]| {
+            let _ = std::fs::remove_dir_all(&site);
+            std::fs::create_dir_all(&site).unwrap();
+            for entry in entries {
+                std::fs::write(site.join(entry), "").unwrap();
+            }
+            holds_package(&site, "metaworld")
+        };
+        assert!(holds(&["metaworld-3.1.1.dist-info"]));
+        assert!(holds(&["__editable__.metaworld-3.1.1.pth"]));
+        assert!(!holds(&[
+            "myosuite-2.0.dist-info",
+            "metaworlds-1.0.dist-info"
+        ]));
+        std::fs::remove_dir_all(&site).unwrap();
     }
 
     /// A venv that is there but lacks the family's package (another family's) is named, with

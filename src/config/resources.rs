@@ -93,8 +93,8 @@ fn gib(bytes: f64) -> String {
 }
 
 impl Config {
-    /// What the settings need against what this machine has: a GPU for NCCL, ranks per node
-    /// against CPU cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
+    /// What the settings need against what this machine has: ranks per node against CPU
+    /// cores, and a lower bound of the memory per rank against RAM (or, on a GPU, a cap no GPU
     /// exceeds), so that an absurd size is refused here and not by an allocator mid-run.
     pub(super) fn check_resources(&self, machine: &Machine) -> Result<()> {
         let local_ranks = self.local_ranks();
@@ -115,13 +115,6 @@ impl Config {
             "auto" => (machine.cuda_available)(),
             _ => true,
         };
-        if self.dist_backend == "nccl" && !gpu() {
-            return Err(Error::Config(format!(
-                "dist_backend=nccl needs a CUDA device, but device={} runs on the CPU here; use \
-                 dist_backend=gloo (or auto), or device=cuda on a machine with a GPU",
-                self.device
-            )));
-        }
         let max_ranks = most_cpu_ranks(machine.cores);
         if local_ranks > max_ranks && !gpu() {
             return Err(Error::Config(format!(
@@ -175,6 +168,28 @@ impl Config {
     /// pipelined rank splits them: checked before a run (or a sweep's jobs) starts, with this
     /// node's cores (a rank bound to CPUs of its own checks again with those). Other commands
     /// build no pipeline.
+    /// A training run's collectives: NCCL needs a GPU, which this machine may lack (refused
+    /// here, before any rank starts; `eval` and `collect` form no group and take any backend).
+    pub fn check_backend(&self) -> Result<()> {
+        self.check_backend_on(&Machine::this())
+    }
+
+    pub(super) fn check_backend_on(&self, machine: &Machine) -> Result<()> {
+        let gpu = match self.device.as_str() {
+            "cpu" => false,
+            "auto" => (machine.cuda_available)(),
+            _ => true,
+        };
+        match self.dist_backend == "nccl" && !gpu {
+            true => Err(Error::Config(format!(
+                "dist_backend=nccl needs a CUDA device, but device={} runs on the CPU here; use \
+                 dist_backend=gloo (or auto), or device=cuda on a machine with a GPU",
+                self.device
+            ))),
+            false => Ok(()),
+        }
+    }
+
     pub fn check_pipeline_threads(&self) -> Result<()> {
         self.check_pipeline_threads_on(&Machine::this())
     }

@@ -239,9 +239,16 @@ fn resources_are_checked_against_the_machine() {
     for device in ["cpu", "auto"] {
         c.device = device.into();
         c.dist_backend = "nccl".into();
-        let e = c.check_resources(&small).unwrap_err().to_string();
+        c.check_resources(&small).unwrap();
+        let e = c.check_backend_on(&small).unwrap_err().to_string();
         assert!(e.contains("dist_backend=nccl needs a CUDA device"), "{e}");
     }
+    c.device = "auto".into();
+    c.check_backend_on(&Machine {
+        cuda_available: || true,
+        ..small
+    })
+    .unwrap();
     c.dist_backend = "auto".into();
     c.device = "cpu".into();
     c.world_size = 9;

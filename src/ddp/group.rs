@@ -156,7 +156,7 @@ impl ProcessGroup {
                 info.world_size,
                 info.master_addr,
                 info.master_port,
-                super::meeting::trimmed(&e.0)
+                super::meeting::without_frames(&e.0)
             ))
         })?;
         Ok(Self {

@@ -260,6 +260,21 @@ impl<'a> Report<'a> {
     }
 }
 
+/// A Python error's message without its traceback and without the C++ frames c10d appends
+/// ("Exception raised from ...", "frame #N: ...").
+pub(super) fn without_frames(text: &str) -> String {
+    let message = embedded_python::message(text);
+    let lines: Vec<&str> = message
+        .lines()
+        .take_while(|line| !line.trim_start().starts_with("Exception raised from"))
+        .filter(|line| {
+            let line = line.trim_start();
+            !line.starts_with("frame #") && !line.starts_with("<omitting python frames>")
+        })
+        .collect();
+    lines.join("\n").trim().to_owned()
+}
+
 /// A Python error's message alone: its first line, without the traceback or c10d's frames.
 pub(super) fn trimmed(text: &str) -> String {
     let message = embedded_python::message(text);
@@ -279,4 +294,22 @@ pub(super) fn stopped(info: &RankInfo) -> Error {
         "rank {} was asked to stop while it waited for the other ranks at {}:{}",
         info.rank, info.master_addr, info.master_port
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// c10d's frames go, every line of the message stays.
+    #[test]
+    fn c10d_frames_are_dropped_and_the_message_kept() {
+        let text = "DistNetworkError: Failed to recv, got 0 bytes.\nConnection was likely \
+                    closed.\nException raised from recvBytes at socket.cpp:670 (most recent call \
+                    first):\nframe #0: c10::Error::Error + 0x9d\n<omitting python frames>\n\
+                    frame #17: main";
+        assert_eq!(
+            without_frames(text),
+            "DistNetworkError: Failed to recv, got 0 bytes.\nConnection was likely closed."
+        );
+    }
 }

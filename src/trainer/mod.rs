@@ -38,6 +38,9 @@ pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     if config.offline() {
         offline::verify_dataset(&config, rank.rank, rank.world_size)?;
     }
+    // A stop asked while the dataset was read (minutes, for a large one) ends the run before
+    // it claims its directory: nothing written.
+    stop::refuse_to_start_when_asked()?;
     // Before the group forms: a second run on this directory fails at once (its other ranks
     // are stopped by their launcher, or time out).
     let _lock = match rank.rank {

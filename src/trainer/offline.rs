@@ -313,6 +313,7 @@ pub(super) fn verify_dataset(config: &Config, rank: usize, world_size: usize) ->
     let started = std::time::Instant::now();
     let (mut read, mut stamped) = (0u64, 0usize);
     for k in 0..files.len() {
+        super::stop::refuse_to_start_when_asked()?;
         let file = &files[(rank * files.len() / world_size.max(1) + k) % files.len()];
         if rank == 0 {
             let size = std::fs::metadata(file).map_or(0, |m| m.len());

@@ -129,11 +129,14 @@ pub fn install_handlers() {
 /// runs. A SIGINT ignored from the start (an environment worker's) stays ignored.
 pub fn end_at_once_on_interrupt() {
     let handler = end_at_once as *const () as libc::sighandler_t;
-    // SAFETY: the handler restores the default action and raises the signal again, both
-    // async-signal-safe; an ignored signal is put back as it was.
+    // SAFETY: sigaction with a null new action only reads the current one into `current`; the
+    // handler restores the default action and raises the signal again, both
+    // async-signal-safe.
     unsafe {
-        if libc::signal(libc::SIGINT, handler) == libc::SIG_IGN {
-            libc::signal(libc::SIGINT, libc::SIG_IGN);
+        let mut current: libc::sigaction = std::mem::zeroed();
+        let read = libc::sigaction(libc::SIGINT, std::ptr::null(), &mut current);
+        if read == 0 && current.sa_sigaction != libc::SIG_IGN {
+            libc::signal(libc::SIGINT, handler);
         }
     }
 }
@@ -189,6 +192,18 @@ impl Drop for HandlersForNow {
 /// the next [`requested`] agrees on it).
 pub fn requested_here() -> bool {
     REQUESTED.load(Ordering::SeqCst) != 0
+}
+
+/// The error that ends a run asked to stop before it began (before it claimed its run
+/// directory or met the other ranks): nothing was written.
+pub fn refuse_to_start_when_asked() -> Result<()> {
+    match requested_here() {
+        true => Err(crate::error::Error::Stopped(
+            "stopped before the run started (Ctrl-C, SIGTERM or a hangup): nothing was written"
+                .into(),
+        )),
+        false => Ok(()),
+    }
 }
 
 /// Whether any rank asked to stop, agreed by all (one tiny all-gather when there is a group).

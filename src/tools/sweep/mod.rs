@@ -161,6 +161,7 @@ fn validate(jobs: &[Job], source: &dyn Fn(&[String]) -> Source) -> Result<Vec<Co
                 }
             }
             config.check_pipeline_threads()?;
+            config.check_backend()?;
             crate::trainer::run_dir::refuse_a_bad_start(&config)?;
             Ok::<_, Error>(config)
         })();
