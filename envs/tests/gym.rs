@@ -33,6 +33,11 @@ class DictObs(gymnasium.Env):
         return obs, float(np.sum(action)), self.t >= 3, False, {"is_success": self.t >= 2}
 
 
+class RaisesInInit(DictObs):
+    def __init__(self):
+        raise ValueError("this env cannot be built: its constructor says why")
+
+
 class DiscreteActions(DictObs):
     def __init__(self):
         super().__init__()
@@ -43,6 +48,7 @@ def register():
     gymnasium.register("TdmpcDictObs-v0", entry_point=DictObs, max_episode_steps=5)
     gymnasium.register("TdmpcDiscrete-v0", entry_point=DiscreteActions, max_episode_steps=5)
     gymnasium.register("TdmpcNoLimit-v0", entry_point=DictObs)
+    gymnasium.register("TdmpcRaises-v0", entry_point=RaisesInInit, max_episode_steps=5)
 
 
 def first_obs(env_id, seed):
@@ -171,11 +177,20 @@ fn unknown_gym_ids_suggest_registered_ones() {
 
 #[test]
 fn python_exceptions_carry_their_message() {
-    // gymnasium registers its jax environments whether or not jax is installed (the project's
-    // venv has none): making one raises ModuleNotFoundError, which must come back whole.
-    match envs::make("phys2d/CartPole-v1", 0) {
-        Err(Error::Python(msg)) => assert!(msg.contains("No module named 'jax'"), "{msg}"),
-        Ok(_) => panic!("phys2d/CartPole-v1 was made: jax is in the venv, pick another env"),
+    register_test_envs();
+    match envs::make("TdmpcRaises-v0", 0) {
+        Err(Error::Python(msg)) => assert!(
+            msg.contains("ValueError: this env cannot be built: its constructor says why"),
+            "{msg}"
+        ),
+        Ok(_) => panic!("TdmpcRaises-v0 was made"),
         Err(other) => panic!("expected a Python error, got {other}"),
+    }
+    // gymnasium registers its Jax environments whether or not Jax is installed (the project's
+    // venv has none): ids that cannot be made here are unknown tasks, never a traceback.
+    match envs::make("phys2d/CartPole-v1", 0) {
+        Err(Error::UnknownTask { .. }) => {}
+        Ok(_) => panic!("phys2d/CartPole-v1 was made: jax is in the venv"),
+        Err(other) => panic!("expected an unknown task, got {other}"),
     }
 }
