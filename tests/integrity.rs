@@ -289,9 +289,11 @@ fn catches(pid: u32, signal: i32) -> bool {
         .is_some_and(|mask| mask & (1 << (signal - 1)) != 0)
 }
 
-/// Ctrl-C during start-up, the moment anything catches it (the embedded Python, importing the
-/// task's simulator, took SIGINT over for its KeyboardInterrupt: a traceback and exit 1): the
-/// run stops as asked, exit 3, and one stopped before it began leaves no run directory.
+/// Ctrl-C during start-up, the moment `train` takes stop requests (the embedded Python,
+/// importing the task's simulator, took SIGINT over for its KeyboardInterrupt: a traceback and
+/// exit 1): the run stops as asked, exit 3, and one stopped before it began leaves no run
+/// directory. `train` catches SIGTERM from then on; before, from the start of `main`, only
+/// SIGINT is caught, to end the process as by default.
 #[test]
 fn ctrl_c_during_start_up_stops_the_run_as_asked() {
     let dir = tempfile::tempdir().unwrap();
@@ -300,7 +302,7 @@ fn ctrl_c_during_start_up_stops_the_run_as_asked() {
     let mut command = command("train", &run_dir, &settings);
     let child = common::Reaped::spawn(command.stdout(Stdio::null()).stderr(Stdio::piped()));
     let start = Instant::now();
-    while !catches(child.id(), libc::SIGINT) && start.elapsed() < Duration::from_secs(60) {
+    while !catches(child.id(), libc::SIGTERM) && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(1));
     }
     send(child.id(), "INT");
