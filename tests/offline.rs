@@ -286,6 +286,25 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
         stderr.contains("chunk_0.pt") && stderr.contains("observations of 6 numbers"),
         "{stderr}"
     );
+    // The same tasks in another order: reacher-easy's episodes (task id 1) would train as
+    // Pendulum's, whose observations have 3 of the 6 numbers, the rest zero.
+    let out = Command::new(common::tdmpc2_bin())
+        .arg("train")
+        .args(TINY)
+        .args([
+            "task=[reacher-easy,Pendulum-v1,cartpole-swingup]".to_string(),
+            format!("data_dir={}", data.path().display()),
+            format!("run_dir={}", run.path().join("reordered").display()),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("has task id 1, Pendulum-v1, whose observations have 3 numbers")
+            && stderr.contains("another order than the run's task list"),
+        "{stderr}"
+    );
     // The doctor says so too, though every file reads back whole.
     let doctor = Command::new(common::tdmpc2_bin())
         .args(["doctor", "task=[walker-run,cheetah-run]"])

@@ -9,7 +9,7 @@ use rand_pcg::Pcg64;
 use serde_json::{json, Value};
 
 use crate::buffer::Episode;
-use crate::dataset::{ChunkWriter, Dataset, Expected};
+use crate::dataset::{ChunkWriter, Dataset, Expected, ExpectedTask};
 use crate::error::{Error, Result};
 
 /// mt30-like episodes: 500 steps of walker-run's sizes.
@@ -96,7 +96,10 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
     let expected = Expected {
         obs_dim: OBS_DIM,
         action_dim: ACTION_DIM,
-        num_tasks: 1,
+        tasks: vec![ExpectedTask {
+            name: "bench".into(),
+            obs_dim: OBS_DIM,
+        }],
         multitask: true,
         slice: 4,
     };

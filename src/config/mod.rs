@@ -153,7 +153,9 @@ pub struct Config {
     pub action_dim: Option<usize>,
     pub episode_length: Option<usize>,
     pub bin_size: Option<f64>,
-    /// Several tasks: each task's action size and episode length, in task-id order.
+    /// Several tasks: each task's observation size (before padding), action size and episode
+    /// length, in task-id order.
+    pub obs_shapes: Option<Vec<usize>>,
     pub action_dims: Option<Vec<usize>>,
     pub episode_lengths: Option<Vec<usize>>,
     /// This node's ranks when the process knows them: as the launcher (torchrun, SLURM) that
@@ -175,11 +177,12 @@ pub struct Source {
 /// The fields `resolve` derives from the task alone. A saved resolved config holds them (and is
 /// derived again); a setting on the command line would be replaced, and `episode_length` would
 /// be taken for the mark of a config resolved before.
-pub const DERIVED_FIELDS: [&str; 6] = [
+pub const DERIVED_FIELDS: [&str; 7] = [
     "obs_shape",
     "action_dim",
     "episode_length",
     "bin_size",
+    "obs_shapes",
     "action_dims",
     "episode_lengths",
 ];
@@ -244,7 +247,9 @@ impl Source {
             if DERIVED_FIELDS.contains(&key) {
                 let from = match key {
                     "bin_size" => "from vmin, vmax and num_bins",
-                    "action_dims" | "episode_lengths" => "from the tasks of a multitask run",
+                    "obs_shapes" | "action_dims" | "episode_lengths" => {
+                        "from the tasks of a multitask run"
+                    }
                     _ => "from the task's environment",
                 };
                 return Err(Error::Config(format!(

@@ -122,6 +122,7 @@ impl Config {
             self.latent_dim = 512;
         }
         self.task_dim = super::tasks::task_dim(&self.task, self.model_size);
+        self.obs_shapes = Some(specs.iter().map(envs::EnvSpec::obs_dim).collect());
         self.action_dims = Some(specs.iter().map(|s| s.action_dim).collect());
         self.episode_lengths = Some(specs.iter().map(|s| s.episode_length).collect());
         let shortest = specs.iter().map(|s| s.episode_length).min().unwrap_or(0);
@@ -286,6 +287,14 @@ impl Config {
 
     pub fn resolved_obs_dim(&self) -> Result<usize> {
         resolved(self.obs_shape.as_ref().map(|s| s.iter().product()))
+    }
+
+    /// Each task's own observation size, in task-id order (the one task's, for a single task).
+    pub fn resolved_obs_shapes(&self) -> Result<Vec<usize>> {
+        match self.multitask() {
+            true => resolved(self.obs_shapes.clone()),
+            false => Ok(vec![self.resolved_obs_dim()?]),
+        }
     }
 
     pub fn resolved_action_dim(&self) -> Result<usize> {

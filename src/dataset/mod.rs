@@ -31,15 +31,24 @@ const OFFICIAL_FORMAT: &str = include_str!("official_format.py");
 const MODULE: &str = "tdmpc2_official_format";
 
 /// What the run's model needs of every file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Expected {
     pub obs_dim: usize,
     pub action_dim: usize,
-    pub num_tasks: usize,
+    /// The run's tasks, in task-id order.
+    pub tasks: Vec<ExpectedTask>,
     /// Whether batches carry task ids (a multitask model).
     pub multitask: bool,
     /// Rows of one sampled slice: horizon + 1.
     pub slice: usize,
+}
+
+/// One task of the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpectedTask {
+    pub name: String,
+    /// Its own observation size: the rest of its rows is zero, the padding to the widest task's.
+    pub obs_dim: usize,
 }
 
 /// The dataset files of `dir` (`*.pt`), in the official order (sorted by name).
@@ -251,7 +260,9 @@ impl Chunk {
         }
         let file = File::open(path).map_err(|e| fail(e.to_string()))?;
         refuse_early_terminations(&file, &fields).map_err(&fail)?;
-        let tasks = episode_tasks(&file, &fields, expected.num_tasks).map_err(&fail)?;
+        let tasks = episode_tasks(&file, &fields, expected.tasks.len()).map_err(&fail)?;
+        refuse_tasks_numbered_otherwise(&file, &obs, length, &tasks, &expected.tasks)
+            .map_err(&fail)?;
         Ok(Self {
             path: path.to_owned(),
             file,
@@ -390,6 +401,47 @@ fn first_terminated(
         }
     }
     Ok(None)
+}
+
+/// A task's observations end where its own size does, the rest of each row the zero padding
+/// (the official multitask wrapper's). A dataset whose task ids follow another order than the
+/// run's task list would train every episode as another task's, without a word; where the
+/// tasks' sizes differ, the first episode of each id in the file shows it.
+fn refuse_tasks_numbered_otherwise(
+    file: &File,
+    obs: &Field,
+    length: usize,
+    tasks: &[u32],
+    expected: &[ExpectedTask],
+) -> std::result::Result<(), String> {
+    let mut checked = vec![false; expected.len()];
+    for (e, &id) in tasks.iter().enumerate() {
+        let task = &expected[id as usize];
+        if std::mem::replace(&mut checked[id as usize], true) || task.obs_dim >= obs.width {
+            continue;
+        }
+        let bytes = obs
+            .read(file, e, 0, length)
+            .map_err(|err| err.to_string())?;
+        for (row, numbers) in bytes.chunks_exact(obs.width * obs.item).enumerate() {
+            let padding = numbers[task.obs_dim * obs.item..]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            if let Some((k, value)) = padding.enumerate().find(|(_, v)| *v != 0.0) {
+                return Err(format!(
+                    "episode {e} has task id {id}, {}, whose observations have {} numbers (the \
+                     rest of a row is zero padding), but its row {row} has {value} at number \
+                     {}: the dataset's task ids follow another order than the run's task list \
+                     (or another task set); list the tasks in the order the dataset was \
+                     collected with",
+                    task.name,
+                    task.obs_dim,
+                    task.obs_dim + k + 1
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each episode's task id (that of its first row), checked against the run's task count.
@@ -587,10 +639,14 @@ mod tests {
     }
 
     fn expected(num_tasks: usize) -> Expected {
+        let task = |k| ExpectedTask {
+            name: format!("task-{k}"),
+            obs_dim: 3,
+        };
         Expected {
             obs_dim: 3,
             action_dim: 2,
-            num_tasks,
+            tasks: (0..num_tasks).map(task).collect(),
             multitask: true,
             slice: 4,
         }
@@ -656,6 +712,45 @@ mod tests {
                 assert_eq!(reward[t * 64 + b], e + step);
             }
         }
+    }
+
+    /// Task 1's observations have two numbers, the third zero: a task list in the other
+    /// order puts task 0's episodes under the narrower task, and is refused naming it.
+    #[test]
+    fn a_task_list_in_another_order_than_the_datasets_is_refused() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = ChunkWriter::new(dir.path(), 4, 3, vec![2, 2]).unwrap();
+        for id in 0..4 {
+            let mut e = episode(id, 5, (id % 2) as u32, 3, 2);
+            if id % 2 == 1 {
+                e.obs.iter_mut().skip(2).step_by(3).for_each(|v| *v = 0.0);
+            }
+            writer.add(e).unwrap();
+        }
+        let files = writer.finish().unwrap();
+        let tasks = |names: [&str; 2], dims: [usize; 2]| Expected {
+            tasks: names
+                .iter()
+                .zip(dims)
+                .map(|(name, obs_dim)| ExpectedTask {
+                    name: name.to_string(),
+                    obs_dim,
+                })
+                .collect(),
+            ..expected(2)
+        };
+        assert!(Dataset::open(&files, &tasks(["wide", "narrow"], [3, 2])).is_ok());
+        let e = Dataset::open(&files, &tasks(["narrow", "wide"], [2, 3]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("episode 0 has task id 0, narrow, whose observations have 2 numbers")
+                && e.contains("row 0 has 2 at number 3")
+                && e.contains("another order than the run's task list"),
+            "{e}"
+        );
     }
 
     /// A number that is not finite where a batch draws it names the file, the entry, the

@@ -17,7 +17,7 @@ use crate::actor::Actor;
 use crate::agent::UpdateInfo;
 use crate::checkpoint::{self, CheckpointSettings, TrainState};
 use crate::config::Config;
-use crate::dataset::{self, Dataset, Expected, Prefetcher};
+use crate::dataset::{self, Dataset, Expected, ExpectedTask, Prefetcher};
 use crate::ddp::{ProcessGroup, RankInfo};
 use crate::error::{Error, Result};
 use crate::learner::{finite, Learner};
@@ -287,10 +287,16 @@ impl<'g> Offline<'g> {
 pub fn open_dataset(config: &Config) -> Result<Dataset> {
     let dir = config.data_dir.as_deref().unwrap_or_default();
     let files = dataset::files(std::path::Path::new(dir))?;
+    let tasks = config
+        .tasks()?
+        .into_iter()
+        .zip(config.resolved_obs_shapes()?)
+        .map(|(name, obs_dim)| ExpectedTask { name, obs_dim })
+        .collect();
     let expected = Expected {
         obs_dim: config.resolved_obs_dim()?,
         action_dim: config.resolved_action_dim()?,
-        num_tasks: config.tasks()?.len(),
+        tasks,
         multitask: config.multitask(),
         slice: config.horizon + 1,
     };
