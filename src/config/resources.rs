@@ -109,14 +109,9 @@ impl Config {
                 self.world_size, self.nnodes
             ),
         };
-        // Asked only when a check depends on it: probing CUDA starts its driver.
-        let gpu = || match self.device.as_str() {
-            "cpu" => false,
-            "auto" => (machine.cuda_available)(),
-            _ => true,
-        };
         let max_ranks = most_cpu_ranks(machine.cores);
-        if local_ranks > max_ranks && !gpu() {
+        // Asked only when a check depends on it: probing CUDA starts its driver.
+        if local_ranks > max_ranks && !self.runs_on_gpu(machine) {
             return Err(Error::Config(format!(
                 "{who}, more than {OVERSUBSCRIPTION} per CPU core of this machine ({} cores) \
                  allow on the CPU; use world_size <= {} per node (num_threads sets each rank's \
@@ -130,7 +125,7 @@ impl Config {
         if on_node <= machine.memory_bytes && per_rank <= GPU_MEMORY_CAP {
             return Ok(());
         }
-        let (need, have, place) = if gpu() {
+        let (need, have, place) = if self.runs_on_gpu(machine) {
             (
                 per_rank,
                 GPU_MEMORY_CAP,
@@ -175,18 +170,22 @@ impl Config {
     }
 
     pub(super) fn check_backend_on(&self, machine: &Machine) -> Result<()> {
-        let gpu = match self.device.as_str() {
-            "cpu" => false,
-            "auto" => (machine.cuda_available)(),
-            _ => true,
-        };
-        match self.dist_backend == "nccl" && !gpu {
+        match self.dist_backend == "nccl" && !self.runs_on_gpu(machine) {
             true => Err(Error::Config(format!(
                 "dist_backend=nccl needs a CUDA device, but device={} runs on the CPU here; use \
                  dist_backend=gloo (or auto), or device=cuda on a machine with a GPU",
                 self.device
             ))),
             false => Ok(()),
+        }
+    }
+
+    /// Whether the ranks run on a GPU: `device=auto` probes `machine` for one.
+    fn runs_on_gpu(&self, machine: &Machine) -> bool {
+        match self.device.as_str() {
+            "cpu" => false,
+            "auto" => (machine.cuda_available)(),
+            _ => true,
         }
     }
 

@@ -309,12 +309,6 @@ impl Config {
                 DIST_BACKENDS.join(", ")
             )));
         }
-        if self.dist_backend == "nccl" && self.device == "cpu" {
-            return Err(Error::Config(
-                "dist_backend=nccl needs GPUs, but device=cpu; use dist_backend=gloo or auto"
-                    .into(),
-            ));
-        }
         if !LAUNCHERS.contains(&self.launcher.as_str()) {
             return Err(Error::Config(format!(
                 "launcher={} is not a launcher; allowed: {}",
