@@ -20,6 +20,7 @@ pub mod error;
 pub mod learner;
 pub mod logging;
 pub mod memory;
+pub mod partial_files;
 pub mod this_binary;
 pub mod tools;
 pub mod trainer;

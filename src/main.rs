@@ -1,7 +1,7 @@
 use clap::Parser;
 
 fn main() {
-    tdmpc2::trainer::stop::end_at_once_on_interrupt();
+    tdmpc2::trainer::stop::end_at_once_on_signals();
     envs::renderer::forget_an_empty_choice();
     // Limits on waits for other processes (workers, ranks, nodes) count from a continue after
     // Ctrl-Z or a scheduler's suspension, not across it.

@@ -292,17 +292,27 @@ fn catches(pid: u32, signal: i32) -> bool {
 /// Ctrl-C during start-up, the moment `train` takes stop requests (the embedded Python,
 /// importing the task's simulator, took SIGINT over for its KeyboardInterrupt: a traceback and
 /// exit 1): the run stops as asked, exit 3, and one stopped before it began leaves no run
-/// directory. `train` catches SIGTERM from then on; before, from the start of `main`, only
-/// SIGINT is caught, to end the process as by default.
+/// directory. `train` catches a hangup from then on, after SIGINT; before, from the start of
+/// `main`, SIGINT and SIGTERM are caught to end the process as by default.
 #[test]
 fn ctrl_c_during_start_up_stops_the_run_as_asked() {
     let dir = tempfile::tempdir().unwrap();
     let run_dir = dir.path().join("run");
     let settings = args(&["task=cartpole-swingup", "seed_steps=1000"]);
     let mut command = command("train", &run_dir, &settings);
+    // A hangup's default action, as from a terminal, whatever this test inherited (a suite
+    // run under nohup ignores it, and so would the run).
+    // SAFETY: signal(2) in the child between fork and exec, async-signal-safe.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        command.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     let child = common::Reaped::spawn(command.stdout(Stdio::null()).stderr(Stdio::piped()));
     let start = Instant::now();
-    while !catches(child.id(), libc::SIGTERM) && start.elapsed() < Duration::from_secs(60) {
+    while !catches(child.id(), libc::SIGHUP) && start.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(1));
     }
     send(child.id(), "INT");

@@ -781,6 +781,51 @@ fn a_killed_sweep_leaves_no_job_running() {
     );
 }
 
+/// Ctrl-C or SIGTERM while `export` writes ends it at once, as by default, and the part it
+/// wrote under a temporary name goes with it (a hidden file as large as the model was left).
+#[test]
+fn an_export_ended_by_a_signal_leaves_no_part_of_its_file() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    train(&run, "seed=2");
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let out = dir.path().join(format!("signal-{signal}.pt"));
+        let mut child = Command::new(common::tdmpc2_bin())
+            .arg("export")
+            .arg(&run)
+            .arg(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let partial = |dir: &Path| {
+            std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .any(|entry| entry.file_name().to_string_lossy().ends_with(".partial"))
+        };
+        // The part exists from before torch is imported until the rename.
+        while !partial(dir.path()) {
+            assert!(child.try_wait().unwrap().is_none(), "no part seen");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(signal),
+            "ended as by default: {status:?}"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        assert!(!partial(dir.path()), "{names:?}");
+    }
+}
+
 /// `export` writes a run's latest checkpoint as an official one (torch's zip format), whose
 /// `import` gives back the same tensors; a missing or damaged input (a missing one to either) and
 /// an unwritable output are named errors, and nothing is left behind.

@@ -175,6 +175,7 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         message,
     };
     let tmp = reserve_partial(out_path)?;
+    let _watched = crate::partial_files::watch(&tmp);
     let written = Tensor::write_safetensors(&named, &tmp)
         .map_err(|e| fail(e.to_string()))
         .and_then(|()| std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string())));
@@ -330,6 +331,7 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         return Err(fail(model_path, why));
     }
     let partial = reserve_partial(out_path)?;
+    let _watched = crate::partial_files::watch(&partial);
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
         let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));

@@ -451,6 +451,7 @@ impl WorldModel {
     pub fn save(&self, path: &Path) -> Result<()> {
         let tensors = self.named_tensors();
         let tmp = path.with_extension("safetensors.tmp");
+        let _watched = crate::partial_files::watch(&tmp);
         let fail = |message: String| Error::Checkpoint {
             path: path.display().to_string(),
             message,

@@ -141,6 +141,8 @@ impl ChunkWriter {
             task.extend(std::iter::repeat_n(i64::from(id), rows).flat_map(i64::to_le_bytes));
         }
         let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
+        // `write_chunk` writes it under this name first.
+        let _watched = crate::partial_files::watch(&path.with_extension("pt.tmp"));
         let failed = |e: pyo3::PyErr| {
             Error::Other(format!(
                 "write dataset file {}: {e} (writing needs tensordict, which scripts/setup.sh \

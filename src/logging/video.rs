@@ -161,6 +161,7 @@ pub fn write_video(path: &Path, frames: &[Frame]) -> Result<Vec<u8>> {
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     }
     let partial = path.with_extension("gif.partial");
+    let _watched = crate::partial_files::watch(&partial);
     std::fs::write(&partial, &gif)
         .and_then(|()| std::fs::rename(&partial, path))
         .map_err(|e| Error::io(format!("write {}", path.display()), e))?;

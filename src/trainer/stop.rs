@@ -73,6 +73,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // repeated SIGTERM, or a hangup passed on twice, waits for the checkpoint.
         let again = signal == libc::SIGINT && now - first >= SECOND_REQUEST_AFTER_MS;
         if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && again {
+            crate::partial_files::remove_all();
             // SAFETY: signal and raise are async-signal-safe; the default action ends the
             // process, as the signal would have without a handler.
             unsafe {
@@ -122,26 +123,29 @@ pub fn install_handlers() {
     }
 }
 
-/// Ctrl-C ends the process at once, as by default, but through a handler of ours: first
-/// thing in `main`, before any Python runs. An embedded Python that imports `signal` takes
-/// over a SIGINT left at its default, and then turns a Ctrl-C into a KeyboardInterrupt raised
-/// in whatever Python code runs next: a traceback and exit 1, or no stop at all while none
-/// runs. A SIGINT ignored from the start (an environment worker's) stays ignored.
-pub fn end_at_once_on_interrupt() {
+/// Ctrl-C and SIGTERM end the process at once, as by default, but through a handler of ours:
+/// first thing in `main`, before any Python runs. An embedded Python that imports `signal`
+/// takes over a SIGINT left at its default, and then turns a Ctrl-C into a KeyboardInterrupt
+/// raised in whatever Python code runs next: a traceback and exit 1, or no stop at all while
+/// none runs. The handler removes the files being written (`partial_files`) first. A signal
+/// ignored from the start (an environment worker's SIGINT) stays ignored.
+pub fn end_at_once_on_signals() {
     let handler = end_at_once as *const () as libc::sighandler_t;
-    // SAFETY: sigaction with a null new action only reads the current one into `current`; the
-    // handler restores the default action and raises the signal again, both
-    // async-signal-safe.
-    unsafe {
-        let mut current: libc::sigaction = std::mem::zeroed();
-        let read = libc::sigaction(libc::SIGINT, std::ptr::null(), &mut current);
-        if read == 0 && current.sa_sigaction != libc::SIG_IGN {
-            libc::signal(libc::SIGINT, handler);
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: sigaction with a null new action only reads the current one into
+        // `current`; the handler's calls are async-signal-safe.
+        unsafe {
+            let mut current: libc::sigaction = std::mem::zeroed();
+            let read = libc::sigaction(signal, std::ptr::null(), &mut current);
+            if read == 0 && current.sa_sigaction != libc::SIG_IGN {
+                libc::signal(signal, handler);
+            }
         }
     }
 }
 
 extern "C" fn end_at_once(signal: libc::c_int) {
+    crate::partial_files::remove_all();
     // SAFETY: signal and raise are async-signal-safe.
     unsafe {
         libc::signal(signal, libc::SIG_DFL);
