@@ -146,7 +146,8 @@ fn workers_outlive_a_terminal_s_signals() {
 fn a_silent_worker_is_named_and_killed_within_its_reply_limit() {
     let mut command = worker();
     command.reply_limit = Some(ReplyLimit {
-        after: Duration::from_millis(800),
+        // Long enough for a worker to start on a busy machine: the limit counts from its start.
+        after: Duration::from_secs(3),
         setting: "env_timeout".into(),
     });
     command.owner = "rank 1".into();
@@ -163,12 +164,12 @@ fn a_silent_worker_is_named_and_killed_within_its_reply_limit() {
     let e = error_text(venv.step(&[0, 1, 2, 3], &[0.0; 4]));
     let waited = start.elapsed();
     assert!(
-        waited >= Duration::from_millis(800) && waited < Duration::from_secs(5),
+        waited >= Duration::from_secs(3) && waited < Duration::from_secs(8),
         "{waited:?}"
     );
     let expected = format!(
         "rank 1: the environment worker (pid {}) running `Pendulum-v1` envs 0-1 did not answer \
-         `step` within 0.8 s (env_timeout) and was killed",
+         `step` within 3 s (env_timeout) and was killed",
         pids[0]
     );
     assert_eq!(e, expected);
@@ -176,7 +177,7 @@ fn a_silent_worker_is_named_and_killed_within_its_reply_limit() {
     assert!(process_gone(pids[0]), "the silent worker was reaped");
     // It stays an error at once; the other worker's envs keep working.
     let start = Instant::now();
-    assert!(error_text(venv.reset(1, None)).contains("did not answer `step` within 0.8 s"));
+    assert!(error_text(venv.reset(1, None)).contains("did not answer `step` within 3 s"));
     assert!(start.elapsed() < Duration::from_secs(1), "no new wait");
     assert_eq!(venv.step(&[2, 3], &[0.5, 0.5]).unwrap().len(), 2);
 }

@@ -231,8 +231,9 @@ mod tests {
         t
     }
 
-    /// Same seed, same stream; reseeding restarts it; each kind of draw has its law, and the
-    /// process's default generator is left as it was.
+    /// Same seed, same stream; reseeding restarts it; each kind of draw has its law. (Whether
+    /// the process's default generator is left as it was cannot be seen here: other tests
+    /// draw from it at the same time.)
     #[test]
     #[cfg_attr(
         not(tdmpc2_cuda_graphs),
@@ -241,12 +242,8 @@ mod tests {
     fn a_generator_of_its_own_is_reproducible_and_draws_each_law() {
         let mut a = cpu_generator(5);
         let mut b = cpu_generator(5);
-        tch::manual_seed(9);
-        let default_before = Tensor::randn([4], (Kind::Float, Device::Cpu));
-        tch::manual_seed(9);
         let normal = draw(&mut a, Draw::Normal);
         assert!(normal.equal(&draw(&mut b, Draw::Normal)));
-        assert!(Tensor::randn([4], (Kind::Float, Device::Cpu)).equal(&default_before));
         let mean = normal.mean(Kind::Float).double_value(&[]);
         let std = normal.std(true).double_value(&[]);
         assert!(
