@@ -1,0 +1,260 @@
+//! Loading and overrides: defaults, types, hydra's spellings and what cannot be set.
+use super::*;
+
+#[test]
+fn defaults_match_the_official_values() {
+    let c = load(&[]).unwrap();
+    assert_eq!(
+        (c.batch_size, c.horizon, c.num_samples, c.num_elites),
+        (256, 3, 512, 64)
+    );
+    assert_eq!(
+        (c.lr, c.enc_lr_scale, c.grad_clip_norm, c.tau),
+        (3e-4, 0.3, 20.0, 0.01)
+    );
+    assert_eq!((c.num_bins, c.vmin, c.vmax, c.num_q), (101, -10.0, 10.0, 5));
+    assert_eq!((c.latent_dim, c.mlp_dim, c.enc_dim), (512, 512, 256));
+}
+
+#[test]
+fn a_task_brings_its_official_settings_below_the_users() {
+    let c = load(&["task=mujoco-walker"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.7, true));
+    let c = load(&["task=mujoco-walker", "rho=0.5", "episodic=false"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.5, false));
+    let c = load(&["task=mujoco-halfcheetah"]).unwrap();
+    assert_eq!((c.rho, c.episodic), (0.7, false));
+    let c = load(&["task=walker-run"]).unwrap();
+    assert_eq!((c.discount_max, c.rho), (0.995, 0.5));
+    let c = load(&["task=lunarlander-continuous", "data_dir=d"]).unwrap();
+    assert_eq!(
+        (c.rho, c.episodic),
+        (0.7, false),
+        "offline: no terminations"
+    );
+    let e = error(&["task=[walker-run,mujoco-walker]"]);
+    assert!(
+        e.contains("mujoco-walker ends episodes early") && e.contains("train mujoco-walker alone"),
+        "{e}"
+    );
+    let e = error(&["task=[Pendulum-v1,MountainCarContinuous-v0]"]);
+    assert!(
+        e.contains("MountainCarContinuous-v0 ends episodes early"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overrides_parse_yaml_scalars_and_lists() {
+    let c = load(&[
+        "steps=1000",
+        "lr=1e-3",
+        "mpc=false",
+        "wandb_entity=me",
+        "num_threads=null",
+    ])
+    .unwrap();
+    assert_eq!((c.steps, c.lr, c.mpc), (1000, 1e-3, false));
+    assert_eq!(c.wandb_entity.as_deref(), Some("me"));
+    let c = load(&["obs_shape=[3, 4]"]).unwrap();
+    assert_eq!(c.obs_shape, Some(vec![3, 4]));
+}
+
+#[test]
+fn nested_keys_are_set_and_checked() {
+    let mut tree: Value = serde_yaml_ng::from_str("a: {b: 1, c: {d: 2}}").unwrap();
+    apply_override(&mut tree, "a.c.d=5").unwrap();
+    assert_eq!(tree["a"]["c"]["d"], Value::from(5));
+    let e = apply_override(&mut tree, "a.c.e=1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("did you mean 'a.c.d'"), "{e}");
+    let e = apply_override(&mut tree, "a.b.x=1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("a.b is not a section"), "{e}");
+}
+
+#[test]
+fn unknown_key_names_the_closest() {
+    assert!(error(&["bach_size=3"]).contains("did you mean 'batch_size'"));
+    assert!(error(&["horizn=3"]).contains("did you mean 'horizon'"));
+    let far = error(&["+foo=1"]);
+    assert!(
+        far.contains("unknown key 'foo'") && !far.contains("did you mean"),
+        "{far}"
+    );
+    // Hydra's own spellings, and the official name of another setting, say what they are here.
+    for (arg, said) in [
+        ("~checkpoint", "give checkpoint=null"),
+        ("~foo", "unknown key 'foo'"),
+        ("~horizn", "did you mean 'horizon'"),
+        ("hydra.run.dir=/x", "run_dir=DIR"),
+        (
+            "hydra/launcher=submitit_slurm",
+            "launcher=builtin, torchrun or slurm",
+        ),
+        ("work_dir=/x", "work_dir is run_dir here"),
+    ] {
+        let e = error(&[arg]);
+        assert!(e.contains(said), "{arg}: {e}");
+    }
+}
+
+#[test]
+fn wrong_types_name_key_and_type() {
+    let e = error(&["batch_size=abc"]);
+    assert!(
+        e.contains("batch_size") && e.contains("non-negative integer"),
+        "{e}"
+    );
+    let e = error(&["mpc=maybe"]);
+    assert!(e.contains("mpc") && e.contains("true or false"), "{e}");
+    let e = error(&["lr=fast"]);
+    assert!(e.contains("'lr'") && e.contains("a number"), "{e}");
+}
+
+#[test]
+fn the_official_parser_s_arithmetic_is_read() {
+    let c = load(&[
+        "eval_freq=10000/2",
+        "steps=5*1000",
+        "lr=3/10000",
+        "exp_name=1+2",
+    ])
+    .unwrap();
+    assert_eq!(
+        (c.eval_freq, c.steps, c.exp_name.as_str()),
+        (5000, 5000, "1+2")
+    );
+    assert!((c.lr - 3e-4).abs() < 1e-12);
+    let e = error(&["eval_freq=10000/3"]);
+    assert!(
+        e.contains("10000/3 is 3333.333…, not a non-negative integer"),
+        "{e}"
+    );
+}
+
+#[test]
+fn integral_floats_are_integers_and_names_are_strings_as_typed() {
+    let c = load(&["steps=1e5", "exp_name=1.10", "wandb_name=7", "seed=3.0"]).unwrap();
+    assert_eq!((c.steps, c.seed), (100_000, 3));
+    assert_eq!(c.exp_name, "1.10");
+    assert_eq!(c.wandb_name.as_deref(), Some("7"));
+    // A colon reads as a YAML mapping; a name takes it as typed.
+    let c = load(&["exp_name=a: b", "wandb_name=gym:"]).unwrap();
+    assert_eq!(
+        (c.exp_name.as_str(), c.wandb_name.as_deref()),
+        ("a: b", Some("gym:"))
+    );
+    assert!(error(&["steps=2.5"]).contains("wrong type for 'steps'"));
+    assert!(error(&["steps=1e20"]).contains("got 1e20"));
+}
+
+#[test]
+fn non_finite_and_unsupported_values_are_refused() {
+    for (arg, needle) in [
+        ("lr=.nan", "lr=NaN is out of range"),
+        ("tau=-.inf", "tau=-inf is out of range"),
+        ("discount=1", "0 < discount < 1"),
+        ("discount_min=0.999", "discount_min (0.999) <= discount_max"),
+        ("save_agent=false", "save_agent=false is not supported"),
+        ("task_dim=32", "task_dim=32 is not supported"),
+    ] {
+        let e = error(&[arg]);
+        assert!(e.contains(needle), "{arg}: {e}");
+    }
+    // One task has no embedding, as the official parser's 0 says.
+    assert_eq!(load(&["task_dim=0"]).unwrap().task_dim, 0);
+}
+
+/// hydra's spellings: integers grouped with underscores (the official config writes
+/// `steps: 10_000_000`), booleans as yes/no/on/off or 1/0, `key=` as the empty string (refused
+/// for a path or a name, by name), and commas, which sweep, only with --multirun.
+#[test]
+fn hydra_spellings_are_taken_and_empty_values_named() {
+    let c = load(&["steps=10_000_000", "compile=yes", "save_csv=0", "tf32=Off"]).unwrap();
+    assert_eq!(
+        (c.steps, c.compile, c.save_csv, c.tf32),
+        (10_000_000, true, false, false)
+    );
+    for bad in ["steps=1__0", "steps=_1", "compile=maybe", "compile=2"] {
+        assert!(error(&[bad]).contains("wrong type"), "{bad}");
+    }
+    // Why a value that looks like a number is none, in words ("got string" before).
+    for (bad, why) in [
+        ("lr=inf", "expected a finite number, got inf"),
+        ("lr=nan", "expected a finite number, got nan"),
+        ("lr=1e400", "expected a finite number, got 1e400"),
+        ("steps=10000/3", "10000/3 is 3333.333…"),
+        ("steps=10000/0", "10000/0 divides by zero"),
+        ("steps=3-5", "3-5 is -2, not a non-negative integer"),
+        ("eval_freq=${steps}", "interpolations are not resolved here"),
+        (
+            "steps=18446744073709551616",
+            "steps=18446744073709551616 is too large",
+        ),
+    ] {
+        let e = error(&[bad]);
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    for key in [
+        "data_dir",
+        "run_dir",
+        "checkpoint",
+        "exp_name",
+        "wandb_entity",
+    ] {
+        let e = error(&[&format!("{key}=")]);
+        assert!(e.contains(&format!("{key}= is empty")), "{e}");
+    }
+    let e = error(&["seed=1,2"]);
+    assert!(e.contains("add --multirun (-m)"), "{e}");
+    assert_eq!(load(&["exp_name='a,b'"]).unwrap().exp_name, "a,b");
+    let c = load(&["run_dir=runs/[a,b]/0"]).unwrap();
+    assert_eq!(c.run_dir.as_deref(), Some("runs/[a,b]/0"));
+    // A shell argument holds no YAML comment: ` #` is part of the value.
+    assert_eq!(load(&["exp_name=run #2"]).unwrap().exp_name, "run #2");
+    let e = error(&["steps=5 #x"]);
+    assert!(e.contains("got string \"5 #x\""), "{e}");
+}
+
+/// A field derived from the task, set on the command line, is refused (it would be replaced,
+/// and `episode_length` taken for a config resolved before); settings beside them pass.
+#[test]
+fn derived_fields_cannot_be_set_on_the_command_line() {
+    let source = |args: &[&str]| Source {
+        overrides: args.iter().map(|a| a.to_string()).collect(),
+        ..Source::default()
+    };
+    for key in DERIVED_FIELDS {
+        let e = source(&["steps=10", &format!("{key}=3")])
+            .refuse_derived_settings()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("{key} is derived (from ")), "{e}");
+        // Each from what it is (all of them read "from vmin, vmax and num_bins").
+        assert_eq!(e.contains("num_bins"), key == "bin_size", "{e}");
+    }
+    let e = source(&["+episode_length=5"]).refuse_derived_settings();
+    assert!(e.is_err(), "with hydra's + too");
+    source(&["discount=0.9", "seed_steps=1000", "task=walker-run"])
+        .refuse_derived_settings()
+        .unwrap();
+}
+
+/// Brackets nested past any setting's need are refused before the YAML parser, whose time
+/// grows with the square of the depth.
+#[test]
+fn deep_nesting_is_refused_before_parsing() {
+    let deep = format!("steps={}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let started = std::time::Instant::now();
+    let e = error(&[&deep]);
+    assert!(
+        e.contains("steps: brackets nested more than 32 deep"),
+        "{e}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    // Brackets in quotes are not nesting.
+    super::refuse_deep_nesting("exp_name: '[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['", "f").unwrap();
+}
