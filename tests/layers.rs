@@ -89,8 +89,9 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Files of modules declared `#[cfg(test)] mod name;`: test code throughout.
-fn test_only_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
+/// Files and folders of modules declared `#[cfg(test)] mod name;`: test code throughout, the
+/// folder's submodules too.
+fn test_only_paths(files: &[PathBuf]) -> BTreeSet<PathBuf> {
     let mut test_only = BTreeSet::new();
     for file in files {
         let text = std::fs::read_to_string(file).expect("read a source file");
@@ -108,7 +109,7 @@ fn test_only_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
                     _ => file.with_extension(""),
                 };
                 test_only.insert(dir.join(format!("{name}.rs")));
-                test_only.insert(dir.join(name).join("mod.rs"));
+                test_only.insert(dir.join(name));
             }
         }
     }
@@ -145,9 +146,10 @@ fn violations(root: &Path, rules: &Rules) -> Vec<String> {
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     files.sort();
-    let test_only = test_only_files(&files);
+    let test_only = test_only_paths(&files);
     let mut found = Vec::new();
-    for file in files.iter().filter(|f| !test_only.contains(*f)) {
+    let held_to_the_table = |file: &&PathBuf| !test_only.iter().any(|t| file.starts_with(t));
+    for file in files.iter().filter(held_to_the_table) {
         let user = module_of(&src, file);
         let shown = file
             .strip_prefix(root)
