@@ -9,23 +9,26 @@
 //! batches are the official single-process sampling split across ranks, whatever the world
 //! size and the number of files.
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use rand::Rng;
 use rand_pcg::Pcg64;
-use serde::Deserialize;
 use tch::Tensor;
 
 use crate::buffer::Batch;
 use crate::error::{Error, Result};
 
+mod episode_checks;
 pub mod integrity;
+mod layout;
 mod prefetch;
 mod writer;
 
 pub use prefetch::Prefetcher;
 pub use writer::ChunkWriter;
+
+use episode_checks::{episode_tasks, refuse_early_terminations, refuse_tasks_numbered_otherwise};
+use layout::{index, Field, Fields};
 
 const OFFICIAL_FORMAT: &str = include_str!("official_format.py");
 const MODULE: &str = "tdmpc2_official_format";
@@ -87,124 +90,6 @@ fn dataset_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
-}
-
-#[derive(Debug, Deserialize)]
-struct Index {
-    batch_size: Vec<usize>,
-    tensors: std::collections::BTreeMap<String, Described>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct Described {
-    dtype: String,
-    shape: Vec<usize>,
-    stride: Vec<usize>,
-    offset: usize,
-    file_offset: u64,
-    nbytes: u64,
-    item_size: usize,
-}
-
-/// Where one [episodes, T, width] tensor's elements lie in its file.
-#[derive(Debug, Clone)]
-struct Field {
-    /// Byte position of element (0, 0, 0).
-    start: u64,
-    episode_stride: u64,
-    row_stride: u64,
-    width: usize,
-    item: usize,
-}
-
-impl Field {
-    /// Checks the tensor's dtype and shape, and that every element lies inside its storage.
-    fn new(
-        name: &str,
-        d: &Described,
-        dtypes: &[&str],
-        episodes: usize,
-        length: usize,
-    ) -> std::result::Result<Self, String> {
-        if !dtypes.contains(&d.dtype.as_str()) {
-            return Err(format!(
-                "`{name}` is {}, expected {}",
-                d.dtype,
-                dtypes.join(" or ")
-            ));
-        }
-        if d.stride.len() != d.shape.len() {
-            return Err(format!(
-                "`{name}` has {} strides for {} dimensions",
-                d.stride.len(),
-                d.shape.len()
-            ));
-        }
-        let (width, inner) = match d.shape.len() {
-            2 => (1, 1),
-            3 => (d.shape[2], d.stride[2]),
-            _ => {
-                return Err(format!(
-                    "`{name}` has shape {:?}, expected [episodes, T] or [episodes, T, n]",
-                    d.shape
-                ))
-            }
-        };
-        if d.shape[..2] != [episodes, length] {
-            return Err(format!(
-                "`{name}` has shape {:?}, but the file's episodes are [{episodes}, {length}]",
-                d.shape
-            ));
-        }
-        if inner != 1 && width > 1 {
-            return Err(format!(
-                "`{name}` is stored transposed (stride {:?}); save it with .contiguous()",
-                d.stride
-            ));
-        }
-        // The last element's index; saturating, so that a file claiming absurd sizes is refused.
-        let last = [
-            (episodes.max(1) - 1).saturating_mul(d.stride[0]),
-            (length.max(1) - 1).saturating_mul(d.stride[1]),
-            width.max(1) - 1,
-        ]
-        .iter()
-        .fold(d.offset, |sum, &x| sum.saturating_add(x));
-        let end = (last.saturating_add(1) as u64).saturating_mul(d.item_size as u64);
-        if end > d.nbytes {
-            return Err(format!("`{name}` reaches past its storage"));
-        }
-        let item = d.item_size as u64;
-        Ok(Self {
-            start: d.file_offset + d.offset as u64 * item,
-            episode_stride: d.stride[0] as u64 * item,
-            row_stride: d.stride[1] as u64 * item,
-            width,
-            item: d.item_size,
-        })
-    }
-
-    /// The bytes of `rows` consecutive rows of `episode` from row `row`, row after row.
-    fn read(
-        &self,
-        file: &File,
-        episode: usize,
-        row: usize,
-        rows: usize,
-    ) -> std::io::Result<Vec<u8>> {
-        let row_bytes = self.width * self.item;
-        let mut bytes = vec![0u8; rows * row_bytes];
-        let first =
-            self.start + episode as u64 * self.episode_stride + row as u64 * self.row_stride;
-        if self.row_stride == row_bytes as u64 {
-            file.read_exact_at(&mut bytes, first)?;
-        } else {
-            for (r, chunk) in bytes.chunks_mut(row_bytes).enumerate() {
-                file.read_exact_at(chunk, first + r as u64 * self.row_stride)?;
-            }
-        }
-        Ok(bytes)
-    }
 }
 
 /// One dataset file, indexed.
@@ -301,189 +186,6 @@ impl Chunk {
             ))),
         }
     }
-}
-
-/// A dataset file's entries, as its index describes them.
-struct Fields<'a> {
-    index: &'a Index,
-    episodes: usize,
-    length: usize,
-}
-
-impl Fields<'_> {
-    fn has(&self, name: &str) -> bool {
-        self.index.tensors.contains_key(name)
-    }
-
-    fn field(&self, name: &str, dtypes: &[&str]) -> std::result::Result<Field, String> {
-        let described = self.index.tensors.get(name).ok_or_else(|| {
-            format!(
-                "holds no `{name}` (it has: {})",
-                self.index
-                    .tensors
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })?;
-        Field::new(name, described, dtypes, self.episodes, self.length)
-    }
-
-    /// An entry of one number a row: a reward, a termination, a task id.
-    fn scalar(&self, name: &str, dtypes: &[&str]) -> std::result::Result<Field, String> {
-        let field = self.field(name, dtypes)?;
-        match field.width {
-            1 => Ok(field),
-            width => Err(format!(
-                "`{name}` holds {width} numbers a row, expected one (shape [episodes, T] or \
-                 [episodes, T, 1])"
-            )),
-        }
-    }
-}
-
-/// The official datasets hold no `terminated`; a file whose episodes end early would be
-/// trained through its terminations (offline runs take none), so it is refused.
-fn refuse_early_terminations(file: &File, fields: &Fields) -> std::result::Result<(), String> {
-    if !fields.has("terminated") {
-        return Ok(());
-    }
-    let terminated = fields.scalar("terminated", &["float32", "bool"])?;
-    match first_terminated(file, &terminated, fields.episodes, fields.length)? {
-        None => Ok(()),
-        Some(e) => Err(format!(
-            "episode {e} terminates early (`terminated` is set after its first row): offline \
-             training takes no terminations, and would bootstrap through it"
-        )),
-    }
-}
-
-/// Each episode's task id: `task`'s, or 0 for all in a single-task run's file without one.
-fn episode_tasks(
-    file: &File,
-    fields: &Fields,
-    num_tasks: usize,
-) -> std::result::Result<Vec<u32>, String> {
-    match fields.has("task") {
-        true => {
-            let task = fields.scalar("task", &["int64", "int32"])?;
-            read_tasks(file, &task, fields.episodes, num_tasks)
-        }
-        false if num_tasks == 1 => Ok(vec![0; fields.episodes]),
-        false => Err(format!(
-            "holds no `task`, and the run has {num_tasks} tasks"
-        )),
-    }
-}
-
-/// The first episode whose `terminated` is set (non-zero, not NaN) in a row after its first
-/// (the first row's is a filler, NaN in the official online format).
-fn first_terminated(
-    file: &File,
-    terminated: &Field,
-    episodes: usize,
-    length: usize,
-) -> std::result::Result<Option<usize>, String> {
-    for e in 0..episodes {
-        let bytes = terminated
-            .read(file, e, 1, length - 1)
-            .map_err(|err| err.to_string())?;
-        let set = match terminated.item {
-            4 => bytes.chunks_exact(4).any(|b| {
-                let value = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                value != 0.0 && !value.is_nan()
-            }),
-            _ => bytes.iter().any(|&b| b != 0),
-        };
-        if set {
-            return Ok(Some(e));
-        }
-    }
-    Ok(None)
-}
-
-/// A task's observations end where its own size does, the rest of each row the zero padding
-/// (the official multitask wrapper's). A dataset whose task ids follow another order than the
-/// run's task list would train every episode as another task's, without a word; where the
-/// tasks' sizes differ, the first episode of each id in the file shows it.
-fn refuse_tasks_numbered_otherwise(
-    file: &File,
-    obs: &Field,
-    length: usize,
-    tasks: &[u32],
-    expected: &[ExpectedTask],
-) -> std::result::Result<(), String> {
-    let mut checked = vec![false; expected.len()];
-    for (e, &id) in tasks.iter().enumerate() {
-        let task = &expected[id as usize];
-        if std::mem::replace(&mut checked[id as usize], true) || task.obs_dim >= obs.width {
-            continue;
-        }
-        let bytes = obs
-            .read(file, e, 0, length)
-            .map_err(|err| err.to_string())?;
-        for (row, numbers) in bytes.chunks_exact(obs.width * obs.item).enumerate() {
-            let padding = numbers[task.obs_dim * obs.item..]
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            if let Some((k, value)) = padding.enumerate().find(|(_, v)| *v != 0.0) {
-                return Err(format!(
-                    "episode {e} has task id {id}, {}, whose observations have {} numbers (the \
-                     rest of a row is zero padding), but its row {row} has {value} at number \
-                     {}: the dataset's task ids follow another order than the run's task list \
-                     (or another task set); list the tasks in the order the dataset was \
-                     collected with",
-                    task.name,
-                    task.obs_dim,
-                    task.obs_dim + k + 1
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Each episode's task id (that of its first row), checked against the run's task count.
-fn read_tasks(
-    file: &File,
-    task: &Field,
-    episodes: usize,
-    num_tasks: usize,
-) -> std::result::Result<Vec<u32>, String> {
-    (0..episodes)
-        .map(|e| {
-            let bytes = task.read(file, e, 0, 1).map_err(|err| err.to_string())?;
-            let id = match task.item {
-                8 => i64::from_le_bytes(bytes[..8].try_into().unwrap_or_default()),
-                _ => i64::from(i32::from_le_bytes(
-                    bytes[..4].try_into().unwrap_or_default(),
-                )),
-            };
-            match u32::try_from(id) {
-                Ok(id) if (id as usize) < num_tasks => Ok(id),
-                _ => Err(format!(
-                    "episode {e} has task id {id}, but the run has {num_tasks} tasks (ids 0..{})",
-                    num_tasks - 1
-                )),
-            }
-        })
-        .collect()
-}
-
-/// Indexes a dataset file in the embedded interpreter.
-fn index(path: &Path) -> std::result::Result<Index, String> {
-    let text = embedded_python::attach_exclusive(|py| {
-        use pyo3::prelude::*;
-        let module = embedded_python::load_module(py, OFFICIAL_FORMAT, MODULE)
-            .map_err(|e| embedded_python::Error(e.to_string()))?;
-        module
-            .call_method1("index", (path.to_string_lossy().to_string(),))
-            .and_then(|v| v.extract::<String>())
-            .map_err(|e| embedded_python::Error(e.to_string()))
-    })
-    .map_err(|e: embedded_python::Error| e.0)?;
-    serde_json::from_str(&text).map_err(|e| format!("index: {e}"))
 }
 
 /// A dataset, sampled as the replay buffer is: an episode uniformly among all the files', then
