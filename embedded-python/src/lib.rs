@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::PyModuleNotFoundError;
 use pyo3::prelude::*;
 
 /// The interpreter could not start or a Python call failed (its type and message, then where
@@ -28,9 +29,19 @@ pub const TRACEBACK: &str = "\n  Python traceback (innermost last):";
 const FRAMES: usize = 8;
 
 /// `Type: message`, then the innermost frames of the error's traceback: a library's exception
-/// deep inside an environment is found from its file and line.
+/// deep inside an environment is found from its file and line. A module not found is named
+/// with the site-packages it was looked for in, and what chose that one.
 pub fn describe(err: &PyErr) -> String {
-    let message = err.to_string();
+    let missing = Python::attach(|py| err.is_instance_of::<PyModuleNotFoundError>(py));
+    let message = match missing {
+        true => format!(
+            "{err}, not in site-packages {} (from {}): install it there, or name a venv \
+             that has it",
+            site_packages().display(),
+            site_packages_source()
+        ),
+        false => err.to_string(),
+    };
     let Some(traceback) = Python::attach(|py| err.traceback(py).and_then(|tb| tb.format().ok()))
     else {
         return message;
@@ -277,6 +288,21 @@ mod tests {
         );
         // The innermost frame last, as Python prints it.
         assert!(text.find("in outer") < text.find("in inner"), "{text}");
+    }
+
+    #[test]
+    fn a_module_not_found_names_where_it_was_looked_for() {
+        let text = with_python(|py| py.import("tdmpc2_no_such_module").map(drop))
+            .unwrap_err()
+            .0;
+        assert!(
+            message(&text).starts_with(&format!(
+                "ModuleNotFoundError: No module named 'tdmpc2_no_such_module', not in \
+                 site-packages {} (from ",
+                site_packages().display()
+            )),
+            "{text}"
+        );
     }
 
     #[test]
