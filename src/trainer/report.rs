@@ -268,11 +268,14 @@ impl Clock {
         self.steady_from.get_or_insert((Instant::now(), step));
     }
 
-    /// Global agent steps per second since the steady state began, up to local step `step`.
+    /// Global agent steps per second since the steady state began, up to local step `step`;
+    /// none over a single step (a finished run resumed redoes its last one), which times
+    /// nothing of the run.
     pub(super) fn steady_rate(&self, step: u64, world_size: u64) -> Option<f64> {
-        self.steady_from.map(|(since, from)| {
-            (step - from) as f64 * world_size as f64 / since.elapsed().as_secs_f64().max(1e-9)
-        })
+        let (since, from) = self.steady_from?;
+        let steps = step.saturating_sub(from);
+        (steps > 1)
+            .then(|| steps as f64 * world_size as f64 / since.elapsed().as_secs_f64().max(1e-9))
     }
 }
 
@@ -316,4 +319,20 @@ fn by_task(tasks: &[String], summaries: &[EvalSummary]) -> Vec<(String, f64)> {
         }
     }
     values
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_steady_rate_takes_more_than_one_step() {
+        let mut clock = Clock::new(0.0);
+        assert_eq!(clock.steady_rate(5, 1), None, "not steady yet");
+        clock.steady_from(400);
+        assert_eq!(clock.steady_rate(401, 1), None);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        let rate = clock.steady_rate(402, 2).unwrap();
+        assert!(rate > 0.0 && rate <= 400.0, "{rate}");
+    }
 }
