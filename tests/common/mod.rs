@@ -67,11 +67,21 @@ impl Drop for Reaped {
     }
 }
 
-/// A TCP port that was free a moment ago (for `master_port`).
+/// A TCP port that was free a moment ago (for `master_port`), below the ports the kernel picks
+/// itself (32768 and up by default: gloo's and the stores' own listeners, outgoing
+/// connections), so that nothing started meanwhile takes it; the tests of a binary, which run
+/// at once, get ports 16 apart (a sweep's jobs take master_port + their index).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOWEST: u32 = 16_384;
+    const APART: u32 = 16;
+    const SLOTS: u32 = (32_768 - LOWEST) / APART;
+    static TAKEN: AtomicU32 = AtomicU32::new(0);
+    let first = std::process::id() % SLOTS;
+    (0..SLOTS)
+        .map(|_| LOWEST + (first + TAKEN.fetch_add(1, Ordering::SeqCst)) % SLOTS * APART)
+        .map(|port| port as u16)
+        .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
         .expect("a free local port")
 }
 
