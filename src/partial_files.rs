@@ -1,5 +1,5 @@
-//! Files being written to a temporary name before a rename puts them in place (a checkpoint,
-//! an exported or imported model, a dataset file): a process that a signal ends meanwhile
+//! Files being written to a temporary name before a rename puts them in place (an exported or
+//! imported model, a dataset file, a video): a process that a signal ends meanwhile
 //! removes them as it ends, so that a Ctrl-C'd `export` leaves no hidden part of a file of
 //! gigabytes behind. Only SIGKILL (and a power cut) leaves one.
 use std::ffi::{c_char, CString};

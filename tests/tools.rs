@@ -474,6 +474,11 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
             "{log}"
         );
         assert!(log.contains("not ready: device"), "{log}");
+        let log = text(&doctor(&["dist_backend=nccl"], &[]));
+        assert!(
+            log.contains("✗ device: dist_backend=nccl needs a CUDA device"),
+            "{log}"
+        );
     }
     let out = doctor(&["task=[Pendulum-v1,nosuch-task]"], &[]);
     let log = text(&out);

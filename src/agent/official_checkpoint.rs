@@ -174,8 +174,7 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         path: out_path.display().to_string(),
         message,
     };
-    let tmp = reserve_partial(out_path)?;
-    let _watched = crate::partial_files::watch(&tmp);
+    let (tmp, _watched) = reserve_partial(out_path)?;
     let written = Tensor::write_safetensors(&named, &tmp)
         .map_err(|e| fail(e.to_string()))
         .and_then(|()| std::fs::rename(&tmp, out_path).map_err(|e| fail(e.to_string())));
@@ -187,8 +186,9 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
 }
 
 /// A file of this process's own beside `out_path` (created here, so no file of anyone else's
-/// is written over), to be renamed to `out_path` once whole.
-fn reserve_partial(out_path: &Path) -> Result<PathBuf> {
+/// is written over), to be renamed to `out_path` once whole; watched from before it exists
+/// until the guard drops.
+fn reserve_partial(out_path: &Path) -> Result<(PathBuf, crate::partial_files::Pending)> {
     let name = out_path.file_name().unwrap_or_default().to_string_lossy();
     let fail = |e: std::io::Error| Error::Output {
         path: out_path.display().to_string(),
@@ -197,12 +197,13 @@ fn reserve_partial(out_path: &Path) -> Result<PathBuf> {
     for n in 0.. {
         let partial =
             out_path.with_file_name(format!(".{name}.{}-{n}.partial", std::process::id()));
+        let watched = crate::partial_files::watch(&partial);
         match std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&partial)
         {
-            Ok(_) => return Ok(partial),
+            Ok(_) => return Ok((partial, watched)),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => continue,
             Err(e) => return Err(fail(e)),
         }
@@ -330,8 +331,7 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
     if let Some(why) = not_a_tdmpc2_model(&named) {
         return Err(fail(model_path, why));
     }
-    let partial = reserve_partial(out_path)?;
-    let _watched = crate::partial_files::watch(&partial);
+    let (partial, _watched) = reserve_partial(out_path)?;
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
         let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));

@@ -403,9 +403,15 @@ pub fn changed_settings(old: &str, new: &str) -> Vec<String> {
             .map(|text| text.trim_end().replace('\n', " "))
             .unwrap_or_default(),
     };
+    // A field a later version added is absent from an earlier file: as null, its default.
+    fn set<'a>(map: &'a BTreeMap<String, Value>, key: &str) -> Option<&'a Value> {
+        map.get(key).filter(|v| !v.is_null())
+    }
     let keys: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     keys.into_iter()
-        .filter(|key| !PLACEMENT_SETTINGS.contains(&key.as_str()) && old.get(*key) != new.get(*key))
+        .filter(|key| {
+            !PLACEMENT_SETTINGS.contains(&key.as_str()) && set(&old, key) != set(&new, key)
+        })
         .map(|key| format!("{key}: {} → {}", show(old.get(key)), show(new.get(key))))
         .collect()
 }

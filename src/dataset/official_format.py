@@ -203,6 +203,7 @@ def write_chunk(path, episodes, length, obs, obs_dim, action, action_dim, reward
     import os
     # Through a file object: torch's own path handling takes only UTF-8 names.
     path = os.fspath(path)
-    with open(path + ".tmp", "wb") as out:
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "wb") as out:
         torch.save(td, out)
-    os.replace(path + ".tmp", path)
+    os.replace(partial, path)

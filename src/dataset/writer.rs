@@ -142,7 +142,8 @@ impl ChunkWriter {
         }
         let path = self.dir.join(format!("chunk_{}.pt", self.written.len()));
         // `write_chunk` writes it under this name first.
-        let _watched = crate::partial_files::watch(&path.with_extension("pt.tmp"));
+        let partial = format!("pt.{}.tmp", std::process::id());
+        let _watched = crate::partial_files::watch(&path.with_extension(partial));
         let failed = |e: pyo3::PyErr| {
             Error::Other(format!(
                 "write dataset file {}: {e} (writing needs tensordict, which scripts/setup.sh \

@@ -160,7 +160,7 @@ pub fn write_video(path: &Path, frames: &[Frame]) -> Result<Vec<u8>> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     }
-    let partial = path.with_extension("gif.partial");
+    let partial = path.with_extension(format!("gif.{}.partial", std::process::id()));
     let _watched = crate::partial_files::watch(&partial);
     std::fs::write(&partial, &gif)
         .and_then(|()| std::fs::rename(&partial, path))

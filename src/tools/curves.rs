@@ -276,9 +276,11 @@ pub fn up_to(samples: Vec<(f64, f64)>, last: Option<f64>) -> Vec<(f64, f64)> {
     samples.into_iter().filter(|s| s.0 <= reach).collect()
 }
 
-/// A run's `config.yaml` (beside its `metrics.jsonl` when given that file) without its seed and
+/// A run's `config.yaml` (beside its `metrics.jsonl` when given that file) without its seed,
 /// the settings that change how it executed, not what it learned
-/// ([`crate::config::EXECUTION_SETTINGS`]: a sweep's parallel jobs get ports of their own).
+/// ([`crate::config::EXECUTION_SETTINGS`]: a sweep's parallel jobs get ports of their own),
+/// those derived from the rest ([`crate::config::DERIVED_FIELDS`]), and those left null (a
+/// file written before a field was added has none).
 pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
     let dir = match run.is_dir() {
         true => run,
@@ -288,9 +290,13 @@ pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
         return None;
     };
-    for key in std::iter::once("seed").chain(crate::config::EXECUTION_SETTINGS) {
-        map.remove(key);
+    let dropped = crate::config::EXECUTION_SETTINGS
+        .iter()
+        .chain(&crate::config::DERIVED_FIELDS);
+    for key in std::iter::once(&"seed").chain(dropped) {
+        map.remove(*key);
     }
+    map.retain(|_, value| !value.is_null());
     Some(map)
 }
 

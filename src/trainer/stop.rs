@@ -73,13 +73,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
         // repeated SIGTERM, or a hangup passed on twice, waits for the checkpoint.
         let again = signal == libc::SIGINT && now - first >= SECOND_REQUEST_AFTER_MS;
         if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && again {
-            crate::partial_files::remove_all();
-            // SAFETY: signal and raise are async-signal-safe; the default action ends the
-            // process, as the signal would have without a handler.
-            unsafe {
-                libc::signal(signal, libc::SIG_DFL);
-                libc::raise(signal);
-            }
+            end_as_by_default(signal);
         }
     }
     request(Reason::Signal);
@@ -145,11 +139,25 @@ pub fn end_at_once_on_signals() {
 }
 
 extern "C" fn end_at_once(signal: libc::c_int) {
+    end_as_by_default(signal);
+}
+
+/// Ends the process from a handler of `signal` as the signal's default action would, the files
+/// being written removed first. The process of a PID namespace's init (a container's entry
+/// point) is not ended by its own signal: it exits with the shell's code for one, 128 + the
+/// signal. Only unlink, signal, sigprocmask, raise and _exit: all async-signal-safe.
+fn end_as_by_default(signal: libc::c_int) {
     crate::partial_files::remove_all();
-    // SAFETY: signal and raise are async-signal-safe.
+    // SAFETY: as said above; a handler runs with its signal blocked, so it is unblocked for
+    // the raise to act at once.
     unsafe {
         libc::signal(signal, libc::SIG_DFL);
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
         libc::raise(signal);
+        libc::_exit(128 + signal);
     }
 }
 

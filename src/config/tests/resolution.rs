@@ -213,4 +213,6 @@ fn changed_settings_name_each_key_with_both_values() {
     );
     assert!(super::changed_settings(old, old).is_empty());
     assert!(super::changed_settings("[not: a map", new).is_empty());
+    // A field added since the file was written, left null: no change.
+    assert!(super::changed_settings("lr: 0.1\n", "lr: 0.1\nobs_shapes: null\n").is_empty());
 }

@@ -305,7 +305,7 @@ fn check_device(report: &mut Report, config: &Config, local_ranks: usize) {
             crate::device::select(&config.device, &rank, share_gpus)
         })
         .collect();
-    match devices {
+    match config.check_backend().and(devices) {
         Ok(devices) => {
             let names: Vec<String> = devices
                 .iter()

@@ -587,13 +587,15 @@ mod tests {
     #[test]
     fn seeds_group_and_groups_are_named_by_what_differs() {
         let dir = tempfile::tempdir().unwrap();
-        let runs: Vec<PathBuf> = [("a", 1, 3), ("b", 2, 3), ("c", 1, 5)]
-            .iter()
-            .map(|(name, seed, horizon)| {
+        // b was written by a version with a field more (null) and another derived value.
+        let runs: Vec<PathBuf> = [("a", 1, 3, ""), ("b", 2, 3, "new: null\nobs_shapes: [3]\n")]
+            .into_iter()
+            .chain([("c", 1, 5, "")])
+            .map(|(name, seed, horizon, more)| {
                 let run = dir.path().join("sweep").join(name);
                 std::fs::create_dir_all(&run).unwrap();
                 let config =
-                    format!("task: x\nseed: {seed}\nhorizon: {horizon}\nrun_dir: {name}\n");
+                    format!("task: x\nseed: {seed}\nhorizon: {horizon}\nrun_dir: {name}\n{more}");
                 std::fs::write(run.join("config.yaml"), config).unwrap();
                 run
             })
