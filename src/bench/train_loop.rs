@@ -7,7 +7,7 @@
 //! the run (no evaluation or checkpoint inside that window), so start-up, the first evaluation
 //! and the pretraining updates are left out. Every case makes one update per vector step
 //! (`steps_per_update = num_envs`), the schedule the official vectorised trainer uses.
-use std::process::Command;
+use std::process::{Command, ExitStatus, Stdio};
 
 use serde_json::{json, Value};
 
@@ -104,7 +104,16 @@ pub fn check(options: &LoopOptions) -> Result<()> {
              e.g. fused_kernels=true)"
         )));
     }
-    let spec = envs::make(&options.task, 0)?.spec().clone();
+    refuse_settings_the_bench_makes(options)?;
+    let spec = envs::make(&options.task, 0)
+        .map_err(|e| match e {
+            envs::Error::UnknownTask { .. } => {
+                Error::Config(format!("bench loop: --loop-task {}: {e}", options.task))
+            }
+            other => other.into(),
+        })?
+        .spec()
+        .clone();
     let mut observed = false;
     for &size in &options.model_sizes {
         for (num_envs, pipeline, compile) in cases(options) {
@@ -143,13 +152,15 @@ pub fn check(options: &LoopOptions) -> Result<()> {
 
 pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     check(options)?;
+    let _handlers = crate::trainer::stop::install_handlers_for_now();
     let program = crate::this_binary::path()?;
     let episode_length = envs::make(&options.task, 0)?.spec().episode_length;
     for &size in &options.model_sizes {
         let mut baseline = None;
         for (num_envs, pipeline, compile) in cases(options) {
             let dir = tempfile_dir()?;
-            let out = Command::new(&program)
+            let mut command = Command::new(&program);
+            command
                 .arg("train")
                 .args(train_args(
                     options,
@@ -159,12 +170,16 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
                     pipeline,
                     compile,
                 ))
-                .arg(format!("run_dir={}", dir.display()))
-                .output()
-                .map_err(|e| Error::io("run tdmpc2 train", e))?;
+                .arg(format!("run_dir={}", dir.display()));
+            let ran = run_case(command);
             let _ = std::fs::remove_dir_all(&dir);
-            let log = String::from_utf8_lossy(&out.stderr);
-            if !out.status.success() {
+            if crate::trainer::stop::requested_here() {
+                return Err(Error::Stopped(
+                    "bench stopped (Ctrl-C or SIGTERM); its run directory was removed".into(),
+                ));
+            }
+            let (status, log) = ran?;
+            if !status.success() {
                 // The whole cause: a first run on a new machine is diagnosed from this alone.
                 let lines: Vec<&str> = log.lines().collect();
                 let tail = lines[lines.len().saturating_sub(FAILURE_LINES)..].join("\n");
@@ -194,6 +209,87 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A `--loop-set` of a setting each case's run is given by the bench would replace it unseen
+/// (the last of a key wins), and the results would name the bench's: refused, naming the
+/// option that sets it.
+fn refuse_settings_the_bench_makes(options: &LoopOptions) -> Result<()> {
+    let bare = LoopOptions {
+        settings: Vec::new(),
+        ..options.clone()
+    };
+    let made = train_args(&bare, 1, 1, 1, false, true);
+    let key_of = |setting: &str| {
+        let key = setting.split_once('=').map_or(setting, |(key, _)| key);
+        key.trim().trim_start_matches('+').to_owned()
+    };
+    let made: Vec<String> = made.iter().map(|s| key_of(s)).collect();
+    for setting in &options.settings {
+        let key = key_of(setting);
+        if key != "run_dir" && !made.contains(&key) {
+            continue;
+        }
+        let instead = match key.as_str() {
+            "task" => "--loop-task",
+            "model_size" => "--model-sizes",
+            "num_envs" => "--num-envs",
+            "pipeline" => "--pipeline",
+            "compile" => "--compile",
+            "device" => "--device",
+            "num_threads" => "--threads",
+            "steps" | "seed_steps" | "steps_per_update" => "--loop-steps (and --num-envs)",
+            _ => "nothing: the bench sets it for what it measures",
+        };
+        return Err(Error::Config(format!(
+            "bench loop: --loop-set {setting} sets what the bench gives each case's run; use \
+             {instead}"
+        )));
+    }
+    Ok(())
+}
+
+/// Runs one case's training to its end, its log read as it comes. A stop asked of the bench
+/// (Ctrl-C, SIGTERM) is passed on to the run; a bench killed outright takes the run with it.
+fn run_case(mut command: Command) -> Result<(ExitStatus, String)> {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl(2) in the child between fork and exec, async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::io("run tdmpc2 train", e))?;
+    let mut stderr = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        if let Some(stderr) = stderr.as_mut() {
+            let _ = stderr.read_to_string(&mut log);
+        }
+        log
+    });
+    let mut passed_on = false;
+    let status = loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(|e| Error::io("wait for tdmpc2 train", e))?
+        {
+            break status;
+        }
+        if !passed_on && crate::trainer::stop::requested_here() {
+            // SAFETY: kill(2) of our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            passed_on = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    Ok((status, reader.join().unwrap_or_default()))
 }
 
 /// Every (num_envs, pipeline, compile) of the options once, compile outermost; the first, the
@@ -246,6 +342,23 @@ mod tests {
             err.to_string().contains("--loop-set \"fused_kernels\""),
             "{err}"
         );
+        for (setting, instead) in [
+            ("pipeline=true", "use --pipeline"),
+            ("task=walker-run", "use --loop-task"),
+            ("run_dir=/tmp/x", "the bench sets it"),
+        ] {
+            let made_by_the_bench = LoopOptions {
+                settings: vec![setting.into()],
+                ..options.clone()
+            };
+            let err = run(&made_by_the_bench, &mut |_| panic!("nothing is measured")).unwrap_err();
+            assert!(
+                matches!(err, Error::Config(_))
+                    && err.to_string().contains(&format!("--loop-set {setting}"))
+                    && err.to_string().contains(instead),
+                "{err}"
+            );
+        }
         let misspelt = LoopOptions {
             settings: vec!["fused_kernel=true".into()],
             ..options
