@@ -8,7 +8,9 @@ use pyo3::types::{PyAnyMethods, PyBytes, PyDict, PyDictMethods};
 use tch::{Kind, Tensor};
 
 use super::error::{Error, Result};
-use super::world_model::{DYNAMICS, POLICY, Q_DETACHED, Q_ONLINE, Q_TARGET, REWARD};
+use super::world_model::{
+    DYNAMICS, LOG_STD_DIF, LOG_STD_MIN, POLICY, Q_DETACHED, Q_ONLINE, Q_TARGET, REWARD, TERMINATION,
+};
 
 /// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
 const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];
@@ -117,6 +119,14 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         "import writes safetensors, e.g. model.safetensors",
     )?;
     let path_text = pt_path.display().to_string();
+    if pt_path.extension().is_some_and(|e| e == "safetensors") {
+        return Err(Error::Unreadable {
+            path: path_text,
+            message: "a .safetensors file is this project's own format already: give it to \
+                      eval or train as checkpoint= (import reads the official torch.save files)"
+                .into(),
+        });
+    }
     refuse_a_damaged_archive(pt_path)?;
     let raw = embedded_python::with_python(|py| {
         let torch = py.import("torch")?;
@@ -258,6 +268,30 @@ fn not_a_tdmpc2_model(named: &[(String, Tensor)]) -> Option<String> {
             "not a TD-MPC2 state dict: it has no `{}` tensors ({} tensors read)",
             missing.trim_end_matches('.'),
             named.len()
+        ));
+    }
+    // A tensor of no part of the model: no settings would load it (eval's advice would be
+    // to look for them).
+    let first_part = |name: &str| name.split('.').next().unwrap_or_default().to_owned();
+    let known: Vec<String> = parts
+        .iter()
+        .chain(&[
+            TERMINATION,
+            "_task_emb",
+            "_action_masks",
+            LOG_STD_MIN,
+            LOG_STD_DIF,
+        ])
+        .map(|part| first_part(part))
+        .collect();
+    if let Some((name, _)) = named
+        .iter()
+        .find(|(name, _)| !known.contains(&first_part(name)))
+    {
+        return Some(format!(
+            "`{name}` is no part of a TD-MPC2 model (its parts: {}): a state dict of another \
+             model, or of a version of TD-MPC2 this one does not know",
+            known.join(", ")
         ));
     }
     let not_finite = named
@@ -540,6 +574,14 @@ mod tests {
                      else 0.5) for k in {parts}}}}}"
                 ),
                 "`_pi.0.weight` holds NaN or infinite values",
+            ),
+            (
+                "extra",
+                format!(
+                    "{{'model': {{**{{k: torch.zeros(2) for k in {parts}}}, \
+                     'extra.weight': torch.zeros(2)}}}}"
+                ),
+                "`extra.weight` is no part of a TD-MPC2 model",
             ),
             (
                 "twice",
