@@ -166,6 +166,64 @@ fn two_ranks_train_offline_on_a_collected_dataset_and_resume_exactly() {
     assert_eq!(batches_read(45), Some(50));
 }
 
+/// Ctrl-C during a collection writes the episodes finished (a file of fewer than
+/// --episodes-per-file), drops those under way, says so, and exits as a stop: every file in
+/// --out is a whole dataset file.
+#[test]
+fn a_stopped_collection_keeps_every_finished_episode() {
+    let data = tempfile::tempdir().unwrap();
+    let out = data.path().join("data");
+    let mut collect = Command::new(common::tdmpc2_bin());
+    collect
+        .args([
+            "collect",
+            "--episodes",
+            "1000000",
+            "--episodes-per-file",
+            "4",
+            "--out",
+        ])
+        .arg(&out)
+        .arg("task=Pendulum-v1");
+    let child = common::Reaped::spawn(
+        collect
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped()),
+    );
+    let files = || std::fs::read_dir(&out).map_or(0, |entries| entries.count());
+    let start = std::time::Instant::now();
+    while files() < 2 {
+        assert!(start.elapsed().as_secs() < 120, "no dataset file written");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // SAFETY: SIGINT to this test's own child, as a terminal's Ctrl-C.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let stopped = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&stopped.stderr);
+    assert_eq!(stopped.status.code(), Some(3), "{said}");
+    let finished = said
+        .lines()
+        .filter(|line| line.starts_with("episode "))
+        .count();
+    assert!(
+        said.contains(&format!(
+            "collect stopped (Ctrl-C, SIGTERM or a hangup) after {finished} of 1000000 episodes"
+        )),
+        "{said}"
+    );
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), finished.div_ceil(4), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .all(|name| name.starts_with("chunk_") && name.ends_with(".pt")),
+        "{names:?}"
+    );
+}
+
 /// Dataset files hold no terminations: collecting a task whose episodes end early is refused
 /// (offline training would bootstrap through them), unless asked for with episodic=false; nor
 /// pixels.

@@ -93,6 +93,9 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
 }
 
 fn collect(config: &Config, args: &Collection) -> Result<()> {
+    // Ctrl-C, SIGTERM or a hangup: the episodes finished are written, the ones under way
+    // dropped (and an --out folder this left empty removed).
+    crate::trainer::stop::install_handlers();
     refuse_what_files_cannot_hold(config, args)?;
     let rank = RankInfo::single(config);
     let checkpoint = config.checkpoint.as_deref();
@@ -132,6 +135,16 @@ fn collect(config: &Config, args: &Collection) -> Result<()> {
         started += 1;
     }
     while finished < args.episodes {
+        if crate::trainer::stop::requested_here() {
+            let files = writer.finish()?;
+            return Err(Error::Stopped(format!(
+                "collect stopped (Ctrl-C, SIGTERM or a hangup) after {finished} of {} \
+                 episodes, written in {} file(s) in {}; those under way were dropped",
+                args.episodes,
+                files.len(),
+                args.out.display()
+            )));
+        }
         let acting = match planning {
             true => Acting::Policy,
             false => Acting::Random(&mut random),
