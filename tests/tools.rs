@@ -82,10 +82,16 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
         "no band over the two seeds"
     );
 
-    // The same runs as SVG: one series for both seeds.
+    // The same runs as SVG: one series for both seeds. A link where the picture goes is
+    // replaced by it, not written through.
     let svg = dir.path().join("both.svg");
+    let linked = dir.path().join("someone-elses.txt");
+    std::fs::write(&linked, "keep me").unwrap();
+    std::os::unix::fs::symlink(&linked, &svg).unwrap();
     let out = plot(&[&a_s, &b_s, "--out", svg.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(std::fs::read_to_string(&linked).unwrap(), "keep me");
+    assert!(!svg.symlink_metadata().unwrap().is_symlink());
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(
         svg.starts_with("<svg") && svg.contains("(2 seeds)"),
@@ -188,7 +194,7 @@ fn plot_says_what_is_wrong() {
             "the folder /nonexistent/dir does not exist",
         ),
         (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
-        (&["/nonexistent/run"], "holds no metrics.jsonl"),
+        (&["/nonexistent/run"], "/nonexistent/run does not exist"),
         (
             &[
                 run,
@@ -236,6 +242,27 @@ fn plot_says_what_is_wrong() {
         text(&out).contains("values run from -1e308 to 1e308"),
         "{}",
         text(&out)
+    );
+    // A run evaluated once (just started) is a dot, not an empty chart; given twice, it is
+    // still one run.
+    let png = dir.path().join("one.png");
+    let metrics = dir.path().join("metrics.jsonl");
+    let out = plot(&[
+        run,
+        metrics.to_str().unwrap(),
+        "--out",
+        png.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("the same run as given before"),
+        "{}",
+        text(&out)
+    );
+    // The legend's stroke alone is about 40 pixels of the first colour.
+    assert!(
+        count_near(&decode(&png), [31, 119, 180]) > 70,
+        "no dot drawn"
     );
 }
 
@@ -796,10 +823,19 @@ fn an_export_ended_by_a_signal_leaves_no_part_of_its_file() {
     train(&run, "seed=2");
     for signal in [libc::SIGINT, libc::SIGTERM] {
         let out = dir.path().join(format!("signal-{signal}.pt"));
-        let mut child = Command::new(common::tdmpc2_bin())
-            .arg("export")
-            .arg(&run)
-            .arg(&out)
+        let mut export = Command::new(common::tdmpc2_bin());
+        export.arg("export").arg(&run).arg(&out);
+        // The signal's default action, as from a terminal, whatever this test inherited (a
+        // suite started in the background by a shell ignores SIGINT, and so would the export).
+        // SAFETY: signal(2) in the child between fork and exec, async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            export.pre_exec(move || {
+                libc::signal(signal, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut child = export
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

@@ -85,11 +85,17 @@ impl Figure<'_> {
         };
         let x = span(xs.collect(), 0.0, self.x_label)?;
         let y = span(ys.collect(), 0.05, self.y_label)?;
-        // One point only: give the x axis some width.
+        // One point only: give the x axis some width, none of it below 0 for steps from 0.
         let x = if x.end > x.start {
             x
         } else {
-            (x.start - 1.0)..(x.end + 1.0)
+            let width = (x.start.abs() * 0.05).max(1.0);
+            let start = x.start - width;
+            (if x.start >= 0.0 {
+                start.max(0.0)
+            } else {
+                start
+            })..(x.end + width)
         };
         Ok((x, y))
     }
@@ -150,6 +156,12 @@ impl Figure<'_> {
                 .copied()
                 .zip(s.band.mean.iter().copied())
                 .collect();
+            // A line of one point draws nothing: a run evaluated once is a dot.
+            if let [point] = line[..] {
+                chart
+                    .draw_series(std::iter::once(Circle::new(point, 4, style.filled())))
+                    .map_err(err)?;
+            }
             chart
                 .draw_series(LineSeries::new(line, style))
                 .map_err(err)?

@@ -84,8 +84,8 @@ fn refuse_an_unwritable_out(out: &Path) -> Result<()> {
     if out.is_dir() {
         return Err(refused("is a directory; give the file to write".into()));
     }
-    // A file there is opened as it is (the figure replaces it later); a new one is made and
-    // removed again, and a link is not written through.
+    // A file there is opened as it is (the figure replaces it later, as it replaces a link,
+    // never written through); a new one is made and removed again.
     let probe = match out.symlink_metadata() {
         Ok(_) => std::fs::OpenOptions::new().write(true).open(out).map(drop),
         Err(_) => std::fs::OpenOptions::new()
@@ -155,21 +155,45 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     }
     let (rows, columns) = grid(figures.len());
     let size = figure_size(args, rows, columns)?;
+    // Drawn beside the file, then renamed over it: a reader never sees half a picture, and a
+    // link there is replaced, not written through.
+    let partial = partial_beside(&args.out);
+    let _watched = crate::partial_files::watch(&partial);
     let drawn = match format {
         Format::Png => draw_grid(
             &figures,
-            BitMapBackend::new(&args.out, size).into_drawing_area(),
+            BitMapBackend::new(&partial, size).into_drawing_area(),
             (rows, columns),
         ),
         Format::Svg => draw_grid(
             &figures,
-            SVGBackend::new(&args.out, size).into_drawing_area(),
+            SVGBackend::new(&partial, size).into_drawing_area(),
             (rows, columns),
         ),
     };
-    drawn.map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))?;
+    let written = drawn
+        .map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))
+        .and_then(|()| {
+            std::fs::rename(&partial, &args.out)
+                .map_err(|e| Error::io(format!("write {}", args.out.display()), e))
+        });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written?;
     outln!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// A name beside `out` of this process's own, with `out`'s extension (which tells the
+/// drawing backend the format).
+fn partial_beside(out: &Path) -> PathBuf {
+    let name = out.file_name().unwrap_or_default().to_string_lossy();
+    let extension = out.extension().unwrap_or_default().to_string_lossy();
+    out.with_file_name(format!(
+        ".{name}.{}.partial.{extension}",
+        std::process::id()
+    ))
 }
 
 enum Format {
@@ -180,6 +204,12 @@ enum Format {
 /// The runs among the paths given: run directories and `.jsonl` files. Other files (a sweep's
 /// `sweep.csv` beside its jobs, caught by `sweep/*`) are passed over, with a note.
 fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if let Some(missing) = paths.iter().find(|p| !p.exists()) {
+        return Err(Error::Config(format!(
+            "{} does not exist",
+            missing.display()
+        )));
+    }
     let (runs, others): (Vec<PathBuf>, Vec<PathBuf>) = paths
         .iter()
         .cloned()
@@ -200,7 +230,24 @@ fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             curves::METRICS_FILE
         )));
     }
-    Ok(runs)
+    // A run given twice (its folder and its metrics.jsonl, or two spellings of one path)
+    // would count as two seeds.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut distinct = Vec::with_capacity(runs.len());
+    for run in runs {
+        let dir = match run.is_file() {
+            true => run.parent().map(Path::to_path_buf).unwrap_or_default(),
+            false => run.clone(),
+        };
+        match seen.insert(dir.canonicalize().unwrap_or(dir)) {
+            true => distinct.push(run),
+            false => errln!(
+                "note: passing over {}: the same run as given before",
+                run.display()
+            ),
+        }
+    }
+    Ok(distinct)
 }
 
 impl Format {
@@ -403,6 +450,11 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
 
 /// Every run's metrics, each of which must have `metric` in `phase`.
 fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>> {
+    if ["step", "elapsed_time"].contains(&metric) {
+        return Err(Error::Config(format!(
+            "--metric {metric} is an x axis (--x {metric}); give a metric, e.g. episode_reward"
+        )));
+    }
     let read = runs
         .iter()
         .map(|run| Metrics::read(run))
