@@ -426,6 +426,12 @@ fn evaluate(config: Config) -> Result<()> {
     let group = crate::ddp::ProcessGroup::alone(rank);
     let mut video = Vec::new();
     let tasks = config.tasks()?;
+    // An episode planned at full size can take minutes on a CPU: a word before the first.
+    errln!(
+        "Playing {} episode(s) of {} with {path}...",
+        config.eval_episodes,
+        config.task
+    );
     let outcome = trainer::evaluate::evaluate(
         &mut actor,
         config.eval_episodes,

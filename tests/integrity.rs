@@ -770,7 +770,9 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("The model is built from this command's settings (model_size=5"),
+        stderr.contains("The model is built from this command's settings (model_size=5")
+            && stderr.contains("config.yaml differs in (trained with → given here): ")
+            && stderr.contains("model_size: 1 → 5"),
         "{stderr}"
     );
     // Another task of the same sizes plays, with a warning that names both.

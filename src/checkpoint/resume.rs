@@ -390,12 +390,14 @@ fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Re
 /// The checkpoint's model into `learner`; one that does not fit names the settings that build
 /// the model and where the trained run's are.
 fn load_model(learner: &mut Learner, dir: &Path) -> Result<()> {
-    let config = dir
-        .parent()
-        .and_then(Path::parent)
-        .map_or("its run's config.yaml".into(), |run| {
-            run.join("config.yaml").display().to_string()
-        });
+    let config =
+        dir.parent()
+            .and_then(Path::parent)
+            .map_or("its run's config.yaml".into(), |run| {
+                run.join(crate::config::RUN_CONFIG_FILE)
+                    .display()
+                    .to_string()
+            });
     learner
         .model_mut()
         .load(&dir.join(MODEL))

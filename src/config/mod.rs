@@ -339,6 +339,9 @@ impl Config {
     }
 }
 
+/// The file a run's resolved config is saved as, in its run directory.
+pub const RUN_CONFIG_FILE: &str = "config.yaml";
+
 /// The settings each node of a job may give its own: its rank, how it reaches node 0, its
 /// paths, and how it uses its own cores.
 pub const NODE_SETTINGS: [&str; 12] = [

@@ -286,7 +286,7 @@ pub fn config_without_seed(run: &Path) -> Option<serde_yaml_ng::Mapping> {
         true => run,
         false => run.parent()?,
     };
-    let text = std::fs::read_to_string(dir.join("config.yaml")).ok()?;
+    let text = std::fs::read_to_string(dir.join(crate::config::RUN_CONFIG_FILE)).ok()?;
     let serde_yaml_ng::Value::Mapping(mut map) = serde_yaml_ng::from_str(&text).ok()? else {
         return None;
     };

@@ -52,14 +52,56 @@ pub fn build(
         policy.load_file(&weights).map_err(|e| match e {
             crate::agent::Error::Mismatch { .. } => Error::Config(format!(
                 "{e}. The model is built from this command's settings (model_size={}, task={}, \
-                 obs={}): give it those the checkpoint was trained with, as in its run's \
-                 config.yaml",
+                 obs={}): give it those the checkpoint was trained with{}",
                 config.model_size.map_or("null".into(), |m| m.to_string()),
                 config.task,
-                config.obs
+                config.obs,
+                settings_of_its_run(&weights, config)
             )),
             other => other.into(),
         })?;
     }
     Ok(policy)
+}
+
+/// What the run that saved `weights` was trained with and this command sets otherwise, from the
+/// run's `config.yaml` (beside the checkpoints folder): the settings to give.
+fn settings_of_its_run(weights: &Path, config: &Config) -> String {
+    let run_config = weights
+        .ancestors()
+        .skip(1)
+        .take(3)
+        .map(|dir| dir.join(crate::config::RUN_CONFIG_FILE))
+        .find(|file| file.is_file());
+    let (Some(file), Ok(ours)) = (run_config, config.to_yaml()) else {
+        return ", as in its run's config.yaml".into();
+    };
+    let Ok(theirs) = std::fs::read_to_string(&file) else {
+        return ", as in its run's config.yaml".into();
+    };
+    let not_learned = |key: &str| {
+        crate::config::EXECUTION_SETTINGS.contains(&key)
+            || crate::config::NODE_SETTINGS.contains(&key)
+            || crate::config::DERIVED_FIELDS.contains(&key)
+            || [
+                "seed",
+                "device",
+                "world_size",
+                "eval_episodes",
+                "save_video",
+            ]
+            .contains(&key)
+    };
+    let differ: Vec<String> = crate::config::changed_settings(&theirs, &ours)
+        .into_iter()
+        .filter(|change| !not_learned(change.split(':').next().unwrap_or_default()))
+        .collect();
+    match differ.is_empty() {
+        true => format!(", as in its run's {}", file.display()),
+        false => format!(
+            "; its run's {} differs in (trained with → given here): {}",
+            file.display(),
+            differ.join("; ")
+        ),
+    }
 }

@@ -16,7 +16,7 @@ use crate::logging::{Logger, LoggerOptions, Phase, Record};
 use envs::Family;
 
 /// The resolved config, in the run directory.
-pub(super) const CONFIG_FILE: &str = "config.yaml";
+pub(super) const CONFIG_FILE: &str = crate::config::RUN_CONFIG_FILE;
 
 pub(super) struct Report {
     logger: Logger,
