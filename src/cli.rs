@@ -444,7 +444,25 @@ fn evaluate(config: Config) -> Result<()> {
     let trainer::evaluate::Outcome::Done(evaluation) = outcome else {
         return Err(Error::Stopped("evaluation stopped by a signal".into()));
     };
-    let summary = evaluation.overall;
+    if let Some(path) = video_path.filter(|_| !video.is_empty()) {
+        // The returns are the result: a video that cannot be written is said, not the end.
+        match crate::logging::write_video(&path, &video) {
+            Ok(_) => outln!("video of the first episode: {}", path.display()),
+            Err(e) => errln!("warning: the video was not written: {e}"),
+        }
+    }
+    print_evaluation(&config, path, &tasks, &evaluation);
+    Ok(())
+}
+
+/// `eval`'s result: each task's returns, the whole's, and the whole as one JSON line.
+fn print_evaluation(
+    config: &Config,
+    checkpoint: &str,
+    tasks: &[String],
+    evaluation: &trainer::evaluate::Evaluation,
+) {
+    let summary = &evaluation.overall;
     for (task, s) in tasks.iter().zip(&evaluation.by_task) {
         outln!(
             "  {task}: {} episodes, return {:.2} ± {:.2}",
@@ -452,13 +470,6 @@ fn evaluate(config: Config) -> Result<()> {
             s.mean,
             s.std
         );
-    }
-    if let Some(path) = video_path.filter(|_| !video.is_empty()) {
-        // The returns are the result: a video that cannot be written is said, not the end.
-        match crate::logging::write_video(&path, &video) {
-            Ok(_) => outln!("video of the first episode: {}", path.display()),
-            Err(e) => errln!("warning: the video was not written: {e}"),
-        }
     }
     outln!(
         "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2})",
@@ -475,14 +486,13 @@ fn evaluate(config: Config) -> Result<()> {
         .map(|(task, s)| (task.clone(), serde_json::json!(s.mean)))
         .collect();
     let mut line = serde_json::json!({
-        "task": config.task, "checkpoint": path, "episodes": summary.episodes,
+        "task": config.task, "checkpoint": checkpoint, "episodes": summary.episodes,
         "mean": summary.mean, "std": summary.std, "min": summary.min, "max": summary.max,
     });
     if !by_task.is_empty() {
         line["by_task"] = by_task.into();
     }
     outln!("{line}");
-    Ok(())
 }
 
 /// Where `eval` films its first episode: `eval_video/<task>-<seed>.gif`, or with `-2`, `-3`,

@@ -92,6 +92,20 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
     collected
 }
 
+/// The end of a collection asked to stop: the finished episodes written, the error saying so.
+fn stopped(writer: ChunkWriter, finished: usize, args: &Collection) -> Error {
+    match writer.finish() {
+        Ok(files) => Error::Stopped(format!(
+            "collect stopped (Ctrl-C, SIGTERM or a hangup) after {finished} of {} episodes, \
+             written in {} file(s) in {}; those under way were dropped",
+            args.episodes,
+            files.len(),
+            args.out.display()
+        )),
+        Err(e) => e,
+    }
+}
+
 fn collect(config: &Config, args: &Collection) -> Result<()> {
     // Ctrl-C, SIGTERM or a hangup: the episodes finished are written, the ones under way
     // dropped (and an --out folder this left empty removed).
@@ -136,14 +150,7 @@ fn collect(config: &Config, args: &Collection) -> Result<()> {
     }
     while finished < args.episodes {
         if crate::trainer::stop::requested_here() {
-            let files = writer.finish()?;
-            return Err(Error::Stopped(format!(
-                "collect stopped (Ctrl-C, SIGTERM or a hangup) after {finished} of {} \
-                 episodes, written in {} file(s) in {}; those under way were dropped",
-                args.episodes,
-                files.len(),
-                args.out.display()
-            )));
+            return Err(stopped(writer, finished, args));
         }
         let acting = match planning {
             true => Acting::Policy,

@@ -155,34 +155,44 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     }
     let (rows, columns) = grid(figures.len());
     let size = figure_size(args, rows, columns)?;
-    // Drawn beside the file, then renamed over it: a reader never sees half a picture, and a
-    // link there is replaced, not written through.
-    let partial = partial_beside(&args.out);
+    write_picture(&figures, (rows, columns), size, format, &args.out)?;
+    outln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// Draws the grid of `figures` into `out`: beside it, then renamed over it, so that a reader
+/// never sees half a picture and a link there is replaced, not written through.
+fn write_picture(
+    figures: &[Figure],
+    grid: (usize, usize),
+    size: (u32, u32),
+    format: Format,
+    out: &Path,
+) -> Result<()> {
+    let partial = partial_beside(out);
     let _watched = crate::partial_files::watch(&partial);
     let drawn = match format {
         Format::Png => draw_grid(
-            &figures,
+            figures,
             BitMapBackend::new(&partial, size).into_drawing_area(),
-            (rows, columns),
+            grid,
         ),
         Format::Svg => draw_grid(
-            &figures,
+            figures,
             SVGBackend::new(&partial, size).into_drawing_area(),
-            (rows, columns),
+            grid,
         ),
     };
     let written = drawn
-        .map_err(|e| Error::Other(format!("draw {}: {e}", args.out.display())))
+        .map_err(|e| Error::Other(format!("draw {}: {e}", out.display())))
         .and_then(|()| {
-            std::fs::rename(&partial, &args.out)
-                .map_err(|e| Error::io(format!("write {}", args.out.display()), e))
+            std::fs::rename(&partial, out)
+                .map_err(|e| Error::io(format!("write {}", out.display()), e))
         });
     if written.is_err() {
         let _ = std::fs::remove_file(&partial);
     }
-    written?;
-    outln!("wrote {}", args.out.display());
-    Ok(())
+    written
 }
 
 /// A name beside `out` of this process's own, with `out`'s extension (which tells the
