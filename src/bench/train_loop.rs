@@ -254,11 +254,15 @@ fn refuse_settings_the_bench_makes(options: &LoopOptions) -> Result<()> {
 fn run_case(mut command: Command) -> Result<(ExitStatus, String)> {
     use std::io::Read;
     use std::os::unix::process::CommandExt;
-    // SAFETY: prctl(2) in the child between fork and exec, async-signal-safe.
+    let bench = std::process::id();
+    // SAFETY: prctl(2) and getppid(2) in the child between fork and exec, async-signal-safe.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
+            match libc::getppid() as u32 == bench {
+                true => Ok(()),
+                false => Err(std::io::Error::other("the bench ended during the start")),
+            }
         });
     }
     let mut child = command

@@ -185,7 +185,22 @@ const WARM_START: &str = "warm_start";
 const META: &str = "meta.json";
 
 pub fn checkpoints_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
+    run_dir.join(CHECKPOINTS)
+}
+
+/// The folder of a run's checkpoints, in its run directory.
+const CHECKPOINTS: &str = "checkpoints";
+
+/// The run directory that saved a weights file (`<run>/checkpoints/step_<N>/model.safetensors`);
+/// None for a file elsewhere (an imported one).
+pub fn run_of_model(model: &Path) -> Option<PathBuf> {
+    let model = std::path::absolute(model).ok()?;
+    let checkpoint = model.parent()?;
+    let checkpoints = checkpoint.parent()?;
+    let saved_by_a_run = model.file_name() == Some(MODEL.as_ref())
+        && store::step_of(checkpoint).is_some()
+        && checkpoints.file_name() == Some(CHECKPOINTS.as_ref());
+    saved_by_a_run.then(|| checkpoints.parent().map(Path::to_path_buf))?
 }
 
 fn buffers_dir(run_dir: &Path, rank: usize) -> PathBuf {
@@ -257,7 +272,7 @@ pub fn verify_model(path: &Path) -> Result<()> {
     if path.file_name() != Some(MODEL.as_ref()) {
         return Ok(());
     }
-    let in_checkpoints = dir.parent().and_then(Path::file_name) == Some("checkpoints".as_ref());
+    let in_checkpoints = dir.parent().and_then(Path::file_name) == Some(CHECKPOINTS.as_ref());
     let in_a_checkpoint =
         dir.join(STATE).exists() || (in_checkpoints && store::step_of(dir).is_some());
     if !in_a_checkpoint && !dir.join(META).is_file() {

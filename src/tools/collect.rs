@@ -95,6 +95,11 @@ pub fn run(config: &Config, args: &Collection) -> Result<()> {
 /// The end of a collection asked to stop: the finished episodes written, the error saying so.
 fn stopped(writer: ChunkWriter, finished: usize, args: &Collection) -> Error {
     match writer.finish() {
+        Ok(files) if files.is_empty() => Error::Stopped(
+            "collect stopped (Ctrl-C, SIGTERM or a hangup) before an episode ended: nothing \
+             was written"
+                .into(),
+        ),
         Ok(files) => Error::Stopped(format!(
             "collect stopped (Ctrl-C, SIGTERM or a hangup) after {finished} of {} episodes, \
              written in {} file(s) in {}; those under way were dropped",

@@ -64,44 +64,60 @@ pub fn build(
     Ok(policy)
 }
 
-/// What the run that saved `weights` was trained with and this command sets otherwise, from the
-/// run's `config.yaml` (beside the checkpoints folder): the settings to give.
+/// The settings that build the model; those a model size sets are left out when it differs.
+const MODEL_SETTINGS: [&str; 13] = [
+    "task",
+    "obs",
+    "model_size",
+    "latent_dim",
+    "enc_dim",
+    "mlp_dim",
+    "num_enc_layers",
+    "num_q",
+    "num_channels",
+    "num_bins",
+    "simnorm_dim",
+    "task_dim",
+    "episodic",
+];
+
+/// What the run that saved `weights` built its model with and this command sets otherwise,
+/// from the run's `config.yaml`: the settings to give.
 fn settings_of_its_run(weights: &Path, config: &Config) -> String {
-    let run_config = weights
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(|dir| dir.join(crate::config::RUN_CONFIG_FILE))
-        .find(|file| file.is_file());
-    let (Some(file), Ok(ours)) = (run_config, config.to_yaml()) else {
-        return ", as in its run's config.yaml".into();
+    let unnamed = ", as in its run's config.yaml".to_string();
+    let Some(file) = crate::checkpoint::run_of_model(weights)
+        .map(|run| run.join(crate::config::RUN_CONFIG_FILE))
+    else {
+        return unnamed;
     };
-    let Ok(theirs) = std::fs::read_to_string(&file) else {
-        return ", as in its run's config.yaml".into();
+    let (Ok(theirs), Ok(ours)) = (std::fs::read_to_string(&file), config.to_yaml()) else {
+        return unnamed;
     };
-    let not_learned = |key: &str| {
-        crate::config::EXECUTION_SETTINGS.contains(&key)
-            || crate::config::NODE_SETTINGS.contains(&key)
-            || crate::config::DERIVED_FIELDS.contains(&key)
-            || [
-                "seed",
-                "device",
-                "world_size",
-                "eval_episodes",
-                "save_video",
-            ]
-            .contains(&key)
-    };
-    let differ: Vec<String> = crate::config::changed_settings(&theirs, &ours)
-        .into_iter()
-        .filter(|change| !not_learned(change.split(':').next().unwrap_or_default()))
+    let changes = crate::config::changed_settings(&theirs, &ours);
+    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
+    let sized = changes.iter().any(|change| key(change) == "model_size");
+    let preset = [
+        "latent_dim",
+        "enc_dim",
+        "mlp_dim",
+        "num_enc_layers",
+        "num_q",
+    ];
+    let differ: Vec<&String> = changes
+        .iter()
+        .filter(|change| MODEL_SETTINGS.contains(&key(change).as_str()))
+        .filter(|change| !(sized && preset.contains(&key(change).as_str())))
         .collect();
     match differ.is_empty() {
         true => format!(", as in its run's {}", file.display()),
         false => format!(
             "; its run's {} differs in (trained with → given here): {}",
             file.display(),
-            differ.join("; ")
+            differ
+                .iter()
+                .map(|change| change.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
         ),
     }
 }

@@ -245,11 +245,11 @@ fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut seen = std::collections::BTreeSet::new();
     let mut distinct = Vec::with_capacity(runs.len());
     for run in runs {
-        let dir = match run.is_file() {
-            true => run.parent().map(Path::to_path_buf).unwrap_or_default(),
+        let file = match run.is_dir() {
+            true => run.join(curves::METRICS_FILE),
             false => run.clone(),
         };
-        match seen.insert(dir.canonicalize().unwrap_or(dir)) {
+        match seen.insert(file.canonicalize().unwrap_or(file)) {
             true => distinct.push(run),
             false => errln!(
                 "note: passing over {}: the same run as given before",
