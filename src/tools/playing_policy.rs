@@ -96,13 +96,7 @@ fn settings_of_its_run(weights: &Path, config: &Config) -> String {
     let changes = crate::config::changed_settings(&theirs, &ours);
     let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
     let sized = changes.iter().any(|change| key(change) == "model_size");
-    let preset = [
-        "latent_dim",
-        "enc_dim",
-        "mlp_dim",
-        "num_enc_layers",
-        "num_q",
-    ];
+    let preset = crate::config::PRESET_SETTINGS;
     let differ: Vec<&String> = changes
         .iter()
         .filter(|change| MODEL_SETTINGS.contains(&key(change).as_str()))
