@@ -22,8 +22,9 @@ pub struct Cli {
 pub enum Command {
     /// Train an agent. Settings are hydra-style overrides: `tdmpc2 train task=walker-run steps=1e5`.
     Train(RunArgs),
-    /// Evaluate a checkpoint: `tdmpc2 eval checkpoint=PATH task=TASK eval_episodes=N`.
-    Eval(RunArgs),
+    /// Evaluate a checkpoint: `tdmpc2 eval checkpoint=PATH eval_episodes=N` (a run's checkpoint
+    /// plays with its run's task and sizes; `task=` plays it on another).
+    Eval(EvalArgs),
     /// Write a dataset in the official format (for `train data_dir=`) from episodes of an agent
     /// (`checkpoint=PATH`) or of random actions: `tdmpc2 collect --out DIR --episodes N task=...`.
     Collect(CollectArgs),
@@ -58,27 +59,45 @@ pub enum Command {
     Doctor(crate::tools::doctor::DoctorArgs),
 }
 
-/// How a run's configuration is assembled.
+/// Where settings come from: a config file laid over the defaults, then `key=value` overrides.
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub struct SettingsArgs {
     /// A config file in `--config-path` (default: the repository's configs/), laid over the defaults.
     #[arg(long = "config-name", value_name = "NAME")]
     pub config_name: Option<String>,
     /// The directory holding `--config-name`.
     #[arg(long = "config-path", value_name = "DIR")]
     pub config_path: Option<PathBuf>,
-    /// `--cfg job` prints the resolved configuration as YAML and exits.
-    #[arg(long = "cfg", value_name = "job", value_parser = ["job"])]
-    pub cfg: Option<String>,
     /// `key=value` overrides (values are YAML scalars or flow lists, nested keys as a.b=value).
     #[arg(value_name = "KEY=VALUE")]
     pub overrides: Vec<String>,
-    /// train: one job per combination of comma-separated values (`seed=1,2 lr=3e-4,1e-3`).
+}
+
+/// How a training run's configuration is assembled.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// `--cfg job` prints the resolved configuration as YAML and exits.
+    #[arg(long = "cfg", value_name = "job", value_parser = ["job"])]
+    pub cfg: Option<String>,
+    /// One job per combination of comma-separated values (`seed=1,2 lr=3e-4,1e-3`).
     #[arg(long, short = 'm')]
     pub multirun: bool,
     /// With --multirun: how many jobs run at once (default 1, at most the CPU count).
     #[arg(long, value_name = "K", requires = "multirun")]
     pub jobs: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// `checkpoint=PATH` and other settings; a checkpoint a run saved is played with the task
+    /// and sizes of its run's config.yaml, unless given here.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// `--cfg job` prints the resolved configuration as YAML and exits.
+    #[arg(long = "cfg", value_name = "job", value_parser = ["job"])]
+    pub cfg: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -93,17 +112,19 @@ pub struct CollectArgs {
     #[arg(long, default_value_t = 100, value_parser = count)]
     pub episodes_per_file: usize,
     /// `checkpoint=PATH` plays that agent's plans (with their exploration noise, as the
-    /// official datasets hold training episodes); without it, uniform random actions.
+    /// official datasets hold training episodes), with the task and sizes of its run unless
+    /// given here; without it, uniform random actions.
     #[command(flatten)]
-    pub run: RunArgs,
+    pub settings: SettingsArgs,
 }
 
-impl RunArgs {
+impl SettingsArgs {
     pub fn source(&self) -> Source {
         Source {
             config_name: self.config_name.clone(),
             config_path: self.config_path.clone(),
             overrides: self.overrides.clone(),
+            beneath: Vec::new(),
         }
     }
 }
@@ -132,21 +153,25 @@ pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStri
         .collect()
 }
 
-/// Loads, validates and resolves the configuration against the task's environment.
-pub fn resolved_config(args: &RunArgs) -> Result<Config> {
-    resolved(args, false)
+/// The settings of `eval` or `collect` (`verb`): the command's own, over those that built the
+/// model of its checkpoint where a run saved it.
+fn playing_source(args: &SettingsArgs, verb: &str) -> Result<Source> {
+    let source = args.source();
+    source.refuse_derived_settings()?;
+    crate::tools::playing_policy::with_settings_of_its_run(source, verb)
 }
 
-/// As [`resolved_config`], for a training run: under torchrun or SLURM as the launcher placed
+/// The configuration of a training run, validated and resolved against the task's environment:
+/// under torchrun or SLURM as the launcher placed
 /// this process (its ranks on this node, and the world size where the config leaves it at 1),
 /// before the checks that depend on them (memory per node, steps per rank), which would
 /// otherwise pass for one rank.
 fn resolved_training_config(args: &RunArgs) -> Result<Config> {
-    resolved(args, true)
+    resolved(args.settings.source(), true)
 }
 
-fn resolved(args: &RunArgs, as_placed: bool) -> Result<Config> {
-    let source = args.source();
+/// Loads, validates and resolves the configuration against the task's environment.
+fn resolved(source: Source, as_placed: bool) -> Result<Config> {
     source.refuse_derived_settings()?;
     let mut config = Config::load(&source)?;
     // A task of a family with a venv of its own is made in a worker to read its spec: one that
@@ -188,14 +213,11 @@ pub fn run(cli: Cli) -> Result<()> {
     envs::set_default_worker(crate::actor::env_worker_command(Some(env_timeout))?);
     match cli.command {
         Command::Train(args) if args.multirun => {
-            crate::tools::sweep::run(&args.source(), args.cfg.is_some(), args.jobs)
+            crate::tools::sweep::run(&args.settings.source(), args.cfg.is_some(), args.jobs)
         }
         Command::Train(args) => train_command(&args),
-        Command::Eval(args) if args.multirun => Err(Error::Config(
-            "--multirun sweeps `tdmpc2 train`; evaluate checkpoints one by one".into(),
-        )),
         Command::Eval(args) => {
-            let config = resolved_config(&args)?;
+            let config = resolved(playing_source(&args.settings, "eval")?, false)?;
             if args.cfg.is_some() {
                 crate::terminal::write_out(format_args!("{}", config.to_yaml()?));
                 return Ok(());
@@ -203,20 +225,18 @@ pub fn run(cli: Cli) -> Result<()> {
             note_training_settings("eval", &config);
             evaluate(config)
         }
-        Command::Collect(args) if args.run.multirun || args.run.cfg.is_some() => Err(
-            Error::Config("collect takes neither --multirun nor --cfg".into()),
-        ),
         Command::Collect(args) => {
             let collection = crate::tools::collect::Collection {
                 out: args.out.clone(),
                 episodes: args.episodes,
                 episodes_per_file: args.episodes_per_file,
             };
+            let source = playing_source(&args.settings, "collect")?;
             // Before the tasks are made: obs=rgb would start a renderer first.
-            let loaded = Config::load(&args.run.source())?;
+            let loaded = Config::load(&source)?;
             crate::tools::collect::refuse_what_files_cannot_hold(&loaded, &collection)?;
             note_training_settings("collect", &loaded);
-            crate::tools::collect::run(&resolved_config(&args.run)?, &collection)
+            crate::tools::collect::run(&resolved(source, false)?, &collection)
         }
         Command::Import { input, output } => {
             if !input.is_file() {

@@ -354,6 +354,21 @@ fn every_validation_error_is_clear() {
     }
 }
 
+/// `eval` and `collect` play one process: their help lists no sweep, and a sweep's options are
+/// refused as unknown (collect prints no config either).
+#[test]
+fn eval_and_collect_take_only_what_they_use() {
+    for verb in ["eval", "collect"] {
+        let help = String::from_utf8_lossy(&tdmpc2(&[verb, "--help"]).stdout).into_owned();
+        assert!(help.contains("--config-name"), "{help}");
+        assert!(!help.contains("--multirun") && !help.contains("--jobs"), "{help}");
+    }
+    let e = rejected(&["eval", "-m", "seed=1,2"]);
+    assert!(e.contains("unexpected argument '-m'"), "{e}");
+    let e = rejected(&["collect", "--out", "x", "--episodes", "1", "--cfg", "job"]);
+    assert!(e.contains("unexpected argument '--cfg'"), "{e}");
+}
+
 /// A mistyped `resume` path is refused before the run directory is made, by one process and
 /// by the built-in launcher before it starts any rank: nothing is left behind to clean up.
 #[test]

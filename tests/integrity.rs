@@ -816,6 +816,22 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`tdmpc2 import"), "{stderr}");
+    // The settings that built the model come from its run: neither task nor size given again.
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["eval", "eval_episodes=1", "iterations=1", "num_samples=32"])
+        .args(["num_elites=4", "num_pi_trajs=2"])
+        .arg(format!("checkpoint={}", dir.path().display()))
+        .output()
+        .unwrap();
+    let stderr = assert_ok(&out);
+    assert!(
+        stderr.contains("eval: the model is built as in its run's")
+            && stderr.contains("model_size: null → 1")
+            && stderr.contains("→ Pendulum-v1"),
+        "{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(r#""task":"Pendulum-v1""#), "{stdout}");
     // --cfg job prints the resolved settings and plays nothing.
     let out = eval(&["--cfg", "job"]);
     assert_ok(&out);

@@ -172,6 +172,9 @@ pub struct Source {
     pub config_name: Option<String>,
     pub config_path: Option<PathBuf>,
     pub overrides: Vec<String>,
+    /// Settings laid beneath the file and the overrides, over the task's own settings: those
+    /// that built the model of a checkpoint `eval` or `collect` plays, from its run.
+    pub beneath: Vec<String>,
 }
 
 /// The fields `resolve` derives from the task alone. A saved resolved config holds them (and is
@@ -264,8 +267,8 @@ impl Source {
 impl Config {
     /// Builds a config from the compiled-in defaults, an optional named file laid over them,
     /// then `key=value` overrides. Validates everything that does not need the environment.
-    /// The task's own settings (see [`tasks::task_settings`]) come between the defaults and
-    /// the file.
+    /// The task's own settings (see [`tasks::task_settings`]), then [`Source::beneath`], come
+    /// between the defaults and the file.
     pub fn load(source: &Source) -> Result<Config> {
         let file = match source.file()? {
             Some(file) => {
@@ -278,14 +281,17 @@ impl Config {
             }
             None => None,
         };
-        let config = Self::layered(&[], file.clone(), &source.overrides)?;
+        let config = Self::layered(&source.beneath, file.clone(), &source.overrides)?;
         if let Some((file, layer)) = &file {
             refuse_a_resolved_file_for_another_task(file, layer, &config.task)?;
         }
         let task_settings = tasks::task_settings(&config.task, config.offline());
         let config = match task_settings.is_empty() {
             true => config,
-            false => Self::layered(&task_settings, file, &source.overrides)?,
+            false => {
+                let settings = [task_settings, source.beneath.clone()].concat();
+                Self::layered(&settings, file, &source.overrides)?
+            }
         };
         config.validate()?;
         config.validate_tracker_env(|key| std::env::var(key).ok())?;

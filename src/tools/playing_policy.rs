@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::actor::Policy;
 use crate::agent::{AgentConfig, TorchNoise};
-use crate::config::Config;
+use crate::config::{Config, Source, PRESET_SETTINGS, RUN_CONFIG_FILE};
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
@@ -64,6 +64,83 @@ pub fn build(
     Ok(policy)
 }
 
+/// `source` with the settings that built the model of its `checkpoint=`, where a run saved it,
+/// laid beneath its own (from the run's config.yaml): a run's checkpoint plays without its
+/// sizes given again, and a setting given here still wins. `verb` says which it took.
+pub fn with_settings_of_its_run(source: Source, verb: &str) -> Result<Source> {
+    let own = Config::load(&source)?;
+    let Some(checkpoint) = own.checkpoint.as_deref() else {
+        return Ok(source);
+    };
+    let weights = crate::checkpoint::model_file(Path::new(checkpoint))?;
+    let Some(file) = crate::checkpoint::run_of_model(&weights).map(|run| run.join(RUN_CONFIG_FILE))
+    else {
+        return Ok(source);
+    };
+    let beneath = match model_settings_in(&file) {
+        Ok(settings) => settings,
+        Err(why) => {
+            errln!(
+                "warning: {verb} cannot read the settings of the checkpoint's run in {}: {why}; \
+                 the model is built from this command's",
+                file.display()
+            );
+            return Ok(source);
+        }
+    };
+    let with = Source { beneath, ..source };
+    let taken = Config::load(&with).map_err(|e| {
+        Error::Config(format!(
+            "with the model settings of the checkpoint's run ({}): {e}",
+            file.display()
+        ))
+    })?;
+    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
+    let taken_here: Vec<String> =
+        crate::config::changed_settings(&own.to_yaml()?, &taken.to_yaml()?)
+            .into_iter()
+            .filter(|change| MODEL_SETTINGS.contains(&key(change).as_str()))
+            .collect();
+    if !taken_here.is_empty() {
+        errln!(
+            "{verb}: the model is built as in its run's {} (this command's → the run's): {}",
+            file.display(),
+            taken_here.join("; ")
+        );
+    }
+    Ok(with)
+}
+
+/// The model settings a run's `config.yaml` holds, as `key=value` overrides: those its model
+/// size sets only where it has none, and no `task_dim` (a task list's follows the official
+/// rule).
+fn model_settings_in(file: &Path) -> std::result::Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
+    crate::config::refuse_deep_nesting(&text, &file.display().to_string())
+        .map_err(|e| e.to_string())?;
+    let run: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
+    let sized = run.get("model_size").is_some_and(|size| !size.is_null());
+    let mut settings = Vec::new();
+    for key in MODEL_SETTINGS {
+        let set_by_its_size = sized && PRESET_SETTINGS.contains(&key);
+        let Some(value) = run
+            .get(key)
+            .filter(|_| key != "task_dim" && !set_by_its_size)
+        else {
+            continue;
+        };
+        let text = match value {
+            serde_yaml_ng::Value::String(text) => text.clone(),
+            other => serde_yaml_ng::to_string(other)
+                .map_err(|e| e.to_string())?
+                .trim_end()
+                .to_owned(),
+        };
+        settings.push(format!("{key}={text}"));
+    }
+    Ok(settings)
+}
+
 /// The settings that build the model; those a model size sets are left out when it differs.
 const MODEL_SETTINGS: [&str; 13] = [
     "task",
@@ -105,7 +182,8 @@ fn settings_of_its_run(weights: &Path, config: &Config) -> String {
     match differ.is_empty() {
         true => format!(", as in its run's {}", file.display()),
         false => format!(
-            "; its run's {} differs in (trained with → given here): {}",
+            "; its run's {} differs in (trained with → given here): {} (left out, they are \
+             taken from it)",
             file.display(),
             differ
                 .iter()
@@ -113,5 +191,51 @@ fn settings_of_its_run(weights: &Path, config: &Config) -> String {
                 .collect::<Vec<_>>()
                 .join("; ")
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings_in(yaml: &str) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(RUN_CONFIG_FILE);
+        std::fs::write(&file, yaml).unwrap();
+        model_settings_in(&file).unwrap()
+    }
+
+    #[test]
+    fn a_runs_model_settings_are_those_its_size_does_not_set() {
+        let sized = "task: '[walker-run,cup-catch]'\nmodel_size: 5\nlatent_dim: 512\n\
+                     task_dim: 64\nnum_bins: 101\nepisodic: false\nlr: 0.0003\n";
+        assert_eq!(
+            settings_in(sized),
+            [
+                "task=[walker-run,cup-catch]",
+                "model_size=5",
+                "num_bins=101",
+                "episodic=false"
+            ]
+        );
+        let widths = "task: walker-run\nmodel_size: null\nlatent_dim: 96\nobs: rgb\n";
+        assert_eq!(
+            settings_in(widths),
+            [
+                "task=walker-run",
+                "obs=rgb",
+                "model_size=null",
+                "latent_dim=96"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_run_config_that_is_no_mapping_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(RUN_CONFIG_FILE);
+        std::fs::write(&file, "- a list\n").unwrap();
+        assert!(model_settings_in(&file).is_err());
+        assert!(model_settings_in(&dir.path().join("absent.yaml")).is_err());
     }
 }
