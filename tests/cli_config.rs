@@ -361,7 +361,10 @@ fn eval_and_collect_take_only_what_they_use() {
     for verb in ["eval", "collect"] {
         let help = String::from_utf8_lossy(&tdmpc2(&[verb, "--help"]).stdout).into_owned();
         assert!(help.contains("--config-name"), "{help}");
-        assert!(!help.contains("--multirun") && !help.contains("--jobs"), "{help}");
+        assert!(
+            !help.contains("--multirun") && !help.contains("--jobs"),
+            "{help}"
+        );
     }
     let e = rejected(&["eval", "-m", "seed=1,2"]);
     assert!(e.contains("unexpected argument '-m'"), "{e}");
@@ -660,6 +663,10 @@ fn bench_and_plot_options_are_bounded_naming_the_option() {
         ),
         // What no case could run with is refused before the first case (env) runs.
         (&["bench", "--model-sizes", "2"], "--model-sizes 2: allowed"),
+        (
+            &["bench", "--cases", "env", "--model-sizes", "5"],
+            "--model-sizes serves the agent, graphs and loop cases, and --cases env runs none",
+        ),
         (
             &["bench", "--cases", "env,agent", "--tasks", "foo"],
             "--tasks foo: allowed: walker-run, dog-run",

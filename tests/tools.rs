@@ -122,7 +122,8 @@ fn plot_draws_two_seeds_as_a_band_and_the_picture_follows_the_data() {
     ]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
-        text(&out).contains("DMControl simulator steps, 2 an agent step"),
+        text(&out).contains("DMControl simulator steps, 2 an agent step")
+            && text(&out).contains("the runs drawn trained on Pendulum-v1"),
         "{}",
         text(&out)
     );

@@ -36,7 +36,7 @@ pub struct BenchArgs {
     /// video: frames rendered at each size, and encoded.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
     pub video_frames: u64,
-    /// agent, graphs: model sizes to time (official presets: 1, 5, 19, 48, 317).
+    /// agent, graphs, loop: model sizes to time (official presets: 1, 5, 19, 48, 317).
     #[arg(long, value_delimiter = ',', default_value = "1,5")]
     pub model_sizes: Vec<u32>,
     /// agent, graphs: task dimensions to time (walker-run and/or dog-run).
@@ -45,13 +45,13 @@ pub struct BenchArgs {
     /// agent: environment counts of batched plans to time besides one (per-environment ms).
     #[arg(long, value_delimiter = ',', default_value = "4,16", value_parser = env_count)]
     pub plan_envs: Vec<usize>,
-    /// agent: torch threads (default: all cores).
+    /// agent, loop: torch threads (default: all cores).
     #[arg(long, value_parser = thread_count)]
     pub threads: Option<usize>,
-    /// agent: timed calls per plan and per update measurement (after one warm-up call).
+    /// agent, graphs: timed calls per plan and per update measurement (after one warm-up call).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub agent_repeats: u64,
-    /// agent: where to run the model.
+    /// agent, graphs, loop: where to run the model.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda", "auto"])]
     pub device: String,
     /// ddp: rank counts to measure; each rank gets cores / ranks threads.
@@ -181,6 +181,15 @@ fn loop_options(args: &BenchArgs) -> super::train_loop::LoopOptions {
 /// case's environment, made to check its task.
 fn check(args: &BenchArgs) -> Result<Option<Box<dyn envs::Env>>> {
     let runs = |case: &str| args.cases.iter().any(|c| c == case);
+    let given = <crate::cli::Cli as clap::CommandFactory>::command()
+        .try_get_matches_from(crate::cli::hydra_short_flags(std::env::args_os()));
+    if let Some(bench) = given
+        .as_ref()
+        .ok()
+        .and_then(|m| m.subcommand_matches("bench"))
+    {
+        refuse_options_of_cases_not_run(&args.cases, bench)?;
+    }
     if ["agent", "graphs", "loop"].into_iter().any(runs) {
         if let Some(size) = args.model_sizes.iter().find(|s| !MODEL_SIZES.contains(s)) {
             return Err(Error::Config(format!(
@@ -235,6 +244,45 @@ fn check(args: &BenchArgs) -> Result<Option<Box<dyn envs::Env>>> {
     }
 }
 
+/// The cases an option serves, as its help begins (`agent, graphs: ...`).
+fn cases_of(option: &clap::Arg) -> Vec<&'static str> {
+    let help = option
+        .get_help()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let named = help.split_once(':').map_or("", |(cases, _)| cases);
+    BENCH_CASES
+        .into_iter()
+        .filter(|case| named.split(',').any(|name| name.trim() == *case))
+        .collect()
+}
+
+/// An option given for cases that do not run would be ignored: refused, naming its cases.
+fn refuse_options_of_cases_not_run(cases: &[String], given: &clap::ArgMatches) -> Result<()> {
+    let command = <BenchArgs as clap::Args>::augment_args(clap::Command::new("bench"));
+    for option in command.get_arguments() {
+        let id = option.get_id().as_str();
+        let on_the_line = given.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        let served = cases_of(option);
+        if on_the_line && !served.is_empty() && !served.iter().any(|c| cases.iter().any(|r| r == c))
+        {
+            return Err(Error::Config(format!(
+                "--{} serves the {} case{}, and --cases {} runs none of them: add one to --cases, \
+                 or leave the option out",
+                option.get_long().unwrap_or(id),
+                match served.split_last() {
+                    Some((last, [])) => last.to_string(),
+                    Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                    None => String::new(),
+                },
+                if served.len() > 1 { "s" } else { "" },
+                cases.join(",")
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn ddp_options(args: &BenchArgs) -> super::ddp::DdpOptions {
     super::ddp::DdpOptions {
         ranks: args.ranks.clone(),
@@ -252,5 +300,53 @@ fn env_count(text: &str) -> std::result::Result<usize, String> {
     match count(text)? {
         n if n > most => Err(format!("at most {most} (num_envs's limit)")),
         n => Ok(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, Command};
+
+    fn bench() -> Command {
+        BenchArgs::augment_args(Command::new("bench"))
+    }
+
+    fn refusal(cases: &str, options: &[&str]) -> Option<String> {
+        let given = bench()
+            .try_get_matches_from([&["bench", "--cases", cases], options].concat())
+            .unwrap();
+        let cases: Vec<String> = cases.split(',').map(str::to_owned).collect();
+        refuse_options_of_cases_not_run(&cases, &given)
+            .err()
+            .map(|e| e.to_string())
+    }
+
+    #[test]
+    fn every_option_but_cases_names_the_cases_it_serves() {
+        for option in bench().get_arguments().filter(|o| o.get_id() != "cases") {
+            assert!(
+                !cases_of(option).is_empty(),
+                "--{}: its help names no case",
+                option.get_id()
+            );
+        }
+    }
+
+    #[test]
+    fn an_option_of_cases_that_do_not_run_is_refused() {
+        let e = refusal("env", &["--model-sizes", "5"]).unwrap();
+        assert!(
+            e.contains("--model-sizes serves the agent, graphs and loop cases, and --cases env"),
+            "{e}"
+        );
+        let e = refusal("env,agent", &["--ranks", "2"]).unwrap();
+        assert!(e.contains("--ranks serves the ddp case,"), "{e}");
+        assert_eq!(refusal("loop", &["--model-sizes", "5"]), None);
+        assert_eq!(
+            refusal("graphs,ddp", &["--device", "cpu", "--ranks", "2"]),
+            None
+        );
+        assert_eq!(refusal("env", &[]), None);
     }
 }

@@ -375,13 +375,17 @@ fn missing_or_io(dir: &Path, name: &str, e: std::io::Error) -> Error {
     let path = dir.join(name);
     match e.kind() {
         std::io::ErrorKind::NotFound => Error::Unreadable(format!(
-            "{} is incomplete: it has no {name} (a copy cut short, or a file removed); move it \
-             out of checkpoints/ and resume the one before, or copy it whole",
+            "{} is incomplete: it has no {name} (a copy cut short, or a file removed); \
+             {USE_ANOTHER}",
             dir.display()
         )),
         _ => Error::io(format!("read {}", path.display()), e),
     }
 }
+
+/// The way on from a checkpoint that is damaged or incomplete, for `resume`, `eval` and `export`.
+const USE_ANOTHER: &str = "give the checkpoint before it, or a whole copy of this one (a resume \
+                           takes the one before once this one is moved out of checkpoints/)";
 
 /// Compares each of `names` in `dir` with the hash `meta` recorded when it was saved.
 fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
@@ -400,8 +404,7 @@ fn verify_files(dir: &Path, meta: &Meta, names: &[&str]) -> Result<()> {
         if now != *saved {
             return Err(Error::Unreadable(format!(
                 "{} is damaged: its bytes do not match the hash recorded when it was saved \
-                 (crc32c {now:08x}, saved {saved:08x}); move it out of checkpoints/ and resume \
-                 the one before (or resume that one into another run_dir)",
+                 (crc32c {now:08x}, saved {saved:08x}); {USE_ANOTHER}",
                 path.display()
             )));
         }

@@ -213,18 +213,20 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
             path.display()
         ))
     })?;
+    // As a spreadsheet may save it too: a byte-order mark, and cells in quotes.
+    let cells = |line: &'_ str| -> Vec<String> {
+        line.split(',')
+            .map(|cell| cell.trim().trim_matches('"').trim().to_owned())
+            .collect()
+    };
+    let text = text.trim_start_matches('\u{feff}');
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<&str> = lines
-        .next()
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .collect();
+    let header = cells(lines.next().unwrap_or_default());
     let column = |name: &str| {
-        header.iter().position(|h| *h == name).ok_or_else(|| {
+        header.iter().position(|h| h == name).ok_or_else(|| {
             let other = ["reward", "success"]
                 .into_iter()
-                .find(|o| *o != name && header.contains(o))
+                .find(|o| *o != name && header.iter().any(|h| h == o))
                 .map(|o| format!("; it holds {o}: --metric episode_{o}"))
                 .unwrap_or_default();
             Error::Config(format!(
@@ -238,13 +240,16 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
     let (step, value) = (column("step")?, column(wanted)?);
     let mut samples = Vec::new();
     for (i, line) in lines.enumerate() {
-        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let cells = cells(line);
         let number = |c: usize| cells.get(c).and_then(|s| s.parse::<f64>().ok());
         match (number(step), number(value)) {
-            (Some(s), Some(v)) if s.is_finite() && v.is_finite() => samples.push((s, v)),
+            (Some(s), Some(v)) if s >= 0.0 && s.is_finite() && v.is_finite() => {
+                samples.push((s, v))
+            }
             _ => {
                 return Err(Error::Config(format!(
-                    "--reference {} line {}: step and {wanted} must be numbers, got '{line}'",
+                    "--reference {} line {}: step must be a number >= 0 and {wanted} a number, \
+                     got '{line}'",
                     path.display(),
                     i + 2
                 )))
@@ -381,6 +386,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 2"), "{e}");
+        std::fs::write(&bad, "step,reward\n0,1\n-5,2\n").unwrap();
+        let e = read_reference(&bad, "episode_reward")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 3: step must be a number >= 0"), "{e}");
+        // As a spreadsheet saves it.
+        let quoted = dir.path().join("quoted.csv");
+        std::fs::write(&quoted, "\u{feff}\"step\",\"reward\"\r\n\"0\",\"5.5\"\r\n").unwrap();
+        assert_eq!(
+            read_reference(&quoted, "episode_reward").unwrap(),
+            [(0.0, 5.5)]
+        );
     }
 
     #[test]

@@ -328,6 +328,29 @@ fn reference_action_repeat(stem: &str) -> usize {
     }
 }
 
+/// An official file of another task than the runs' is said: a comparison across tasks is
+/// seldom what was meant.
+fn note_another_task(stem: &str, runs: &[PathBuf]) {
+    if envs::Family::of(stem).is_none() {
+        return;
+    }
+    let tasks: std::collections::BTreeSet<String> = runs
+        .iter()
+        .filter_map(|run| {
+            let config = curves::config_without_seed(run)?;
+            config.get("task")?.as_str().map(str::to_owned)
+        })
+        .collect();
+    let named = |task: &String| task.rsplit(':').next() == Some(stem);
+    if !tasks.is_empty() && !tasks.iter().any(named) {
+        errln!(
+            "note: --reference {stem} holds the official results of task {stem}; the runs drawn \
+             trained on {}",
+            tasks.into_iter().collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
 fn default_title(args: &PlotArgs) -> String {
     let task = args.runs.iter().find_map(|run| {
         let config = curves::config_without_seed(run)?;
@@ -429,6 +452,7 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
             .reduce(f64::max);
         let stem = reference.file_stem().unwrap_or_default().to_string_lossy();
         let repeat = reference_action_repeat(&stem);
+        note_another_task(&stem, &args.runs);
         let in_agent_steps = curves::read_reference(reference, &args.metric)?
             .into_iter()
             .map(|(step, value)| (step / repeat as f64, value))
@@ -556,7 +580,12 @@ fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
                     .collect::<Vec<_>>()
                     .join(" "),
                 _ if group.len() > 1 => {
-                    short_name(&common_ancestor(group.iter().map(|&i| runs[i].as_path())))
+                    let common = common_ancestor(group.iter().map(|&i| runs[i].as_path()));
+                    match common.file_name() {
+                        Some(_) => short_name(&common),
+                        // Seeds with no folder of their own in common: the first, and more.
+                        None => format!("{}, …", short_name(&runs[group[0]])),
+                    }
                 }
                 _ => short_name(&runs[group[0]]),
             };
@@ -594,8 +623,15 @@ fn short_name(run: &Path) -> String {
     } else {
         run
     };
+    // `.`, `..` (or a file in the working directory): the folder they are.
+    let run = match run.file_name() {
+        Some(_) => run.to_path_buf(),
+        None if run.as_os_str().is_empty() => Path::new(".").canonicalize().unwrap_or_default(),
+        None => run.canonicalize().unwrap_or_else(|_| run.to_path_buf()),
+    };
     let parts: Vec<_> = run
         .components()
+        .filter(|c| matches!(c, std::path::Component::Normal(_)))
         .rev()
         .take(2)
         .map(|c| c.as_os_str().to_string_lossy().into_owned())
@@ -603,7 +639,6 @@ fn short_name(run: &Path) -> String {
     parts.into_iter().rev().collect::<Vec<_>>().join("/")
 }
 
-/// Tableau's ten colours: distinct, and readable on white.
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -674,6 +709,15 @@ mod tests {
             ["<tmp>/sweep (2 seeds)"
                 .replace("<tmp>", &dir.path().file_name().unwrap().to_string_lossy())]
         );
+        // Seeds given as relative paths with no folder in common are named by the first.
+        let apart = [PathBuf::from("a/1"), PathBuf::from("b/2")];
+        assert_eq!(group_labels(&apart, seeds), ["a/1, … (2 seeds)"]);
+        let apart = [PathBuf::from("/a"), PathBuf::from("/b")];
+        assert_eq!(group_labels(&apart, seeds), ["a, … (2 seeds)"]);
+        let here = std::env::current_dir().unwrap();
+        let named = |path: &Path| path.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(short_name(Path::new(".")).ends_with(&named(&here)));
+        assert!(short_name(Path::new("..")).ends_with(&named(here.parent().unwrap())));
     }
 
     #[test]
