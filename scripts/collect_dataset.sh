@@ -3,8 +3,9 @@
 # training with `tdmpc2 train data_dir=OUT_DIR`:
 #   scripts/collect_dataset.sh OUT_DIR EPISODES [key=value ...]
 #   scripts/collect_dataset.sh data/mine 300 "task=[walker-run,cup-catch]" checkpoint=runs/.../1
-# Without checkpoint=, the episodes play uniform random actions. The agent's settings (task,
-# model_size, ...) must be those it was trained with. Sets everything up on first use.
+# Without checkpoint=, the episodes play uniform random actions. A checkpoint a run saved is
+# played with the task and model settings of its run's config.yaml, unless given here. Sets
+# everything up on first use.
 # Environment: TDMPC2_BIN (default: the release build's tdmpc2; given, setup is skipped).
 set -euo pipefail
 usage="usage: $0 OUT_DIR EPISODES [key=value ...]"

@@ -257,6 +257,7 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Export { input, output } => {
             let model = crate::checkpoint::model_file(&input)?;
+            crate::checkpoint::say_which_weights(&input, &model);
             crate::checkpoint::verify_model(&model)?;
             let written = crate::agent::export_official(&model, &output)?;
             outln!(

@@ -194,7 +194,11 @@ const CHECKPOINTS: &str = "checkpoints";
 /// The run directory that saved a weights file (`<run>/checkpoints/step_<N>/model.safetensors`);
 /// None for a file elsewhere (an imported one).
 pub fn run_of_model(model: &Path) -> Option<PathBuf> {
-    let model = std::path::absolute(model).ok()?;
+    // `..` and links resolved: `step_N/../step_N/model.safetensors` is in checkpoints/ too.
+    let model = model
+        .canonicalize()
+        .or_else(|_| std::path::absolute(model))
+        .ok()?;
     let checkpoint = model.parent()?;
     let checkpoints = checkpoint.parent()?;
     let saved_by_a_run = model.file_name() == Some(MODEL.as_ref())
@@ -225,11 +229,6 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let in_checkpoint = dir.join(MODEL).is_file() && dir.join(META).is_file();
         if in_checkpoint && path.file_name() != Some(MODEL.as_ref()) {
-            errln!(
-                "checkpoint={}: taking the weights of its checkpoint, {}",
-                path.display(),
-                dir.join(MODEL).display()
-            );
             return Ok(dir.join(MODEL));
         }
         let torch_file = path
@@ -260,6 +259,17 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
             "checkpoint={}: no such file, and no checkpoint directory there",
             path.display()
         ))),
+    }
+}
+
+/// Says which weights file a file of a checkpoint named (`model_file` of its `meta.json`).
+pub fn say_which_weights(named: &Path, weights: &Path) {
+    if named.is_file() && named != weights {
+        errln!(
+            "checkpoint={}: taking the weights of its checkpoint, {}",
+            named.display(),
+            weights.display()
+        );
     }
 }
 
@@ -418,6 +428,26 @@ mod tests {
     use crate::agent::AdamState;
     use crate::config::Source;
     use crate::ddp::ProcessGroup;
+
+    #[test]
+    fn a_runs_weights_are_known_by_any_path_to_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().canonicalize().unwrap().join("run");
+        let step = checkpoints_dir(&run).join("step_000000000400");
+        std::fs::create_dir_all(&step).unwrap();
+        std::fs::write(step.join(MODEL), b"").unwrap();
+        let roundabout = step.join("..").join("step_000000000400").join(MODEL);
+        for model in [step.join(MODEL), roundabout] {
+            assert_eq!(
+                run_of_model(&model),
+                Some(run.clone()),
+                "{}",
+                model.display()
+            );
+        }
+        std::fs::write(run.join(MODEL), b"").unwrap();
+        assert_eq!(run_of_model(&run.join(MODEL)), None);
+    }
 
     /// A meta.json edited into what no save writes (no ranks, checksums of another world size,
     /// the file hashes gone, which would skip their check) is refused.

@@ -27,15 +27,6 @@ pub const MAX_WORLD_SIZE: usize = 1 << 16;
 /// The most environments a rank may play (`num_envs`).
 pub const MAX_NUM_ENVS: usize = 4096;
 
-/// The settings a [`Preset`] sets, by name.
-pub const PRESET_SETTINGS: [&str; 5] = [
-    "enc_dim",
-    "mlp_dim",
-    "latent_dim",
-    "num_enc_layers",
-    "num_q",
-];
-
 /// The widths a model-size preset sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Preset {

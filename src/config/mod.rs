@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 
 pub use defaults::{
     DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_NUM_ENVS, MAX_WORLD_SIZE,
-    MODEL_SIZES, PRESET_SETTINGS,
+    MODEL_SIZES,
 };
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;

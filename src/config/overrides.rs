@@ -186,8 +186,9 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     }
     if has_top_level_comma(raw) {
         return Err(Error::Config(format!(
-            "'{arg}': commas separate values to sweep; add --multirun (-m) to run one job per \
-             value, write a list as {key}=[a,b], or quote one value ({key}='a,b')"
+            "'{arg}': commas separate values to sweep (`tdmpc2 train`: add --multirun (-m) to \
+             run one job per value); write a list as {key}=[a,b], or quote one value \
+             ({key}='a,b')"
         )));
     }
     // `key=` is the empty string, as in hydra (null is `key=null`): a path left empty by an

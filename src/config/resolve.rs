@@ -18,19 +18,7 @@ impl Config {
     /// from the task: dimensions, episode length, discount, seed steps, planning iterations.
     pub fn resolve(&mut self, spec: &envs::EnvSpec) -> Result<()> {
         let obs = self.obs_kind()?;
-        if let Some(p) = self.model_size.and_then(preset) {
-            self.enc_dim = p.enc_dim;
-            self.mlp_dim = p.mlp_dim;
-            // With pixels the latent is the convolutional encoder's flattened output, whatever
-            // the size.
-            if obs == envs::ObsKind::State {
-                self.latent_dim = p.latent_dim;
-            }
-            self.num_enc_layers = p.num_enc_layers;
-            if let Some(num_q) = p.num_q {
-                self.num_q = num_q;
-            }
-        }
+        self.apply_model_size()?;
         let length = spec.episode_length;
         // An explicit discount or seed_steps (e.g. from a saved resolved config) is kept.
         let discount = self.discount_for(length);
@@ -74,6 +62,30 @@ impl Config {
                 self.check_episode_fits(length)
             }
         }
+    }
+
+    /// The widths the model-size preset sets, over those given (as the official parser).
+    /// Returns the settings it set.
+    pub fn apply_model_size(&mut self) -> Result<Vec<&'static str>> {
+        let obs = self.obs_kind()?;
+        let Some(p) = self.model_size.and_then(preset) else {
+            return Ok(Vec::new());
+        };
+        self.enc_dim = p.enc_dim;
+        self.mlp_dim = p.mlp_dim;
+        self.num_enc_layers = p.num_enc_layers;
+        let mut set = vec!["enc_dim", "mlp_dim", "num_enc_layers"];
+        // With pixels the latent is the convolutional encoder's flattened output, whatever the
+        // size.
+        if obs == envs::ObsKind::State {
+            self.latent_dim = p.latent_dim;
+            set.push("latent_dim");
+        }
+        if let Some(num_q) = p.num_q {
+            self.num_q = num_q;
+            set.push("num_q");
+        }
+        Ok(set)
     }
 
     /// Whether the run trains on a dataset (`data_dir`) instead of its own experience.

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::actor::Policy;
 use crate::agent::{AgentConfig, TorchNoise};
-use crate::config::{Config, Source, PRESET_SETTINGS, RUN_CONFIG_FILE};
+use crate::config::{Config, Source, RUN_CONFIG_FILE};
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
@@ -19,6 +19,7 @@ pub fn build(
     let weights = match checkpoint {
         Some(path) => {
             let weights = crate::checkpoint::model_file(Path::new(path))?;
+            crate::checkpoint::say_which_weights(Path::new(path), &weights);
             crate::checkpoint::verify_model(&weights)?;
             // Another task with the same sizes loads (a transfer, or a mistake): say so. Lists
             // compare as lists (mt30 is its thirty tasks).
@@ -60,6 +61,7 @@ pub fn build(
             )),
             other => other.into(),
         })?;
+        note_planning_otherwise(&weights, config);
     }
     Ok(policy)
 }
@@ -95,12 +97,7 @@ pub fn with_settings_of_its_run(source: Source, verb: &str) -> Result<Source> {
             file.display()
         ))
     })?;
-    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
-    let taken_here: Vec<String> =
-        crate::config::changed_settings(&own.to_yaml()?, &taken.to_yaml()?)
-            .into_iter()
-            .filter(|change| MODEL_SETTINGS.contains(&key(change).as_str()))
-            .collect();
+    let taken_here = model_changes(&own, &taken)?;
     if !taken_here.is_empty() {
         errln!(
             "{verb}: the model is built as in its run's {} (this command's → the run's): {}",
@@ -111,22 +108,16 @@ pub fn with_settings_of_its_run(source: Source, verb: &str) -> Result<Source> {
     Ok(with)
 }
 
-/// The model settings a run's `config.yaml` holds, as `key=value` overrides: those its model
-/// size sets only where it has none, and no `task_dim` (a task list's follows the official
-/// rule).
+/// The model settings a run's `config.yaml` holds, as `key=value` overrides, `task_dim` aside
+/// (a task list's follows the official rule).
 fn model_settings_in(file: &Path) -> std::result::Result<Vec<String>, String> {
     let text = std::fs::read_to_string(file).map_err(|e| e.to_string())?;
     crate::config::refuse_deep_nesting(&text, &file.display().to_string())
         .map_err(|e| e.to_string())?;
     let run: serde_yaml_ng::Mapping = serde_yaml_ng::from_str(&text).map_err(|e| e.to_string())?;
-    let sized = run.get("model_size").is_some_and(|size| !size.is_null());
     let mut settings = Vec::new();
-    for key in MODEL_SETTINGS {
-        let set_by_its_size = sized && PRESET_SETTINGS.contains(&key);
-        let Some(value) = run
-            .get(key)
-            .filter(|_| key != "task_dim" && !set_by_its_size)
-        else {
+    for key in MODEL_SETTINGS.into_iter().filter(|key| *key != "task_dim") {
+        let Some(value) = run.get(key) else {
             continue;
         };
         let text = match value {
@@ -141,8 +132,8 @@ fn model_settings_in(file: &Path) -> std::result::Result<Vec<String>, String> {
     Ok(settings)
 }
 
-/// The settings that build the model; those a model size sets are left out when it differs.
-const MODEL_SETTINGS: [&str; 13] = [
+/// The settings that build the model, or change what it computes.
+const MODEL_SETTINGS: [&str; 17] = [
     "task",
     "obs",
     "model_size",
@@ -153,10 +144,71 @@ const MODEL_SETTINGS: [&str; 13] = [
     "num_q",
     "num_channels",
     "num_bins",
+    "vmin",
+    "vmax",
     "simnorm_dim",
+    "log_std_min",
+    "log_std_max",
     "task_dim",
     "episodic",
 ];
+
+/// The settings of the planner, which this command's own choose.
+const PLANNING_SETTINGS: [&str; 10] = [
+    "mpc",
+    "iterations",
+    "num_samples",
+    "num_elites",
+    "num_pi_trajs",
+    "horizon",
+    "min_std",
+    "max_std",
+    "temperature",
+    "discount",
+];
+
+/// The changes from one config (YAML) to another in the settings of `keys`.
+fn changes_in(keys: &[&str], from: &str, to: &str) -> Vec<String> {
+    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
+    crate::config::changed_settings(from, to)
+        .into_iter()
+        .filter(|change| keys.contains(&key(change).as_str()))
+        .collect()
+}
+
+/// The changes from one config to another in the settings of the model, as it is built: the
+/// widths that the model size of `to` sets are left out (its `model_size` says them).
+fn model_changes(from: &Config, to: &Config) -> Result<Vec<String>> {
+    let (mut from, mut to) = (from.clone(), to.clone());
+    from.apply_model_size()?;
+    let set_by_its_size = to.apply_model_size()?;
+    let changes = changes_in(&MODEL_SETTINGS, &from.to_yaml()?, &to.to_yaml()?);
+    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
+    Ok(changes
+        .into_iter()
+        .filter(|change| !set_by_its_size.contains(&key(change).as_str()))
+        .collect())
+}
+
+/// The planner's settings (resolved, as a run saves them) where this command's differ from
+/// those of the run that saved `weights`: the returns it reports are not the run's otherwise.
+fn note_planning_otherwise(weights: &Path, config: &Config) {
+    let Some(file) = crate::checkpoint::run_of_model(weights).map(|run| run.join(RUN_CONFIG_FILE))
+    else {
+        return;
+    };
+    let (Ok(theirs), Ok(ours)) = (std::fs::read_to_string(&file), config.to_yaml()) else {
+        return;
+    };
+    let changes = changes_in(&PLANNING_SETTINGS, &theirs, &ours);
+    if !changes.is_empty() {
+        errln!(
+            "note: planning otherwise than the checkpoint's run (its {} → here): {}",
+            file.display(),
+            changes.join("; ")
+        );
+    }
+}
 
 /// What the run that saved `weights` built its model with and this command sets otherwise,
 /// from the run's `config.yaml`: the settings to give.
@@ -167,29 +219,25 @@ fn settings_of_its_run(weights: &Path, config: &Config) -> String {
     else {
         return unnamed;
     };
-    let (Ok(theirs), Ok(ours)) = (std::fs::read_to_string(&file), config.to_yaml()) else {
+    // Laid over the defaults, as a config file: a file of an older version lacks fields.
+    let theirs = file.parent().and_then(|run| {
+        Config::load(&Source {
+            config_path: Some(run.to_path_buf()),
+            config_name: Some(RUN_CONFIG_FILE.into()),
+            ..Source::default()
+        })
+        .ok()
+    });
+    let Some(differ) = theirs.and_then(|theirs| model_changes(&theirs, config).ok()) else {
         return unnamed;
     };
-    let changes = crate::config::changed_settings(&theirs, &ours);
-    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
-    let sized = changes.iter().any(|change| key(change) == "model_size");
-    let preset = crate::config::PRESET_SETTINGS;
-    let differ: Vec<&String> = changes
-        .iter()
-        .filter(|change| MODEL_SETTINGS.contains(&key(change).as_str()))
-        .filter(|change| !(sized && preset.contains(&key(change).as_str())))
-        .collect();
     match differ.is_empty() {
         true => format!(", as in its run's {}", file.display()),
         false => format!(
-            "; its run's {} differs in (trained with → given here): {} (left out, they are \
-             taken from it)",
+            "; its run's {} differs in (trained with → given here): {} (the run's are taken \
+             where neither the command line nor a --config-name file sets them)",
             file.display(),
-            differ
-                .iter()
-                .map(|change| change.as_str())
-                .collect::<Vec<_>>()
-                .join("; ")
+            differ.join("; ")
         ),
     }
 }
@@ -206,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn a_runs_model_settings_are_those_its_size_does_not_set() {
+    fn a_runs_model_settings_are_taken_but_its_task_dim() {
         let sized = "task: '[walker-run,cup-catch]'\nmodel_size: 5\nlatent_dim: 512\n\
                      task_dim: 64\nnum_bins: 101\nepisodic: false\nlr: 0.0003\n";
         assert_eq!(
@@ -214,6 +262,7 @@ mod tests {
             [
                 "task=[walker-run,cup-catch]",
                 "model_size=5",
+                "latent_dim=512",
                 "num_bins=101",
                 "episodic=false"
             ]
