@@ -745,21 +745,29 @@ fn a_stopped_dataset_bench_leaves_no_files() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let dataset = tmp
-        .path()
-        .join(format!("tdmpc2-bench-dataset-{}", bench.id()));
+    // tdmpc2-bench-dataset-<pid>-<nanos>
+    let prefix = format!("tdmpc2-bench-dataset-{}-", bench.id());
+    let folder = || {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .find(|entry| entry.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|entry| entry.path())
+    };
     let started = std::time::Instant::now();
-    while !dataset.join("chunk_0.pt").exists() && started.elapsed().as_secs() < 120 {
+    let writing = || folder().is_some_and(|dataset| dataset.join("chunk_0.pt").exists());
+    while !writing() && started.elapsed().as_secs() < 120 {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let writing = dataset.join("chunk_0.pt").exists();
+    let dataset = folder();
+    let writing = writing();
     // SAFETY: SIGTERM to this test's own child.
     unsafe { libc::kill(bench.id() as libc::pid_t, libc::SIGTERM) };
     let out = bench.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(writing, "the bench wrote its first file: {stderr}");
     assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(!dataset.exists(), "{} left behind", dataset.display());
+    assert!(!dataset.unwrap().exists(), "{prefix}… left behind");
 }
 
 /// Several tasks resolve against each task's environment (padded observations, each task's

@@ -44,8 +44,8 @@ fn cases() -> [BufferCase; 3] {
 /// The peak memory saving `buffer` to a file and reading it back add, with torch's writer and
 /// reader and with ours (each from the memory resident before it).
 fn save_and_restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<[Value; 2]> {
-    let dir = tempfile_dir()?;
-    let path = dir.join("buffer.safetensors");
+    let dir = super::scratch::Scratch::new("buffer")?;
+    let path = dir.path().join("buffer.safetensors");
     let peak_added = |work: &dyn Fn() -> Result<Vec<(String, Tensor)>>| -> Result<f64> {
         crate::memory::reset_peak()?;
         let before = crate::memory::resident_bytes()?;
@@ -67,7 +67,7 @@ fn save_and_restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<[Value; 2
         peak_added(&|| Ok(Tensor::read_safetensors(&path)?))?,
         peak_added(&|| crate::checkpoint::tensor_file::read(&path))?,
     ];
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let line = |case: &str, [torch, ours]: [f64; 2]| {
         json!({
             "case": case, "layout": name, "file_bytes": file_bytes,
@@ -80,14 +80,6 @@ fn save_and_restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<[Value; 2
         line("buffer save", writers),
         line("buffer restore", readers),
     ])
-}
-
-/// A fresh folder for the bench's files under the system's temporary folder.
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("tdmpc2-bench-buffer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| crate::error::Error::io("create a bench folder", e))?;
-    Ok(dir)
 }
 
 /// Refuses `rows` whose largest buffer the machine could not hold, naming the option, before

@@ -181,14 +181,13 @@ fn loop_options(args: &BenchArgs) -> super::train_loop::LoopOptions {
 /// case's environment, made to check its task.
 fn check(args: &BenchArgs) -> Result<Option<Box<dyn envs::Env>>> {
     let runs = |case: &str| args.cases.iter().any(|c| c == case);
-    let given = <crate::cli::Cli as clap::CommandFactory>::command()
-        .try_get_matches_from(crate::cli::hydra_short_flags(std::env::args_os()));
-    if let Some(bench) = given
-        .as_ref()
-        .ok()
-        .and_then(|m| m.subcommand_matches("bench"))
-    {
-        refuse_options_of_cases_not_run(&args.cases, bench)?;
+    // `tdmpc2 bench ...`: what was given (not a default) is known only from the matches.
+    let mut line = std::env::args_os().skip(1).peekable();
+    if line.peek().is_some_and(|verb| verb == "bench") {
+        let bench = <BenchArgs as clap::Args>::augment_args(clap::Command::new("bench"));
+        if let Ok(given) = bench.try_get_matches_from(line) {
+            refuse_options_of_cases_not_run(&args.cases, &given)?;
+        }
     }
     if ["agent", "graphs", "loop"].into_iter().any(runs) {
         if let Some(size) = args.model_sizes.iter().find(|s| !MODEL_SIZES.contains(s)) {

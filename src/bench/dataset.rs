@@ -23,16 +23,10 @@ const BATCHES: usize = 500;
 /// Writes the dataset under the temporary directory, measures, and removes it, also when
 /// stopped (Ctrl-C or SIGTERM, seen between episodes written and batches read).
 pub fn run(megabytes: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
-    let dir = dataset_dir();
     refuse_what_does_not_fit(megabytes)?;
     let _handlers = crate::trainer::stop::install_handlers_for_now();
-    let result = measure(&dir, megabytes, print);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn dataset_dir() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("tdmpc2-bench-dataset-{}", std::process::id()))
+    let dir = super::scratch::Scratch::new("dataset")?;
+    measure(dir.path(), megabytes, print)
 }
 
 /// A dataset larger than the temporary directory's disk can hold, or than memory (the
@@ -40,7 +34,7 @@ fn dataset_dir() -> std::path::PathBuf {
 pub(super) fn refuse_what_does_not_fit(megabytes: usize) -> Result<()> {
     let bytes = megabytes as f64 * 1e6;
     let room = [
-        crate::checkpoint::disk::free_bytes(&dataset_dir())
+        crate::checkpoint::disk::free_bytes(&std::env::temp_dir())
             .ok()
             .map(|(at, free)| (free as f64, format!("{} has", at.display()))),
         crate::memory::available_bytes().ok().map(|free| {

@@ -8,6 +8,7 @@ pub mod ddp;
 pub mod env;
 pub mod graphs;
 pub mod op_count;
+mod scratch;
 pub mod train_loop;
 pub mod video;
 

@@ -158,7 +158,7 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
     for &size in &options.model_sizes {
         let mut baseline = None;
         for (num_envs, pipeline, compile) in cases(options) {
-            let dir = tempfile_dir()?;
+            let dir = super::scratch::Scratch::new("loop")?;
             let mut command = Command::new(&program);
             command
                 .arg("train")
@@ -170,9 +170,9 @@ pub fn run(options: &LoopOptions, print: &mut dyn FnMut(&Value)) -> Result<()> {
                     pipeline,
                     compile,
                 ))
-                .arg(format!("run_dir={}", dir.display()));
+                .arg(format!("run_dir={}", dir.path().display()));
             let ran = run_case(command);
-            let _ = std::fs::remove_dir_all(&dir);
+            drop(dir);
             if crate::trainer::stop::requested_here() {
                 return Err(Error::Stopped(
                     "bench stopped (Ctrl-C or SIGTERM); its run directory was removed".into(),
@@ -310,18 +310,6 @@ fn cases(options: &LoopOptions) -> Vec<(usize, bool, bool)> {
         }
     }
     cases
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "tdmpc2-bench-loop-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| Error::io("create a bench run directory", e))?;
-    Ok(dir)
 }
 
 #[cfg(test)]

@@ -56,12 +56,12 @@ pub fn run(
             "baseline": size == envs::FRAME_SIZE,
         }));
     }
-    let dir = tempfile_dir()?;
-    let path = dir.join("bench.gif");
+    let dir = super::scratch::Scratch::new("video")?;
+    let path = dir.path().join("bench.gif");
     let start = Instant::now();
     let bytes = write_video(&path, &video)?.len();
     let seconds = start.elapsed().as_secs_f64();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let raw = video.len() * envs::VIDEO_SIZE * envs::VIDEO_SIZE * 3;
     print(&json!({
         "case": "video", "what": "encode gif", "task": task, "size": envs::VIDEO_SIZE,
@@ -73,11 +73,4 @@ pub fn run(
         "mb_per_episode": bytes as f64 / video.len() as f64 * episode as f64 / 1e6,
     }));
     Ok(())
-}
-
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("tdmpc2-bench-video-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| crate::error::Error::io(format!("create {}", dir.display()), e))?;
-    Ok(dir)
 }
