@@ -158,7 +158,7 @@ pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsStri
 fn playing_source(args: &SettingsArgs, verb: &str) -> Result<Source> {
     let source = args.source();
     source.refuse_derived_settings()?;
-    crate::tools::playing_policy::with_settings_of_its_run(source, verb)
+    crate::tools::run_settings::taken_beneath(source, verb)
 }
 
 /// The configuration of a training run, validated and resolved against the task's environment:

@@ -819,7 +819,7 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     // The settings that built the model come from its run: neither task nor size given again.
     let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(["eval", "eval_episodes=1", "iterations=1", "num_samples=32"])
-        .args(["num_elites=4", "num_pi_trajs=2", "horizon=2"])
+        .args(["num_elites=4", "num_pi_trajs=2", "horizon=2", "vmax=20"])
         .arg(format!("checkpoint={}", dir.path().display()))
         .output()
         .unwrap();
@@ -831,10 +831,12 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
             && !stderr.contains("latent_dim"),
         "{stderr}"
     );
-    // The planner is this command's, said where it is not the run's.
+    // The planner is this command's, said where it is not the run's; so is a setting that
+    // changes what the model computes but no shape.
     assert!(
-        stderr.contains("note: planning otherwise than the checkpoint's run")
-            && stderr.contains("horizon: 3 → 2"),
+        stderr.contains("note: playing otherwise than the checkpoint's run")
+            && stderr.contains("horizon: 3 → 2")
+            && stderr.contains("vmax: 10.0 → 20.0"),
         "{stderr}"
     );
     let stdout = String::from_utf8_lossy(&out.stdout);

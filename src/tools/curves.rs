@@ -213,15 +213,20 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
             path.display()
         ))
     })?;
-    // As a spreadsheet may save it too: a byte-order mark, and cells in quotes.
-    let cells = |line: &'_ str| -> Vec<String> {
-        line.split(',')
-            .map(|cell| cell.trim().trim_matches('"').trim().to_owned())
-            .collect()
-    };
+    // As a spreadsheet may save it too: a byte-order mark, cells in quotes, rows left empty.
     let text = text.trim_start_matches('\u{feff}');
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header = cells(lines.next().unwrap_or_default());
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .map(|(i, line)| (i + 1, line, csv_cells(line)))
+        .filter(|(_, _, cells)| cells.iter().any(|cell| !cell.is_empty()));
+    let Some((_, _, header)) = lines.next() else {
+        return Err(Error::Config(format!(
+            "--reference {} is empty; give an official results CSV (columns step, seed and \
+             reward or success)",
+            path.display()
+        )));
+    };
     let column = |name: &str| {
         header.iter().position(|h| h == name).ok_or_else(|| {
             let other = ["reward", "success"]
@@ -239,8 +244,7 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
     };
     let (step, value) = (column("step")?, column(wanted)?);
     let mut samples = Vec::new();
-    for (i, line) in lines.enumerate() {
-        let cells = cells(line);
+    for (number_of_line, line, cells) in lines {
         let number = |c: usize| cells.get(c).and_then(|s| s.parse::<f64>().ok());
         match (number(step), number(value)) {
             (Some(s), Some(v)) if s >= 0.0 && s.is_finite() && v.is_finite() => {
@@ -251,7 +255,7 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
                     "--reference {} line {}: step must be a number >= 0 and {wanted} a number, \
                      got '{line}'",
                     path.display(),
-                    i + 2
+                    number_of_line
                 )))
             }
         }
@@ -263,6 +267,27 @@ pub fn read_reference(path: &Path, metric: &str) -> Result<Vec<(f64, f64)>> {
         )));
     }
     Ok(samples)
+}
+
+/// The cells of a CSV line, trimmed: a cell in double quotes may hold commas, and `""` in it is
+/// a quote.
+fn csv_cells(line: &str) -> Vec<String> {
+    let mut cells = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        let cell = cells.last_mut().expect("one cell at least");
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                chars.next();
+                cell.push('"');
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => cells.push(String::new()),
+            c => cell.push(c),
+        }
+    }
+    cells.iter().map(|cell| cell.trim().to_owned()).collect()
 }
 
 /// The reference's samples (step, value) over the runs' steps: up to the first of its steps at
@@ -391,7 +416,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("line 3: step must be a number >= 0"), "{e}");
-        // As a spreadsheet saves it.
+        std::fs::write(&bad, "step,reward\n\n0,1\nx,2\n").unwrap();
+        let e = read_reference(&bad, "episode_reward")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 4:"), "{e}");
+        for empty in ["", "\u{feff}", "\n,,\n"] {
+            std::fs::write(&bad, empty).unwrap();
+            let e = read_reference(&bad, "episode_reward")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is empty"), "{e}");
+        }
+        // As a spreadsheet saves it: a note with a comma and quotes, and rows left empty.
+        let noted = dir.path().join("noted.csv");
+        let row = r#"1,"x, ""y""",100,5"#;
+        std::fs::write(&noted, format!("seed,note,step,reward\n{row}\n,,,\n")).unwrap();
+        assert_eq!(
+            read_reference(&noted, "episode_reward").unwrap(),
+            [(100.0, 5.0)]
+        );
+        assert_eq!(csv_cells(row), ["1", r#"x, "y""#, "100", "5"]);
         let quoted = dir.path().join("quoted.csv");
         std::fs::write(&quoted, "\u{feff}\"step\",\"reward\"\r\n\"0\",\"5.5\"\r\n").unwrap();
         assert_eq!(

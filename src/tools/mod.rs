@@ -5,4 +5,5 @@ pub mod curves;
 pub mod doctor;
 pub mod playing_policy;
 pub mod plot;
+pub mod run_settings;
 pub mod sweep;

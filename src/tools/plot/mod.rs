@@ -580,7 +580,14 @@ fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<String> {
                     .collect::<Vec<_>>()
                     .join(" "),
                 _ if group.len() > 1 => {
-                    let common = common_ancestor(group.iter().map(|&i| runs[i].as_path()));
+                    // As the folders are: `1 2` given in their sweep's folder, or `../1`.
+                    let whole = |run: &PathBuf| {
+                        run.canonicalize()
+                            .or_else(|_| std::path::absolute(run))
+                            .unwrap_or_else(|_| run.clone())
+                    };
+                    let folders: Vec<PathBuf> = group.iter().map(|&i| whole(&runs[i])).collect();
+                    let common = common_ancestor(folders.iter().map(PathBuf::as_path));
                     match common.file_name() {
                         Some(_) => short_name(&common),
                         // Seeds with no folder of their own in common: the first, and more.
@@ -709,9 +716,10 @@ mod tests {
             ["<tmp>/sweep (2 seeds)"
                 .replace("<tmp>", &dir.path().file_name().unwrap().to_string_lossy())]
         );
-        // Seeds given as relative paths with no folder in common are named by the first.
-        let apart = [PathBuf::from("a/1"), PathBuf::from("b/2")];
-        assert_eq!(group_labels(&apart, seeds), ["a/1, … (2 seeds)"]);
+        // A folder spelled through `..` is the folder it is.
+        let roundabout = [runs[0].clone(), runs[0].join("..").join("b")];
+        assert_eq!(group_labels(&roundabout, seeds), group_labels(&runs, seeds));
+        // Seeds with no folder in common are named by the first.
         let apart = [PathBuf::from("/a"), PathBuf::from("/b")];
         assert_eq!(group_labels(&apart, seeds), ["a, … (2 seeds)"]);
         let here = std::env::current_dir().unwrap();
