@@ -317,10 +317,33 @@ fn unknown_key(key: &str, known: &[String]) -> String {
     }
 }
 
+/// A text setting holding `${...}` (hydra's interpolation, which this parser does not resolve)
+/// would name a folder `${seed}`: refused, as a number setting's is.
+fn refuse_interpolations(tree: &Value) -> Result<()> {
+    let Some(map) = tree.as_mapping() else {
+        return Ok(());
+    };
+    for (key, value) in map {
+        let texts: Vec<&str> = match value {
+            Value::String(text) => vec![text],
+            Value::Sequence(items) => items.iter().filter_map(Value::as_str).collect(),
+            _ => continue,
+        };
+        if let Some(text) = texts.into_iter().find(|text| text.contains("${")) {
+            return Err(Error::Config(format!(
+                "{}={text}: interpolations are not resolved here; give the value itself",
+                key.as_str().unwrap_or_default()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Deserializes the tree into a config. A value of another YAML type that means the same is
 /// taken as the type the key needs: an integral float (`steps=1e5`) for an integer, a number
 /// or boolean for a string (`exp_name=2024`, spelled as it was given in `raw` overrides).
 pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<Config> {
+    refuse_interpolations(&tree)?;
     // Each pass converts one value to a type that is never converted again.
     for _ in 0..=2 * keys_in(&tree) {
         let error = match serde_path_to_error::deserialize(tree.clone()) {

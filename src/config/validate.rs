@@ -4,6 +4,9 @@ use super::defaults::{preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODE
 use super::Config;
 use crate::error::{Error, Result};
 
+/// The longest file or folder name most file systems take (NAME_MAX), in bytes.
+const MOST_NAME_BYTES: usize = 255;
+
 /// |x| bound of vmin, vmax and the log-std limits: e^80 is still a finite 32-bit float.
 const EXP_LIMIT: f64 = 80.0;
 
@@ -404,6 +407,22 @@ impl Config {
                 "exp_name={} is a folder under runs/<task>/ and stays in it: no leading /, no \
                  .. and not . alone (give run_dir=PATH to write elsewhere)",
                 self.exp_name
+            )));
+        }
+        // A folder name longer than file systems take fails only when the run makes it (a
+        // sweep's job, named for its values, when its turn comes).
+        let dir = self.run_dir_of(None);
+        if let Some(long) = dir
+            .components()
+            .find(|part| part.as_os_str().len() > MOST_NAME_BYTES)
+        {
+            let name = long.as_os_str().to_string_lossy();
+            return Err(Error::Config(format!(
+                "the run directory {} has a folder name of {} bytes ({}…), more than the \
+                 {MOST_NAME_BYTES} a file system takes: give a shorter run_dir (or exp_name)",
+                dir.display(),
+                long.as_os_str().len(),
+                name.chars().take(40).collect::<String>()
             )));
         }
         if self.data_dir.is_some() {

@@ -23,6 +23,17 @@ fn ranges_are_enforced() {
     assert!(load(&["rho=1"]).is_ok());
 }
 
+/// A run directory no file system could make is refused with the config, not when made.
+#[test]
+fn a_folder_name_longer_than_file_systems_take_is_refused() {
+    let long = "x".repeat(256);
+    let e = error(&[&format!("run_dir=/tmp/{long}/1")]);
+    assert!(e.contains("has a folder name of 256 bytes"), "{e}");
+    let e = error(&[&format!("exp_name=a/{long}")]);
+    assert!(e.contains("give a shorter run_dir (or exp_name)"), "{e}");
+    assert!(load(&[&format!("run_dir=/tmp/{}", "x".repeat(255))]).is_ok());
+}
+
 /// Offline training (data_dir) takes what the official datasets hold, and says so.
 #[test]
 fn offline_settings_are_checked() {

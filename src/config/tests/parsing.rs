@@ -191,6 +191,11 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
         ("steps=3-5", "3-5 is -2, not a non-negative integer"),
         ("eval_freq=${steps}", "interpolations are not resolved here"),
         (
+            "run_dir=/x/${task}",
+            "run_dir=/x/${task}: interpolations are not resolved here",
+        ),
+        ("exp_name=${seed}", "exp_name=${seed}: interpolations"),
+        (
             "steps=18446744073709551616",
             "steps=18446744073709551616 is too large",
         ),

@@ -155,6 +155,19 @@ fn several_tasks_resolve_to_one_padded_model_with_each_tasks_sizes() {
         listed.starts_with("runs/walker-run+cup-catch"),
         "{listed:?}"
     );
+    let tasks = crate::config::MT30[..12].join(",");
+    let long = load(&[&format!("task=[{tasks}]")]).unwrap().run_dir();
+    let name = long
+        .components()
+        .nth(1)
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
+    assert!(
+        name.starts_with("walker-stand+11-more-")
+            && name.len() == "walker-stand+11-more-".len() + 8,
+        "{long:?}"
+    );
     let named = load(&["task=mt30"]).unwrap().run_dir();
     assert!(named.starts_with("runs/mt30"), "{named:?}");
 }

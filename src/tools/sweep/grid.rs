@@ -217,13 +217,19 @@ fn slug(index: usize, choices: &[(String, String)]) -> String {
         name.push('=');
         name.push_str(v);
     }
+    // The index alone tells jobs apart: long values (task lists) are cut, as a folder name
+    // takes at most 255 bytes.
     name.chars()
         .map(|c| match c {
             'a'..='z' | 'A'..='Z' | '0'..='9' | '=' | '.' | '_' | '-' | '+' => c,
             _ => '-',
         })
+        .take(MOST_SLUG_CHARS)
         .collect()
 }
+
+/// The longest job folder name (ASCII, so as many bytes).
+const MOST_SLUG_CHARS: usize = 120;
 
 #[cfg(test)]
 mod tests {
@@ -324,6 +330,10 @@ mod tests {
             ]
         );
         assert_eq!(jobs[3].run_dir, Path::new("out/3_seed=2_horizon=3"));
+        let long = format!("exp_name={},b", "x".repeat(300));
+        let cut = expand(&[long], Path::new("out")).unwrap();
+        let name = |i: usize| cut[i].run_dir.file_name().unwrap().len();
+        assert_eq!((name(0), name(1)), (MOST_SLUG_CHARS, "1_exp_name=b".len()));
         assert_eq!(
             jobs[1].overrides,
             [
