@@ -693,6 +693,24 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         &["resume=auto", "steps=800", "model_size=5"],
         "resume with those the checkpoint was trained with (model_size",
     );
+    // Refused once the checkpoint is read, into a new run directory: no folder is left.
+    let fresh = dir.path().join("fresh").join("run");
+    let resume = format!("resume={}", dir.path().display());
+    let out = run(
+        "train",
+        &fresh,
+        &args(&[&resume, "steps=800", "model_size=5"]),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !dir.path().join("fresh").exists(),
+        "a refused start left its folders"
+    );
     // Several ranks: the launcher refuses it before starting any; a checkpoint that does not
     // fit the model (found once rank 0 loads it) is exit 2 on every rank, and not restarted.
     refused(

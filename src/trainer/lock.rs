@@ -12,10 +12,13 @@ use crate::error::{Error, Result};
 
 const LOCK: &str = ".lock";
 
-/// Held while the run lives; removes its file when dropped.
+/// Held while the run lives; removes its file when dropped, and the folders taking it made
+/// where they are still empty (a run refused before it wrote anything leaves nothing).
 #[derive(Debug)]
 pub struct RunLock {
     path: PathBuf,
+    /// The folders `acquire` made, the deepest first.
+    made: Vec<PathBuf>,
     // Closing the file releases the lock.
     _file: File,
 }
@@ -73,6 +76,11 @@ impl Owner {
 impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
+        let made: Vec<PathBuf> = dir
+            .ancestors()
+            .take_while(|folder| !folder.as_os_str().is_empty() && !folder.exists())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(dir).map_err(|e| {
             let why = match dir.exists() && !dir.is_dir() {
                 true => "a file, not a directory".to_string(),
@@ -84,13 +92,20 @@ impl RunLock {
         let io = |what: &str, e| Error::io(format!("{what} {}", path.display()), e);
         // A run ending between our open and our lock removes the file we opened: try again.
         for _ in 0..10 {
-            let mut file = OpenOptions::new()
+            let opened = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
-                .open(&path)
-                .map_err(|e| io("open", e))?;
+                .open(&path);
+            let mut file = match opened {
+                // A run refused there at the same moment removed the folder it made.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    std::fs::create_dir_all(dir).map_err(|e| io("create the folder of", e))?;
+                    continue;
+                }
+                opened => opened.map_err(|e| io("open", e))?,
+            };
             let previous = read_owner(&mut file);
             // SAFETY: flock on a descriptor this function owns.
             let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
@@ -127,7 +142,11 @@ impl RunLock {
             file.rewind().map_err(|e| io("write", e))?;
             writeln!(file, "pid={}\nhost={}", me.pid, me.host).map_err(|e| io("write", e))?;
             file.sync_all().map_err(|e| io("write", e))?;
-            return Ok(RunLock { path, _file: file });
+            return Ok(RunLock {
+                path,
+                made,
+                _file: file,
+            });
         }
         Err(Error::Other(format!(
             "could not take the lock {}: it keeps being replaced",
@@ -156,6 +175,12 @@ impl Drop for RunLock {
     fn drop(&mut self) {
         // Removed while still held, so no other run can lock the old file after us.
         let _ = std::fs::remove_file(&self.path);
+        // Only an empty folder can be removed: what a run wrote stays.
+        for folder in &self.made {
+            if std::fs::remove_dir(folder).is_err() {
+                break;
+            }
+        }
     }
 }
 
@@ -211,6 +236,26 @@ mod tests {
         assert!(
             e.to_string().contains("notes.txt: a file, not a directory"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn the_folders_a_lock_made_go_with_it_unless_written_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("a").join("b");
+        drop(RunLock::acquire(&run).unwrap());
+        assert!(
+            !dir.path().join("a").exists(),
+            "a refused run left its folders"
+        );
+        let lock = RunLock::acquire(&run).unwrap();
+        std::fs::write(run.join("config.yaml"), "task: x\n").unwrap();
+        drop(lock);
+        assert!(run.join("config.yaml").is_file());
+        drop(RunLock::acquire(&run).unwrap());
+        assert!(
+            run.join("config.yaml").is_file(),
+            "a folder it found was removed"
         );
     }
 
