@@ -525,14 +525,28 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
     );
 }
 
-/// The doctor reads what `train` would refuse of a run directory's files: a checkpoint whose
-/// bytes changed, and a folder of files no run wrote.
+/// The doctor reads what `train` would refuse of a run directory's files: a checkpoint of
+/// other sizes or whose bytes changed, and a folder of files no run wrote.
 #[test]
 fn doctor_names_a_damaged_checkpoint_and_a_folder_of_other_files() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
     train(&run, "seed=1");
     let model = common::checkpoint(&run, 400).join("model.safetensors");
+    // A model of other sizes than the checkpoint's (size 1), as a resume would find.
+    let run_dir = format!("run_dir={}", run.display());
+    let sized = [
+        "task=Pendulum-v1",
+        "steps=800",
+        "resume=auto",
+        "model_size=5",
+        &run_dir,
+    ];
+    let log = text(&doctor(&sized, &[]));
+    assert!(
+        log.contains("✗ resume: checkpoint ") && log.contains("does not fit this model"),
+        "{log}"
+    );
     common::damage_middle(&model);
     let settings = [
         "task=Pendulum-v1".to_string(),

@@ -28,8 +28,8 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 
 pub use resume::{
-    check_resume_source, resume, resume_source_of, resumes, resumes_own_checkpoint,
-    verify_checkpoint,
+    check_model_fits, check_resume_source, resume, resume_source_of, resumes,
+    resumes_own_checkpoint, verify_checkpoint,
 };
 pub use save::save;
 

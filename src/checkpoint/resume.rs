@@ -387,9 +387,9 @@ fn check_continues(meta: &Meta, settings: &CheckpointSettings, dir: &Path) -> Re
     Ok(())
 }
 
-/// The checkpoint's model into `learner`; one that does not fit names the settings that build
+/// The checkpoint's model into `model`; one that does not fit names the settings that build
 /// the model and where the trained run's are.
-fn load_model(learner: &mut Learner, dir: &Path) -> Result<()> {
+fn load_model(model: &mut crate::agent::WorldModel, dir: &Path) -> Result<()> {
     let config =
         dir.parent()
             .and_then(Path::parent)
@@ -398,17 +398,22 @@ fn load_model(learner: &mut Learner, dir: &Path) -> Result<()> {
                     .display()
                     .to_string()
             });
-    learner
-        .model_mut()
-        .load(&dir.join(MODEL))
-        .map_err(|e| match e {
-            crate::agent::Error::Mismatch { .. } => Error::Config(format!(
-                "{e}. The model is built from this run's settings: resume with those the \
-                 checkpoint was trained with (model_size, or the dimensions it sets), as in \
-                 {config}"
-            )),
-            other => other.into(),
-        })
+    model.load(&dir.join(MODEL)).map_err(|e| match e {
+        crate::agent::Error::Mismatch { .. } => Error::Config(format!(
+            "{e}. The model is built from this run's settings: resume with those the \
+             checkpoint was trained with (model_size, or the dimensions it sets), as in \
+             {config}"
+        )),
+        other => other.into(),
+    })
+}
+
+/// Whether the model of the checkpoint in `dir` fits the one `config` (resolved) builds, as a
+/// resume would find it (`doctor`'s check): the model is built on the CPU and loaded.
+pub fn check_model_fits(config: &crate::config::Config, dir: &Path) -> Result<()> {
+    let agent = crate::agent::AgentConfig::from_config(config)?;
+    let mut model = crate::agent::WorldModel::new(&agent, tch::Device::Cpu)?;
+    load_model(&mut model, dir)
 }
 
 /// Rank 0's part of [`resume`]: finds, verifies and loads the checkpoint into `agent`; returns
@@ -425,7 +430,7 @@ fn load_on_root(
     if meta.format == FORMAT {
         verify_files(&dir, &meta, &[MODEL, STATE])?;
     }
-    load_model(learner, &dir)?;
+    load_model(learner.model_mut(), &dir)?;
     let device = learner.model().device();
     let state_file = dir.join(STATE);
     std::fs::File::open(&state_file)

@@ -106,7 +106,7 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     }
     check_port(&mut report, config.master_port);
     check_cpus(&mut report, world_size, config.num_threads);
-    check_resume(&mut report, &config);
+    check_resume(&mut report, &config, resolved.as_ref());
     check_run_dir(&mut report, &config);
     check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
@@ -472,7 +472,7 @@ fn check_task(report: &mut Report, config: &Config) -> Option<Config> {
 }
 
 /// The checkpoint a `resume` setting names (nothing to say for a fresh run).
-fn check_resume(report: &mut Report, config: &Config) {
+fn check_resume(report: &mut Report, config: &Config, resolved: Option<&Config>) {
     if let Err(e) = crate::trainer::run_dir::refuse_a_checkpoint_to_start_from(config) {
         let why = e.to_string();
         report.line(
@@ -491,6 +491,13 @@ fn check_resume(report: &mut Report, config: &Config) {
     let source = source.and_then(|dir| match &dir {
         Some(found) => crate::checkpoint::verify_checkpoint(found).map(|()| dir),
         None => Ok(dir),
+    });
+    // Its model against the one these settings build, where the task resolved.
+    let source = source.and_then(|dir| match (&dir, resolved) {
+        (Some(found), Some(resolved)) => {
+            crate::checkpoint::check_model_fits(resolved, found).map(|()| dir)
+        }
+        _ => Ok(dir),
     });
     match source {
         Ok(Some(dir)) => report.line(Mark::Pass, "resume", format!("from {}", dir.display())),
