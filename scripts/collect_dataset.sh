@@ -16,6 +16,11 @@ fi
 out=$1 episodes=$2
 shift 2
 # Checked before the setup, which can take minutes.
+if [ -z "$out" ]; then
+    echo "$0: OUT_DIR is empty (an unset variable?): give the folder to write the dataset in" >&2
+    echo "$usage" >&2
+    exit 2
+fi
 if ! [[ $episodes =~ ^[1-9][0-9]*$ ]]; then
     echo "$0: EPISODES is '$episodes', not a positive whole number" >&2
     echo "$usage" >&2

@@ -12,8 +12,10 @@ fi
 task=$1 model_size=$2
 shift 2
 world_size=8 sync_freq=1
-if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then world_size=$1; shift; fi
-if [ $# -gt 0 ] && [[ $1 != *=* && $1 != -* ]]; then sync_freq=$1; shift; fi
+# A positional is neither key=value nor an option (a negative number is one, refused below).
+positional() { [[ $1 != *=* && ($1 != -* || $1 =~ ^-[0-9.]) ]]; }
+if [ $# -gt 0 ] && positional "$1"; then world_size=$1; shift; fi
+if [ $# -gt 0 ] && positional "$1"; then sync_freq=$1; shift; fi
 # Checked before the setup, which can take minutes.
 for pair in "MODEL_SIZE=$model_size" "WORLD_SIZE=$world_size" "SYNC_FREQ=$sync_freq"; do
     if ! [[ ${pair#*=} =~ ^[1-9][0-9]*$ ]]; then

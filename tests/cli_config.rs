@@ -271,6 +271,8 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
         (&["walker-run", "5", "two"][..], "WORLD_SIZE is 'two'"),
         (&["walker-run", "five"], "MODEL_SIZE is 'five'"),
         (&["walker-run", "5", "8", "0"], "SYNC_FREQ is '0'"),
+        (&["walker-run", "5", "-2"], "WORLD_SIZE is '-2'"),
+        (&["walker-run", "5", "8", "-1"], "SYNC_FREQ is '-1'"),
     ] {
         let out = run(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -305,6 +307,10 @@ fn collect_dataset_sh_checks_its_arguments_first_and_runs_the_given_binary() {
             "{stderr}"
         );
     }
+    let out = run(&["", "1"], "/nonexistent/tdmpc2");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("OUT_DIR is empty"), "{stderr}");
     let out = run(
         &[out_dir, "1", "task=Pendulum-v1"],
         env!("CARGO_BIN_EXE_tdmpc2"),

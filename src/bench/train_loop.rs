@@ -253,18 +253,7 @@ fn refuse_settings_the_bench_makes(options: &LoopOptions) -> Result<()> {
 /// (Ctrl-C, SIGTERM) is passed on to the run; a bench killed outright takes the run with it.
 fn run_case(mut command: Command) -> Result<(ExitStatus, String)> {
     use std::io::Read;
-    use std::os::unix::process::CommandExt;
-    let bench = std::process::id();
-    // SAFETY: prctl(2) and getppid(2) in the child between fork and exec, async-signal-safe.
-    unsafe {
-        command.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            match libc::getppid() as u32 == bench {
-                true => Ok(()),
-                false => Err(std::io::Error::other("the bench ended during the start")),
-            }
-        });
-    }
+    crate::ddp::lifeline::ends_with_this_process(&mut command);
     let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

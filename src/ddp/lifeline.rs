@@ -80,6 +80,24 @@ pub fn stop_when_parent_dies() -> Result<()> {
     Ok(())
 }
 
+/// `command`'s process gets SIGTERM when this one ends, however it ends (a helper process of
+/// a bench or of the doctor must not outlive it); one whose start this process did not outlive
+/// is not started.
+pub fn ends_with_this_process(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let this = std::process::id();
+    // SAFETY: prctl(2) and getppid(2) in the child between fork and exec, async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            match libc::getppid() as u32 == this {
+                true => Ok(()),
+                false => Err(std::io::Error::other("its parent ended during the start")),
+            }
+        });
+    }
+}
+
 /// Asks the kernel for `signal` when this process's parent dies (the caller then checks that
 /// the parent it expects is still the one).
 fn signal_when_parent_dies(signal: libc::c_int, name: &str) -> Result<()> {

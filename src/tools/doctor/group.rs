@@ -12,11 +12,16 @@ use crate::error::{Error, Result};
 /// How long the ranks of `--world-size` may take to form their group and all-reduce.
 const GROUP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums.
-pub(super) fn check_group(report: &mut Report, world_size: usize) {
+/// Starts `world_size` ranks of this binary (`doctor --rank-check`) and waits for their sums;
+/// fewer than the `node_ranks` the run has are said.
+pub(super) fn check_group(report: &mut Report, world_size: usize, node_ranks: usize) {
+    let of = match world_size < node_ranks {
+        true => format!(" (of this node's {node_ranks}: as many as its cores allow)"),
+        false => String::new(),
+    };
     match all_reduce_across(world_size) {
-        Ok(line) => report.line(Mark::Pass, "process group", line),
-        Err(line) => report.line(Mark::Fail, "process group", line),
+        Ok(line) => report.line(Mark::Pass, "process group", format!("{line}{of}")),
+        Err(line) => report.line(Mark::Fail, "process group", format!("{line}{of}")),
     }
 }
 
@@ -68,7 +73,9 @@ fn start_ranks(
 ) -> std::result::Result<Vec<Child>, String> {
     let mut children = Vec::with_capacity(world_size);
     for rank in 0..world_size {
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        crate::ddp::lifeline::ends_with_this_process(&mut command);
+        let child = command
             .args(["doctor", "--rank-check"])
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())

@@ -84,8 +84,8 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
             )))
         }
         Some(n) => n,
-        // This node's ranks: those the check can start here.
-        None => (config.world_size / config.nnodes.max(1)).clamp(1, most),
+        // This node's ranks.
+        None => (config.world_size / config.nnodes.max(1)).max(1),
     };
     // The user's own choice of renderer, if any (this process loads dm_control for state).
     let chosen_renderer = std::env::var("MUJOCO_GL").ok();
@@ -110,7 +110,8 @@ pub fn run(args: &DoctorArgs) -> Result<()> {
     check_run_dir(&mut report, &config);
     check_disk(&mut report, &config.run_dir());
     if world_size > 1 && torch_ok {
-        group::check_group(&mut report, world_size);
+        // As many as this machine's cores allow starting here (the cpus line says the rest).
+        group::check_group(&mut report, world_size.min(most), world_size);
     }
     if report.failures.is_empty() {
         outln!("ready to train");
