@@ -16,8 +16,8 @@ fi
 out=$1 episodes=$2
 shift 2
 # Checked before the setup, which can take minutes.
-if [ -z "$out" ]; then
-    echo "$0: OUT_DIR is empty (an unset variable?): give the folder to write the dataset in" >&2
+if [[ -z ${out//[[:space:]]/} || $out == -* ]]; then
+    echo "$0: OUT_DIR is '$out': give the folder to write the dataset in" >&2
     echo "$usage" >&2
     exit 2
 fi
@@ -31,4 +31,4 @@ if [ -z "${TDMPC2_BIN:-}" ]; then "$here/setup.sh" >&2; fi
 source "$here/env.sh"
 bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
     --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
-exec "$bin" collect --out "$out" --episodes "$episodes" "$@"
+exec "$bin" collect --out="$out" --episodes "$episodes" "$@"

@@ -307,10 +307,15 @@ fn collect_dataset_sh_checks_its_arguments_first_and_runs_the_given_binary() {
             "{stderr}"
         );
     }
-    let out = run(&["", "1"], "/nonexistent/tdmpc2");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("OUT_DIR is empty"), "{stderr}");
+    for folder in ["", " ", "--help"] {
+        let out = run(&[folder, "1"], "/nonexistent/tdmpc2");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("OUT_DIR is '{folder}'")),
+            "{stderr}"
+        );
+    }
     let out = run(
         &[out_dir, "1", "task=Pendulum-v1"],
         env!("CARGO_BIN_EXE_tdmpc2"),

@@ -165,6 +165,9 @@ pub struct Config {
     pub ranks_on_this_node: Option<usize>,
 }
 
+/// The longest file or folder name most file systems take (NAME_MAX), in bytes.
+pub(crate) const MOST_NAME_BYTES: usize = 255;
+
 /// Where the starting file comes from: `--config-name NAME` looks in `--config-path DIR`
 /// (default: the repository's `configs/`).
 #[derive(Debug, Clone, Default)]

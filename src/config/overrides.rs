@@ -317,22 +317,22 @@ fn unknown_key(key: &str, known: &[String]) -> String {
     }
 }
 
-/// A text setting holding `${...}` (hydra's interpolation, which this parser does not resolve)
-/// would name a folder `${seed}`: refused, as a number setting's is.
+/// A name the run makes holding `${...}` (hydra's interpolation, which this parser does not
+/// resolve) would name a folder `${seed}`: refused, as a number setting's is. Paths the run
+/// reads (`checkpoint`, `resume`, `data_dir`) are taken as they are: such a folder exists.
 fn refuse_interpolations(tree: &Value) -> Result<()> {
-    let Some(map) = tree.as_mapping() else {
-        return Ok(());
-    };
-    for (key, value) in map {
-        let texts: Vec<&str> = match value {
-            Value::String(text) => vec![text],
-            Value::Sequence(items) => items.iter().filter_map(Value::as_str).collect(),
-            _ => continue,
-        };
-        if let Some(text) = texts.into_iter().find(|text| text.contains("${")) {
+    const NAMES: [&str; 5] = [
+        "run_dir",
+        "exp_name",
+        "wandb_project",
+        "wandb_entity",
+        "wandb_name",
+    ];
+    for key in NAMES {
+        let text = tree.get(key).and_then(Value::as_str);
+        if let Some(text) = text.filter(|text| text.contains("${")) {
             return Err(Error::Config(format!(
-                "{}={text}: interpolations are not resolved here; give the value itself",
-                key.as_str().unwrap_or_default()
+                "{key}={text}: interpolations are not resolved here; give the value itself"
             )));
         }
     }

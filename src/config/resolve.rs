@@ -11,9 +11,6 @@ use crate::buffer::{BufferSettings, ObsLayout};
 use crate::error::{Error, Result};
 
 /// Features the pixel encoder produces per channel: its 4×4 output map (of 64×64 frames).
-/// The longest task list the default run directory spells out.
-const MOST_RUN_NAME_BYTES: usize = 120;
-
 pub const PIXEL_FEATURES: usize = 16;
 
 impl Config {
@@ -264,7 +261,7 @@ impl Config {
                 let joined = tasks.join("+");
                 // A folder name takes 255 bytes: a long list is named by its first task, its
                 // length and a checksum of the whole.
-                match joined.len() <= MOST_RUN_NAME_BYTES {
+                match joined.len() <= super::MOST_NAME_BYTES {
                     true => joined,
                     false => format!(
                         "{}+{}-more-{:08x}",

@@ -1,11 +1,8 @@
 //! Range checks of a loaded config that need no environment. Every error names the key and
 //! what is allowed.
 use super::defaults::{preset, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MODEL_SIZES};
-use super::Config;
+use super::{Config, MOST_NAME_BYTES};
 use crate::error::{Error, Result};
-
-/// The longest file or folder name most file systems take (NAME_MAX), in bytes.
-const MOST_NAME_BYTES: usize = 255;
 
 /// |x| bound of vmin, vmax and the log-std limits: e^80 is still a finite 32-bit float.
 const EXP_LIMIT: f64 = 80.0;

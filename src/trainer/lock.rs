@@ -76,12 +76,7 @@ impl Owner {
 impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
-        let made: Vec<PathBuf> = dir
-            .ancestors()
-            .take_while(|folder| !folder.as_os_str().is_empty() && !folder.exists())
-            .map(Path::to_path_buf)
-            .collect();
-        std::fs::create_dir_all(dir).map_err(|e| {
+        let made = make_folders(dir).map_err(|e| {
             let why = match dir.exists() && !dir.is_dir() {
                 true => "a file, not a directory".to_string(),
                 false => format!("cannot create it ({e})"),
@@ -101,7 +96,7 @@ impl RunLock {
             let mut file = match opened {
                 // A run refused there at the same moment removed the folder it made.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    std::fs::create_dir_all(dir).map_err(|e| io("create the folder of", e))?;
+                    make_folders(dir).map_err(|e| io("create the folder of", e))?;
                     continue;
                 }
                 opened => opened.map_err(|e| io("open", e))?,
@@ -153,6 +148,34 @@ impl RunLock {
             path.display()
         )))
     }
+}
+
+/// Makes `dir` and the folders above it that are missing, one at a time from the top; returns
+/// those this call made, the deepest first (by what it made, not by what is missing: a path
+/// through `..` names folders that exist by other names). A folder that another run starting
+/// beside this one removed again is made again (a few times).
+fn make_folders(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut parts: Vec<&Path> = dir
+        .ancestors()
+        .filter(|folder| !folder.as_os_str().is_empty())
+        .collect();
+    parts.reverse();
+    let (mut made, mut tries, mut next) = (Vec::new(), 0, 0);
+    while let Some(folder) = parts.get(next) {
+        match std::fs::create_dir(folder) {
+            Ok(()) => made.push(folder.to_path_buf()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && folder.is_dir() => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 10 => {
+                tries += 1;
+                next = 0;
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        next += 1;
+    }
+    made.reverse();
+    Ok(made)
 }
 
 /// Refuses at once when a run holds `dir`'s lock, without taking it: the built-in launcher asks
@@ -257,6 +280,11 @@ mod tests {
             run.join("config.yaml").is_file(),
             "a folder it found was removed"
         );
+        // Through `..`: a folder that was there stays, the new one goes.
+        let kept = dir.path().join("kept");
+        std::fs::create_dir(&kept).unwrap();
+        drop(RunLock::acquire(&dir.path().join("new/../kept/x")).unwrap());
+        assert!(kept.is_dir() && !dir.path().join("new").exists());
     }
 
     #[test]

@@ -203,6 +203,8 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
         let e = error(&[bad]);
         assert!(e.contains(why), "{bad}: {e}");
     }
+    // A path the run reads is taken as it is: a folder an earlier version named so exists.
+    assert!(load(&["checkpoint=old/${seed}/1"]).is_ok());
     for key in [
         "data_dir",
         "run_dir",

@@ -100,7 +100,7 @@ pub fn run(sweep: &Source, list_only: bool, jobs_at_once: Option<usize>) -> Resu
 }
 
 /// Where the job directories go: under run_dir when given, else runs/<task>/<exp_name> of the
-/// first job.
+/// first job, as its own run would be placed.
 fn jobs_dir(sweep: &Source) -> Result<PathBuf> {
     let mut first: Vec<String> = expand(&sweep.overrides, Path::new("."))?[0]
         .overrides
@@ -124,9 +124,11 @@ fn jobs_dir(sweep: &Source) -> Result<PathBuf> {
         Ok(Config {
             run_dir: Some(dir), ..
         }) => PathBuf::from(dir),
-        Ok(first) => PathBuf::from("runs")
-            .join(&first.task)
-            .join(&first.exp_name),
+        // The folder of a run's seed folders (a task list named as a run names it).
+        Ok(first) => first
+            .run_dir()
+            .parent()
+            .map_or_else(|| PathBuf::from("runs"), Path::to_path_buf),
         Err(_) => PathBuf::from("runs"),
     })
 }
