@@ -468,6 +468,38 @@ fn a_damaged_replay_buffer_is_refused_on_resume() {
     );
 }
 
+fn meta(checkpoint: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(checkpoint.join("meta.json")).unwrap()).unwrap()
+}
+
+/// The run's last checkpoint is taken with the next episode started, never played: a run
+/// resumed from it logs and saves the episodes finished, as the uninterrupted run does.
+#[test]
+fn a_run_resumed_from_its_end_counts_only_finished_episodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let quick = ["eval_freq=1000000", "eval_episodes=1"];
+    train(dir.path(), &[&quick[..], &["steps=400"]].concat());
+    let ended = meta(&checkpoint(dir.path(), 400));
+    assert_eq!(ended["episodes"], 2, "{ended}");
+    assert_eq!(
+        ended["env_episodes"],
+        serde_json::json!([[3]]),
+        "one started"
+    );
+    for (steps, finished) in [(600, 3), (800, 4)] {
+        let steps = format!("steps={steps}");
+        train(dir.path(), &[&quick[..], &[&steps, "resume=auto"]].concat());
+        let rows = std::fs::read_to_string(dir.path().join("train.csv")).unwrap();
+        let last = rows.lines().last().unwrap();
+        assert_eq!(
+            last.split(',').nth(3),
+            Some(&*finished.to_string()),
+            "{rows}"
+        );
+    }
+    assert_eq!(meta(&checkpoint(dir.path(), 800))["episodes"], 4);
+}
+
 #[test]
 fn eval_loads_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

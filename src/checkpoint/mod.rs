@@ -103,7 +103,12 @@ impl CheckpointSettings {
 pub struct TrainState {
     /// Local steps taken by each rank.
     pub step: u64,
+    /// Episodes this rank has started before its running ones: where its episode seeds go on.
     pub episodes: u64,
+    /// Of `episodes`, those the checkpoint this run resumed from cut short (started, never
+    /// finished): not among the finished ones a run logs and saves.
+    #[serde(default)]
+    pub cut: u64,
     /// Seconds of training before this process started (for elapsed_time and steps/s).
     pub elapsed: f64,
     /// Updates of the seed-data pretraining already made, when a stop interrupted it.
@@ -125,6 +130,13 @@ pub struct TrainState {
     /// (not the steps times `sync_freq` once a resume changed `sync_freq`). None online, and
     /// for checkpoints written before it was recorded.
     pub batches_read: Option<u64>,
+}
+
+impl TrainState {
+    /// Episodes this rank has finished (on rank 0, what the run logs).
+    pub fn finished(&self) -> u64 {
+        self.episodes - self.cut
+    }
 }
 
 /// `meta.json`'s format: 2 since checksums are crc32c of bytes and files carry hashes (format

@@ -154,13 +154,20 @@ pub fn resume(
         let buffer_hashes = share_buffer_hashes(buffer_hashes.as_deref(), meta.world_size, group)?;
         restore_buffer(settings, learner, group, &meta, buffer_hashes)?;
     }
+    // A checkpoint that does not say how many each environment started (an older one, or
+    // another world size) continues from the counters' (the most any saved rank started).
+    let episodes = match env_episodes.is_empty() {
+        true => meta.episodes,
+        false => env_episodes.iter().sum(),
+    };
     let state = TrainState {
         step: settings.local_step(meta.global_step, group.world_size()),
-        // A checkpoint that does not say how many each environment started (an older one, or
-        // another world size) continues from the counters' (the most any saved rank started).
-        episodes: match env_episodes.is_empty() {
-            true => meta.episodes,
-            false => env_episodes.iter().sum(),
+        episodes,
+        // The run's end or a stop saves its checkpoint with episodes started that it never
+        // finishes: their seeds are spent, but rank 0 logs the finished ones it saved.
+        cut: match group.rank() {
+            0 => episodes.saturating_sub(meta.finished),
+            _ => 0,
         },
         elapsed: meta.elapsed,
         pretrain_updates: meta.pretrain_updates,
@@ -271,7 +278,10 @@ fn share_env_episodes(
 struct Counters {
     global_step: u64,
     world_size: usize,
+    /// Where the episode seeds go on: the most episodes any saved rank started.
     episodes: u64,
+    /// The episodes rank 0 finished (what the run logged).
+    finished: u64,
     elapsed: f64,
     pretrain_updates: u64,
     model_optim_step: u64,
@@ -295,6 +305,7 @@ impl Counters {
             global_step: meta.global_step,
             world_size: meta.world_size,
             episodes: most_started.unwrap_or(0).max(meta.episodes),
+            finished: meta.episodes,
             elapsed: meta.elapsed,
             pretrain_updates: meta.pretrain_updates,
             model_optim_step: meta.model_optim_step,
@@ -306,7 +317,7 @@ impl Counters {
     }
 
     /// `status` then the counters, as float64 (exact for counts below 2^53).
-    fn header(&self, status: f64) -> [f64; 11] {
+    fn header(&self, status: f64) -> [f64; 12] {
         [
             status,
             self.global_step as f64,
@@ -319,6 +330,7 @@ impl Counters {
             f64::from(u8::from(self.eval_due)),
             self.batches_read.map_or(-1.0, |n| n as f64),
             f64::from(u8::from(self.save_due)),
+            self.finished as f64,
         ]
     }
 
@@ -335,6 +347,7 @@ impl Counters {
             eval_due: n(8) == 1.0,
             batches_read: Some(n(9)).filter(|&n| n >= 0.0).map(|n| n as u64),
             save_due: n(10) == 1.0,
+            finished: n(11) as u64,
         }
     }
 }
@@ -549,6 +562,7 @@ mod tests {
             global_step: 123_456_789,
             world_size: 8,
             episodes: 4321,
+            finished: 4319,
             elapsed: 3600.25,
             pretrain_updates: 17,
             model_optim_step: 99_999,
@@ -579,6 +593,11 @@ mod tests {
         };
         let saved = meta(r#", "env_episodes": [[3, 4], [9, 1]]"#);
         assert_eq!(Counters::of(&saved).episodes, 10);
+        assert_eq!(
+            Counters::of(&saved).finished,
+            7,
+            "what rank 0 finished, logged"
+        );
         assert_eq!(Counters::of(&meta("")).episodes, 7, "an older checkpoint's");
     }
 

@@ -139,7 +139,7 @@ fn write(
         format: FORMAT,
         global_step,
         world_size: group.world_size(),
-        episodes: state.episodes,
+        episodes: state.finished(),
         elapsed: state.elapsed,
         task: settings.task.clone(),
         rank_checksums: checksums,

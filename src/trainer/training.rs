@@ -196,7 +196,7 @@ impl<'g> Training<'g> {
         let global = self.global_step();
         let point = Point {
             step: global,
-            episodes: self.state.episodes,
+            episodes: self.state.finished(),
             clock: &self.clock,
         };
         let stopped = eval_point::evaluate_and_log(
@@ -245,7 +245,7 @@ impl<'g> Training<'g> {
             report.episodes(
                 global,
                 &ended,
-                self.state.episodes,
+                self.state.finished(),
                 &self.clock,
                 update.as_ref(),
             )?;
