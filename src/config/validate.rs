@@ -362,6 +362,26 @@ impl Config {
         Ok(())
     }
 
+    /// A folder name longer than file systems take fails only when the run makes it (a
+    /// sweep's job, named for its values, when its turn comes): refused here.
+    fn validate_folder_names(&self) -> Result<()> {
+        let dir = self.run_dir_of(None);
+        if let Some(long) = dir
+            .components()
+            .find(|part| part.as_os_str().len() > MOST_NAME_BYTES)
+        {
+            let name = long.as_os_str().to_string_lossy();
+            return Err(Error::Config(format!(
+                "the run directory {} has a folder name of {} bytes ({}…), more than the \
+                 {MOST_NAME_BYTES} a file system takes: give a shorter run_dir (or exp_name)",
+                dir.display(),
+                long.as_os_str().len(),
+                name.chars().take(40).collect::<String>()
+            )));
+        }
+        Ok(())
+    }
+
     /// Resume, threads, environments per update and the SimNorm groups.
     fn validate_run(&self) -> Result<()> {
         if let Some(resume) = &self.resume {
@@ -406,22 +426,7 @@ impl Config {
                 self.exp_name
             )));
         }
-        // A folder name longer than file systems take fails only when the run makes it (a
-        // sweep's job, named for its values, when its turn comes).
-        let dir = self.run_dir_of(None);
-        if let Some(long) = dir
-            .components()
-            .find(|part| part.as_os_str().len() > MOST_NAME_BYTES)
-        {
-            let name = long.as_os_str().to_string_lossy();
-            return Err(Error::Config(format!(
-                "the run directory {} has a folder name of {} bytes ({}…), more than the \
-                 {MOST_NAME_BYTES} a file system takes: give a shorter run_dir (or exp_name)",
-                dir.display(),
-                long.as_os_str().len(),
-                name.chars().take(40).collect::<String>()
-            )));
-        }
+        self.validate_folder_names()?;
         if self.data_dir.is_some() {
             self.validate_offline()?;
         }
