@@ -43,7 +43,7 @@ fn remove_those_of_ended_benches() {
     for entry in entries.flatten() {
         let name = entry.file_name();
         match owner(&name.to_string_lossy()) {
-            Some(pid) if !alive(pid) => {
+            Some(pid) if !crate::ddp::lifeline::is_alive(pid) => {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
             _ => {}
@@ -58,12 +58,6 @@ fn owner(name: &str) -> Option<i32> {
     let pid = parts.next()?.parse::<i32>().ok().filter(|pid| *pid > 0)?;
     parts.next().filter(|case| !case.is_empty())?;
     Some(pid)
-}
-
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 sends nothing; it asks whether the process exists.
-    let found = unsafe { libc::kill(pid, 0) } == 0;
-    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 #[cfg(test)]

@@ -80,6 +80,13 @@ pub fn stop_when_parent_dies() -> Result<()> {
     Ok(())
 }
 
+/// Whether process `pid` of this host exists (one of another user's too).
+pub fn is_alive(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing; it asks whether the process exists.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// `command`'s process gets SIGTERM when this one ends, however it ends (a helper process of
 /// a bench or of the doctor must not outlive it); one whose start this process did not outlive
 /// is not started.

@@ -184,10 +184,9 @@ fn model_settings_in(file: &Path) -> std::result::Result<Vec<String>, String> {
 
 /// The changes from one config (YAML) to another in the settings of `keys`.
 fn changes_in(keys: &[&str], from: &str, to: &str) -> Vec<String> {
-    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
     crate::config::changed_settings(from, to)
         .into_iter()
-        .filter(|change| keys.contains(&key(change).as_str()))
+        .filter(|change| keys.contains(&key_of(change)))
         .collect()
 }
 
@@ -198,11 +197,15 @@ fn model_changes(from: &Config, to: &Config) -> Result<Vec<String>> {
     from.apply_model_size()?;
     let set_by_its_size = to.apply_model_size()?;
     let changes = changes_in(&MODEL_SETTINGS, &from.to_yaml()?, &to.to_yaml()?);
-    let key = |change: &String| change.split(':').next().unwrap_or_default().to_owned();
     Ok(changes
         .into_iter()
-        .filter(|change| !set_by_its_size.contains(&key(change).as_str()))
+        .filter(|change| !set_by_its_size.contains(&key_of(change)))
         .collect())
+}
+
+/// The setting a change (`key: old → new`) is of.
+fn key_of(change: &str) -> &str {
+    change.split(':').next().unwrap_or_default()
 }
 
 #[cfg(test)]

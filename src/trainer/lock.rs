@@ -66,17 +66,14 @@ impl Owner {
         let Ok(pid) = libc::pid_t::try_from(self.pid) else {
             return Some(false);
         };
-        // SAFETY: signal 0 only checks that the process exists.
-        let rc = unsafe { libc::kill(pid, 0) };
-        let gone = rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        Some(!gone)
+        Some(crate::ddp::lifeline::is_alive(pid))
     }
 }
 
 impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
-        let made = make_folders(dir).map_err(|e| {
+        let mut made = make_folders(dir).map_err(|e| {
             let why = match dir.exists() && !dir.is_dir() {
                 true => "a file, not a directory".to_string(),
                 false => format!("cannot create it ({e})"),
@@ -96,7 +93,9 @@ impl RunLock {
             let mut file = match opened {
                 // A run refused there at the same moment removed the folder it made.
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    make_folders(dir).map_err(|e| io("create the folder of", e))?;
+                    made.extend(make_folders(dir).map_err(|e| io("create the folder of", e))?);
+                    made.sort_by_key(|folder| std::cmp::Reverse(folder.components().count()));
+                    made.dedup();
                     continue;
                 }
                 opened => opened.map_err(|e| io("open", e))?,
