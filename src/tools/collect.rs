@@ -139,7 +139,7 @@ fn collect(config: &Config, args: &Collection) -> Result<()> {
         num_envs,
         ..config.clone()
     };
-    let mut actor = ActorSettings::from_config(&alone, 0)?
+    let mut actor = ActorSettings::from_config(&alone, &rank)?
         .make_actor(policy)?
         .advise_on_early_ends(
             "dataset files (the official format) hold no terminations: collect a task that runs \
@@ -147,7 +147,7 @@ fn collect(config: &Config, args: &Collection) -> Result<()> {
         );
     let tasks = config.tasks()?;
     let mut random = Pcg64::seed_from_u64(config.seed);
-    let episode_seed = |n: usize| config.seed.wrapping_add(n as u64) & 0xffff_ffff;
+    let episode_seed = |n: usize| crate::trainer::collected_episode_seed(config.seed, n as u64);
     let (mut started, mut finished) = (0, 0);
     for i in 0..actor.num_envs() {
         actor.reset(i, episode_seed(started))?;

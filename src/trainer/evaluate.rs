@@ -162,7 +162,7 @@ pub fn evaluate(
             .iter()
             .map(|job| {
                 job.map(|j| EvalStart {
-                    seed: (seed + j as u64) & 0xffff_ffff,
+                    seed: super::streams::evaluation_episode_seed(seed, j as u64),
                     task: plan.jobs[j],
                 })
             })

@@ -22,6 +22,7 @@ mod schedule;
 mod setup;
 pub mod stop;
 mod streams;
+pub use streams::collected_episode_seed;
 mod training;
 
 use crate::config::Config;

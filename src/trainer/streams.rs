@@ -21,6 +21,8 @@ enum Purpose {
     RandomActions = 6,
     Batch = 7,
     EvaluationNoise = 8,
+    CollectedEpisode = 9,
+    EvaluationEpisode = 10,
 }
 
 pub(super) struct Streams {
@@ -47,10 +49,10 @@ impl Streams {
 
     /// The seed of the `episode`-th episode this rank starts.
     pub(super) fn episode_seed(&self, episode: u64) -> u64 {
-        derive_seed(self.seed, self.rank, episode, Purpose::Episode)
+        environment_seed(derive_seed(self.seed, self.rank, episode, Purpose::Episode))
     }
 
-    /// The seed of the evaluation at `global_step`.
+    /// The seed of the evaluation at `global_step`, from which its episodes' are derived.
     pub(super) fn evaluation_seed(&self, global_step: u64) -> u64 {
         derive_seed(self.seed, self.rank, global_step, Purpose::Evaluation)
     }
@@ -107,13 +109,34 @@ impl Streams {
     }
 }
 
-/// A seed for stream `purpose` of `rank` at `counter` (SplitMix64 mixing; dm_control takes 32 bits).
+/// The seed of the `episode`-th episode `collect` starts with `seed`.
+pub fn collected_episode_seed(seed: u64, episode: u64) -> u64 {
+    environment_seed(derive_seed(seed, 0, episode, Purpose::CollectedEpisode))
+}
+
+/// The seed of episode `j` of the evaluation seeded `evaluation`.
+pub(super) fn evaluation_episode_seed(evaluation: u64, j: u64) -> u64 {
+    environment_seed(derive_seed(evaluation, 0, j, Purpose::EvaluationEpisode))
+}
+
+/// Environments take 32-bit seeds (dm_control); the generators of our own take all 64 bits, so
+/// that a long offline run's many derived seeds do not repeat.
+fn environment_seed(derived: u64) -> u64 {
+    derived & 0xffff_ffff
+}
+
+/// A seed for stream `purpose` of `rank` at `counter`: each part absorbed in turn by
+/// SplitMix64's mixing, so that no two of them share a stream by their bits lining up (as an XOR
+/// of the parts did: seed 256's first episode was seed 0's second).
 fn derive_seed(seed: u64, rank: usize, counter: u64, purpose: Purpose) -> u64 {
-    let mut x = seed ^ (rank as u64).rotate_left(40) ^ counter.rotate_left(8) ^ purpose as u64;
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (x ^ (x >> 31)) & 0xffff_ffff
+    let mix = |x: u64| {
+        let x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^ (x >> 31)
+    };
+    let parts = [rank as u64, counter, purpose as u64];
+    parts.into_iter().fold(mix(seed), |x, part| mix(x ^ part))
 }
 
 #[cfg(test)]
@@ -121,7 +144,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seeds_differ_by_rank_counter_and_purpose_and_fit_32_bits() {
+    fn seeds_differ_by_rank_counter_and_purpose_and_environments_get_32_bits() {
         let base = derive_seed(1, 0, 0, Purpose::Episode);
         for other in [
             derive_seed(2, 0, 0, Purpose::Episode),
@@ -131,8 +154,35 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
-        assert!(base <= u64::from(u32::MAX));
+        assert!(derive_seed(1, 0, 0, Purpose::Learner) > u64::from(u32::MAX));
+        // Parts whose bits would cancel under an XOR of them.
+        let pairs = [
+            ((256, 0, 0, Purpose::Episode), (0, 0, 1, Purpose::Episode)),
+            (
+                (1, 0, 7, Purpose::LearnerSamples),
+                (3, 0, 7, Purpose::Episode),
+            ),
+            (
+                (1 << 40, 0, 0, Purpose::Episode),
+                (0, 1, 0, Purpose::Episode),
+            ),
+        ];
+        for ((s, r, c, p), (s2, r2, c2, p2)) in pairs {
+            assert_ne!(derive_seed(s, r, c, p), derive_seed(s2, r2, c2, p2));
+        }
         let streams = Streams::new(1, 0, false);
-        assert_eq!(streams.episode_seed(0), base);
+        assert_eq!(streams.episode_seed(0), environment_seed(base));
+        assert!(streams.episode_seed(0) <= u64::from(u32::MAX));
+    }
+
+    #[test]
+    fn neighbouring_seeds_play_no_episode_alike() {
+        type Episodes = fn(u64, u64) -> u64;
+        for seed_of in [collected_episode_seed as Episodes, evaluation_episode_seed] {
+            let episodes = |seed| (0..1000).map(move |n| seed_of(seed, n));
+            let first: std::collections::HashSet<u64> = episodes(0).collect();
+            assert_eq!(first.len(), 1000);
+            assert!(episodes(1).all(|s| !first.contains(&s) && s <= u64::from(u32::MAX)));
+        }
     }
 }
