@@ -443,7 +443,7 @@ fn evaluate(config: Config) -> Result<()> {
         num_envs: 1,
         ..config.clone()
     };
-    let mut actor = crate::actor::ActorSettings::from_config(&alone, 0)?.make_actor(policy)?;
+    let mut actor = crate::actor::ActorSettings::from_config(&alone, &rank)?.make_actor(policy)?;
     let group = crate::ddp::ProcessGroup::alone(rank);
     let mut video = Vec::new();
     let tasks = config.tasks()?;

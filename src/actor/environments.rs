@@ -7,6 +7,7 @@ use envs::{EnvOptions, Padding, Placement, ReplyLimit, TaskMix, VectorEnv, Worke
 use super::TaskAssignment;
 
 use crate::config::Config;
+use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
 /// The hidden subcommand of this binary that serves a vector env's worker process.
@@ -73,8 +74,10 @@ impl ActorTasks {
 impl ActorSettings {
     /// Rank `rank`'s environments: environment i seeded with seed + i·world_size + rank
     /// (environment 0 as a single environment always was). Python environments step in
-    /// worker processes when there are several; native ones always in process.
-    pub fn from_config(config: &Config, rank: usize) -> Result<Self> {
+    /// worker processes when there are several (by default one per thread of the rank); native
+    /// ones always in process.
+    pub fn from_config(config: &Config, rank_info: &RankInfo) -> Result<Self> {
+        let rank = rank_info.rank;
         let n = config.num_envs;
         let seeds = (0..n)
             .map(|i| config.seed + (i * config.world_size + rank) as u64)
@@ -101,7 +104,7 @@ impl ActorSettings {
             Some(0) if renders_on_many_threads => 1,
             Some(0) if away => 1,
             Some(k) => k,
-            None => crate::device::threads(config.num_threads, 1).min(n),
+            None => crate::device::rank_threads(config.num_threads, rank_info).min(n),
         };
         let placement = match workers {
             0 => Placement::InProcess,
@@ -183,7 +186,37 @@ mod tests {
             ..Source::default()
         })
         .unwrap();
-        ActorSettings::from_config(&config, rank).unwrap()
+        let rank = RankInfo {
+            rank,
+            world_size: config.world_size,
+            ..RankInfo::single(&config)
+        };
+        ActorSettings::from_config(&config, &rank).unwrap()
+    }
+
+    /// Environment workers default to the rank's threads: its share of the node's cores, not
+    /// all of them, when its node's ranks share their CPUs (torchrun, or no pinning).
+    #[test]
+    fn workers_default_to_the_ranks_share_of_the_cores() {
+        let config = Config::load(&Source {
+            overrides: vec!["task=walker-run".into(), "num_envs=8".into()],
+            ..Source::default()
+        })
+        .unwrap();
+        let sharing = |local_world_size, own_cpus| RankInfo {
+            local_world_size,
+            own_cpus,
+            ..RankInfo::single(&config)
+        };
+        let placement = |rank| {
+            ActorSettings::from_config(&config, &rank)
+                .unwrap()
+                .placement
+        };
+        assert_eq!(placement(sharing(10_000, None)), Placement::Workers(1));
+        assert_eq!(placement(sharing(10_000, Some(1))), Placement::Workers(1));
+        let alone = crate::device::cores().min(8);
+        assert_eq!(placement(sharing(1, None)), Placement::Workers(alone));
     }
 
     #[test]

@@ -11,8 +11,9 @@ pub struct RankInfo {
     pub local_world_size: usize,
     pub master_addr: String,
     pub master_port: u16,
-    /// The CPUs its launcher allotted to this rank alone (SLURM's `--cpus-per-task`), which it
-    /// shares with no other rank of its node; `None` when its node's ranks share their CPUs.
+    /// The CPUs its launcher allotted to this rank alone (SLURM's `--cpus-per-task`, or the
+    /// slice our launcher pins it to), which it shares with no other rank of its node; `None`
+    /// when its node's ranks share their CPUs.
     pub own_cpus: Option<usize>,
 }
 
@@ -186,8 +187,18 @@ impl Vars<'_> {
                 .master_addr()?
                 .unwrap_or_else(|| config.master_addr.clone()),
             master_port: self.port(config.master_port)?,
-            own_cpus: None,
+            own_cpus: match config.cpu_affinity {
+                true => self.pinned_cpus()?,
+                false => None,
+            },
         })
+    }
+
+    /// How many CPUs our launcher pins this rank to (the rank pins itself at its start).
+    fn pinned_cpus(&self) -> Result<Option<usize>> {
+        (self.0)(crate::ddp::affinity::CPUS_ENV)
+            .map(|list| crate::ddp::affinity::parse_list(&list).map(|cpus| cpus.len()))
+            .transpose()
     }
 
     /// A SLURM task: the master is MASTER_ADDR, else the step's first node; its CPUs are its own
@@ -315,6 +326,37 @@ mod tests {
         );
         assert_eq!((i.master_addr.as_str(), i.master_port), ("10.1.2.3", 29500));
         assert_eq!(i.own_cpus, None, "these ranks share their node's CPUs");
+    }
+
+    /// A rank our launcher pins to a slice of CPUs (`cpu_affinity=true`, the default) has them
+    /// to itself: its threads and environment workers are as many as the slice has.
+    #[test]
+    fn a_rank_pinned_by_our_launcher_owns_its_slice() {
+        let vars = [
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            (crate::ddp::affinity::CPUS_ENV, "4-6,9"),
+        ];
+        assert_eq!(info(&vars).unwrap().0.own_cpus, Some(4));
+        let config = Config::load(&Source {
+            overrides: vec!["cpu_affinity=false".into()],
+            ..Source::default()
+        })
+        .unwrap();
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let unpinned = RankInfo::from_env(&config, &|k| map.get(k).cloned()).unwrap();
+        assert_eq!(unpinned.0.own_cpus, None);
+        let bad = [
+            (crate::ddp::affinity::CPUS_ENV, "4-x"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ];
+        let e = info(&bad).unwrap_err().to_string();
+        assert!(e.contains(crate::ddp::affinity::CPUS_ENV), "{e}");
     }
 
     #[test]
