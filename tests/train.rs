@@ -175,9 +175,9 @@ fn cpu_kind() -> String {
     )
 }
 
-/// The default loop (num_envs=1, pipeline=false) trains bit for bit what it trained before
-/// those settings existed: the learner checksums and evaluation returns recorded then, on a CPU
-/// of the same kind. On a kind with no recording it says so in one line and checks what every
+/// The default loop (num_envs=1, pipeline=false) trains bit for bit what it trained when it was
+/// recorded (re-recorded only by a change meant to change the draws or the floats): the learner
+/// checksums and evaluation returns recorded then, on a CPU of the same kind. On a kind with no recording it says so in one line and checks what every
 /// kind computes alike: the returns of the first evaluation.
 #[test]
 fn the_default_loop_reproduces_the_recorded_run() {
