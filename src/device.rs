@@ -5,6 +5,8 @@ use tch::Device;
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
 
+pub use crate::config::cores;
+
 /// `device=auto|cpu|cuda|cuda:N`: on cuda, local rank r takes visible GPU r, unless the
 /// scheduler shows each task only its own GPU (`srun --gpus-per-task=1`), which is then GPU 0.
 /// With `share_gpus` (collectives over gloo, which unlike NCCL lets ranks share a GPU) more
@@ -90,11 +92,6 @@ fn choose(
         )));
     }
     Ok(Device::Cuda(rank.local_rank))
-}
-
-/// The cores this process may run on (1 when unknown).
-pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Threads per rank: the setting, else this machine's cores shared among the local ranks.

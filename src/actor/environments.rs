@@ -72,7 +72,7 @@ impl ActorTasks {
 }
 
 impl ActorSettings {
-    /// Rank `rank`'s environments: environment i seeded with seed + i·world_size + rank
+    /// The environments of rank `rank_info`: environment i seeded with seed + i·world_size + rank
     /// (environment 0 as a single environment always was). Python environments step in
     /// worker processes when there are several (by default one per thread of the rank); native
     /// ones always in process.
@@ -214,7 +214,8 @@ mod tests {
                 .placement
         };
         assert_eq!(placement(sharing(10_000, None)), Placement::Workers(1));
-        assert_eq!(placement(sharing(10_000, Some(1))), Placement::Workers(1));
+        let own = crate::device::cores().min(2);
+        assert_eq!(placement(sharing(10_000, Some(2))), Placement::Workers(own));
         let alone = crate::device::cores().min(8);
         assert_eq!(placement(sharing(1, None)), Placement::Workers(alone));
     }

@@ -31,7 +31,7 @@ pub use defaults::{
 };
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;
-pub use resources::{most_local_cpu_ranks, share_of_cores, split_threads};
+pub use resources::{cores, most_local_cpu_ranks, share_of_cores, split_threads};
 pub use task_specs::task_specs;
 pub use tasks::{is_multitask, task_list, MT30};
 

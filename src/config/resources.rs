@@ -22,6 +22,11 @@ pub fn most_local_cpu_ranks() -> usize {
     most_cpu_ranks(Machine::this().cores)
 }
 
+/// The cores this process may run on (its affinity and CPU quota; 1 when unknown).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// A rank's threads: the setting, else its share of `cores` among the node's local ranks, at
 /// least one.
 pub fn share_of_cores(setting: Option<usize>, cores: usize, local_ranks: usize) -> usize {

@@ -62,7 +62,7 @@ pub fn parse_list(text: &str) -> Result<Vec<usize>> {
         match part.split_once('-') {
             Some((first, last)) => {
                 let (first, last) = (number(first)?, number(last)?);
-                if first > last {
+                if first > last || last >= libc::CPU_SETSIZE as usize {
                     return Err(bad());
                 }
                 cpus.extend(first..=last);
@@ -73,7 +73,17 @@ pub fn parse_list(text: &str) -> Result<Vec<usize>> {
     if cpus.iter().any(|&c| c >= libc::CPU_SETSIZE as usize) {
         return Err(bad());
     }
+    cpus.sort_unstable();
+    cpus.dedup();
     Ok(cpus)
+}
+
+/// The CPUs our launcher allotted to this process (`TDMPC2_CPUS`), when our launcher started
+/// it: a list inherited by a process it did not start (torchrun's ranks share their
+/// environment) is nobody's own.
+pub fn launcher_slice(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    var(super::lifeline::LAUNCHER_PID_ENV)?;
+    var(CPUS_ENV)
 }
 
 /// The CPUs this thread may run on.
@@ -109,9 +119,9 @@ pub fn pin_current_thread(cpus: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Pins the calling thread to the CPUs in `TDMPC2_CPUS`, if the launcher set it.
+/// Pins the calling thread to the CPUs in `TDMPC2_CPUS`, if our launcher set it.
 pub fn apply_from_env() -> Result<Option<Vec<usize>>> {
-    let Ok(text) = std::env::var(CPUS_ENV) else {
+    let Some(text) = launcher_slice(|key| std::env::var(key).ok()) else {
         return Ok(None);
     };
     let cpus = parse_list(&text)?;

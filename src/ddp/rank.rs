@@ -178,27 +178,34 @@ impl Vars<'_> {
 
     /// A rank of torchrun or of our own launcher.
     fn torchrun(&self, config: &Config, rank: usize, world_size: usize) -> Result<RankInfo> {
+        let local_world_size = self.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size);
         Ok(RankInfo {
             rank,
             world_size,
             local_rank: self.number("LOCAL_RANK")?.unwrap_or(0),
-            local_world_size: self.number("LOCAL_WORLD_SIZE")?.unwrap_or(world_size),
+            local_world_size,
             master_addr: self
                 .master_addr()?
                 .unwrap_or_else(|| config.master_addr.clone()),
             master_port: self.port(config.master_port)?,
             own_cpus: match config.cpu_affinity {
-                true => self.pinned_cpus()?,
+                true => self.pinned_cpus(local_world_size)?,
                 false => None,
             },
         })
     }
 
-    /// How many CPUs our launcher pins this rank to (the rank pins itself at its start).
-    fn pinned_cpus(&self) -> Result<Option<usize>> {
-        (self.0)(crate::ddp::affinity::CPUS_ENV)
-            .map(|list| crate::ddp::affinity::parse_list(&list).map(|cpus| cpus.len()))
-            .transpose()
+    /// The CPUs our launcher pins this rank to (the rank pins itself as it joins the group):
+    /// the slice's size, at most the rank's share of the cores this process may use (a
+    /// container's CPU limit, which the slices do not know), so that every rank runs as many
+    /// threads.
+    fn pinned_cpus(&self, local_world_size: usize) -> Result<Option<usize>> {
+        let Some(list) = crate::ddp::affinity::launcher_slice(self.0) else {
+            return Ok(None);
+        };
+        let slice = crate::ddp::affinity::parse_list(&list)?.len();
+        let share = crate::config::share_of_cores(None, crate::config::cores(), local_world_size);
+        Ok(Some(slice.min(share).max(1)))
     }
 
     /// A SLURM task: the master is MASTER_ADDR, else the step's first node; its CPUs are its own
@@ -328,34 +335,44 @@ mod tests {
         assert_eq!(i.own_cpus, None, "these ranks share their node's CPUs");
     }
 
-    /// A rank our launcher pins to a slice of CPUs (`cpu_affinity=true`, the default) has them
-    /// to itself: its threads and environment workers are as many as the slice has.
+    /// A rank pinned by our launcher to a slice of CPUs (`cpu_affinity=true`, the default) has
+    /// them to itself: its threads and environment workers are as many as the slice has, at
+    /// most its share of the cores. A list our launcher did not give is not its own.
     #[test]
     fn a_rank_pinned_by_our_launcher_owns_its_slice() {
-        let vars = [
+        let launcher = (crate::ddp::lifeline::LAUNCHER_PID_ENV, "1");
+        let slice = (crate::ddp::affinity::CPUS_ENV, "4-6,9,9");
+        let ranks = [
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
             ("LOCAL_WORLD_SIZE", "2"),
-            (crate::ddp::affinity::CPUS_ENV, "4-6,9"),
         ];
-        assert_eq!(info(&vars).unwrap().0.own_cpus, Some(4));
-        let config = Config::load(&Source {
-            overrides: vec!["cpu_affinity=false".into()],
-            ..Source::default()
-        })
-        .unwrap();
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        let unpinned = RankInfo::from_env(&config, &|k| map.get(k).cloned()).unwrap();
-        assert_eq!(unpinned.0.own_cpus, None);
-        let bad = [
-            (crate::ddp::affinity::CPUS_ENV, "4-x"),
-            ("RANK", "0"),
-            ("WORLD_SIZE", "1"),
-        ];
-        let e = info(&bad).unwrap_err().to_string();
+        let own = |extra: &[(&str, &str)], overrides: &[&str]| {
+            let config = Config::load(&Source {
+                overrides: overrides.iter().map(|s| s.to_string()).collect(),
+                ..Source::default()
+            })
+            .unwrap();
+            let map: HashMap<String, String> = ranks
+                .iter()
+                .chain(extra)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            RankInfo::from_env(&config, &|k| map.get(k).cloned()).map(|(info, _)| info.own_cpus)
+        };
+        let share = (crate::config::cores() / 2).max(1);
+        assert_eq!(own(&[launcher, slice], &[]).unwrap(), Some(share.min(4)));
+        assert_eq!(
+            own(&[launcher, slice], &["cpu_affinity=false"]).unwrap(),
+            None
+        );
+        assert_eq!(
+            own(&[slice], &[]).unwrap(),
+            None,
+            "torchrun's ranks share it"
+        );
+        let bad = (crate::ddp::affinity::CPUS_ENV, "4-99999999999");
+        let e = own(&[launcher, bad], &[]).unwrap_err().to_string();
         assert!(e.contains(crate::ddp::affinity::CPUS_ENV), "{e}");
     }
 
