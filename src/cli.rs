@@ -56,7 +56,7 @@ pub enum Command {
     /// Draw learning curves of run directories: `tdmpc2 plot RUN_DIR... --out curves.png`.
     Plot(crate::tools::plot::PlotArgs),
     /// Check that this machine can train: venv, torch, GPUs, dm_control, ports, cores, disk.
-    Doctor(crate::tools::doctor::DoctorArgs),
+    Doctor(DoctorArgs),
 }
 
 /// Where settings come from: a config file laid over the defaults, then `key=value` overrides.
@@ -98,6 +98,24 @@ pub struct EvalArgs {
     /// `--cfg job` prints the resolved configuration as YAML and exits.
     #[arg(long = "cfg", value_name = "job", value_parser = ["job"])]
     pub cfg: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also form a real process group of N ranks on this machine and all-reduce one tensor
+    /// (NCCL when there are N GPUs, else gloo).
+    #[arg(long, value_name = "N")]
+    pub world_size: Option<usize>,
+    /// One rank of the --world-size check (started by the doctor itself).
+    #[arg(long, hide = true)]
+    pub rank_check: bool,
+    /// Render frames in this process (started by the doctor itself with MUJOCO_GL=egl).
+    #[arg(long, hide = true)]
+    pub render_check: bool,
+    /// The run to check for: its config file and `key=value` settings (master_port,
+    /// num_threads, run_dir, a data_dir whose files to read back, a resume checkpoint, ...).
+    #[command(flatten)]
+    pub settings: SettingsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -271,7 +289,11 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::BenchWorker(args) => crate::bench::ddp::worker(&args),
         Command::EnvWorker => Ok(envs::serve_worker()?),
         Command::Plot(args) => crate::tools::plot::run(&args),
-        Command::Doctor(args) => crate::tools::doctor::run(&args),
+        Command::Doctor(args) if args.rank_check => crate::tools::doctor::rank_check(),
+        Command::Doctor(args) if args.render_check => crate::tools::doctor::render_check(),
+        Command::Doctor(args) => {
+            crate::tools::doctor::run(&args.settings.source(), args.world_size)
+        }
     }
 }
 

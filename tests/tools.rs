@@ -515,6 +515,22 @@ fn doctor_names_a_task_and_a_run_dir_that_train_would_refuse() {
         "{log}"
     );
 
+    // The run's config file, as train reads it.
+    std::fs::write(dir.path().join("mine.yaml"), "task: nosuch\n").unwrap();
+    let config_path = dir.path().display().to_string();
+    let out = doctor(
+        &["--config-path", &config_path, "--config-name", "mine"],
+        &[],
+    );
+    assert!(
+        text(&out).contains("✗ task: unknown task `nosuch`"),
+        "{}",
+        text(&out)
+    );
+    let out = doctor(&["--config-name=nosuch"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("nosuch"), "{}", text(&out));
+
     // A new run directory is made to see that it can be, and removed again.
     let new = dir.path().join("new/run");
     let out = doctor(&[&format!("run_dir={}", new.display())], &[]);

@@ -124,7 +124,7 @@ pub(super) fn wait_with_deadline(
 }
 
 /// One rank of the group check: all-reduce rank + 1 and compare with 1 + 2 + .. + world_size.
-pub(super) fn rank_check() -> Result<()> {
+pub fn rank_check() -> Result<()> {
     let var = |key: &str| {
         std::env::var(key).map_err(|_| Error::Config(format!("doctor --rank-check needs {key}")))
     };

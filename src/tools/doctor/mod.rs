@@ -17,24 +17,6 @@ const TORCH_RELEASE: &str = "2.11";
 /// Below this much free space in the run directory's filesystem, checkpoints may not fit.
 const LOW_DISK_BYTES: u64 = 2 << 30;
 
-#[derive(Debug, clap::Args)]
-pub struct DoctorArgs {
-    /// Also form a real process group of N ranks on this machine and all-reduce one tensor
-    /// (NCCL when there are N GPUs, else gloo).
-    #[arg(long, value_name = "N")]
-    pub world_size: Option<usize>,
-    /// One rank of the --world-size check (started by the doctor itself).
-    #[arg(long, hide = true)]
-    pub rank_check: bool,
-    /// Render frames in this process (started by the doctor itself with MUJOCO_GL=egl).
-    #[arg(long, hide = true)]
-    pub render_check: bool,
-    /// `key=value` settings of the run to check for (master_port, num_threads, run_dir, a
-    /// data_dir whose files to read back, ...).
-    #[arg(value_name = "KEY=VALUE")]
-    pub overrides: Vec<String>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mark {
     Pass,
@@ -62,21 +44,16 @@ impl Report {
     }
 }
 
-pub fn run(args: &DoctorArgs) -> Result<()> {
-    if args.rank_check {
-        return group::rank_check();
-    }
-    if args.render_check {
-        return render::render_check();
-    }
-    let source = Source {
-        overrides: args.overrides.clone(),
-        ..Source::default()
-    };
+pub use group::rank_check;
+pub use render::render_check;
+
+/// Checks this machine for the run `source` describes; with `world_size`, also forms a process
+/// group of that many ranks here.
+pub fn run(source: &Source, world_size: Option<usize>) -> Result<()> {
     source.refuse_derived_settings()?;
-    let config = Config::load(&source)?;
+    let config = Config::load(source)?;
     let most = crate::config::most_local_cpu_ranks();
-    let world_size = match args.world_size {
+    let world_size = match world_size {
         Some(n) if n == 0 || n > most => {
             return Err(Error::Config(format!(
                 "--world-size {n}: the check starts that many ranks here; give 1 to {most}, as \

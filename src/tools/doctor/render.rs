@@ -57,7 +57,7 @@ pub(super) fn check_rendering(report: &mut Report, chosen: Option<&str>, needed:
 }
 
 /// The rendering check's process: one frame, then [`RENDER_FRAMES`] timed.
-pub(super) fn render_check() -> Result<()> {
+pub fn render_check() -> Result<()> {
     envs::renderer::check()?;
     let mut env = envs::dmc::DmcEnv::new(RENDER_TASK, 0, true)?;
     env.reset(Some(0))?;
