@@ -486,7 +486,8 @@ impl Config {
                 self.task_dim.to_string(),
                 defaults.task_dim.to_string(),
                 "it sizes the task embedding of a multitask model (task=mt30, mt80 or \
-                 [task,task,...]), and a single task has none"
+                 [task,task,...]); a single task has none, which task_dim=0 says too, as the \
+                 official parser sets it"
                     .to_string(),
             ));
         }
