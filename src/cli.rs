@@ -354,6 +354,7 @@ fn train(mut config: Config) -> Result<()> {
             max_restarts: config.max_restarts,
             peer_timeout: std::time::Duration::from_secs(config.peer_timeout),
             dist_timeout: std::time::Duration::from_secs(config.dist_timeout),
+            stop_grace: std::time::Duration::from_secs(config.stop_grace),
             job: config.job_settings()?,
             program,
             args: std::env::args_os().skip(1).collect(),

@@ -126,6 +126,7 @@ pub struct Config {
     pub dist_force_group: bool,
     pub max_restarts: usize,
     pub peer_timeout: u64,
+    pub stop_grace: u64,
     pub launcher: String,
     pub lr_scale: String,
     pub lr_warmup_steps: u64,
@@ -373,7 +374,7 @@ pub const PLACEMENT_SETTINGS: [&str; 4] = ["resume", "master_addr", "master_port
 
 /// The settings that change how a run executes, reports and keeps its files, not what it
 /// learns: runs that differ only in these (and their seed) are seeds of one configuration.
-pub const EXECUTION_SETTINGS: [&str; 26] = [
+pub const EXECUTION_SETTINGS: [&str; 27] = [
     "resume",
     "master_addr",
     "master_port",
@@ -397,6 +398,7 @@ pub const EXECUTION_SETTINGS: [&str; 26] = [
     "dist_timeout",
     "launcher",
     "peer_timeout",
+    "stop_grace",
     "max_restarts",
     "env_timeout",
     "cpu_affinity",

@@ -40,6 +40,8 @@ pub struct LaunchPlan {
     /// and how long the job may take to form (`dist_timeout`).
     pub peer_timeout: Duration,
     pub dist_timeout: Duration,
+    /// How long the ranks get to end after a stop (`stop_grace`).
+    pub stop_grace: Duration,
     /// What every node's launcher must agree on (world size, nodes, task, seed, steps): a
     /// launcher started with other settings, or one of another job, is refused.
     pub job: String,
@@ -408,7 +410,7 @@ async fn supervise(
             }
             // A continue after a stop (Ctrl-Z) gives the grace its time again.
             _ = timeout => if deadline.is_some_and(|d| d.passed()) {
-                job.kill("ranks still running after the grace period")
+                job.grace_ran_out()
             },
         }
     }

@@ -13,10 +13,6 @@ use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, STOPP
 
 /// How long ranks get to end once one failed, before they are killed.
 const GRACE: Duration = Duration::from_secs(20);
-/// How long ranks get to end after a stop (Ctrl-C, SIGTERM, a rank that stopped as asked):
-/// rank 0 writes the checkpoint then, a large one with `save_buffer` too. A second Ctrl-C kills
-/// at once.
-const STOP_GRACE: Duration = Duration::from_secs(120);
 /// A stop signal this long after the first is a second request (kill now), not the same one
 /// delivered twice.
 const SECOND_REQUEST_AFTER: Duration = Duration::from_secs(1);
@@ -66,6 +62,12 @@ pub(super) struct Supervision {
     interrupted: Option<Interruption>,
     /// When the ranks still running get SIGKILL.
     deadline: Option<Deadline>,
+    /// How long ranks get to end after a stop (Ctrl-C, SIGTERM, a rank that stopped as asked):
+    /// rank 0 writes the checkpoint then, a large one with `save_buffer` too (`stop_grace`). A
+    /// second Ctrl-C kills at once.
+    stop_grace: Duration,
+    /// Whether the deadline is a stop's grace.
+    graced_stop: bool,
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
     /// Why the ranks still running are being killed, once they are.
@@ -104,6 +106,8 @@ impl Supervision {
             stopped: None,
             interrupted: None,
             deadline: None,
+            stop_grace: plan.stop_grace,
+            graced_stop: false,
             killed: Vec::new(),
             killing: None,
             stopping: false,
@@ -146,7 +150,7 @@ impl Supervision {
             // writing the checkpoint.
             Event::PeerLost(lost) if self.stopping && self.lost_peer.is_none() => {
                 self.lost_while_stopping.get_or_insert(lost);
-                self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
+                self.give_stop_grace();
             }
             Event::PeerLost(lost) => {
                 if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
@@ -171,7 +175,7 @@ impl Supervision {
         } else if code == Some(STOPPED_EXIT_CODE) && self.failure.is_none() {
             // The others stop at the same step by agreement; the grace is a bound.
             self.stopped.get_or_insert(rank);
-            self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
+            self.give_stop_grace();
         } else if !ok && self.interrupted.is_none() {
             let failure = Failure {
                 rank,
@@ -234,7 +238,27 @@ impl Supervision {
         }
         self.interrupted = Some(Interruption { why, at: now });
         stop_all(&self.alive, libc::SIGTERM);
-        self.deadline.get_or_insert(Deadline::after(STOP_GRACE));
+        self.give_stop_grace();
+    }
+
+    /// The ranks get the stop's grace to end, unless a deadline is already set.
+    fn give_stop_grace(&mut self) {
+        if self.deadline.is_none() {
+            self.deadline = Some(Deadline::after(self.stop_grace));
+            self.graced_stop = true;
+        }
+    }
+
+    /// The deadline passed: the ranks still running are killed.
+    pub(super) fn grace_ran_out(&mut self) {
+        let why = match self.graced_stop {
+            true => format!(
+                "ranks still running after the grace period (stop_grace={} s)",
+                self.stop_grace.as_secs()
+            ),
+            false => "ranks still running after the grace period".to_string(),
+        };
+        self.kill(&why);
     }
 
     pub(super) fn kill(&mut self, why: &str) {
@@ -362,6 +386,10 @@ mod tests {
 
     /// Supervision of two local ranks whose pids are unknown (nothing is signalled).
     fn two_ranks() -> Supervision {
+        two_ranks_with(Duration::from_secs(120))
+    }
+
+    fn two_ranks_with(stop_grace: Duration) -> Supervision {
         let plan = LaunchPlan {
             world_size: 2,
             nnodes: 1,
@@ -372,6 +400,7 @@ mod tests {
             max_restarts: 3,
             peer_timeout: Duration::from_secs(1),
             dist_timeout: Duration::from_secs(1),
+            stop_grace,
             job: String::new(),
             program: "tdmpc2".into(),
             args: Vec::new(),
@@ -579,17 +608,34 @@ mod tests {
         );
     }
 
+    /// A stop gives the ranks `stop_grace`; a failure its own grace, whatever `stop_grace` is.
+    #[test]
+    fn a_stop_gives_the_ranks_stop_grace() {
+        for secs in [5, 3600] {
+            let mut job = two_ranks_with(Duration::from_secs(secs));
+            job.interrupt("SIGTERM");
+            let left = job.deadline().unwrap().left();
+            assert!(left <= Duration::from_secs(secs), "{left:?}");
+            assert!(left > Duration::from_secs(secs) / 2, "{left:?}");
+        }
+        let mut job = two_ranks_with(Duration::from_secs(3600));
+        job.on_exit(1, exited(1));
+        assert!(job.deadline().unwrap().left() <= GRACE);
+    }
+
     #[test]
     fn a_rank_killed_after_the_stop_grace_is_no_failure() {
         let mut job = two_ranks();
         job.on_exit(1, exited(STOPPED_EXIT_CODE));
-        job.kill("ranks still running after the grace period");
+        job.grace_ran_out();
         job.on_exit(0, signalled(libc::SIGKILL));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
         assert!(
-            err.to_string()
-                .contains("killed (ranks still running after the grace period): rank(s) [0]"),
+            err.to_string().contains(
+                "killed (ranks still running after the grace period (stop_grace=120 s)): \
+                 rank(s) [0]"
+            ),
             "{err}"
         );
     }
