@@ -1128,7 +1128,9 @@ fn wait_for_train_record(run_dir: &Path, step: u64, limit: Duration) -> bool {
 #[test]
 fn ranks_die_with_a_killed_launcher() {
     let dir = tempfile::tempdir().unwrap();
-    let mut launcher = spawn_endless_two_rank_run(dir.path(), Stdio::null());
+    // An orphan's grace is the run's stop_grace.
+    let mut launcher =
+        spawn_endless_two_rank_run_with(dir.path(), Stdio::null(), &["stop_grace=30"]);
     // Into training, past the pretraining (200 seed steps per rank, then an episode).
     let trained = wait_for_train_record(dir.path(), 800, Duration::from_secs(240));
     let ranks = children_of(launcher.id());
@@ -1143,8 +1145,8 @@ fn ranks_die_with_a_killed_launcher() {
     launcher.kill().unwrap();
     launcher.wait().unwrap();
     let killed = Instant::now();
-    // Within their orphan grace (30 s: they stop at the next step and checkpoint, slowly on a
-    // loaded machine), not training on.
+    // Within their orphan grace (stop_grace, 30 s: they stop at the next step and checkpoint,
+    // slowly on a loaded machine), not training on.
     while ranks.iter().any(|&pid| running(pid)) && killed.elapsed() < Duration::from_secs(40) {
         std::thread::sleep(Duration::from_millis(100));
     }

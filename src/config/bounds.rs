@@ -58,7 +58,7 @@ impl Config {
         const STEPS: u64 = 1_000_000_000_000_000;
         const DIM: u64 = 1 << 20;
         let optional = |value: Option<usize>| value.map_or(1, |v| v as u64);
-        let sizes: [(&str, u64, u64, u64); 37] = [
+        let sizes: [(&str, u64, u64, u64); 38] = [
             ("steps", self.steps, 1, STEPS),
             ("eval_freq", self.eval_freq, 1, STEPS),
             ("save_freq", self.save_freq, 1, STEPS),
@@ -99,6 +99,7 @@ impl Config {
             ("env_timeout", self.env_timeout, 1, 7 * 24 * 3600),
             ("actor_threads", optional(self.actor_threads), 1, 4096),
             ("dist_timeout", self.dist_timeout, 1, 7 * 24 * 3600),
+            ("stop_grace", self.stop_grace, 1, 7 * 24 * 3600),
             ("max_restarts", self.max_restarts as u64, 0, MAX_RESTARTS),
             (
                 "obs_shape",

@@ -316,13 +316,6 @@ impl Config {
                 LAUNCHERS.join(", ")
             )));
         }
-        if self.stop_grace == 0 {
-            return Err(range(
-                "stop_grace",
-                self.stop_grace,
-                "must be >= 1 second (the ranks' time to write the stop's checkpoint)",
-            ));
-        }
         if !(1..=self.dist_timeout.max(1)).contains(&self.peer_timeout) {
             return Err(range(
                 "peer_timeout",

@@ -21,15 +21,14 @@ use crate::error::{Error, Result};
 /// The launcher's pid, as it passes it to the ranks it starts.
 pub const LAUNCHER_PID_ENV: &str = "TDMPC2_LAUNCHER_PID";
 
-/// How long an orphaned rank may take to agree on a step with the others and checkpoint
-/// before it is ended.
-const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
 
 /// Binds this process's life to the launcher named in the environment (nothing to do when no
 /// built-in launcher started it). `on_orphaned` runs in a signal handler when the launcher
-/// dies: it must be async-signal-safe (store to an atomic, nothing more).
-pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
+/// dies: it must be async-signal-safe (store to an atomic, nothing more). An orphaned rank gets
+/// `grace` (the run's `stop_grace`) to agree on a step with the others and checkpoint before it
+/// is ended.
+pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
     let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) else {
         return Ok(());
     };
@@ -58,7 +57,7 @@ pub fn bind_to_launcher(on_orphaned: fn()) -> Result<()> {
     }
     std::thread::Builder::new()
         .name("launcher-watch".into())
-        .spawn(move || watch(launcher))
+        .spawn(move || watch(launcher, grace))
         .map_err(|e| Error::io("start the launcher watchdog", e))?;
     Ok(())
 }
@@ -160,13 +159,13 @@ extern "C" fn orphaned(_: libc::c_int) {
     }
 }
 
-fn watch(launcher: libc::pid_t) {
+fn watch(launcher: libc::pid_t, grace: Duration) {
     while parent() == launcher {
         std::thread::sleep(POLL);
     }
     // SAFETY: the handler is installed; raising it again is harmless if the kernel already did.
     unsafe { libc::raise(libc::SIGHUP) };
-    let grace = envs::deadline::Deadline::after(ORPHAN_GRACE);
+    let grace = envs::deadline::Deadline::after(grace);
     while !grace.passed() {
         std::thread::sleep(POLL);
     }

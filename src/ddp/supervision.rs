@@ -66,7 +66,7 @@ pub(super) struct Supervision {
     /// rank 0 writes the checkpoint then, a large one with `save_buffer` too (`stop_grace`). A
     /// second Ctrl-C kills at once.
     stop_grace: Duration,
-    /// Whether the deadline is a stop's grace.
+    /// Whether the deadline is a stop's grace (a failure's or a lost peer's replaces it).
     graced_stop: bool,
     /// Ranks the launcher killed: not failures of their own.
     killed: Vec<usize>,
@@ -159,6 +159,7 @@ impl Supervision {
                     self.lost_peer = Some(lost);
                     stop_all(&self.alive, libc::SIGTERM);
                     self.deadline = Some(Deadline::after(PEER_GRACE));
+                    self.graced_stop = false;
                 }
             }
         }
@@ -199,6 +200,7 @@ impl Supervision {
             self.failure = Some(failure);
             stop_all(&self.alive, libc::SIGTERM);
             self.deadline = Some(Deadline::after(GRACE));
+            self.graced_stop = false;
         }
     }
 
@@ -619,8 +621,10 @@ mod tests {
             assert!(left > Duration::from_secs(secs) / 2, "{left:?}");
         }
         let mut job = two_ranks_with(Duration::from_secs(3600));
-        job.on_exit(1, exited(1));
+        job.on_exit(1, exited(STOPPED_EXIT_CODE));
+        job.on_exit(0, exited(1));
         assert!(job.deadline().unwrap().left() <= GRACE);
+        assert!(!job.graced_stop, "its kill names no stop_grace");
     }
 
     #[test]

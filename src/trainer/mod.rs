@@ -33,7 +33,10 @@ use training::Training;
 pub fn run(config: Config, rank: RankInfo) -> Result<()> {
     // First thing: a stop requested during start-up must still end in a checkpoint.
     stop::install_handlers();
-    crate::ddp::lifeline::bind_to_launcher(|| stop::request(stop::Reason::LauncherLost))?;
+    crate::ddp::lifeline::bind_to_launcher(
+        || stop::request(stop::Reason::LauncherLost),
+        std::time::Duration::from_secs(config.stop_grace),
+    )?;
     // What needs no run directory first, so that a refused run leaves none behind.
     let device = crate::device::select(&config.device, &rank, config.dist_backend == "gloo")?;
     if config.offline() {

@@ -272,10 +272,21 @@ fn spawn_workers(
             .env("LOCAL_WORLD_SIZE", world_size.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
+            // The bench starts its workers as our launcher does, so they pin to their slices.
             .envs(
                 cpu_slices
                     .as_ref()
-                    .map(|slices| (affinity::CPUS_ENV, affinity::format_list(&slices[rank]))),
+                    .map(|slices| {
+                        [
+                            (affinity::CPUS_ENV, affinity::format_list(&slices[rank])),
+                            (
+                                crate::ddp::lifeline::LAUNCHER_PID_ENV,
+                                std::process::id().to_string(),
+                            ),
+                        ]
+                    })
+                    .into_iter()
+                    .flatten(),
             )
             .env("OMP_NUM_THREADS", threads.to_string())
             .env("MKL_NUM_THREADS", threads.to_string())

@@ -160,10 +160,8 @@ fn non_finite_and_unsupported_values_are_refused() {
         ("discount_min=0.999", "discount_min (0.999) <= discount_max"),
         ("save_agent=false", "save_agent=false is not supported"),
         ("task_dim=32", "task_dim=32 is not supported"),
-        (
-            "stop_grace=0",
-            "stop_grace=0 is out of range: must be >= 1 second",
-        ),
+        ("stop_grace=0", "stop_grace=0 is out of range: must be >= 1"),
+        ("stop_grace=10000000000000000000", "must be <= 604800"),
     ] {
         let e = error(&[arg]);
         assert!(e.contains(needle), "{arg}: {e}");

@@ -177,6 +177,8 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
             crate::ddp::lifeline::LAUNCHER_PID_ENV,
             std::process::id().to_string(),
         )
+        // A job is no rank of ours to pin: a list the sweep inherited is not its.
+        .env_remove(crate::ddp::affinity::CPUS_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
