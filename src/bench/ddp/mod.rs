@@ -272,7 +272,10 @@ fn spawn_workers(
             .env("LOCAL_WORLD_SIZE", world_size.to_string())
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            // The bench starts its workers as our launcher does, so they pin to their slices.
+            // The bench starts its workers as our launcher does, so they pin to their slices
+            // (and only to those: not to a list the bench inherited).
+            .env_remove(affinity::CPUS_ENV)
+            .env_remove(crate::ddp::lifeline::LAUNCHER_PID_ENV)
             .envs(
                 cpu_slices
                     .as_ref()
