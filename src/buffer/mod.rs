@@ -5,7 +5,7 @@
 //! terminated_t). Each observation is stored once; of a pixel observation (a stack of frames)
 //! only its newest frame, as bytes: stacks are rebuilt from consecutive rows when sampled, the
 //! first frame repeated at the episode start as the environment did. Sampling costs O(B·H),
-//! independent of fill.
+//! independent of fill and of the number of episodes held.
 use std::collections::VecDeque;
 
 use rand::Rng;
@@ -374,24 +374,14 @@ impl ReplayBuffer {
     /// enough rows, then a start uniformly within it.
     pub fn sample(&self, batch_size: usize, horizon: usize, rng: &mut Pcg64) -> Result<Batch> {
         let length = horizon + 1;
-        let eligible: Vec<Span> = self
-            .episodes
-            .iter()
-            .copied()
-            .filter(|s| s.rows - s.context >= length)
-            .collect();
-        if eligible.is_empty() {
-            return Err(Error::Other(format!(
-                "the replay buffer holds no episode of at least {length} rows"
-            )));
-        }
+        let mut listed = None;
         // Per sampled row, the rows of its observation's parts (oldest frame first).
         let parts = self.layout.lookback() + 1;
         let mut index = vec![0i64; length * batch_size];
         let mut obs_index = vec![0i64; length * batch_size * parts];
         let mut tasks = Vec::with_capacity(batch_size);
         for b in 0..batch_size {
-            let span = eligible[rng.random_range(0..eligible.len())];
+            let span = self.draw_episode(length, rng, &mut listed)?;
             tasks.extend(span.task.map(i64::from));
             let offset = rng.random_range(span.context..=span.rows - length);
             for t in 0..length {
@@ -431,6 +421,42 @@ impl ReplayBuffer {
         })
     }
 }
+
+impl ReplayBuffer {
+    /// An episode uniformly among those with at least `length` rows to sample. It is drawn
+    /// among all and drawn again when too short, so a sample takes no pass over the episodes
+    /// (a ring of short episodes holds hundreds of thousands): nearly every episode is long
+    /// enough, all but the trimmed oldest and those shorter than a slice. After
+    /// [`REDRAWS`] misses in a row it is drawn among the eligible ones, listed once in
+    /// `listed`; each way gives every eligible episode the same chance.
+    fn draw_episode(
+        &self,
+        length: usize,
+        rng: &mut Pcg64,
+        listed: &mut Option<Vec<Span>>,
+    ) -> Result<Span> {
+        let eligible = |s: &Span| s.rows - s.context >= length;
+        if listed.is_none() && !self.episodes.is_empty() {
+            for _ in 0..REDRAWS {
+                let span = self.episodes[rng.random_range(0..self.episodes.len())];
+                if eligible(&span) {
+                    return Ok(span);
+                }
+            }
+        }
+        let listed =
+            listed.get_or_insert_with(|| self.episodes.iter().copied().filter(eligible).collect());
+        match listed.len() {
+            0 => Err(Error::Other(format!(
+                "the replay buffer holds no episode of at least {length} rows"
+            ))),
+            n => Ok(listed[rng.random_range(0..n)]),
+        }
+    }
+}
+
+/// Draws among all episodes before [`ReplayBuffer::draw_episode`] lists the eligible ones.
+const REDRAWS: usize = 16;
 
 /// Copies `values` (rows × width) into `storage` from row `start`, wrapping at the end.
 fn write_rows<T: tch::kind::Element>(
@@ -582,6 +608,45 @@ mod tests {
         assert!(
             (share - 0.5).abs() < 0.04,
             "per-episode uniform: short episode share {share}"
+        );
+    }
+
+    /// Among many episodes too short for a slice, the long ones are still drawn alike, by
+    /// redrawing (few short ones) or from the list of eligible ones (mostly short ones); with
+    /// none long enough, the sample is an error naming the length.
+    #[test]
+    fn episodes_too_short_for_a_slice_are_never_drawn() {
+        for shorts in [3, 400] {
+            let mut buffer =
+                ReplayBuffer::new(10_000, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+            for i in 0..shorts {
+                buffer.add(&episode(5000.0 + i as f32 * 10.0, 2)).unwrap();
+            }
+            buffer.add(&episode(0.0, 3)).unwrap();
+            buffer.add(&episode(1000.0, 300)).unwrap();
+            let batch = buffer
+                .sample(4000, 3, &mut Pcg64::seed_from_u64(3))
+                .unwrap();
+            let firsts = values(&batch.obs.get(0).select(1, 0));
+            assert!(
+                firsts.iter().all(|&o| o < 5000.0),
+                "{shorts}: a short one drawn"
+            );
+            let share = firsts.iter().filter(|&&o| o < 1000.0).count() as f64 / 4000.0;
+            assert!(
+                (share - 0.5).abs() < 0.04,
+                "{shorts} short ones: share {share}"
+            );
+        }
+        let mut short_only =
+            ReplayBuffer::new(100, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        short_only.add(&episode(0.0, 2)).unwrap();
+        let e = short_only
+            .sample(4, 3, &mut Pcg64::seed_from_u64(3))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("no episode of at least 4 rows"),
+            "{e}"
         );
     }
 
