@@ -386,7 +386,7 @@ async fn supervise(
     };
     drop(tx);
     let mut job = Supervision::new(plan, alive);
-    while job.running() > 0 {
+    while job.running() > 0 && !job.gave_up() {
         let deadline = job.deadline();
         let timeout = async {
             match deadline {

@@ -13,6 +13,9 @@ use crate::error::{Error, Result, BAD_INPUT_EXIT_CODE, DIVERGED_EXIT_CODE, STOPP
 
 /// How long ranks get to end once one failed, before they are killed.
 const GRACE: Duration = Duration::from_secs(20);
+/// How long killed ranks get to be reaped: one still there has hung in the kernel (a GPU
+/// driver after an error, a hard network mount), where SIGKILL waits.
+const REAP_WAIT: Duration = Duration::from_secs(30);
 /// A stop signal this long after the first is a second request (kill now), not the same one
 /// delivered twice.
 const SECOND_REQUEST_AFTER: Duration = Duration::from_secs(1);
@@ -47,12 +50,17 @@ pub(super) struct Supervision {
     /// The global rank of local rank 0.
     first_rank: usize,
     alive: Vec<Option<u32>>,
-    running: usize,
+    /// Which local ranks have exited.
+    exited: Vec<bool>,
     /// The ranks' stdout and stderr pipes not yet at their end.
     open_streams: usize,
     /// Each rank's last lines on stderr (where it says everything it says).
     tails: Vec<VecDeque<String>>,
     failure: Option<Failure>,
+    /// The first rank that failed once a stop was under way (Ctrl-C, a rank that stopped as
+    /// asked, every rank's agreement): the stop goes on with its grace, and the job is not
+    /// restarted, but its checkpoint may be missing.
+    failed_while_stopping: Option<Failure>,
     /// Ranks that failed after the first: one of them may be the cause, the first only waiting
     /// on it in a collective (both exits can be in before the launcher reads either).
     later_failures: Vec<Failure>,
@@ -72,6 +80,8 @@ pub(super) struct Supervision {
     killed: Vec<usize>,
     /// Why the ranks still running are being killed, once they are.
     killing: Option<String>,
+    /// Killed ranks that had not ended [`REAP_WAIT`] later: the launcher gave up on them.
+    unreaped: Vec<usize>,
     /// A rank here said that every rank agreed to stop ([`STOPPING_NOTICE`]).
     stopping: bool,
     /// A node that went away after that: the stop goes on, but may end without its checkpoint.
@@ -96,11 +106,12 @@ impl Supervision {
         let local = alive.len();
         Self {
             first_rank: plan.node_rank * local,
-            running: local,
+            exited: vec![false; local],
             open_streams: 2 * local,
             alive,
             tails: vec![VecDeque::new(); local],
             failure: None,
+            failed_while_stopping: None,
             later_failures: Vec::new(),
             lost_peer: None,
             stopped: None,
@@ -110,6 +121,7 @@ impl Supervision {
             graced_stop: false,
             killed: Vec::new(),
             killing: None,
+            unreaped: Vec::new(),
             stopping: false,
             lost_while_stopping: None,
         }
@@ -117,7 +129,7 @@ impl Supervision {
 
     /// Local ranks not yet exited.
     pub(super) fn running(&self) -> usize {
-        self.running
+        self.exited.iter().filter(|&&exited| !exited).count()
     }
 
     /// The ranks' output pipes not yet at their end.
@@ -125,9 +137,22 @@ impl Supervision {
         self.open_streams
     }
 
-    /// When the ranks still running are to be killed, once that is decided.
+    /// When the ranks still running are to be killed, once that is decided (or, once they
+    /// were, given up on).
     pub(super) fn deadline(&self) -> Option<Deadline> {
         self.deadline
+    }
+
+    /// Whether the launcher gave up on ranks that SIGKILL did not end.
+    pub(super) fn gave_up(&self) -> bool {
+        !self.unreaped.is_empty()
+    }
+
+    /// Whether the job is stopping as asked, no rank having failed before: Ctrl-C or SIGTERM
+    /// here, a rank here that stopped as asked, or a rank here saying that every rank agreed to.
+    fn stop_under_way(&self) -> bool {
+        self.failure.is_none()
+            && (self.interrupted.is_some() || self.stopped.is_some() || self.stopping)
     }
 
     pub(super) fn on_event(&mut self, event: Event) {
@@ -167,7 +192,7 @@ impl Supervision {
 
     fn on_exit(&mut self, rank: usize, status: std::io::Result<std::process::ExitStatus>) {
         use std::os::unix::process::ExitStatusExt;
-        self.running -= 1;
+        self.exited[rank - self.first_rank] = true;
         self.alive[rank - self.first_rank] = None;
         let ok = matches!(&status, Ok(s) if s.success());
         let code = status.as_ref().ok().and_then(|s| s.code());
@@ -177,7 +202,7 @@ impl Supervision {
             // The others stop at the same step by agreement; the grace is a bound.
             self.stopped.get_or_insert(rank);
             self.give_stop_grace();
-        } else if !ok && self.interrupted.is_none() {
+        } else if !ok {
             let failure = Failure {
                 rank,
                 how: describe(&status),
@@ -187,6 +212,10 @@ impl Supervision {
                     _ => heartbeat::Ended::Failed,
                 },
             };
+            if self.stop_under_way() {
+                self.failed_during_the_stop(failure);
+                return;
+            }
             if self.failure.is_some() {
                 // A failure of its own, whatever it was asked since: refused input, divergence,
                 // or killed (out of memory: the launcher's own kill counts as none).
@@ -199,6 +228,19 @@ impl Supervision {
             }
             self.failure = Some(failure);
             stop_all(&self.alive, libc::SIGTERM);
+            self.deadline = Some(Deadline::after(GRACE));
+            self.graced_stop = false;
+        }
+    }
+
+    /// A rank failed while the job stops (out of memory writing its buffer, an abort at the
+    /// process group's end): the others keep the stop's grace to end, rank 0 to write the
+    /// checkpoint; once rank 0 itself is gone there is no checkpoint left to wait for.
+    fn failed_during_the_stop(&mut self, failure: Failure) {
+        let writer_gone = failure.rank == 0;
+        self.failed_while_stopping.get_or_insert(failure);
+        self.give_stop_grace();
+        if writer_gone && self.deadline.is_some_and(|d| d.left() > GRACE) {
             self.deadline = Some(Deadline::after(GRACE));
             self.graced_stop = false;
         }
@@ -251,8 +293,22 @@ impl Supervision {
         }
     }
 
-    /// The deadline passed: the ranks still running are killed.
+    /// The deadline passed: the ranks still running are killed, or, when they already were,
+    /// given up on.
     pub(super) fn grace_ran_out(&mut self) {
+        if self.killing.is_some() {
+            self.unreaped = self.ranks_running();
+            errln!(
+                "[launcher] rank(s) {:?} (pids {:?}) did not end {} s after SIGKILL: they hang \
+                 in the kernel (a GPU driver after an error, a hard network mount, say); \
+                 giving up on them",
+                self.unreaped,
+                self.alive.iter().flatten().collect::<Vec<_>>(),
+                REAP_WAIT.as_secs()
+            );
+            self.deadline = None;
+            return;
+        }
         let why = match self.graced_stop {
             true => format!(
                 "ranks still running after the grace period (stop_grace={} s)",
@@ -265,9 +321,20 @@ impl Supervision {
 
     pub(super) fn kill(&mut self, why: &str) {
         errln!("[launcher] {why}; killing the ranks still running");
-        self.killing = Some(why.to_owned());
         stop_all(&self.alive, libc::SIGKILL);
-        self.deadline = None;
+        if self.killing.is_none() {
+            self.killing = Some(why.to_owned());
+            self.deadline = Some(Deadline::after(REAP_WAIT));
+            self.graced_stop = false;
+        }
+    }
+
+    /// The global ranks of this node not yet exited.
+    fn ranks_running(&self) -> Vec<usize> {
+        (self.exited.iter().enumerate())
+            .filter(|(_, &exited)| !exited)
+            .map(|(local, _)| self.first_rank + local)
+            .collect()
     }
 
     /// The ranks the launcher killed, for a message ("" when none).
@@ -281,15 +348,43 @@ impl Supervision {
         }
     }
 
+    /// A rank's last lines on stderr, indented, for a report.
+    fn last_lines(&self, rank: usize) -> String {
+        let tail = &self.tails[rank - self.first_rank];
+        match tail.is_empty() {
+            true => "  (none: it wrote nothing)".to_owned(),
+            false => tail
+                .iter()
+                .map(|l| format!("  {l}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
     /// Ok only when every rank exited 0; else what went wrong first. A stop that was asked for
     /// wins over a failure, so that Ctrl-C is never answered with a restart.
     pub(super) fn outcome(mut self) -> Result<()> {
+        if !self.unreaped.is_empty() {
+            // Not restarted: new ranks would meet the hung ones' GPU or files.
+            return Err(Error::Other(format!(
+                "rank(s) {:?} did not end after SIGKILL (hung in the kernel); the job is not \
+                 restarted while they hold their GPU and files: see the system log (dmesg) \
+                 for the cause",
+                self.unreaped
+            )));
+        }
         let killed = self.killed_note();
         let failure = self.cause();
+        let failed_while_stopping = self.failed_while_stopping.take();
         if let Some(Interruption { why, .. }) = self.interrupted {
-            let failed = match &failure {
-                Some(f) => format!(" (after rank {} failed: {})", f.rank, f.how),
-                None => String::new(),
+            let failed = match (&failure, &failed_while_stopping) {
+                (Some(f), _) => format!(" (after rank {} failed: {})", f.rank, f.how),
+                (None, Some(f)) => format!(
+                    " (rank {} failed meanwhile: {}; the stop's checkpoint may be missing, the \
+                     last one written stands)",
+                    f.rank, f.how
+                ),
+                (None, None) => String::new(),
             };
             return Err(Error::Stopped(format!(
                 "{why}: all ranks stopped{failed}{killed}"
@@ -305,12 +400,7 @@ impl Supervision {
             });
         }
         if let Some(failure) = &failure {
-            let tail = &self.tails[failure.rank - self.first_rank];
-            let lines: Vec<String> = tail.iter().map(|l| format!("  {l}")).collect();
-            let lines = match lines.is_empty() {
-                true => "  (none: it wrote nothing)".to_owned(),
-                false => lines.join("\n"),
-            };
+            let lines = self.last_lines(failure.rank);
             let (rank, how) = (failure.rank, &failure.how);
             match failure.ended {
                 heartbeat::Ended::Refused => {
@@ -331,6 +421,16 @@ impl Supervision {
             return Err(Error::JobFailed(format!(
                 "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
                  lines on stderr:\n{lines}"
+            )));
+        }
+        if let Some(f) = &failed_while_stopping {
+            return Err(Error::Stopped(format!(
+                "the job was stopping, and rank {} failed meanwhile ({}){killed}; the stop's \
+                 checkpoint may be missing (the last one written stands). Its last lines on \
+                 stderr:\n{}",
+                f.rank,
+                f.how,
+                self.last_lines(f.rank)
             )));
         }
         if let (None, Some(lost)) = (self.stopped, &self.lost_while_stopping) {
@@ -621,10 +721,80 @@ mod tests {
             assert!(left > Duration::from_secs(secs) / 2, "{left:?}");
         }
         let mut job = two_ranks_with(Duration::from_secs(3600));
-        job.on_exit(1, exited(STOPPED_EXIT_CODE));
         job.on_exit(0, exited(1));
         assert!(job.deadline().unwrap().left() <= GRACE);
         assert!(!job.graced_stop, "its kill names no stop_grace");
+    }
+
+    /// A rank that fails once the job is stopping as asked (Ctrl-C here, a rank that stopped
+    /// as asked, every rank's agreement) leaves rank 0 the stop's grace to write the
+    /// checkpoint, and the job stops rather than restarting; once rank 0 itself failed there
+    /// is no checkpoint to wait for.
+    #[test]
+    fn a_failure_during_a_stop_keeps_the_stop_and_its_grace() {
+        let hour = Duration::from_secs(3600);
+        type Stop = fn(&mut Supervision);
+        let ways: [(&str, Stop); 3] = [
+            ("Ctrl-C here", |job| job.interrupt("interrupted (Ctrl-C)")),
+            ("rank 1 stopped as asked", |job| {
+                job.on_exit(1, exited(STOPPED_EXIT_CODE))
+            }),
+            ("every rank agreed", |job| {
+                job.on_event(Event::Line {
+                    rank: 1,
+                    text: format!("{STOPPING_NOTICE} every rank stops at step 8"),
+                    is_err: true,
+                })
+            }),
+        ];
+        for (way, stop) in ways {
+            let mut job = two_ranks_with(hour);
+            stop(&mut job);
+            // Rank 1 fails, or rank 0 when rank 1 has stopped already.
+            let failing = if way == "rank 1 stopped as asked" {
+                0
+            } else {
+                1
+            };
+            job.on_exit(failing, signalled(libc::SIGABRT));
+            let left = job.deadline().unwrap().left();
+            match failing {
+                0 => assert!(left <= GRACE, "{way}: the writer is gone: {left:?}"),
+                _ => assert!(left > hour / 2, "{way}: the stop's grace kept: {left:?}"),
+            }
+            if failing == 1 {
+                job.on_exit(0, exited(STOPPED_EXIT_CODE));
+            }
+            let err = job.outcome().unwrap_err();
+            assert!(matches!(err, Error::Stopped(_)), "{way}: {err}");
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("rank {failing} failed meanwhile"))
+                    && text.contains("checkpoint may be missing"),
+                "{way}: {text}"
+            );
+        }
+    }
+
+    /// Ranks that SIGKILL does not end (hung in the kernel) are given up on after a wait, and
+    /// the job is not restarted on top of them.
+    #[test]
+    fn ranks_that_outlive_sigkill_are_given_up_on() {
+        let mut job = two_ranks();
+        job.on_exit(0, exited(1));
+        job.grace_ran_out();
+        assert!(!job.gave_up());
+        let left = job.deadline().expect("a wait for the killed ranks").left();
+        assert!(left <= REAP_WAIT, "{left:?}");
+        job.grace_ran_out();
+        assert!(job.gave_up() && job.running() == 1);
+        let err = job.outcome().unwrap_err();
+        assert!(!matches!(err, Error::JobFailed(_)), "not restarted: {err}");
+        assert!(
+            err.to_string()
+                .contains("rank(s) [1] did not end after SIGKILL"),
+            "{err}"
+        );
     }
 
     #[test]
