@@ -706,7 +706,7 @@ fn two_rank_sweep_training(
         .args(&args)
         .process_group(0)
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("sweep.stderr")).unwrap())
         .spawn()
         .unwrap();
     let mut stdout = std::io::BufReader::new(sweep.stdout.take().unwrap());
@@ -728,13 +728,17 @@ fn job_processes(sweep: &std::process::Child) -> (u32, Vec<u32>) {
 }
 
 /// A terminal's Ctrl-C (SIGINT to the sweep's whole process group) stops the sweep; its
-/// two-rank job is asked once, so it stops with a checkpoint instead of being killed.
+/// two-rank job is asked once, so it stops with a checkpoint instead of being killed, also
+/// when a wrapper passes the stop on as SIGTERM a moment later (the same request, not a second).
 #[test]
 fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
     let dir = tempfile::tempdir().unwrap();
     let (mut sweep, mut stdout, seen) = two_rank_sweep_training(dir.path());
-    // SAFETY: SIGINT to the process group our child leads, as a terminal's Ctrl-C.
+    // SAFETY: SIGINT to the process group our child leads, as a terminal's Ctrl-C, then
+    // SIGTERM to the sweep, as a wrapper passing it on.
     unsafe { libc::kill(-(sweep.id() as libc::pid_t), libc::SIGINT) };
+    std::thread::sleep(std::time::Duration::from_millis(10));
+    unsafe { libc::kill(sweep.id() as libc::pid_t, libc::SIGTERM) };
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let status = sweep.wait().unwrap();
@@ -750,6 +754,12 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
     assert!(
         std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some()),
         "{rest}"
+    );
+    // Its launcher ended the stop itself, not killed by a second request.
+    let stderr = std::fs::read_to_string(dir.path().join("sweep.stderr")).unwrap();
+    assert!(
+        stderr.contains("[job 0] error: terminated (SIGTERM): all ranks stopped"),
+        "{stderr}"
     );
 }
 

@@ -9,6 +9,7 @@ use tch::{Kind, Tensor};
 
 use crate::ddp::ProcessGroup;
 use crate::error::Result;
+use crate::terminal::{is_second_request, monotonic_ms};
 
 /// Why a rank asked to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,30 +62,17 @@ static REQUESTED: AtomicU8 = AtomicU8::new(0);
 static FIRST_SIGNAL_MS: AtomicI64 = AtomicI64::new(0);
 /// Whether a second request ends the process (none of our launchers decides for it).
 static SECOND_REQUEST_ENDS: AtomicBool = AtomicBool::new(false);
-/// A request this long after the first is a second request, not one delivered twice (a
-/// terminal's Ctrl-C and a wrapper passing it on).
-const SECOND_REQUEST_AFTER_MS: i64 = 1000;
 
 extern "C" fn on_signal(signal: libc::c_int) {
     let now = monotonic_ms();
     let first = FIRST_SIGNAL_MS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
     if let Err(first) = first {
-        // Ctrl-C again: what a person at the terminal does. A scheduler's or a launcher's
-        // repeated SIGTERM, or a hangup passed on twice, waits for the checkpoint.
-        let again = signal == libc::SIGINT && now - first >= SECOND_REQUEST_AFTER_MS;
+        let again = is_second_request(signal, first, now);
         if SECOND_REQUEST_ENDS.load(Ordering::SeqCst) && again {
             end_as_by_default(signal);
         }
     }
     request(Reason::Signal);
-}
-
-/// Milliseconds of the monotonic clock (async-signal-safe: clock_gettime); at least 1.
-fn monotonic_ms() -> i64 {
-    // SAFETY: a zeroed timespec is a valid out-parameter.
-    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec * 1000 + now.tv_nsec / 1_000_000).max(1)
 }
 
 /// Asks the training loop to stop. Async-signal-safe: one lock-free atomic operation.

@@ -3,7 +3,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -12,20 +12,27 @@ use super::suspend::StoppedWithTheSweep;
 use super::Status;
 use crate::config::Config;
 use crate::error::{Error, Result, STOPPED_EXIT_CODE};
+use crate::terminal::{is_second_request, monotonic_ms};
 
 /// How long a finished job's output may still come.
 const DRAIN: Duration = Duration::from_secs(5);
 
-/// Ctrl-C and SIGTERM received: the first stops the sweep (each running job is asked once to
-/// stop and checkpoints), a second kills the jobs.
-static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+/// When the first stop request came (monotonic ms; 0: none): it stops the sweep (each running
+/// job is asked once to stop and checkpoints).
+static FIRST_REQUEST_MS: AtomicI64 = AtomicI64::new(0);
+/// A second request came (Ctrl-C again, not the first passed on twice): it kills the jobs.
+static SECOND_REQUEST: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALS.fetch_add(1, Ordering::SeqCst);
+extern "C" fn on_signal(signal: libc::c_int) {
+    let now = monotonic_ms();
+    let first = FIRST_REQUEST_MS.compare_exchange(0, now, Ordering::SeqCst, Ordering::SeqCst);
+    if first.is_err_and(|first| is_second_request(signal, first, now)) {
+        SECOND_REQUEST.store(true, Ordering::SeqCst);
+    }
 }
 
 pub(super) fn stopping() -> bool {
-    SIGNALS.load(Ordering::SeqCst) > 0
+    FIRST_REQUEST_MS.load(Ordering::SeqCst) > 0
 }
 
 /// From here on, Ctrl-C, SIGTERM and a hangup (unless `nohup` ignores it) stop the sweep
@@ -210,7 +217,7 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
             signalled = true;
         }
-        if SIGNALS.load(Ordering::SeqCst) > 1 && !killed {
+        if SECOND_REQUEST.load(Ordering::SeqCst) && !killed {
             // SAFETY: kill of the job's process group (its pid: it leads the group it made).
             unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
             killed = true;
