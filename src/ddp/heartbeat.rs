@@ -331,6 +331,10 @@ pub struct PeerLost {
     /// How its ranks ended (`Failed` for a node that went silent): whether a restart may mend
     /// it.
     pub ended: Ended,
+    /// Whether its ranks are likely stopping with a checkpoint: node 0's launcher gone (its
+    /// ranks stop as on Ctrl-C when it dies), so this node's ranks get the stop's grace too,
+    /// not seconds, to meet them in the stop's collectives.
+    pub likely_stopping: bool,
 }
 
 impl std::fmt::Display for PeerLost {
@@ -374,6 +378,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                         node: 0,
                         why: format!("its launcher's store does not answer ({e})"),
                         ended: Ended::Failed,
+                        likely_stopping: true,
                     })
                 }
             };
@@ -402,6 +407,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                         node,
                         why: why.into(),
                         ended,
+                        likely_stopping: false,
                     });
                 }
                 None => {}
@@ -425,6 +431,7 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
                 node,
                 why,
                 ended: Ended::Failed,
+                likely_stopping: false,
             });
         }
         std::thread::sleep(BEAT);
@@ -570,6 +577,7 @@ mod tests {
             node: 1,
             why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
             ended: Ended::Failed,
+            likely_stopping: false,
         };
         assert_eq!(
             lost.to_string(),

@@ -181,10 +181,15 @@ impl Supervision {
                 if self.lost_peer.is_none() && self.interrupted.is_none() && self.stopped.is_none()
                 {
                     errln!("[launcher] {lost}; stopping this node's ranks");
-                    self.lost_peer = Some(lost);
                     stop_all(&self.alive, libc::SIGTERM);
-                    self.deadline = Some(Deadline::after(PEER_GRACE));
-                    self.graced_stop = false;
+                    match lost.likely_stopping {
+                        true => self.give_stop_grace(),
+                        false => {
+                            self.deadline = Some(Deadline::after(PEER_GRACE));
+                            self.graced_stop = false;
+                        }
+                    }
+                    self.lost_peer = Some(lost);
                 }
             }
         }
@@ -616,6 +621,7 @@ mod tests {
                 node: 1,
                 why: "its ranks ended".into(),
                 ended,
+                likely_stopping: false,
             }));
             job.on_exit(0, exited(STOPPED_EXIT_CODE));
             job.on_exit(1, exited(STOPPED_EXIT_CODE));
@@ -639,6 +645,7 @@ mod tests {
             node: 0,
             why: "its launcher's store does not answer".into(),
             ended: heartbeat::Ended::Failed,
+            likely_stopping: false,
         }));
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
@@ -657,8 +664,31 @@ mod tests {
             node: 1,
             why: "its launcher sent no heartbeat for 31 s (peer_timeout)".into(),
             ended: heartbeat::Ended::Failed,
+            likely_stopping: false,
         }));
         job
+    }
+
+    /// A node lost to silence leaves this node's ranks seconds (they are likely stuck in a
+    /// collective with it); node 0's launcher gone (its store does not answer) leaves them the
+    /// stop's grace, to meet node 0's ranks, which stop with a checkpoint when it dies.
+    #[test]
+    fn node_0_s_launcher_gone_leaves_the_ranks_the_stop_s_grace() {
+        for likely_stopping in [false, true] {
+            let mut job = two_ranks_with(Duration::from_secs(3600));
+            job.on_event(Event::PeerLost(heartbeat::PeerLost {
+                node: 0,
+                why: "its launcher's store does not answer (connection reset)".into(),
+                ended: heartbeat::Ended::Failed,
+                likely_stopping,
+            }));
+            let left = job.deadline().unwrap().left();
+            match likely_stopping {
+                true => assert!(left > Duration::from_secs(1800), "{left:?}"),
+                false => assert!(left <= PEER_GRACE, "{left:?}"),
+            }
+            assert_eq!(job.graced_stop, likely_stopping);
+        }
     }
 
     /// A node whose launcher went away after every rank agreed to stop (its loss may be why):
