@@ -1197,6 +1197,63 @@ fn a_node_whose_launcher_dies_stops_the_job_and_is_named() {
     assert!(saved > 0, "node 0 wrote a checkpoint: {stderr}");
 }
 
+/// Ctrl-C on one node while the job still forms stops the other nodes' ranks too, at once:
+/// they would wait `dist_timeout` for ranks that never come.
+#[test]
+fn a_node_stopped_while_the_job_forms_stops_the_others_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let extra = ["dist_timeout=600"];
+    let first_stderr = dir.path().join("node0.stderr");
+    let mut first = common::Reaped::spawn(
+        node_command(dir.path(), port, 0, 1_000_000, &extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&first_stderr).unwrap()),
+    );
+    // Node 0's rank waits for node 1's, which is stopped as soon as it exists (long before it
+    // can have started up and met node 0's).
+    let node_0_said = || std::fs::read_to_string(&first_stderr).unwrap_or_default();
+    let started = Instant::now();
+    while !node_0_said().contains("rank 0: waiting") && started.elapsed() < Duration::from_secs(60)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = common::Reaped::spawn(
+        node_command(dir.path(), port, 1, 1_000_000, &extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let spawned = Instant::now();
+    while common::children_of(second.id()).is_empty() && spawned.elapsed() < Duration::from_secs(60)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: SIGINT to this test's own child, as a terminal's Ctrl-C.
+    unsafe { libc::kill(second.id() as libc::pid_t, libc::SIGINT) };
+    let asked = Instant::now();
+    // Node 0 ends within the limit, or is killed (and the test fails) rather than left waiting.
+    while first.try_wait().unwrap().is_none() && asked.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = asked.elapsed();
+    let _ = first.kill();
+    let first = first.wait_with_output().unwrap();
+    let stderr = node_0_said();
+    assert!(stderr.contains("rank 0: waiting"), "{stderr}");
+    assert!(
+        took < Duration::from_secs(60),
+        "node 0 ended after {took:?}: {stderr}"
+    );
+    assert_eq!(first.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("node 1 was asked to stop; stopping this node's ranks"),
+        "{stderr}"
+    );
+    let second = second.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(3), "{stderr}");
+}
+
 /// A node stopped as asked (Ctrl-C) while another node's rank fails takes no part in a
 /// restart, so the other node makes none either: it would wait `dist_timeout` for ranks that
 /// never come. It ends as a stop, naming the node.
@@ -1229,8 +1286,10 @@ fn a_node_stopped_while_another_fails_leaves_no_restart() {
         "ended in {took:?}: {stderr}"
     );
     assert_eq!(first.status.code(), Some(3), "{stderr}");
+    // Named whether node 0 heard of the stop before rank 0's death (a stop during which a
+    // rank failed) or after (a failure that no restart follows).
     assert!(
-        stderr.contains("node 1 stopped (Ctrl-C or SIGTERM there, or its ranks stopped as asked): not restarted"),
+        stderr.contains("node 1 stopped (Ctrl-C or SIGTERM there, or its ranks stopped as asked)"),
         "{stderr}"
     );
     assert!(!stderr.contains("restarting every rank"), "{stderr}");

@@ -343,31 +343,53 @@ impl std::fmt::Display for PeerLost {
     }
 }
 
-/// Starts watching on a thread of its own; `on_lost` is called at most once. The watch ends
-/// when `stop` is set.
+/// How a node that stopped as asked is named: why it did, in words.
+pub const STOPPED_THERE: &str = "Ctrl-C or SIGTERM there, or its ranks stopped as asked";
+
+/// What the watch tells its launcher about the other nodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum News {
+    /// A node was asked to stop (its launcher marked the next attempt stopped): the job is
+    /// stopping, also where its ranks have not met the others yet.
+    Stopping { node: usize },
+    /// A node went away; the watch ends.
+    Lost(PeerLost),
+}
+
+/// Starts watching on a thread of its own; `tell` hears of the first node asked to stop, and
+/// of the first lost, after which the watch ends. It also ends when `stop` is set.
 pub fn spawn(
     store: Arc<JobStore>,
     watch: Watch,
     stop: Arc<AtomicBool>,
-    on_lost: impl FnOnce(PeerLost) + Send + 'static,
+    mut tell: impl FnMut(News) + Send + 'static,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("heartbeat".into())
         .spawn(move || {
-            if let Some(lost) = run(&store, &watch, &stop) {
+            let mut told = |news| {
                 if !stop.load(Ordering::SeqCst) {
-                    on_lost(lost);
+                    tell(news);
                 }
+            };
+            if let Some(lost) = run(&store, &watch, &stop, &mut told) {
+                told(News::Lost(lost));
             }
         })
         .map(|_| ())
 }
 
-fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
+fn run(
+    store: &JobStore,
+    watch: &Watch,
+    stop: &AtomicBool,
+    tell: &mut impl FnMut(News),
+) -> Option<PeerLost> {
     let key = |node: usize| heartbeat_key(watch.attempt, node);
     let started = Instant::now();
     // Per node: its last counter value and when it last moved.
     let mut seen: Vec<(i64, Option<Instant>)> = vec![(0, None); store.nnodes];
+    let mut told_stopping = false;
     while !stop.load(Ordering::SeqCst) {
         for (node, (last, moved)) in seen.iter_mut().enumerate() {
             let step = if node == store.node { 1 } else { 0 };
@@ -389,23 +411,30 @@ fn run(store: &JobStore, watch: &Watch, stop: &AtomicBool) -> Option<PeerLost> {
             if node == store.node {
                 continue;
             }
+            // A stop there is marked at once, before its ranks end (a checkpoint may take
+            // minutes), and before they met the others, who would wait `dist_timeout`.
+            if !told_stopping && store.ended(watch.attempt + 1, node) == Some(Ended::Stopped) {
+                told_stopping = true;
+                tell(News::Stopping { node });
+            }
             match store.ended(watch.attempt, node) {
                 Some(Ended::Well) => continue,
                 Some(ended) => {
                     let why = match ended {
                         Ended::Refused => {
-                            "its ranks refused their input (its log names the setting)"
+                            "its ranks refused their input (its log names the setting)".into()
                         }
-                        Ended::Diverged => "its ranks' training diverged (its log names the step)",
+                        Ended::Diverged => {
+                            "its ranks' training diverged (its log names the step)".into()
+                        }
                         Ended::Stopped => {
-                            "it stopped before this attempt (Ctrl-C or SIGTERM there, or its \
-                             ranks stopped as asked)"
+                            format!("it stopped before this attempt ({STOPPED_THERE})")
                         }
-                        _ => "its ranks failed",
+                        _ => "its ranks failed".into(),
                     };
                     return Some(PeerLost {
                         node,
-                        why: why.into(),
+                        why,
                         ended,
                         likely_stopping: false,
                     });
@@ -471,13 +500,43 @@ mod tests {
         };
         let (tx, rx) = std::sync::mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
-        spawn(host, watch, stop.clone(), move |lost| {
-            let _ = tx.send(lost);
+        spawn(host, watch, stop.clone(), move |news| {
+            if let News::Lost(lost) = news {
+                let _ = tx.send(lost);
+            }
         })
         .unwrap();
         let lost = rx.recv_timeout(within).ok();
         stop.store(true, Ordering::SeqCst);
         lost
+    }
+
+    /// A node whose launcher was asked to stop marks the next attempt stopped at once: the
+    /// others hear of it while its ranks still run, or still wait to meet theirs.
+    #[test]
+    fn a_node_asked_to_stop_is_told_at_once() {
+        let port = free_port();
+        let host = Arc::new(open(port, 0, JOB).unwrap());
+        let peer = open(port, 1, JOB).unwrap();
+        let watch = Watch {
+            attempt: 0,
+            peer_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(60),
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        spawn(host, watch, stop.clone(), move |news| {
+            let _ = tx.send(news);
+        })
+        .unwrap();
+        assert!(
+            rx.recv_timeout(Duration::from_secs(2)).is_err(),
+            "nothing yet"
+        );
+        peer.mark_ended(1, Ended::Stopped);
+        let news = rx.recv_timeout(Duration::from_secs(10));
+        stop.store(true, Ordering::SeqCst);
+        assert_eq!(news, Ok(News::Stopping { node: 1 }));
     }
 
     #[test]

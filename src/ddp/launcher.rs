@@ -308,8 +308,8 @@ fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
              restarted"
         )),
         heartbeat::Ended::Stopped => Error::Stopped(format!(
-            "{why}\n[launcher] node {node} stopped (Ctrl-C or SIGTERM there, or its ranks stopped \
-             as asked): not restarted"
+            "{why}\n[launcher] node {node} stopped ({}): not restarted",
+            heartbeat::STOPPED_THERE
         )),
         _ => Error::Config(format!(
             "{why}\n[launcher] node {node}'s ranks refused their input (its log names the \
@@ -522,8 +522,11 @@ fn start_heartbeat(
         start_timeout: plan.dist_timeout,
     };
     let tx = tx.clone();
-    heartbeat::spawn(store.clone(), watch, stop.clone(), move |lost| {
-        let _ = tx.send(Event::PeerLost(lost));
+    heartbeat::spawn(store.clone(), watch, stop.clone(), move |news| {
+        let _ = tx.send(match news {
+            heartbeat::News::Stopping { node } => Event::PeerStopping { node },
+            heartbeat::News::Lost(lost) => Event::PeerLost(lost),
+        });
     })
     .map_err(|e| Error::io("start the heartbeat between nodes", e))?;
     Ok(StopOnDrop(stop))

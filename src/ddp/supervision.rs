@@ -33,6 +33,10 @@ pub(super) enum Event {
         status: std::io::Result<std::process::ExitStatus>,
     },
     PeerLost(heartbeat::PeerLost),
+    /// Another node was asked to stop.
+    PeerStopping {
+        node: usize,
+    },
     /// A rank's stdout or stderr reached its end.
     StreamEnded,
 }
@@ -84,6 +88,8 @@ pub(super) struct Supervision {
     unreaped: Vec<usize>,
     /// A rank here said that every rank agreed to stop ([`STOPPING_NOTICE`]).
     stopping: bool,
+    /// Another node that was asked to stop: this node's ranks were asked too.
+    peer_stopping: Option<usize>,
     /// A node that went away after that: the stop goes on, but may end without its checkpoint.
     lost_while_stopping: Option<heartbeat::PeerLost>,
 }
@@ -123,6 +129,7 @@ impl Supervision {
             killing: None,
             unreaped: Vec::new(),
             stopping: false,
+            peer_stopping: None,
             lost_while_stopping: None,
         }
     }
@@ -152,7 +159,10 @@ impl Supervision {
     /// here, a rank here that stopped as asked, or a rank here saying that every rank agreed to.
     fn stop_under_way(&self) -> bool {
         self.failure.is_none()
-            && (self.interrupted.is_some() || self.stopped.is_some() || self.stopping)
+            && (self.interrupted.is_some()
+                || self.stopped.is_some()
+                || self.stopping
+                || self.peer_stopping.is_some())
     }
 
     pub(super) fn on_event(&mut self, event: Event) {
@@ -173,7 +183,19 @@ impl Supervision {
             // A rank here that stopped, or said that every rank agreed to, means the job is
             // stopping: a node whose launcher leaves now is no loss, and rank 0 may still be
             // writing the checkpoint.
-            Event::PeerLost(lost) if self.stopping && self.lost_peer.is_none() => {
+            Event::PeerStopping { node } => {
+                // Its ranks stop, and this node's with them: at the same step once they met,
+                // at once while they still wait to (they would wait `dist_timeout`).
+                if !self.stop_under_way() && self.failure.is_none() && self.lost_peer.is_none() {
+                    errln!("[launcher] node {node} was asked to stop; stopping this node's ranks");
+                    self.peer_stopping = Some(node);
+                    stop_all(&self.alive, libc::SIGTERM);
+                    self.give_stop_grace();
+                }
+            }
+            Event::PeerLost(lost)
+                if (self.stopping || self.peer_stopping.is_some()) && self.lost_peer.is_none() =>
+            {
                 self.lost_while_stopping.get_or_insert(lost);
                 self.give_stop_grace();
             }
@@ -428,9 +450,14 @@ impl Supervision {
                  lines on stderr:\n{lines}"
             )));
         }
+        // A stop asked on another node, named before how this node's ranks ended.
+        let asked = match self.peer_stopping {
+            Some(node) => format!("node {node} stopped ({}); ", heartbeat::STOPPED_THERE),
+            None => String::new(),
+        };
         if let Some(f) = &failed_while_stopping {
             return Err(Error::Stopped(format!(
-                "the job was stopping, and rank {} failed meanwhile ({}){killed}; the stop's \
+                "{asked}the job was stopping, and rank {} failed meanwhile ({}){killed}; the stop's \
                  checkpoint may be missing (the last one written stands). Its last lines on \
                  stderr:\n{}",
                 f.rank,
@@ -440,7 +467,7 @@ impl Supervision {
         }
         if let (None, Some(lost)) = (self.stopped, &self.lost_while_stopping) {
             return Err(Error::Stopped(format!(
-                "every rank agreed to stop, but {lost} before this node's ranks ended{killed}; \
+                "{asked}every rank agreed to stop, but {lost} before this node's ranks ended{killed}; \
                  the stop's checkpoint may be missing (the last one written stands)"
             )));
         }
@@ -449,7 +476,7 @@ impl Supervision {
             let why = tail.back().map_or("", String::as_str);
             let why = why.strip_prefix("error: ").unwrap_or(why);
             return Err(Error::Stopped(format!(
-                "the job stopped (rank {rank}: {why}){killed}"
+                "{asked}the job stopped (rank {rank}: {why}){killed}"
             )));
         }
         Ok(())
@@ -688,6 +715,34 @@ mod tests {
                 false => assert!(left <= PEER_GRACE, "{left:?}"),
             }
             assert_eq!(job.graced_stop, likely_stopping);
+        }
+    }
+
+    /// Another node asked to stop: this node's ranks are asked too (they may still wait to
+    /// meet its ranks, which will not come) with the stop's grace, and the job ends as a stop
+    /// naming that node, also when a rank fails meanwhile.
+    #[test]
+    fn a_node_asked_to_stop_stops_this_node_s_ranks_with_the_stop_s_grace() {
+        for failing in [None, Some(1)] {
+            let mut job = two_ranks_with(Duration::from_secs(3600));
+            job.on_event(Event::PeerStopping { node: 1 });
+            let left = job.deadline().unwrap().left();
+            assert!(left > Duration::from_secs(1800), "{left:?}");
+            if let Some(rank) = failing {
+                job.on_exit(rank, exited(1));
+            }
+            for rank in 0..2 {
+                if Some(rank) != failing {
+                    job.on_exit(rank, exited(STOPPED_EXIT_CODE));
+                }
+            }
+            let err = job.outcome().unwrap_err();
+            assert!(matches!(err, Error::Stopped(_)), "{err}");
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("node 1 stopped ({})", heartbeat::STOPPED_THERE)),
+                "{err}"
+            );
         }
     }
 
