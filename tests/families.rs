@@ -252,3 +252,31 @@ fn a_missing_family_venv_is_one_line_naming_the_command_that_installs_it() {
         assert!(!stderr.contains("Traceback"), "{task}: {stderr}");
     }
 }
+
+/// The two button-press-topdown tasks succeed at v2's distance, but only where v3 sees a
+/// success at all: a step v3 finds unstable reports none (and a distance of 0).
+#[test]
+fn an_unstable_metaworld_step_is_no_success() {
+    let adapters = Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/src/py");
+    let script = format!(
+        "import sys, numpy as np\n\
+         sys.path.insert(0, {adapters:?})\n\
+         import metaworld_adapter as m\n\
+         a = m.MetaWorldAdapter('button-press-topdown-v3-goal-observable', 1, False, 100)\n\
+         a.reset(1)\n\
+         a.env._did_see_sim_exception = True\n\
+         print(a.step(np.zeros(4))[4])\n"
+    );
+    let out = Command::new(envs::Family::MetaWorld.venv().join("bin/python"))
+        .args(["-c", &script])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("the Meta-World venv's python runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "0.0",
+        "{stderr}"
+    );
+}
