@@ -127,28 +127,7 @@ impl Env for AdapterEnv {
     }
 
     fn step(&mut self, action: &[f32]) -> Result<Step> {
-        self.spec.check_action(action)?;
-        python::attach(|py| {
-            let action = PyArray1::from_slice(py, action);
-            let out = self
-                .adapter
-                .bind(py)
-                .call_method1(intern!(py, "step"), (action,))?;
-            let (obs, reward, terminated, truncated, success): (
-                Bound<'_, PyAny>,
-                f64,
-                bool,
-                bool,
-                Option<f64>,
-            ) = out.extract()?;
-            Ok(Step {
-                obs: python::f32_vec::<Error>(&obs)?,
-                reward,
-                terminated,
-                truncated,
-                success,
-            })
-        })
+        self.step_with(action)
     }
 
     /// The env's own `rgb_array` frame, whatever its size (`size` is not the env's to choose).
@@ -172,9 +151,42 @@ impl Env for AdapterEnv {
     }
 }
 
+impl AdapterEnv {
+    /// A step with the action in float32 or, rescaled, float64 (the adapter casts it to the
+    /// environment's own type).
+    fn step_with<T: numpy::Element>(&mut self, action: &[T]) -> Result<Step> {
+        self.spec.check_action(action)?;
+        python::attach(|py| {
+            let action = PyArray1::from_slice(py, action);
+            let out = self
+                .adapter
+                .bind(py)
+                .call_method1(intern!(py, "step"), (action,))?;
+            let (obs, reward, terminated, truncated, success): (
+                Bound<'_, PyAny>,
+                f64,
+                bool,
+                bool,
+                Option<f64>,
+            ) = out.extract()?;
+            Ok(Step {
+                obs: python::f32_vec::<Error>(&obs)?,
+                reward,
+                terminated,
+                truncated,
+                success,
+            })
+        })
+    }
+}
+
 impl BoxEnv for AdapterEnv {
     fn action_box(&self) -> &ActionBox {
         &self.bounds
+    }
+
+    fn step_in_box(&mut self, action: &[f64]) -> Result<Step> {
+        self.step_with(action)
     }
 }
 

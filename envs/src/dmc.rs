@@ -246,22 +246,7 @@ impl Env for DmcEnv {
     }
 
     fn step(&mut self, action: &[f32]) -> Result<Step> {
-        self.spec.check_action(action)?;
-        python::attach(|py| {
-            let action = PyArray1::from_slice(py, action);
-            let out = self
-                .adapter
-                .bind(py)
-                .call_method1(intern!(py, "step"), (action,))?;
-            let (obs, reward): (Bound<'_, PyAny>, f64) = out.extract()?;
-            Ok(Step {
-                obs: python::f32_vec::<Error>(&obs)?,
-                reward,
-                terminated: false,
-                truncated: false,
-                success: None,
-            })
-        })
+        self.step_with(action)
     }
 
     /// The frame from the task's camera. Needs dm_control loaded with a renderer (see
@@ -283,9 +268,35 @@ impl Env for DmcEnv {
     }
 }
 
+impl DmcEnv {
+    /// A step with the action in float32 or, rescaled, float64 (which dm_control takes).
+    fn step_with<T: numpy::Element>(&mut self, action: &[T]) -> Result<Step> {
+        self.spec.check_action(action)?;
+        python::attach(|py| {
+            let action = PyArray1::from_slice(py, action);
+            let out = self
+                .adapter
+                .bind(py)
+                .call_method1(intern!(py, "step"), (action,))?;
+            let (obs, reward): (Bound<'_, PyAny>, f64) = out.extract()?;
+            Ok(Step {
+                obs: python::f32_vec::<Error>(&obs)?,
+                reward,
+                terminated: false,
+                truncated: false,
+                success: None,
+            })
+        })
+    }
+}
+
 impl BoxEnv for DmcEnv {
     fn action_box(&self) -> &ActionBox {
         &self.bounds
+    }
+
+    fn step_in_box(&mut self, action: &[f64]) -> Result<Step> {
+        self.step_with(action)
     }
 }
 

@@ -17,7 +17,7 @@ impl EnvSpec {
     }
 
     /// Errors unless `action` has exactly `action_dim` components.
-    pub fn check_action(&self, action: &[f32]) -> Result<()> {
+    pub fn check_action<T>(&self, action: &[T]) -> Result<()> {
         if action.len() == self.action_dim {
             Ok(())
         } else {
@@ -201,6 +201,14 @@ pub struct ActionBox {
 /// An unwrapped environment that takes actions in its own [`ActionBox`].
 pub trait BoxEnv: Env {
     fn action_box(&self) -> &ActionBox;
+
+    /// [`Env::step`] with an action in the box in double precision, as the official wrappers
+    /// rescale it (dm_control's `action_scale`, in float64): a box other than [-1, 1] gives
+    /// values that float32 cannot hold. An environment whose actions are float32 rounds it.
+    fn step_in_box(&mut self, action: &[f64]) -> Result<Step> {
+        let action: Vec<f32> = action.iter().map(|&a| a as f32).collect();
+        self.step(&action)
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ pub struct RescaleAction<E> {
     env: E,
     low: Vec<f64>,
     half_range: Vec<f64>,
-    raw: Vec<f32>,
+    raw: Vec<f64>,
 }
 
 impl<E: BoxEnv> RescaleAction<E> {
@@ -70,9 +70,9 @@ impl<E: BoxEnv> Env for RescaleAction<E> {
                 return Err(Error::NonFiniteAction { index, value: a });
             }
             let a = f64::from(a.clamp(-1.0, 1.0));
-            *raw = (self.low[index] + (a + 1.0) * self.half_range[index]) as f32;
+            *raw = self.low[index] + (a + 1.0) * self.half_range[index];
         }
-        self.env.step(&self.raw)
+        self.env.step_in_box(&self.raw)
     }
 
     fn render(&mut self, size: usize) -> Result<Frame> {

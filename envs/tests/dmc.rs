@@ -112,6 +112,44 @@ fn matches_dm_control_and_is_reproducible() {
     );
 }
 
+/// A task whose action box is not [-1, 1] (quadruped's) takes the official rescaled action
+/// bit for bit: dm_control's `action_scale` wrapper, in float64, as the official wrapper applies
+/// it, never rounded to float32 on the way.
+#[test]
+fn rescaled_actions_are_the_official_ones_bit_for_bit() {
+    const OFFICIAL: &str = r#"
+import numpy as np
+from dm_control import suite
+from dm_control.suite.wrappers import action_scale
+
+def rollout(domain, task, seed, actions):
+    env = suite.load(domain, task, task_kwargs={"random": seed}, visualize_reward=False)
+    env = action_scale.Wrapper(env, minimum=-1., maximum=1.)
+    dtype = env.action_spec().dtype
+    flat = lambda ts: [float(x) for v in ts.observation.values() for x in np.asarray(v, np.float32).ravel()]
+    out = flat(env.reset())
+    for a in actions:
+        a = np.asarray(a, np.float32).astype(dtype)
+        reward = 0.0
+        for _ in range(2):
+            ts = env.step(a)
+            reward += ts.reward
+        out += flat(ts) + [reward]
+    return out
+"#;
+    let mut env = envs::make("quadruped-walk", 9).unwrap();
+    let actions = common::actions(8, 200, env.spec().action_dim);
+    let expected: Vec<f64> = common::with_module(OFFICIAL, "dmc_official_scale", |m| {
+        m.getattr("rollout")?
+            .call1(("quadruped", "walk", 9, actions.clone()))?
+            .extract()
+    });
+    let ours = rollout(env.as_mut(), None, &actions);
+    let differ = ours.iter().zip(&expected).filter(|(a, b)| a != b).count();
+    assert_eq!(ours.len(), expected.len());
+    assert_eq!(differ, 0, "{differ} of {} numbers differ", ours.len());
+}
+
 /// dm_control's other suite tasks are made as its own: same observation and action sizes,
 /// and the same rollout with the action rescaled from [-1, 1] to the task's bounds.
 #[test]
@@ -129,7 +167,7 @@ def rollout(domain, task, seed, actions):
     out = flat(env.reset())
     for a in actions:
         a = np.clip(np.asarray(a, np.float32), -1, 1).astype(np.float64)
-        scaled = (low + (a + 1) * (0.5 * (high - low))).astype(np.float32).astype(np.float64)
+        scaled = low + (a + 1) * (0.5 * (high - low))
         reward = 0.0
         for _ in range(2):
             ts = env.step(scaled)
