@@ -1,11 +1,14 @@
 //! `tdmpc2 bench --cases buffer`: bytes a replay-buffer row takes and the memory a filled
 //! buffer adds to the process, for state rows (walker-run), pixel rows (one frame a row, as
 //! stored) and, as the baseline, pixel rows stored as whole float32 stacks; and the peak memory
-//! that reading a saved buffer back adds, torch's reader (the baseline) against ours.
+//! that saving a buffer and reading it back add, torch's writer and reader (the baseline)
+//! against ours, and restoring it into a ring: the file read whole, then copied in (the
+//! baseline), against its rows read a slice at a time straight into the ring.
 use serde_json::{json, Value};
 use tch::{Device, Tensor};
 
-use crate::buffer::{Episode, ObsLayout, ReplayBuffer};
+use crate::buffer::{Episode, ObsLayout, ReplayBuffer, SavedPart};
+use crate::checkpoint::tensor_file::{self, TensorFile};
 use crate::error::Result;
 
 /// Agent steps of the synthetic episodes the buffers are filled with (a DMControl episode).
@@ -41,44 +44,57 @@ fn cases() -> [BufferCase; 3] {
     ]
 }
 
-/// The peak memory saving `buffer` to a file and reading it back add, with torch's writer and
-/// reader and with ours (each from the memory resident before it).
-fn save_and_restore_peaks(name: &str, buffer: &ReplayBuffer) -> Result<[Value; 2]> {
+/// The peak memory saving `buffer` to a file, reading it back and restoring it into a ring of
+/// the same size add, the baseline's way and ours (each from the memory resident before it; a
+/// restore's figures include the ring's own pages, which it writes).
+fn save_and_restore_peaks(case: &BufferCase, buffer: &ReplayBuffer) -> Result<[Value; 3]> {
     let dir = super::scratch::Scratch::new("buffer")?;
     let path = dir.path().join("buffer.safetensors");
-    let peak_added = |work: &dyn Fn() -> Result<Vec<(String, Tensor)>>| -> Result<f64> {
+    let peak_added = |work: &dyn Fn() -> Result<()>| -> Result<f64> {
         crate::memory::reset_peak()?;
         let before = crate::memory::resident_bytes()?;
-        let tensors = work()?;
-        let peak = crate::memory::peak_bytes()? - before;
-        drop(tensors);
-        Ok(peak)
+        work()?;
+        Ok(crate::memory::peak_bytes()? - before)
     };
-    let (tensors, _) = buffer.export();
+    let (tensors, meta) = buffer.export();
     let writers = [
-        peak_added(&|| Ok(Tensor::write_safetensors(&tensors, &path).map(|()| Vec::new())?))?,
-        peak_added(&|| {
-            crate::checkpoint::tensor_file::write(&path, &tensors).map(|()| Vec::new())
-        })?,
+        peak_added(&|| Ok(Tensor::write_safetensors(&tensors, &path)?))?,
+        peak_added(&|| tensor_file::write(&path, &tensors).map(drop))?,
     ];
     drop(tensors);
     let file_bytes = std::fs::metadata(&path).map_or(0, |m| m.len());
     let readers = [
-        peak_added(&|| Ok(Tensor::read_safetensors(&path)?))?,
-        peak_added(&|| crate::checkpoint::tensor_file::read(&path))?,
+        peak_added(&|| {
+            Tensor::read_safetensors(&path)
+                .map(drop)
+                .map_err(Into::into)
+        })?,
+        peak_added(&|| tensor_file::read(&path).map(drop))?,
+    ];
+    let ring = || ReplayBuffer::new(buffer.capacity(), case.layout, case.action_dim, Device::Cpu);
+    let restores = [
+        peak_added(&|| ring()?.restore(&tensor_file::read(&path)?, meta.clone()))?,
+        peak_added(&|| {
+            let part = SavedPart::whole(meta.clone());
+            ring()?.gather(vec![part], |_| TensorFile::open(&path))
+        })?,
     ];
     drop(dir);
-    let line = |case: &str, [torch, ours]: [f64; 2]| {
+    let line = |what: &str, [baseline, ours]: [f64; 2]| {
         json!({
-            "case": case, "layout": name, "file_bytes": file_bytes,
-            "peak_added_bytes_torch": torch,
+            "case": what, "layout": case.name, "file_bytes": file_bytes,
+            "peak_added_bytes_baseline": baseline,
             "peak_added_bytes_ours": ours,
-            "ratio": torch / ours.max(1.0),
+            "ratio": baseline / ours.max(1.0),
         })
     };
     Ok([
-        line("buffer save", writers),
-        line("buffer restore", readers),
+        line("buffer save (baseline: torch's writer)", writers),
+        line("buffer read (baseline: torch's reader)", readers),
+        line(
+            "buffer restore into a ring (baseline: read whole, then copied)",
+            restores,
+        ),
     ])
 }
 
@@ -132,7 +148,7 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             "projected_bytes_for_1m_rows": per_row as f64 * MILLION,
             "peak_rss_bytes": crate::memory::peak_bytes()?,
         }));
-        for line in save_and_restore_peaks(case.name, &buffer)? {
+        for line in save_and_restore_peaks(&case, &buffer)? {
             print(&line);
         }
         drop(buffer);

@@ -16,7 +16,7 @@ use tch::{Device, Kind, Tensor};
 use crate::error::{Error, Result};
 
 mod saved;
-pub use saved::{BufferMeta, Dealing, SavedPart};
+pub use saved::{BufferMeta, Dealing, SavedPart, SavedTensors};
 
 /// A batch of H+1 consecutive steps for B sequences, time-major.
 #[derive(Debug)]
@@ -256,7 +256,7 @@ impl ReplayBuffer {
         self.capacity
     }
 
-    /// Bytes of its storage: what a checkpoint writes of it.
+    /// Bytes of its storage: the most a checkpoint writes of it (all of it once it wrapped).
     pub fn bytes(&self) -> usize {
         self.capacity * Self::bytes_per_row(self.layout, self.action_dim)
     }

@@ -1,8 +1,9 @@
 //! A replay buffer in a checkpoint: its tensors and bookkeeping, and restoring them into a
 //! ring of the same or another capacity, or dealing the buffers of one world size out to the
-//! ranks of another.
+//! ranks of another. A ring that has not wrapped yet is saved up to its last row, and saved
+//! rows come back a slice at a time: a restore holds no second copy of the ring.
 use serde::{Deserialize, Serialize};
-use tch::Tensor;
+use tch::{Kind, Tensor};
 
 use super::{ReplayBuffer, Span};
 use crate::error::{Error, Result};
@@ -16,12 +17,21 @@ pub struct BufferMeta {
     episodes: Vec<Span>,
     cursor: usize,
     filled: usize,
+    /// The rows saved, the ring's first (a ring that had not wrapped yet); none: all of them,
+    /// as every buffer saved before this was recorded.
+    #[serde(default)]
+    saved_rows: Option<usize>,
 }
 
 impl BufferMeta {
     /// Rows the saved ring had.
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// Rows of the ring the saved tensors hold, from its first.
+    fn saved_rows(&self) -> usize {
+        self.saved_rows.unwrap_or(self.capacity)
     }
 
     /// That the bookkeeping describes a ring the buffer could have written: episodes one after
@@ -42,12 +52,21 @@ impl BufferMeta {
             rows = rows.saturating_add(span.rows);
             end = (span.start + span.rows.min(capacity)) % capacity;
         }
-        if consistent && rows == self.filled && rows <= capacity && end == self.cursor {
+        // Fewer rows saved than the ring has: those of a ring that had not wrapped.
+        let saved = self.saved_rows();
+        let within_saved = saved == capacity
+            || (saved <= capacity && self.episodes.iter().all(|s| s.start + s.rows <= saved));
+        if consistent
+            && rows == self.filled
+            && rows <= capacity
+            && end == self.cursor
+            && within_saved
+        {
             return Ok(());
         }
         Err(Error::Unreadable(format!(
             "the saved replay buffer's bookkeeping is inconsistent: capacity {capacity}, cursor \
-             {}, {} rows filled, episodes (start, rows, context) {:?}",
+             {}, {} rows filled, {saved} rows saved, episodes (start, rows, context) {:?}",
             self.cursor,
             self.filled,
             self.episodes
@@ -127,14 +146,64 @@ impl SavedPart {
     }
 }
 
+/// A saved buffer's tensors, read a slice of rows at a time (from a file, or held in memory).
+pub trait SavedTensors {
+    /// The shape and kind of tensor `name`, if saved.
+    fn describe(&self, name: &str) -> Option<(Vec<i64>, Kind)>;
+    /// Rows `start..start + count` of tensor `name`, on the CPU or where it is held.
+    fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor>;
+}
+
+impl SavedTensors for [(String, Tensor)] {
+    fn describe(&self, name: &str) -> Option<(Vec<i64>, Kind)> {
+        let (_, t) = self.iter().find(|(n, _)| n == name)?;
+        Some((t.size(), t.kind()))
+    }
+
+    fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor> {
+        let (_, t) = (self.iter().find(|(n, _)| n == name))
+            .ok_or_else(|| Error::Other(format!("the saved replay buffer lacks '{name}'")))?;
+        Ok(t.f_narrow(0, start, count)?)
+    }
+}
+
+impl SavedTensors for Vec<(String, Tensor)> {
+    fn describe(&self, name: &str) -> Option<(Vec<i64>, Kind)> {
+        self.as_slice().describe(name)
+    }
+
+    fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor> {
+        self.as_slice().rows(name, start, count)
+    }
+}
+
+impl<T: SavedTensors + ?Sized> SavedTensors for &T {
+    fn describe(&self, name: &str) -> Option<(Vec<i64>, Kind)> {
+        (**self).describe(name)
+    }
+
+    fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor> {
+        (**self).rows(name, start, count)
+    }
+}
+
+/// The most bytes of a tensor's rows a restore reads at once.
+const SLICE_BYTES: i64 = 64 << 20;
+
 impl ReplayBuffer {
     /// The storage tensors (where the buffer keeps them, shared, not copied) and bookkeeping,
-    /// for a checkpoint: its writer copies a device's rows to the host a slice at a time.
+    /// for a checkpoint: its writer copies a device's rows to the host a slice at a time. A
+    /// ring that has not wrapped yet gives its rows up to the last filled.
     pub fn export(&self) -> (Vec<(String, Tensor)>, BufferMeta) {
+        let from_first_row = self.episodes.front().is_none_or(|first| first.start == 0);
+        let saved_rows = match from_first_row && self.filled < self.capacity {
+            true => self.filled,
+            false => self.capacity,
+        };
         let tensors = self
             .storage()
             .into_iter()
-            .map(|(name, t)| (name.to_owned(), t.shallow_clone()))
+            .map(|(name, t)| (name.to_owned(), t.narrow(0, 0, saved_rows as i64)))
             .collect();
         let meta = BufferMeta {
             capacity: self.capacity,
@@ -143,6 +212,7 @@ impl ReplayBuffer {
             episodes: self.episodes.iter().copied().collect(),
             cursor: self.cursor,
             filled: self.filled,
+            saved_rows: Some(saved_rows),
         };
         (tensors, meta)
     }
@@ -159,25 +229,19 @@ impl ReplayBuffer {
     /// Restores what [`Self::export`] produced into a buffer of the same observation and
     /// action widths ([`Self::gather`] of the whole saved buffer).
     pub fn restore(&mut self, tensors: &[(String, Tensor)], meta: BufferMeta) -> Result<()> {
-        let copy = || {
-            tensors
-                .iter()
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect()
-        };
-        self.gather(vec![SavedPart::whole(meta)], |_| Ok(copy()))
+        self.gather(vec![SavedPart::whole(meta)], |_| Ok(tensors))
     }
 
-    /// Fills this buffer with the episodes `parts` take; `load(p)` reads part p's tensors, one
-    /// part at a time. A single whole buffer of this capacity comes back verbatim (a resume at
+    /// Fills this buffer with the episodes `parts` take; `load(p)` opens part p's tensors, one
+    /// part at a time, and their rows are copied a slice at a time. A single whole buffer of this capacity comes back verbatim (a resume at
     /// the same size makes the same updates); otherwise the episodes are laid out oldest first
     /// from row 0, and when they do not all fit, the newest rows that do, as the ring would
     /// have kept them. A part is checked whole before any of it is copied: an error leaves the
     /// buffer as it was, or empty when parts before it were copied in already.
-    pub fn gather(
+    pub fn gather<S: SavedTensors>(
         &mut self,
         parts: Vec<SavedPart>,
-        mut load: impl FnMut(usize) -> Result<Vec<(String, Tensor)>>,
+        mut load: impl FnMut(usize) -> Result<S>,
     ) -> Result<()> {
         for part in &parts {
             let meta = &part.meta;
@@ -226,36 +290,30 @@ impl ReplayBuffer {
         Ok(())
     }
 
-    /// Copies rows `saved_rows` of a saved buffer to rows `new_rows` of this one.
+    /// Copies rows `saved_rows` of a saved buffer to rows `new_rows` of this one, a run of
+    /// consecutive rows a slice at a time.
     fn copy_rows(
         &self,
-        tensors: &[(String, Tensor)],
+        saved: &impl SavedTensors,
         meta: &BufferMeta,
         (new_rows, saved_rows): (&[i64], &[i64]),
     ) -> Result<()> {
-        let pairs = self.checked(tensors, meta)?;
-        let new_rows = Tensor::from_slice(new_rows).to_device(self.device);
-        let saved_rows = Tensor::from_slice(saved_rows);
-        for (saved, target) in pairs {
-            let kept = saved.f_index_select(0, &saved_rows)?.to_device(self.device);
-            tch::no_grad(|| {
-                target
-                    .shallow_clone()
-                    .f_index_copy_(0, &new_rows, &kept)
-                    .map(drop)
-            })?;
+        let runs = runs(new_rows, saved_rows);
+        for (name, target) in self.checked(saved, meta)? {
+            copy_runs(saved, name, target, &runs)?;
         }
         Ok(())
     }
 
-    fn restore_verbatim(&mut self, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<()> {
+    fn restore_verbatim(&mut self, saved: &impl SavedTensors, meta: &BufferMeta) -> Result<()> {
+        let whole = [(0, 0, meta.saved_rows() as i64)];
         let copied = self
-            .checked(tensors, meta)?
+            .checked(saved, meta)?
             .into_iter()
-            .try_for_each(|(saved, target)| tch::no_grad(|| target.shallow_clone().f_copy_(saved)));
+            .try_for_each(|(name, target)| copy_runs(saved, name, target, &whole));
         if let Err(e) = copied {
             self.forget_rows();
-            return Err(e.into());
+            return Err(e);
         }
         self.episodes = meta.episodes.iter().copied().collect();
         self.cursor = meta.cursor;
@@ -269,35 +327,66 @@ impl ReplayBuffer {
         (self.cursor, self.filled) = (0, 0);
     }
 
-    /// Each saved tensor beside the storage it goes to, all checked: present, with the saved
-    /// ring's rows and this buffer's row shape and kind.
-    fn checked<'a>(
-        &'a self,
-        tensors: &'a [(String, Tensor)],
+    /// Each saved tensor's name beside the storage it goes to, all checked: present, with the
+    /// saved rows and this buffer's row shape and kind.
+    fn checked(
+        &self,
+        saved: &impl SavedTensors,
         meta: &BufferMeta,
-    ) -> Result<Vec<(&'a Tensor, &'a Tensor)>> {
+    ) -> Result<Vec<(&'static str, &Tensor)>> {
         let mut pairs = Vec::with_capacity(4);
         for (name, target) in self.storage() {
-            let saved = tensors
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t)
+            let (shape, kind) = saved
+                .describe(name)
                 .ok_or_else(|| Error::Other(format!("the saved replay buffer lacks '{name}'")))?;
             let mut expected = target.size();
-            expected[0] = meta.capacity as i64;
-            if saved.size() != expected || saved.kind() != target.kind() {
+            expected[0] = meta.saved_rows() as i64;
+            if shape != expected || kind != target.kind() {
                 return Err(Error::Other(format!(
-                    "the saved replay buffer's '{name}' has shape {:?} ({:?}); its bookkeeping \
-                     says {expected:?} ({:?})",
-                    saved.size(),
-                    saved.kind(),
+                    "the saved replay buffer's '{name}' has shape {shape:?} ({kind:?}); its \
+                     bookkeeping says {expected:?} ({:?})",
                     target.kind()
                 )));
             }
-            pairs.push((saved, target));
+            pairs.push((name, target));
         }
         Ok(pairs)
     }
+}
+
+/// Runs of consecutive rows, (new row, saved row, rows), from rows `new` taking rows `saved`.
+fn runs(new: &[i64], saved: &[i64]) -> Vec<(i64, i64, i64)> {
+    let mut runs: Vec<(i64, i64, i64)> = Vec::new();
+    for (&n, &s) in new.iter().zip(saved) {
+        match runs.last_mut() {
+            Some((to, from, rows)) if *to + *rows == n && *from + *rows == s => *rows += 1,
+            _ => runs.push((n, s, 1)),
+        }
+    }
+    runs
+}
+
+/// Copies `runs` of rows of saved tensor `name` into `target`, at most [`SLICE_BYTES`] at a
+/// time.
+fn copy_runs(
+    saved: &impl SavedTensors,
+    name: &str,
+    target: &Tensor,
+    runs: &[(i64, i64, i64)],
+) -> Result<()> {
+    let rows = target.size().first().copied().unwrap_or(1).max(1);
+    let row_bytes = (target.numel() as i64 / rows) * target.kind().elt_size_in_bytes() as i64;
+    let per_slice = (SLICE_BYTES / row_bytes.max(1)).max(1);
+    for &(to, from, count) in runs {
+        let mut done = 0;
+        while done < count {
+            let n = per_slice.min(count - done);
+            let slice = saved.rows(name, from + done, n)?;
+            tch::no_grad(|| target.f_narrow(0, to + done, n)?.f_copy_(&slice).map(drop))?;
+            done += n;
+        }
+    }
+    Ok(())
 }
 
 /// Restored episodes laid out from row 0 of a ring.
@@ -473,7 +562,11 @@ mod tests {
             .map(|&i| SavedPart::dealt(ranks[i].1.clone(), dealing, i, rank))
             .collect();
         let mut buffer = ReplayBuffer::new(capacity, layout, 1, Device::Cpu).unwrap();
-        let copy = |t: &[(String, Tensor)]| t.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+        let copy = |t: &[(String, Tensor)]| {
+            t.iter()
+                .map(|(n, t)| (n.clone(), t.copy()))
+                .collect::<Vec<_>>()
+        };
         buffer
             .gather(parts, |p| Ok(copy(&ranks[sources[p]].0)))
             .unwrap();
@@ -563,7 +656,7 @@ mod tests {
         let err = buffer
             .gather(parts, |p| {
                 let kept = ranks[p].0.iter().take(4 - 2 * p);
-                Ok(kept.map(|(n, t)| (n.clone(), t.copy())).collect())
+                Ok(kept.map(|(n, t)| (n.clone(), t.copy())).collect::<Vec<_>>())
             })
             .unwrap_err()
             .to_string();
@@ -590,12 +683,20 @@ mod tests {
         );
         let mut target =
             ReplayBuffer::new(80, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        // The ring had not wrapped: its 10 rows were saved, not its 50.
+        assert_eq!(tensors[0].1.size(), [10, 2]);
         let damaged = BufferMeta {
-            capacity: 40,
+            saved_rows: Some(12),
             ..meta.clone()
         };
         let err = target.restore(&tensors, damaged).unwrap_err().to_string();
-        assert!(err.contains("'obs' has shape [50, 2]"), "{err}");
+        assert!(err.contains("'obs' has shape [10, 2]"), "{err}");
+        let too_few = BufferMeta {
+            saved_rows: Some(5),
+            ..meta.clone()
+        };
+        let err = target.restore(&tensors, too_few).unwrap_err().to_string();
+        assert!(err.contains("5 rows saved"), "{err}");
         let damaged = BufferMeta {
             capacity: 0,
             ..meta.clone()

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 
 use tch::Tensor;
 
+use super::tensor_file::TensorFile;
 use super::{buffers_dir, fail, integrity, store, write_json};
-use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart};
+use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart, SavedTensors};
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 
@@ -17,9 +18,7 @@ const HASH: &str = "buffer.crc32c";
 /// Writes a rank's buffer into `dir`, with the hash that a resume checks it against; returns
 /// that hash (the checkpoint records every rank's).
 pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<u32> {
-    let path = dir.join(TENSORS);
-    super::tensor_file::write(&path, tensors)?;
-    let crc = integrity::file_crc(&path)?;
+    let crc = super::tensor_file::write(&dir.join(TENSORS), tensors)?;
     std::fs::write(dir.join(HASH), format!("{crc:08x}\n"))
         .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
     write_json(&dir.join(META), meta)?;
@@ -33,8 +32,9 @@ fn recorded_hash(dir: &Path) -> Option<u32> {
 }
 
 /// The tensors of the buffer saved in `dir`, once their bytes match the hash written with them
-/// (buffers saved before hashes were written are read unchecked).
-fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
+/// (buffers saved before hashes were written are read unchecked), opened to be read a slice of
+/// rows at a time.
+fn read_checked(dir: &Path) -> Result<TensorFile> {
     let path = dir.join(TENSORS);
     std::fs::File::open(&path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => unusable(dir, &format!("{} is missing", path.display())),
@@ -55,7 +55,17 @@ fn read_checked(dir: &Path) -> Result<Vec<(String, Tensor)>> {
             ));
         }
     }
-    super::tensor_file::read(&path)
+    TensorFile::open(&path)
+}
+
+impl SavedTensors for TensorFile {
+    fn describe(&self, name: &str) -> Option<(Vec<i64>, tch::Kind)> {
+        TensorFile::describe(self, name)
+    }
+
+    fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor> {
+        TensorFile::rows(self, name, start, count)
+    }
 }
 
 /// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.

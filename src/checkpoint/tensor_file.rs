@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use tch::{Kind, Tensor};
@@ -26,72 +26,150 @@ struct Entry {
 /// The largest header safetensors writes (100 MB).
 const MAX_HEADER: u64 = 100_000_000;
 
-/// The named tensors of the safetensors file at `path`, on the CPU, by name.
-pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let bad = |why: String| Error::Checkpoint(format!("{}: {why}", path.display()));
-    let io = |e: std::io::Error| Error::io(format!("read {}", path.display()), e);
-    let mut file = File::open(path).map_err(io)?;
-    let file_len = file.metadata().map_err(io)?.len();
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(io)?;
-    let header_len = u64::from_le_bytes(len);
-    if header_len > MAX_HEADER || 8 + header_len > file_len {
-        return Err(bad(format!(
-            "a header of {header_len} bytes in a file of {file_len}: not a safetensors file"
-        )));
-    }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header).map_err(io)?;
-    let mut entries: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
-        .map_err(|e| bad(format!("its header is not safetensors JSON ({e})")))?;
-    entries.remove("__metadata__");
-    let data_start = 8 + header_len;
-    let mut tensors = Vec::with_capacity(entries.len());
-    for (name, entry) in entries {
-        let entry: Entry =
-            serde_json::from_value(entry).map_err(|e| bad(format!("tensor {name}: {e}")))?;
-        let kind = kind_of(&entry.dtype)
-            .ok_or_else(|| bad(format!("tensor {name}: dtype {} unknown", entry.dtype)))?;
-        let [begin, end] = entry.data_offsets;
-        let numel = entry
-            .shape
-            .iter()
-            .try_fold(1i64, |n, &d| (d >= 0).then(|| n.checked_mul(d)).flatten());
-        let bytes = numel.and_then(|n| (n as u64).checked_mul(kind.elt_size_in_bytes() as u64));
-        let past_the_end = data_start
-            .checked_add(end)
-            .is_none_or(|last| last > file_len);
-        if bytes != Some(end.saturating_sub(begin)) || end < begin || past_the_end {
+/// A safetensors file, open: its tensors' shapes and kinds from its header (checked against
+/// the file's length), their rows read when asked for.
+pub struct TensorFile {
+    file: File,
+    path: PathBuf,
+    /// By name: shape, kind, and where its bytes begin in the file.
+    entries: BTreeMap<String, (Vec<i64>, Kind, u64)>,
+}
+
+impl TensorFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bad = |why: String| Error::Checkpoint(format!("{}: {why}", path.display()));
+        let io = |e: std::io::Error| Error::io(format!("read {}", path.display()), e);
+        let mut file = File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len).map_err(io)?;
+        let header_len = u64::from_le_bytes(len);
+        if header_len > MAX_HEADER || 8 + header_len > file_len {
             return Err(bad(format!(
-                "tensor {name}: shape {:?} of {} does not fit bytes {begin}..{end} of the \
-                 file's {} data bytes",
-                entry.shape,
-                entry.dtype,
-                file_len.saturating_sub(data_start)
+                "a header of {header_len} bytes in a file of {file_len}: not a safetensors file"
             )));
         }
-        let tensor = Tensor::f_empty(&entry.shape, (kind, tch::Device::Cpu))?;
-        if end > begin {
-            // SAFETY: `tensor` is a fresh contiguous CPU tensor of exactly `end - begin` bytes
-            // (checked above), owned here and not shared until it is returned.
-            let target = unsafe {
-                std::slice::from_raw_parts_mut(tensor.data_ptr() as *mut u8, (end - begin) as usize)
-            };
-            file.read_exact_at(target, data_start + begin).map_err(io)?;
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header).map_err(io)?;
+        let mut listed: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
+            .map_err(|e| bad(format!("its header is not safetensors JSON ({e})")))?;
+        listed.remove("__metadata__");
+        let data_start = 8 + header_len;
+        let mut entries = BTreeMap::new();
+        for (name, entry) in listed {
+            let entry: Entry =
+                serde_json::from_value(entry).map_err(|e| bad(format!("tensor {name}: {e}")))?;
+            let kind = kind_of(&entry.dtype)
+                .ok_or_else(|| bad(format!("tensor {name}: dtype {} unknown", entry.dtype)))?;
+            let [begin, end] = entry.data_offsets;
+            let numel = entry
+                .shape
+                .iter()
+                .try_fold(1i64, |n, &d| (d >= 0).then(|| n.checked_mul(d)).flatten());
+            let bytes = numel.and_then(|n| (n as u64).checked_mul(kind.elt_size_in_bytes() as u64));
+            let past_the_end = data_start
+                .checked_add(end)
+                .is_none_or(|last| last > file_len);
+            if bytes != Some(end.saturating_sub(begin)) || end < begin || past_the_end {
+                return Err(bad(format!(
+                    "tensor {name}: shape {:?} of {} does not fit bytes {begin}..{end} of the \
+                     file's {} data bytes",
+                    entry.shape,
+                    entry.dtype,
+                    file_len.saturating_sub(data_start)
+                )));
+            }
+            entries.insert(name, (entry.shape, kind, data_start + begin));
         }
-        tensors.push((name, tensor));
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+            entries,
+        })
     }
-    Ok(tensors)
+
+    /// The shape and kind of tensor `name`, if the file holds it.
+    pub fn describe(&self, name: &str) -> Option<(Vec<i64>, Kind)> {
+        let (shape, kind, _) = self.entries.get(name)?;
+        Some((shape.clone(), *kind))
+    }
+
+    /// Rows `start..start + count` of tensor `name` (along its first dimension; all of a
+    /// scalar), on the CPU.
+    pub fn rows(&self, name: &str, start: i64, count: i64) -> Result<Tensor> {
+        let (shape, kind, at) = self.entries.get(name).ok_or_else(|| {
+            Error::Checkpoint(format!("{}: no tensor {name}", self.path.display()))
+        })?;
+        let mut part = shape.clone();
+        let row_numel: i64 = shape.iter().skip(1).product();
+        if let Some(first) = part.first_mut() {
+            if start < 0 || count < 0 || start + count > *first {
+                return Err(Error::Checkpoint(format!(
+                    "{}: rows {start}..{} of tensor {name}, which has {first}",
+                    self.path.display(),
+                    start + count
+                )));
+            }
+            *first = count;
+        }
+        let row_bytes = (row_numel * kind.elt_size_in_bytes() as i64) as u64;
+        let tensor = Tensor::f_empty(&part, (*kind, tch::Device::Cpu))?;
+        let len = tensor.numel() * kind.elt_size_in_bytes();
+        if len > 0 {
+            // SAFETY: `tensor` is a fresh contiguous CPU tensor of exactly `len` bytes, owned
+            // here and not shared until it is returned.
+            let target =
+                unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr() as *mut u8, len) };
+            self.file
+                .read_exact_at(target, at + start.max(0) as u64 * row_bytes)
+                .map_err(|e| Error::io(format!("read {}", self.path.display()), e))?;
+        }
+        Ok(tensor)
+    }
+
+    /// Every tensor whole, by name.
+    pub fn read_all(&self) -> Result<Vec<(String, Tensor)>> {
+        (self.entries.iter())
+            .map(|(name, (shape, _, _))| {
+                let rows = shape.first().copied().unwrap_or(1);
+                Ok((name.clone(), self.rows(name, 0, rows)?))
+            })
+            .collect()
+    }
+}
+
+/// The named tensors of the safetensors file at `path`, on the CPU, by name.
+pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
+    TensorFile::open(path)?.read_all()
 }
 
 /// Writes the named `tensors` to `path` as a safetensors file (in name order, as torch's
-/// writer lays them out), each from its own memory.
-pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+/// writer lays them out), each from its own memory; returns the file's crc32c, taken from the
+/// bytes as they are written (a large file is not read again for it).
+pub fn write(path: &Path, tensors: &[(String, Tensor)]) -> Result<u32> {
     write_in_slices(path, tensors, 64 << 20)
 }
 
+/// A writer that hashes (crc32c) what it passes on.
+struct Hashing<W> {
+    inner: W,
+    crc: u32,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let written = self.inner.write(bytes)?;
+        self.crc = crc32c::crc32c_append(self.crc, &bytes[..written]);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// As [`write`], each tensor in slices of rows of at most `slice_bytes` (one row at least).
-fn write_in_slices(path: &Path, tensors: &[(String, Tensor)], slice_bytes: i64) -> Result<()> {
+fn write_in_slices(path: &Path, tensors: &[(String, Tensor)], slice_bytes: i64) -> Result<u32> {
     let io = |e: std::io::Error| Error::io(format!("write {}", path.display()), e);
     let mut sorted: Vec<&(String, Tensor)> = tensors.iter().collect();
     sorted.sort_by(|a, b| a.0.cmp(&b.0));
@@ -117,7 +195,10 @@ fn write_in_slices(path: &Path, tensors: &[(String, Tensor)], slice_bytes: i64) 
     let mut text = serde_json::to_vec(&header).map_err(|e| Error::Other(e.to_string()))?;
     // The data starts 8-byte aligned, as safetensors pads its header with spaces.
     text.resize(text.len().div_ceil(8) * 8, b' ');
-    let mut out = BufWriter::new(File::create(path).map_err(io)?);
+    let mut out = Hashing {
+        inner: BufWriter::new(File::create(path).map_err(io)?),
+        crc: 0,
+    };
     out.write_all(&(text.len() as u64).to_le_bytes())
         .and_then(|()| out.write_all(&text))
         .map_err(io)?;
@@ -127,10 +208,12 @@ fn write_in_slices(path: &Path, tensors: &[(String, Tensor)], slice_bytes: i64) 
             e => Error::Checkpoint(format!("{}: {e}", path.display())),
         })?;
     }
-    out.into_inner()
+    out.inner
+        .into_inner()
         .map_err(|e| io(e.into_error()))?
         .sync_all()
-        .map_err(io)
+        .map_err(io)?;
+    Ok(out.crc)
 }
 
 /// A tensor's bytes in row-major order, `slice_bytes` of rows at a time: a contiguous CPU
@@ -275,8 +358,9 @@ mod tests {
                 Tensor::ones([3], (Kind::Bool, tch::Device::Cpu)),
             ),
         ];
-        write(&path, &tensors).unwrap();
+        let crc = write(&path, &tensors).unwrap();
         let whole = std::fs::read(&path).unwrap();
+        assert_eq!(crc, crate::checkpoint::integrity::file_crc(&path).unwrap());
         // In slices of one row, or two of `obs`: the same file.
         for slice_bytes in [1, 24] {
             write_in_slices(&path, &tensors, slice_bytes).unwrap();
