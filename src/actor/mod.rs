@@ -15,7 +15,7 @@ use rand_pcg::Pcg64;
 
 use envs::{Frame, VIDEO_SIZE};
 
-use crate::buffer::{Episode, ObsLayout};
+use crate::buffer::{Episode, ObsLayout, StoredObs};
 use crate::error::{Error, Result};
 pub use assignment::TaskAssignment;
 pub use environments::{env_worker_command, ActorSettings, ActorTasks, ENV_WORKER};
@@ -48,8 +48,8 @@ pub struct Actor {
     envs: envs::VectorEnv,
     policy: Policy,
     episodic: bool,
-    /// Numbers at the end of each observation that episodes keep (what the buffer stores).
-    kept: usize,
+    /// How the buffer stores observations: what episodes keep of each.
+    layout: ObsLayout,
     slots: Vec<Slot>,
     /// A multitask run's tasks, environment by environment.
     tasks: Option<TaskAssignment>,
@@ -85,12 +85,12 @@ impl Actor {
                 ..Slot::default()
             })
             .collect();
-        let kept = ObsLayout::new(envs.obs_kind(), envs.spec().obs_dim()).stored();
+        let layout = ObsLayout::new(envs.obs_kind(), envs.spec().obs_dim());
         Ok(Self {
             envs,
             policy,
             episodic,
-            kept,
+            layout,
             slots,
             tasks: None,
             task_of: Vec::new(),
@@ -258,7 +258,7 @@ impl Actor {
         let obs = self.envs.reset(i, Some(seed))?;
         let slot = &mut self.slots[i];
         slot.episode = Episode {
-            obs: obs[obs.len() - self.kept..].to_vec(),
+            obs: StoredObs::first(self.layout, &obs),
             task,
             ..Episode::default()
         };
@@ -311,9 +311,7 @@ impl Actor {
                 return Err(self.ended_early(i));
             }
             let slot = &mut self.slots[i];
-            slot.episode
-                .obs
-                .extend_from_slice(&step.obs[step.obs.len() - self.kept..]);
+            slot.episode.obs.push(self.layout, &step.obs);
             slot.episode.action.extend_from_slice(action);
             slot.episode.reward.push(step.reward as f32);
             slot.episode

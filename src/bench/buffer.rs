@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 use tch::{Device, Tensor};
 
-use crate::buffer::{Episode, ObsLayout, ReplayBuffer, SavedPart};
+use crate::buffer::{Episode, ObsLayout, ReplayBuffer, SavedPart, StoredObs};
 use crate::checkpoint::tensor_file::{self, TensorFile};
 use crate::error::Result;
 
@@ -126,7 +126,12 @@ pub fn run(rows: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
         let steps = EPISODE_STEPS.min(rows.saturating_sub(1)).max(1);
         let episode = Episode {
             // Byte values, as pixels are; every row distinct enough to touch every page.
-            obs: (0..(steps + 1) * dim).map(|i| (i % 251) as f32).collect(),
+            obs: StoredObs::rows(
+                case.layout,
+                &(0..(steps + 1) * dim)
+                    .map(|i| (i % 251) as f32)
+                    .collect::<Vec<_>>(),
+            ),
             action: vec![0.5; steps * case.action_dim],
             reward: vec![1.0; steps],
             terminated: vec![0.0; steps],

@@ -72,7 +72,7 @@ fn measure(dir: &Path, megabytes: usize, print: &mut dyn FnMut(&Value)) -> Resul
         stopped()?;
         let value = |i: usize| ((e * 7919 + i) % 1009) as f32 / 1009.0;
         writer.add(Episode {
-            obs: (0..rows * OBS_DIM).map(value).collect(),
+            obs: (0..rows * OBS_DIM).map(value).collect::<Vec<f32>>().into(),
             action: (0..STEPS * ACTION_DIM).map(value).collect(),
             reward: (0..STEPS).map(value).collect(),
             terminated: vec![0.0; STEPS],

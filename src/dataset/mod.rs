@@ -311,7 +311,7 @@ fn scatter(bytes: &[u8], out: &mut [f32], i: usize, batch: usize, width: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::buffer::Episode;
+    use crate::buffer::{Episode, StoredObs};
     use rand::SeedableRng;
 
     /// One of these tests at a time: torch (saving, in the embedded interpreter) from several
@@ -426,7 +426,10 @@ mod tests {
         for id in 0..4 {
             let mut e = episode(id, 5, (id % 2) as u32, 3, 2);
             if id % 2 == 1 {
-                e.obs.iter_mut().skip(2).step_by(3).for_each(|v| *v = 0.0);
+                let StoredObs::States(obs) = &mut e.obs else {
+                    unreachable!("state episodes")
+                };
+                obs.iter_mut().skip(2).step_by(3).for_each(|v| *v = 0.0);
             }
             writer.add(e).unwrap();
         }
@@ -467,7 +470,10 @@ mod tests {
             match name {
                 // Step 2's reward: row 3 of the file's episode (row 0 has none).
                 "reward" => bad.reward[2] = value,
-                _ => bad.obs[row * 3 + 1] = value,
+                _ => match &mut bad.obs {
+                    StoredObs::States(obs) => obs[row * 3 + 1] = value,
+                    StoredObs::Frames(_) => unreachable!("state episodes"),
+                },
             }
             writer.add(bad).unwrap();
             let files = writer.finish().unwrap();

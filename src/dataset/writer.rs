@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{MODULE, OFFICIAL_FORMAT};
-use crate::buffer::Episode;
+use crate::buffer::{Episode, StoredObs};
 use crate::error::{Error, Result};
 
 /// Episodes gathered into chunk files of the official format (`chunk_{i}.pt`), one file per
@@ -126,7 +126,15 @@ impl ChunkWriter {
         for episode in episodes {
             let id = episode.task.unwrap_or(0);
             let own = self.task_action_dims.get(id as usize).copied().unwrap_or(a);
-            obs.extend(episode.obs.iter().flat_map(|v| v.to_le_bytes()));
+            // The official format's observations are float32 (frames too, were any written).
+            match &episode.obs {
+                StoredObs::States(values) => {
+                    obs.extend(values.iter().flat_map(|v| v.to_le_bytes()))
+                }
+                StoredObs::Frames(bytes) => {
+                    obs.extend(bytes.iter().flat_map(|&v| f32::from(v).to_le_bytes()))
+                }
+            }
             // Row 0: the first observation, NaN fillers for what led to it.
             action.extend(std::iter::repeat_n(f32::NAN, a).flat_map(f32::to_le_bytes));
             reward.extend(f32::NAN.to_le_bytes());

@@ -67,7 +67,7 @@ fn random_episode(rng: &mut Pcg64) -> Episode {
         (0..n).map(|_| rng.random_range(low..=1.0f32)).collect()
     };
     Episode {
-        obs: uniform((EPISODE_LENGTH + 1) * OBS_DIM, -1.0),
+        obs: uniform((EPISODE_LENGTH + 1) * OBS_DIM, -1.0).into(),
         action: uniform(EPISODE_LENGTH * ACTION_DIM, -1.0),
         reward: uniform(EPISODE_LENGTH, 0.0),
         terminated: vec![0.0; EPISODE_LENGTH],
