@@ -683,8 +683,25 @@ mod tests {
         );
         let mut target =
             ReplayBuffer::new(80, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
-        // The ring had not wrapped: its 10 rows were saved, not its 50.
+        // The ring had not wrapped: its 10 rows were saved, not its 50; they restore into a
+        // smaller ring too.
         assert_eq!(tensors[0].1.size(), [10, 2]);
+        let mut smaller =
+            ReplayBuffer::new(8, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        smaller.restore(&tensors, meta.clone()).unwrap();
+        assert_eq!(firsts(&smaller), [2.0], "the newest 8 rows");
+        // A buffer saved before the saved rows were recorded: its whole ring.
+        let mut json = serde_json::to_value(&meta).unwrap();
+        json.as_object_mut().unwrap().remove("saved_rows");
+        let old: BufferMeta = serde_json::from_value(json).unwrap();
+        let whole: Vec<(String, Tensor)> = buffer
+            .storage()
+            .into_iter()
+            .map(|(n, t)| (n.to_owned(), t.shallow_clone()))
+            .collect();
+        let mut same = ReplayBuffer::new(50, ObsLayout::Vector { dim: 2 }, 1, Device::Cpu).unwrap();
+        same.restore(&whole, old).unwrap();
+        assert_eq!((same.len(), firsts(&same)), (10, vec![0.0]));
         let damaged = BufferMeta {
             saved_rows: Some(12),
             ..meta.clone()

@@ -31,6 +31,9 @@ pub enum Ended {
     /// It stopped before this attempt (Ctrl-C or SIGTERM to its launcher, or its ranks stopped
     /// as asked): the job stops.
     Stopped = 5,
+    /// Some of its ranks did not end after SIGKILL (hung in the kernel): a restart would meet
+    /// them on their GPU and files.
+    Hung = 6,
 }
 
 impl Ended {
@@ -46,6 +49,7 @@ impl Ended {
             Self::Refused,
             Self::Diverged,
             Self::Stopped,
+            Self::Hung,
         ]
         .into_iter()
         .find(|ended| *ended as i64 == value)
@@ -430,6 +434,11 @@ fn run(
                         Ended::Stopped => {
                             format!("it stopped before this attempt ({STOPPED_THERE})")
                         }
+                        Ended::Hung => {
+                            "its ranks hung in the kernel (SIGKILL did not end them; its log \
+                             names them)"
+                                .into()
+                        }
                         _ => "its ranks failed".into(),
                     };
                     return Some(PeerLost {
@@ -558,6 +567,11 @@ mod tests {
         let lost = watch_a_node_that_ended(Ended::Diverged, within).expect("not reported");
         assert!(
             !lost.ended.restartable() && lost.why.contains("diverged"),
+            "{lost}"
+        );
+        let lost = watch_a_node_that_ended(Ended::Hung, within).expect("not reported");
+        assert!(
+            !lost.ended.restartable() && lost.why.contains("hung in the kernel"),
             "{lost}"
         );
         let lost = watch_a_node_that_ended(Ended::Stopped, within).expect("not reported");

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::supervision::{Event, Supervision};
+use super::supervision::{Event, StopRequest, Supervision};
 use super::{affinity, heartbeat, rendezvous};
 use crate::error::{Error, Result};
 
@@ -95,8 +95,8 @@ impl StopSignals {
         })
     }
 
-    /// The next request, in words.
-    async fn next(&mut self) -> &'static str {
+    /// The next request.
+    async fn next(&mut self) -> StopRequest {
         let hangup = async {
             match &mut self.hangup {
                 Some(hangup) => hangup.recv().await,
@@ -104,15 +104,15 @@ impl StopSignals {
             }
         };
         tokio::select! {
-            _ = self.interrupt.recv() => "interrupted (Ctrl-C)",
-            _ = self.terminate.recv() => "terminated (SIGTERM)",
-            _ = hangup => "hung up (the terminal closed)",
+            _ = self.interrupt.recv() => StopRequest::INTERRUPT,
+            _ = self.terminate.recv() => StopRequest::TERMINATE,
+            _ = hangup => StopRequest::HANGUP,
         }
     }
 
     /// A request that came since the last one was taken, if any (the runtime gets a moment
     /// to take in what the kernel delivered).
-    fn came(&mut self, runtime: &tokio::runtime::Runtime) -> Option<&'static str> {
+    fn came(&mut self, runtime: &tokio::runtime::Runtime) -> Option<StopRequest> {
         let wait = Duration::from_millis(50);
         runtime
             .block_on(async { tokio::time::timeout(wait, self.next()).await })
@@ -229,7 +229,8 @@ impl Attempt<'_> {
         }
         match signals.came(runtime) {
             Some(request) => Err(self.stopped_before_restart(format!(
-                "{why}\n[launcher] {request} before the restart: not restarted"
+                "{why}\n[launcher] {} before the restart: not restarted",
+                request.why
             ))),
             None => Ok(()),
         }
@@ -247,7 +248,8 @@ impl Attempt<'_> {
         }
         match signals.came(runtime) {
             Some(request) => Err(self.stopped_before_restart(format!(
-                "[launcher] {request} before restart {} started: not restarted",
+                "[launcher] {} before restart {} started: not restarted",
+                request.why,
                 self.number + 1
             ))),
             None => Ok(()),
@@ -310,6 +312,10 @@ fn not_restarted(why: &str, node: usize, ended: heartbeat::Ended) -> Error {
         heartbeat::Ended::Stopped => Error::Stopped(format!(
             "{why}\n[launcher] node {node} stopped ({}): not restarted",
             heartbeat::STOPPED_THERE
+        )),
+        heartbeat::Ended::Hung => Error::Other(format!(
+            "{why}\n[launcher] node {node}'s ranks hung in the kernel (its log names them): not \
+             restarted"
         )),
         _ => Error::Config(format!(
             "{why}\n[launcher] node {node}'s ranks refused their input (its log names the \
@@ -424,6 +430,7 @@ async fn supervise(
         }
     }
     let interrupted = job.was_interrupted();
+    let hung = job.gave_up();
     let outcome = job.outcome();
     if let Some(store) = store {
         if matches!(outcome, Err(Error::Stopped(_))) && !interrupted {
@@ -434,6 +441,7 @@ async fn supervise(
         store.mark_ended(
             restart,
             match outcome {
+                _ if hung => heartbeat::Ended::Hung,
                 Ok(()) | Err(Error::Stopped(_)) => heartbeat::Ended::Well,
                 Err(Error::Config(_)) => heartbeat::Ended::Refused,
                 Err(Error::Diverged(_)) => heartbeat::Ended::Diverged,
@@ -606,7 +614,7 @@ mod tests {
         // SAFETY: raise(3) on this process, whose SIGTERM tokio now handles.
         assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
         std::thread::sleep(Duration::from_millis(100));
-        assert_eq!(signals.came(&runtime), Some("terminated (SIGTERM)"));
+        assert_eq!(signals.came(&runtime), Some(StopRequest::TERMINATE));
         assert_eq!(signals.came(&runtime), None, "taken once");
     }
 

@@ -16,9 +16,6 @@ const GRACE: Duration = Duration::from_secs(20);
 /// How long killed ranks get to be reaped: one still there has hung in the kernel (a GPU
 /// driver after an error, a hard network mount), where SIGKILL waits.
 const REAP_WAIT: Duration = Duration::from_secs(30);
-/// A stop signal this long after the first is a second request (kill now), not the same one
-/// delivered twice.
-const SECOND_REQUEST_AFTER: Duration = Duration::from_secs(1);
 /// Error lines kept per rank for the failure report.
 const TAIL_LINES: usize = 12;
 
@@ -94,10 +91,32 @@ pub(super) struct Supervision {
     lost_while_stopping: Option<heartbeat::PeerLost>,
 }
 
-/// Why the job was asked to stop, and when the first request came.
+/// A stop signal the launcher received, and how it says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct StopRequest {
+    pub signal: libc::c_int,
+    pub why: &'static str,
+}
+
+impl StopRequest {
+    pub const INTERRUPT: Self = Self {
+        signal: libc::SIGINT,
+        why: "interrupted (Ctrl-C)",
+    };
+    pub const TERMINATE: Self = Self {
+        signal: libc::SIGTERM,
+        why: "terminated (SIGTERM)",
+    };
+    pub const HANGUP: Self = Self {
+        signal: libc::SIGHUP,
+        why: "hung up (the terminal closed)",
+    };
+}
+
+/// Why the job was asked to stop, and when the first request came (monotonic ms).
 struct Interruption {
     why: &'static str,
-    at: tokio::time::Instant,
+    at_ms: i64,
 }
 
 /// The first rank that failed, how, and what its exit code says of it.
@@ -254,9 +273,12 @@ impl Supervision {
                 return;
             }
             self.failure = Some(failure);
-            stop_all(&self.alive, libc::SIGTERM);
-            self.deadline = Some(Deadline::after(GRACE));
-            self.graced_stop = false;
+            // Being killed already (a second request): the wait for the kill stands.
+            if self.killing.is_none() {
+                stop_all(&self.alive, libc::SIGTERM);
+                self.deadline = Some(Deadline::after(GRACE));
+                self.graced_stop = false;
+            }
         }
     }
 
@@ -267,7 +289,8 @@ impl Supervision {
         let writer_gone = failure.rank == 0;
         self.failed_while_stopping.get_or_insert(failure);
         self.give_stop_grace();
-        if writer_gone && self.deadline.is_some_and(|d| d.left() > GRACE) {
+        let killing = self.killing.is_some();
+        if writer_gone && !killing && self.deadline.is_some_and(|d| d.left() > GRACE) {
             self.deadline = Some(Deadline::after(GRACE));
             self.graced_stop = false;
         }
@@ -297,17 +320,21 @@ impl Supervision {
         self.interrupted.is_some()
     }
 
-    pub(super) fn interrupt(&mut self, why: &'static str) {
-        let now = tokio::time::Instant::now();
+    pub(super) fn interrupt(&mut self, request: StopRequest) {
+        let now = crate::terminal::monotonic_ms();
         if let Some(first) = &self.interrupted {
-            // One request often arrives twice (a terminal's Ctrl-C, and a wrapper passing it
-            // on): only a later one means "now".
-            if now - first.at > SECOND_REQUEST_AFTER {
+            // Ctrl-C again, a moment later: not the first passed on twice (a terminal's and a
+            // wrapper's), nor a SIGTERM or hangup that followed it (a closed terminal, a sweep
+            // that went away).
+            if crate::terminal::is_second_request(request.signal, first.at_ms, now) {
                 self.kill("asked again to stop");
             }
             return;
         }
-        self.interrupted = Some(Interruption { why, at: now });
+        self.interrupted = Some(Interruption {
+            why: request.why,
+            at_ms: now,
+        });
         stop_all(&self.alive, libc::SIGTERM);
         self.give_stop_grace();
     }
@@ -392,13 +419,25 @@ impl Supervision {
     /// wins over a failure, so that Ctrl-C is never answered with a restart.
     pub(super) fn outcome(mut self) -> Result<()> {
         if !self.unreaped.is_empty() {
-            // Not restarted: new ranks would meet the hung ones' GPU or files.
-            return Err(Error::Other(format!(
-                "rank(s) {:?} did not end after SIGKILL (hung in the kernel); the job is not \
-                 restarted while they hold their GPU and files: see the system log (dmesg) \
-                 for the cause",
+            let hung = format!(
+                "rank(s) {:?} did not end after SIGKILL (hung in the kernel; the system log, \
+                 dmesg, says why)",
                 self.unreaped
-            )));
+            );
+            // A stop stays one; otherwise not restarted: new ranks would meet the hung ones'
+            // GPU and files.
+            return Err(match (&self.interrupted, self.stop_under_way()) {
+                (Some(Interruption { why, .. }), _) => Error::Stopped(format!(
+                    "{why}: the ranks were stopped, but {hung}; the stop's checkpoint may be \
+                     missing"
+                )),
+                (None, true) => Error::Stopped(format!(
+                    "the job was stopping, but {hung}; the stop's checkpoint may be missing"
+                )),
+                (None, false) => Error::Other(format!(
+                    "{hung}: the job is not restarted while they hold their GPU and files"
+                )),
+            });
         }
         let killed = self.killed_note();
         let failure = self.cause();
@@ -420,6 +459,10 @@ impl Supervision {
         if let Some(lost) = self.lost_peer {
             let why = format!("{lost}; this node's ranks were stopped");
             return Err(match lost.ended {
+                // Node 0's launcher gone: its ranks stop with a checkpoint, and no restart can
+                // be made without its store.
+                _ if lost.likely_stopping => Error::Stopped(why),
+                heartbeat::Ended::Hung => Error::Other(why),
                 heartbeat::Ended::Refused => Error::Config(why),
                 heartbeat::Ended::Diverged => Error::Diverged(why),
                 heartbeat::Ended::Stopped => Error::Stopped(why),
@@ -623,7 +666,7 @@ mod tests {
     fn ctrl_c_after_a_failure_is_a_stop_not_a_restart() {
         let mut job = two_ranks();
         job.on_exit(1, exited(1));
-        job.interrupt("interrupted (Ctrl-C)");
+        job.interrupt(StopRequest::INTERRUPT);
         job.on_exit(0, exited(STOPPED_EXIT_CODE));
         let err = job.outcome().unwrap_err();
         assert!(matches!(err, Error::Stopped(_)), "{err}");
@@ -715,6 +758,11 @@ mod tests {
                 false => assert!(left <= PEER_GRACE, "{left:?}"),
             }
             assert_eq!(job.graced_stop, likely_stopping);
+            // A stop (no restart can be made without node 0's store), or a loss to restart.
+            job.on_exit(0, exited(STOPPED_EXIT_CODE));
+            job.on_exit(1, exited(STOPPED_EXIT_CODE));
+            let err = job.outcome().unwrap_err();
+            assert_eq!(matches!(err, Error::Stopped(_)), likely_stopping, "{err}");
         }
     }
 
@@ -775,15 +823,22 @@ mod tests {
     #[test]
     fn one_request_delivered_twice_is_no_second_request() {
         let mut job = two_ranks();
-        job.interrupt("interrupted (Ctrl-C)");
-        job.interrupt("terminated (SIGTERM)");
+        job.interrupt(StopRequest::INTERRUPT);
+        job.interrupt(StopRequest::TERMINATE);
         assert!(
             job.killing.is_none(),
             "the same stop, passed on by a wrapper"
         );
         let first = job.interrupted.as_mut().unwrap();
-        first.at -= SECOND_REQUEST_AFTER * 2;
-        job.interrupt("interrupted (Ctrl-C)");
+        first.at_ms -= 2 * crate::terminal::SECOND_REQUEST_AFTER_MS;
+        for later in [StopRequest::TERMINATE, StopRequest::HANGUP] {
+            job.interrupt(later);
+            assert!(
+                job.killing.is_none(),
+                "{later:?} later is no second request"
+            );
+        }
+        job.interrupt(StopRequest::INTERRUPT);
         assert!(job.killing.is_some(), "a second Ctrl-C kills");
         // And the stop says so, not that a grace period ran out.
         job.on_exit(0, signalled(libc::SIGKILL));
@@ -800,7 +855,7 @@ mod tests {
     fn a_stop_gives_the_ranks_stop_grace() {
         for secs in [5, 3600] {
             let mut job = two_ranks_with(Duration::from_secs(secs));
-            job.interrupt("SIGTERM");
+            job.interrupt(StopRequest::TERMINATE);
             let left = job.deadline().unwrap().left();
             assert!(left <= Duration::from_secs(secs), "{left:?}");
             assert!(left > Duration::from_secs(secs) / 2, "{left:?}");
@@ -820,7 +875,7 @@ mod tests {
         let hour = Duration::from_secs(3600);
         type Stop = fn(&mut Supervision);
         let ways: [(&str, Stop); 3] = [
-            ("Ctrl-C here", |job| job.interrupt("interrupted (Ctrl-C)")),
+            ("Ctrl-C here", |job| job.interrupt(StopRequest::INTERRUPT)),
             ("rank 1 stopped as asked", |job| {
                 job.on_exit(1, exited(STOPPED_EXIT_CODE))
             }),
@@ -880,6 +935,18 @@ mod tests {
                 .contains("rank(s) [1] did not end after SIGKILL"),
             "{err}"
         );
+        // A stop stays a stop, and a failure while the killed ranks are awaited leaves the
+        // wait as it was.
+        let mut job = two_ranks();
+        job.interrupt(StopRequest::INTERRUPT);
+        job.grace_ran_out();
+        let left = job.deadline().unwrap().left();
+        job.on_exit(0, exited(1));
+        assert!(job.deadline().unwrap().left() > left - Duration::from_secs(1));
+        job.grace_ran_out();
+        let err = job.outcome().unwrap_err();
+        assert!(matches!(err, Error::Stopped(_)), "{err}");
+        assert!(err.to_string().contains("rank(s) [1] did not end"), "{err}");
     }
 
     #[test]
