@@ -435,10 +435,10 @@ impl VectorEnv {
 }
 
 impl Drop for VectorEnv {
-    /// Closes every worker's stdin first, so they all exit at once; each is then reaped.
+    /// Ends every worker together, within one grace for all.
     fn drop(&mut self) {
         if let Backend::Workers { workers, .. } = &mut self.backend {
-            workers.iter_mut().for_each(WorkerProcess::close);
+            process::end_all(workers);
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct WorkerProcess {
     region: Option<MmapMut>,
     /// Why the worker is gone, once it is.
     dead: Option<String>,
+    /// Ended with the others ([`end_all`]): its drop waits for nothing.
+    ended: bool,
     reply_limit: Option<ReplyLimit>,
     /// `rank 1: ` (from the command's owner), or empty.
     owner: String,
@@ -84,6 +86,7 @@ impl WorkerProcess {
             shm,
             region: None,
             dead: None,
+            ended: false,
             reply_limit: worker.reply_limit.clone(),
             owner: match worker.owner.as_str() {
                 "" => String::new(),
@@ -269,11 +272,53 @@ impl WorkerProcess {
         let _ = self.child.kill();
         let _ = wait_for_exit(&mut self.child, DEATH_GRACE);
     }
+
+    /// Whether the worker has exited (and is reaped).
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+}
+
+/// Ends `workers` together, as [`WorkerProcess`]'s drop ends one, but with one grace for all
+/// rather than one per worker in turn (64 hung workers would take minutes, past a stop's
+/// grace): stdins closed at once, [`EXIT_GRACE`] for all to exit, then those left killed at
+/// once and [`DEATH_GRACE`] for all to be reaped. One still there is stuck in the kernel and
+/// left to die with this process.
+pub fn end_all(workers: &mut [WorkerProcess]) {
+    workers.iter_mut().for_each(WorkerProcess::close);
+    // Every worker asked (and reaped if it exited), not only those up to the first running.
+    let all_exited = |workers: &mut [WorkerProcess]| {
+        let mut all = true;
+        for worker in workers.iter_mut() {
+            all &= worker.exited();
+        }
+        all
+    };
+    let wait = |workers: &mut [WorkerProcess], grace: Duration| {
+        let deadline = Instant::now() + grace;
+        while !all_exited(workers) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait(workers, EXIT_GRACE);
+    for worker in workers.iter_mut() {
+        if !worker.exited() {
+            let _ = worker.child.kill();
+        }
+    }
+    wait(workers, DEATH_GRACE);
+    for worker in workers.iter_mut() {
+        worker.ended = true;
+    }
 }
 
 impl Drop for WorkerProcess {
-    /// Ends the worker and reaps it (no zombie), killing it if it does not exit by itself.
+    /// Ends the worker and reaps it (no zombie), killing it if it does not exit by itself;
+    /// nothing more once [`end_all`] ended it.
     fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
         self.close();
         if wait_for_exit(&mut self.child, EXIT_GRACE).is_none() {
             self.kill();
@@ -419,6 +464,33 @@ fn describe(status: ExitStatus) -> String {
 mod tests {
     use super::*;
     use crate::deadline::{note_continue, NOTING_CONTINUES};
+
+    /// Workers that do not exit when their stdin closes (busy, or ignoring it) are ended
+    /// together, within one grace for all, not one after another, and none is left a zombie.
+    #[test]
+    fn workers_that_do_not_exit_are_ended_together() {
+        let command = crate::vector::WorkerCommand::new("/bin/sleep", &["600"]);
+        let mut workers: Vec<WorkerProcess> = (0..6)
+            .map(|i| WorkerProcess::spawn(&command, "sleep", i..i + 1).unwrap())
+            .collect();
+        let pids: Vec<u32> = workers.iter().map(WorkerProcess::pid).collect();
+        let started = Instant::now();
+        end_all(&mut workers);
+        let took = started.elapsed();
+        // One after another, they would take 6 × EXIT_GRACE (12 s).
+        assert!(took < EXIT_GRACE * 3, "{took:?}");
+        for pid in pids {
+            assert!(
+                !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+                "worker {pid} reaped"
+            );
+        }
+        drop(workers);
+        assert!(
+            started.elapsed() < EXIT_GRACE * 3,
+            "their drops wait for nothing more"
+        );
+    }
 
     /// A continue while a worker's answer is awaited (the job was stopped) gives the wait its
     /// whole limit again; an answer within it is taken.
