@@ -54,13 +54,18 @@ fn workers_step_bit_for_bit_like_in_process_envs_with_independent_resets() {
     let mut remote = VectorEnv::new(TASK, &seeds, Placement::Workers(2), &worker()).unwrap();
     assert_eq!(remote.worker_pids().len(), 2);
     assert_eq!(remote.spec(), local.spec());
-    for i in 0..seeds.len() {
-        let seed = (i % 2 == 0).then_some(100 + i as u64);
-        assert_eq!(
-            remote.reset(i, seed).unwrap(),
-            local.reset(i, seed).unwrap()
-        );
+    // Reset together (in an order that alternates between the workers), or one by one: the
+    // same observations.
+    let resets: Vec<(usize, Option<u64>)> = [4, 0, 3, 1, 2]
+        .into_iter()
+        .map(|i| (i, (i % 2 == 0).then_some(100 + i as u64)))
+        .collect();
+    let together = remote.reset_many(&resets).unwrap();
+    for (&(i, seed), first) in resets.iter().zip(&together) {
+        assert_eq!(first, &local.reset(i, seed).unwrap(), "env {i}");
     }
+    let twice = remote.reset_many(&[(1, None), (1, None)]);
+    assert!(error_text(twice).contains("env 1 is listed twice"));
     let all: Vec<usize> = (0..seeds.len()).collect();
     let actions = common::actions(9, 450, seeds.len());
     let mut truncations = 0;
@@ -81,15 +86,15 @@ fn workers_step_bit_for_bit_like_in_process_envs_with_independent_resets() {
         let action: Vec<f32> = which.iter().map(|&i| action[i]).collect();
         let ours = remote.step(&which, &action).unwrap();
         assert_eq!(ours, local.step(&which, &action).unwrap(), "step {t}");
-        for (&i, step) in which.iter().zip(&ours) {
-            if step.terminated || step.truncated {
-                truncations += 1;
-                assert_eq!(
-                    remote.reset(i, None).unwrap(),
-                    local.reset(i, None).unwrap()
-                );
-            }
-        }
+        let ended: Vec<(usize, Option<u64>)> = (which.iter().zip(&ours))
+            .filter(|(_, step)| step.terminated || step.truncated)
+            .map(|(&i, _)| (i, None))
+            .collect();
+        truncations += ended.len();
+        assert_eq!(
+            remote.reset_many(&ended).unwrap(),
+            local.reset_many(&ended).unwrap()
+        );
     }
     assert!(truncations >= seeds.len(), "every env finished an episode");
 }

@@ -248,14 +248,33 @@ impl Actor {
     /// Starts an episode in environment `i`; each episode gets its own seed so that a resumed
     /// run replays it.
     pub fn reset(&mut self, i: usize, seed: u64) -> Result<()> {
-        let task = match &self.tasks {
-            Some(assignment) => Some(assignment.episode(i, self.slots[i].episodes).1),
-            None => None,
-        };
-        if let Some(task) = task {
-            self.select_task(i, task)?;
+        self.reset_many(&[(i, seed)])
+    }
+
+    /// [`Self::reset`] of each (environment, seed) listed, the environments' workers at once.
+    pub fn reset_many(&mut self, starts: &[(usize, u64)]) -> Result<()> {
+        let mut tasks = Vec::with_capacity(starts.len());
+        for &(i, _) in starts {
+            let task = match &self.tasks {
+                Some(assignment) => Some(assignment.episode(i, self.slots[i].episodes).1),
+                None => None,
+            };
+            if let Some(task) = task {
+                self.select_task(i, task)?;
+            }
+            tasks.push(task);
         }
-        let obs = self.envs.reset(i, Some(seed))?;
+        let resets: Vec<(usize, Option<u64>)> =
+            starts.iter().map(|&(i, seed)| (i, Some(seed))).collect();
+        let observations = self.envs.reset_many(&resets)?;
+        for ((&(i, _), obs), task) in starts.iter().zip(observations).zip(tasks) {
+            self.begin_episode(i, obs, task);
+        }
+        Ok(())
+    }
+
+    /// Environment i's episode begins from its first observation `obs`.
+    fn begin_episode(&mut self, i: usize, obs: Vec<f32>, task: Option<u32>) {
         let slot = &mut self.slots[i];
         slot.episode = Episode {
             obs: StoredObs::first(self.layout, &obs),
@@ -269,7 +288,6 @@ impl Actor {
         };
         slot.done = false;
         slot.episodes += 1;
-        Ok(())
     }
 
     /// One step of every running environment; returns how many stepped (agent steps).
@@ -433,16 +451,19 @@ impl Actor {
     fn start_evaluation(&mut self, starts: &[Option<EvalStart>]) -> Result<(Vec<f32>, Vec<usize>)> {
         let obs_dim = self.envs.spec().obs_dim();
         let mut obs = vec![0.0f32; self.slots.len() * obs_dim];
-        let mut running = Vec::new();
+        let mut resets = Vec::new();
         for (i, start) in starts.iter().enumerate() {
             let Some(start) = start else { continue };
             if let Some(task) = start.task {
                 self.select_task(i, task)?;
             }
-            let first = self.envs.reset(i, Some(start.seed))?;
-            obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
-            running.push(i);
+            resets.push((i, Some(start.seed)));
         }
+        let firsts = self.envs.reset_many(&resets)?;
+        for (&(i, _), first) in resets.iter().zip(firsts) {
+            obs[i * obs_dim..(i + 1) * obs_dim].copy_from_slice(&first);
+        }
+        let running = resets.iter().map(|&(i, _)| i).collect();
         Ok((obs, running))
     }
 }

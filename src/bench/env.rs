@@ -2,7 +2,8 @@
 //! baseline) and several at once over worker processes (`tdmpc2 env-worker`, one core each).
 //! Pixel observations render one frame an agent step, so their rate is frames/s; they run in
 //! worker processes only (a process loads dm_control with or without a renderer, once), the
-//! baseline being one environment in one worker.
+//! baseline being one environment in one worker. With several workers, resetting every
+//! environment is timed too, together (all workers at once) against one by one (the baseline).
 use envs::{ObsKind, Placement, VectorEnv};
 use serde_json::{json, Value};
 
@@ -96,8 +97,47 @@ pub fn run(steps: usize, print: &mut dyn FnMut(&Value)) -> Result<()> {
             line[key] = (rate / base).into();
         }
         print(&line);
+        if matches!(case.placement, Placement::Workers(k) if k > 1) {
+            print(&reset_times(&case, &mut venv)?);
+        }
     }
     Ok(())
+}
+
+/// Milliseconds to reset every environment of `venv`, one by one (the baseline) and together,
+/// the median of a few rounds each.
+fn reset_times(case: &EnvCase, venv: &mut VectorEnv) -> Result<Value> {
+    const ROUNDS: usize = 9;
+    let all: Vec<(usize, Option<u64>)> = (0..case.num_envs).map(|i| (i, Some(i as u64))).collect();
+    let median_ms = |venv: &mut VectorEnv, together: bool| -> Result<f64> {
+        let mut times = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let started = std::time::Instant::now();
+            match together {
+                true => drop(venv.reset_many(&all)?),
+                false => {
+                    for &(i, seed) in &all {
+                        venv.reset(i, seed)?;
+                    }
+                }
+            }
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[ROUNDS / 2])
+    };
+    let one_by_one = median_ms(venv, false)?;
+    let together = median_ms(venv, true)?;
+    let workers = match case.placement {
+        Placement::Workers(k) => k,
+        Placement::InProcess => 0,
+    };
+    Ok(json!({
+        "case": "env resets", "task": case.task, "obs": case.obs.name(),
+        "num_envs": case.num_envs, "workers": workers,
+        "ms_one_by_one": one_by_one, "ms_together": together,
+        "speedup": one_by_one / together.max(1e-9),
+    }))
 }
 
 #[cfg(test)]

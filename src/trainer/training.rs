@@ -277,10 +277,11 @@ impl<'g> Training<'g> {
         }
         let done = self.actor.done();
         let started = self.state.episodes + (self.actor.num_envs() - done.len()) as u64;
-        for (episode, i) in (started..).zip(done) {
-            self.actor.reset(i, self.streams.episode_seed(episode))?;
-        }
-        Ok(())
+        let starts: Vec<(usize, u64)> = (started..)
+            .zip(done)
+            .map(|(episode, i)| (i, self.streams.episode_seed(episode)))
+            .collect();
+        self.actor.reset_many(&starts)
     }
 
     /// Ends the run with a checkpoint when any rank asked to stop (agreed by all).

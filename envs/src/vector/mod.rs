@@ -310,6 +310,75 @@ impl VectorEnv {
         }
     }
 
+    /// Resets every env listed in `resets` (env, seed), workers concurrently (a worker's own
+    /// envs one after another); returns their observations, in order. An episode of every
+    /// environment often ends at the same step (a fixed length): resetting them one by one
+    /// would leave all workers but one idle, for as long as the resets take.
+    ///
+    /// If a worker fails, the other workers' envs have still been reset; the error names it.
+    pub fn reset_many(&mut self, resets: &[(usize, Option<u64>)]) -> Result<Vec<Vec<f32>>> {
+        let mut listed = vec![false; self.num_envs];
+        for &(i, _) in resets {
+            self.check_index(i)?;
+            if std::mem::replace(&mut listed[i], true) {
+                return Err(Error::VectorInput(format!(
+                    "env {i} is listed twice in one reset"
+                )));
+            }
+        }
+        let Backend::Workers {
+            workers,
+            layout,
+            owner,
+        } = &mut self.backend
+        else {
+            return resets
+                .iter()
+                .map(|&(i, seed)| self.reset(i, seed))
+                .collect();
+        };
+        // Each worker's resets in turn; one of each worker's at a time, all workers at once.
+        let mut queues = vec![std::collections::VecDeque::new(); workers.len()];
+        for (at, &(i, seed)) in resets.iter().enumerate() {
+            queues[owner[i].worker].push_back((at, owner[i].local, seed));
+        }
+        let mut observations = vec![Vec::new(); resets.len()];
+        let mut failure = None;
+        while queues.iter().any(|q| !q.is_empty()) {
+            let mut asked = Vec::new();
+            for (w, queue) in queues.iter_mut().enumerate() {
+                let Some((at, local, seed)) = queue.pop_front() else {
+                    continue;
+                };
+                let command = Encoder::default().u32(local as u32);
+                let command = match seed {
+                    Some(seed) => command.u8(1).u64(seed),
+                    None => command.u8(0),
+                };
+                match workers[w].send(protocol::RESET, &command.0) {
+                    Ok(()) => asked.push((w, at, local)),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        queue.clear();
+                    }
+                }
+            }
+            for (w, at, local) in asked {
+                match workers[w].receive() {
+                    Ok(_) => observations[at] = layout.read_obs(workers[w].region(), local),
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        queues[w].clear();
+                    }
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(observations),
+        }
+    }
+
     /// Makes env i's next reset start its task `task` (an index into its [`TaskMix`]).
     pub fn switch_task(&mut self, i: usize, task: usize) -> Result<()> {
         self.check_index(i)?;
