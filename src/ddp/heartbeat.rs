@@ -42,6 +42,19 @@ impl Ended {
         matches!(self, Self::Well | Self::Failed)
     }
 
+    /// How another node's attempt ended, in words for the log.
+    fn in_words(self) -> String {
+        match self {
+            Self::Refused => "its ranks refused their input (its log names the setting)".into(),
+            Self::Diverged => "its ranks' training diverged (its log names the step)".into(),
+            Self::Stopped => format!("it stopped before this attempt ({STOPPED_THERE})"),
+            Self::Hung => "its ranks hung in the kernel (SIGKILL did not end them; its log names \
+                           them)"
+                .into(),
+            Self::Well | Self::Failed => "its ranks failed".into(),
+        }
+    }
+
     fn from_value(value: i64) -> Option<Self> {
         [
             Self::Well,
@@ -424,26 +437,9 @@ fn run(
             match store.ended(watch.attempt, node) {
                 Some(Ended::Well) => continue,
                 Some(ended) => {
-                    let why = match ended {
-                        Ended::Refused => {
-                            "its ranks refused their input (its log names the setting)".into()
-                        }
-                        Ended::Diverged => {
-                            "its ranks' training diverged (its log names the step)".into()
-                        }
-                        Ended::Stopped => {
-                            format!("it stopped before this attempt ({STOPPED_THERE})")
-                        }
-                        Ended::Hung => {
-                            "its ranks hung in the kernel (SIGKILL did not end them; its log \
-                             names them)"
-                                .into()
-                        }
-                        _ => "its ranks failed".into(),
-                    };
                     return Some(PeerLost {
                         node,
-                        why,
+                        why: ended.in_words(),
                         ended,
                         likely_stopping: false,
                     });

@@ -419,25 +419,7 @@ impl Supervision {
     /// wins over a failure, so that Ctrl-C is never answered with a restart.
     pub(super) fn outcome(mut self) -> Result<()> {
         if !self.unreaped.is_empty() {
-            let hung = format!(
-                "rank(s) {:?} did not end after SIGKILL (hung in the kernel; the system log, \
-                 dmesg, says why)",
-                self.unreaped
-            );
-            // A stop stays one; otherwise not restarted: new ranks would meet the hung ones'
-            // GPU and files.
-            return Err(match (&self.interrupted, self.stop_under_way()) {
-                (Some(Interruption { why, .. }), _) => Error::Stopped(format!(
-                    "{why}: the ranks were stopped, but {hung}; the stop's checkpoint may be \
-                     missing"
-                )),
-                (None, true) => Error::Stopped(format!(
-                    "the job was stopping, but {hung}; the stop's checkpoint may be missing"
-                )),
-                (None, false) => Error::Other(format!(
-                    "{hung}: the job is not restarted while they hold their GPU and files"
-                )),
-            });
+            return Err(self.hung());
         }
         let killed = self.killed_note();
         let failure = self.cause();
@@ -456,7 +438,7 @@ impl Supervision {
                 "{why}: all ranks stopped{failed}{killed}"
             )));
         }
-        if let Some(lost) = self.lost_peer {
+        if let Some(lost) = self.lost_peer.take() {
             let why = format!("{lost}; this node's ranks were stopped");
             return Err(match lost.ended {
                 // Node 0's launcher gone: its ranks stop with a checkpoint, and no restart can
@@ -470,29 +452,61 @@ impl Supervision {
             });
         }
         if let Some(failure) = &failure {
-            let lines = self.last_lines(failure.rank);
-            let (rank, how) = (failure.rank, &failure.how);
-            match failure.ended {
-                heartbeat::Ended::Refused => {
-                    return Err(Error::Config(format!(
-                        "rank {rank} refused its input ({how}); the other ranks were \
-                         stopped. Its last lines on stderr:\n{lines}"
-                    )))
-                }
-                heartbeat::Ended::Diverged => {
-                    return Err(Error::Diverged(format!(
-                        "rank {rank}'s training diverged ({how}); the other ranks were stopped, \
-                         and the job is not restarted: from the last checkpoint it would most \
-                         likely diverge again. Its last lines on stderr:\n{lines}"
-                    )))
-                }
-                _ => {}
-            }
-            return Err(Error::JobFailed(format!(
+            return Err(self.failed(failure, &killed));
+        }
+        self.stopped_as_agreed(failed_while_stopping, &killed)
+    }
+
+    /// Ranks SIGKILL did not end: a stop stays one; otherwise the job is not restarted, as new
+    /// ranks would meet the hung ones' GPU and files.
+    fn hung(&self) -> Error {
+        let hung = format!(
+            "rank(s) {:?} did not end after SIGKILL (hung in the kernel; the system log, dmesg, \
+             says why)",
+            self.unreaped
+        );
+        match (&self.interrupted, self.stop_under_way()) {
+            (Some(Interruption { why, .. }), _) => Error::Stopped(format!(
+                "{why}: the ranks were stopped, but {hung}; the stop's checkpoint may be missing"
+            )),
+            (None, true) => Error::Stopped(format!(
+                "the job was stopping, but {hung}; the stop's checkpoint may be missing"
+            )),
+            (None, false) => Error::Other(format!(
+                "{hung}: the job is not restarted while they hold their GPU and files"
+            )),
+        }
+    }
+
+    /// The job's end by `failure`, the rank that failed first of itself: refused input and
+    /// divergence are not restarted, another failure may be.
+    fn failed(&self, failure: &Failure, killed: &str) -> Error {
+        let lines = self.last_lines(failure.rank);
+        let (rank, how) = (failure.rank, &failure.how);
+        match failure.ended {
+            heartbeat::Ended::Refused => Error::Config(format!(
+                "rank {rank} refused its input ({how}); the other ranks were stopped. Its last \
+                 lines on stderr:\n{lines}"
+            )),
+            heartbeat::Ended::Diverged => Error::Diverged(format!(
+                "rank {rank}'s training diverged ({how}); the other ranks were stopped, and the \
+                 job is not restarted: from the last checkpoint it would most likely diverge \
+                 again. Its last lines on stderr:\n{lines}"
+            )),
+            _ => Error::JobFailed(format!(
                 "rank {rank} failed ({how}); the other ranks were stopped{killed}. Its last \
                  lines on stderr:\n{lines}"
-            )));
+            )),
         }
+    }
+
+    /// The end of a job whose ranks stopped as every rank agreed (a stop asked on another
+    /// node, say), or ended well: Ok.
+    fn stopped_as_agreed(
+        &self,
+        failed_while_stopping: Option<Failure>,
+        killed: &str,
+    ) -> Result<()> {
         // A stop asked on another node, named before how this node's ranks ended.
         let asked = match self.peer_stopping {
             Some(node) => format!("node {node} stopped ({}); ", heartbeat::STOPPED_THERE),
@@ -500,9 +514,9 @@ impl Supervision {
         };
         if let Some(f) = &failed_while_stopping {
             return Err(Error::Stopped(format!(
-                "{asked}the job was stopping, and rank {} failed meanwhile ({}){killed}; the stop's \
-                 checkpoint may be missing (the last one written stands). Its last lines on \
-                 stderr:\n{}",
+                "{asked}the job was stopping, and rank {} failed meanwhile ({}){killed}; the \
+                 stop's checkpoint may be missing (the last one written stands). Its last lines \
+                 on stderr:\n{}",
                 f.rank,
                 f.how,
                 self.last_lines(f.rank)
@@ -510,8 +524,9 @@ impl Supervision {
         }
         if let (None, Some(lost)) = (self.stopped, &self.lost_while_stopping) {
             return Err(Error::Stopped(format!(
-                "{asked}every rank agreed to stop, but {lost} before this node's ranks ended{killed}; \
-                 the stop's checkpoint may be missing (the last one written stands)"
+                "{asked}every rank agreed to stop, but {lost} before this node's ranks \
+                 ended{killed}; the stop's checkpoint may be missing (the last one written \
+                 stands)"
             )));
         }
         if let Some(rank) = self.stopped {
