@@ -286,28 +286,8 @@ impl VectorEnv {
 
     /// Resets env i only (each env resets on its own schedule). Returns its observation.
     pub fn reset(&mut self, i: usize, seed: Option<u64>) -> Result<Vec<f32>> {
-        self.check_index(i)?;
-        match &mut self.backend {
-            Backend::InProcess(envs) => {
-                let obs = envs[i].reset(seed)?;
-                check_obs(&self.task, i, self.spec.obs_dim(), obs.len())?;
-                Ok(obs)
-            }
-            Backend::Workers {
-                workers,
-                layout,
-                owner,
-            } => {
-                let Slot { worker: w, local } = owner[i];
-                let command = Encoder::default().u32(local as u32);
-                let command = match seed {
-                    Some(seed) => command.u8(1).u64(seed),
-                    None => command.u8(0),
-                };
-                workers[w].call(protocol::RESET, &command.0)?;
-                Ok(layout.read_obs(workers[w].region(), local))
-            }
-        }
+        let mut observations = self.reset_many(&[(i, seed)])?;
+        Ok(observations.pop().unwrap_or_default())
     }
 
     /// Resets every env listed in `resets` (env, seed), workers concurrently (a worker's own
@@ -326,16 +306,21 @@ impl VectorEnv {
                 )));
             }
         }
-        let Backend::Workers {
-            workers,
-            layout,
-            owner,
-        } = &mut self.backend
-        else {
-            return resets
-                .iter()
-                .map(|&(i, seed)| self.reset(i, seed))
-                .collect();
+        let (workers, layout, owner) = match &mut self.backend {
+            Backend::InProcess(envs) => {
+                let (task, obs_dim) = (&self.task, self.spec.obs_dim());
+                let mut reset = |&(i, seed): &(usize, Option<u64>)| {
+                    let obs = envs[i].reset(seed)?;
+                    check_obs(task, i, obs_dim, obs.len())?;
+                    Ok(obs)
+                };
+                return resets.iter().map(&mut reset).collect();
+            }
+            Backend::Workers {
+                workers,
+                layout,
+                owner,
+            } => (workers, layout, owner),
         };
         // Each worker's resets in turn; one of each worker's at a time, all workers at once.
         let mut queues = vec![std::collections::VecDeque::new(); workers.len()];
