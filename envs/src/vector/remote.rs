@@ -85,7 +85,7 @@ impl Env for RemoteEnv {
 /// `options` by one worker process of the registered program, which keeps none of them.
 pub fn specs_in_worker(tasks: &[String], seed: u64, options: EnvOptions) -> Result<Vec<EnvSpec>> {
     let worker = default_worker()?;
-    let worker = match super::away_family(tasks) {
+    let worker = match super::startup::away_family(tasks) {
         Some(family) => worker.for_family(family)?,
         None => worker,
     };
