@@ -68,8 +68,9 @@ impl WorkerProcess {
         }
         let parent = std::process::id();
         let shm_fd = shm.as_raw_fd();
+        let highest_fd = highest_open_fd();
         // SAFETY: the hook only makes async-signal-safe system calls.
-        unsafe { command.pre_exec(move || prepare_child(parent, shm_fd)) };
+        unsafe { command.pre_exec(move || prepare_child(parent, shm_fd, highest_fd)) };
         let mut child =
             spawn_from_lasting_thread(command).map_err(|e| start_error(e.to_string()))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -328,7 +329,7 @@ impl Drop for WorkerProcess {
 
 /// Runs in the child between fork and exec: dies with the parent, leaves Ctrl-C and SIGTERM
 /// to the parent (which then ends it), and finds the shared region at `SHM_FD`.
-fn prepare_child(parent: u32, shm_fd: RawFd) -> io::Result<()> {
+fn prepare_child(parent: u32, shm_fd: RawFd, highest_fd: RawFd) -> io::Result<()> {
     let check = |rc: libc::c_int| {
         if rc < 0 {
             Err(io::Error::last_os_error())
@@ -354,14 +355,63 @@ fn prepare_child(parent: u32, shm_fd: RawFd) -> io::Result<()> {
         }
         // Nothing else of the parent's crosses the exec (its collectives' sockets and pipes,
         // which a worker, or a process it leaves, would hold open): close-on-exec for every
-        // descriptor past the region's. Best effort: kernels before 5.11 lack the call.
-        libc::syscall(
+        // descriptor past the region's. Kernels before 5.11 (RHEL 8's 4.18, common on
+        // clusters) lack the call: there, each descriptor up to the highest the parent had.
+        let first = protocol::SHM_FD + 1;
+        let marked = libc::syscall(
             libc::SYS_close_range,
-            protocol::SHM_FD as libc::c_uint + 1,
+            first as libc::c_uint,
             libc::c_uint::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
+        if marked != 0 {
+            close_on_exec_through(first, highest_fd);
+        }
         Ok(())
+    }
+}
+
+/// Descriptors other threads open between [`highest_open_fd`] and the fork: the kernel gives
+/// each the lowest free number, so they lie at most this far past the highest seen.
+const FDS_OPENED_MEANWHILE: RawFd = 1024;
+
+/// The highest descriptor open in this process, for [`close_on_exec_through`]; without
+/// `/proc`, the process's limit on descriptors (at most 2^16).
+fn highest_open_fd() -> RawFd {
+    let listed = std::fs::read_dir("/proc/self/fd").ok().map(|dir| {
+        dir.flatten()
+            .filter_map(|fd| fd.file_name().to_str()?.parse::<RawFd>().ok())
+            .max()
+            .unwrap_or(0)
+    });
+    listed.map_or_else(
+        || {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes the struct it is given.
+            let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+            match known {
+                true => limit.rlim_cur.min(1 << 16) as RawFd,
+                false => 1 << 16,
+            }
+        },
+        |highest| highest.saturating_add(FDS_OPENED_MEANWHILE),
+    )
+}
+
+/// Marks descriptors `first..=last` close-on-exec, one by one (async-signal-safe: for a child
+/// between fork and exec).
+fn close_on_exec_through(first: RawFd, last: RawFd) {
+    for fd in first..=last {
+        // SAFETY: fcntl on a descriptor number; a number not open fails harmlessly.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+            }
+        }
     }
 }
 
@@ -464,6 +514,59 @@ fn describe(status: ExitStatus) -> String {
 mod tests {
     use super::*;
     use crate::deadline::{note_continue, NOTING_CONTINUES};
+
+    /// Where `close_range` is missing (kernels before 5.11), the descriptors a child would
+    /// inherit are marked one by one: a pipe opened without close-on-exec crosses an exec
+    /// without it and not with it.
+    #[test]
+    fn descriptors_are_closed_on_exec_without_close_range() {
+        let mut pipe = [0; 2];
+        // SAFETY: pipe(2) into a two-element array, its ends moved past the numbers `ls`
+        // opens itself (F_DUPFD copies no close-on-exec flag); all are closed below.
+        let fds = unsafe {
+            assert_eq!(libc::pipe(pipe.as_mut_ptr()), 0);
+            pipe.map(|fd| {
+                let high = libc::fcntl(fd, libc::F_DUPFD, 200);
+                libc::close(fd);
+                high
+            })
+        };
+        assert!(fds.iter().all(|&fd| fd >= 200), "{fds:?}");
+        let highest = highest_open_fd();
+        assert!(highest >= fds[1], "{highest} below {fds:?}");
+        let listed = |mark: bool| -> Vec<RawFd> {
+            let mut command = Command::new("ls");
+            command.arg("/proc/self/fd");
+            if mark {
+                // SAFETY: the hook only makes async-signal-safe system calls.
+                unsafe {
+                    command.pre_exec(move || {
+                        close_on_exec_through(protocol::SHM_FD, highest);
+                        Ok(())
+                    })
+                };
+            }
+            let out = command.output().expect("ls runs");
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter_map(|fd| fd.parse().ok())
+                .collect()
+        };
+        let (plain, marked) = (listed(false), listed(true));
+        // SAFETY: the two descriptors pipe(2) opened above.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        assert!(
+            fds.iter().all(|fd| plain.contains(fd)),
+            "{fds:?}, {plain:?}"
+        );
+        assert!(
+            !fds.iter().any(|fd| marked.contains(fd)),
+            "{fds:?}, {marked:?}"
+        );
+    }
 
     /// Workers that do not exit when their stdin closes (busy, or ignoring it) are ended
     /// together, within one grace for all, not one after another, and none is left a zombie.
