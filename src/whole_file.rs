@@ -2,6 +2,7 @@
 //! renamed over it, so that a reader (or a run killed mid-write) sees the old file or the new
 //! one, never a part. The temporary's name holds nothing of the target's (a reader that picks
 //! files by name, as TensorBoard picks `*tfevents*`, never takes it for one).
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,16 +10,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub fn write(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
     let partial = path.with_file_name(format!(
-        ".partial-{}-{}",
+        "{PARTIAL_PREFIX}{}-{}",
         std::process::id(),
         WRITES.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::write(&partial, bytes)
+    let durable = |bytes: &[u8]| -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&partial)?;
+        file.write_all(bytes)?;
+        // On disk before it replaces the old file: after a crash of the machine, the old file
+        // or the new one, never an empty one (XFS, or ext4 without auto_da_alloc).
+        file.sync_all()
+    };
+    durable(bytes.as_ref())
         .and_then(|()| std::fs::rename(&partial, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&partial);
-        })
+        })?;
+    // The rename itself, where the file system can sync a folder.
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        let _ = std::fs::File::open(dir).and_then(|dir| dir.sync_all());
+    }
+    Ok(())
 }
+
+/// Whether `name` is a temporary file of [`write`] (one left by a process killed mid-write).
+pub fn is_partial(name: &std::ffi::OsStr) -> bool {
+    name.to_str()
+        .is_some_and(|name| name.starts_with(PARTIAL_PREFIX))
+}
+
+const PARTIAL_PREFIX: &str = ".partial-";
 
 /// Replaces `path` with `bytes` whole, the file as it was kept beside it as
 /// `<kept_as>.before-<unix time>` (`-1`, `-2`, ... when taken): a hard link, or a copy where

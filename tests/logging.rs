@@ -71,6 +71,8 @@ def wandb_offline_run(run_dir):
                     out["config"][item.key] = json.loads(item.value_json)
             elif kind == "exit":
                 out["exit_code"] = rec.exit.exit_code
+            elif kind == "preempting":
+                out["preempting"] = True
     return json.dumps(out)
 
 def gif_frames(path, raw_path):
@@ -311,6 +313,26 @@ fn wandb_run_dropped_without_close_ends_failed() {
     assert_eq!(run["history"].as_array().map(Vec::len), Some(1), "{run}");
 }
 
+/// A run stopped with its checkpoint (Ctrl-C, SIGTERM) is to be resumed: preempted, not
+/// finished.
+#[test]
+fn wandb_run_closed_after_a_stop_is_preempted() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let mut logger = Logger::open(&LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        ..LoggerOptions::new(dir.path())
+    })
+    .unwrap();
+    logger
+        .log(&Record::new(Phase::Train, 1).with("episode_reward", 1.0))
+        .unwrap();
+    logger.close_stopped().unwrap();
+    let run = read("wandb_offline_run", &[path_arg(dir.path())]);
+    assert_eq!(run["exit_code"], 3, "{run}");
+    assert_eq!(run["preempting"], true, "{run}");
+}
+
 #[test]
 fn wandb_init_failure_names_the_switch() {
     let _turn = one_wandb_run();
@@ -480,16 +502,18 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     let mut points = std::fs::read_to_string(&reward).unwrap();
     points.push_str("1700");
     std::fs::write(&reward, points).unwrap();
+    // A resume that crashes before it logs: W&B still holds step 1000, though no file does.
+    drop(Logger::open(&options(Some(500), 2000)).unwrap());
     let mut logger = Logger::open(&options(Some(500), 2000)).unwrap();
     logger.log(&eval(1000, 3.0)).unwrap();
     logger.log(&eval(1500, 4.0)).unwrap();
     logger.close().unwrap();
 
     let ids = wandb_offline_ids(dir.path());
-    assert_eq!(ids.len(), 2, "{ids:?}");
-    assert_eq!(
-        ids[0], ids[1],
-        "the resumed attempt started another W&B run"
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "a resumed attempt started another W&B run: {ids:?}"
     );
     let runs = read(
         "mlflow_runs",
@@ -509,10 +533,11 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     );
     assert_eq!(run["params"]["steps"], "1000");
     assert_eq!(run["tags"]["changed_on_resume.steps"], "2000", "{run}");
-    assert_eq!(run["tags"]["resumed_at_steps"], "500", "{run}");
+    // Two resumes, both from the checkpoint of step 500.
+    assert_eq!(run["tags"]["resumed_at_steps"], "500,500", "{run}");
 
     // W&B holds the undone attempt's step 1000 already: the resumed run's is not sent (online
-    // W&B ignores it; an offline sync could renumber it).
+    // W&B ignores it; an offline sync could renumber it), also after a resume in between.
     let wandb = read("wandb_offline_run", &[path_arg(dir.path())]);
     let mut points: Vec<(u64, f64)> = wandb["history"]
         .as_array()
@@ -532,9 +557,9 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     Logger::open(&options(None, 1000)).unwrap().close().unwrap();
     let continued = ids[0].clone();
     let ids = wandb_offline_ids(dir.path());
-    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids.len(), 4, "{ids:?}");
     let of_continued = ids.iter().filter(|id| **id == continued).count();
-    assert_eq!(of_continued, 2, "a fresh run continued the earlier W&B run");
+    assert_eq!(of_continued, 3, "a fresh run continued the earlier W&B run");
     let runs = read(
         "mlflow_runs",
         &[uri, "resume-test".into(), "eval/episode_reward".into()],

@@ -8,13 +8,16 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Keeps only the rows of `metrics.jsonl`, `train.csv` and `eval.csv` in `dir` up to global
-/// step `through` (none: no row). A file whose rows all stay is left untouched. Returns the last
-/// step `metrics.jsonl` held before: how far the trackers were sent records.
-pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<Option<u64>> {
-    let logged_through = fs::read_to_string(dir.join("metrics.jsonl"))
+/// The last step `metrics.jsonl` in `dir` holds: how far the trackers were sent records.
+pub fn logged_through(dir: &Path) -> Option<u64> {
+    fs::read_to_string(dir.join("metrics.jsonl"))
         .ok()
-        .and_then(|text| text.lines().filter_map(jsonl_step).max());
+        .and_then(|text| text.lines().filter_map(jsonl_step).max())
+}
+
+/// Keeps only the rows of `metrics.jsonl`, `train.csv` and `eval.csv` in `dir` up to global
+/// step `through` (none: no row). A file whose rows all stay is left untouched.
+pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
     let keeps = |step: Option<u64>| matches!((step, through), (Some(s), Some(t)) if s <= t);
     rewrite(&dir.join("metrics.jsonl"), |lines| {
         lines
@@ -37,7 +40,7 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<Option<u64>> 
                 .collect()
         })?;
     }
-    Ok(logged_through)
+    Ok(())
 }
 
 /// Keeps only the points up to `through` in the metric files of an MLflow file store's run
@@ -50,6 +53,13 @@ pub fn drop_file_store_points_after(metrics: &Path, through: u64) -> Result<()> 
     };
     for entry in entries.flatten() {
         let path = entry.path();
+        // A rewrite below cut short by a kill left its temporary file, which MLflow would
+        // read as a metric (an empty one makes it refuse the run).
+        if crate::whole_file::is_partial(&entry.file_name()) {
+            fs::remove_file(&path)
+                .map_err(|e| Error::io(format!("remove {}", path.display()), e))?;
+            continue;
+        }
         // Metric names with '/' are folders.
         if path.is_dir() {
             drop_file_store_points_after(&path, through)?;
@@ -142,7 +152,9 @@ mod tests {
         let csv_rows: String = rows.iter().map(|s| format!("{s},1.5\n")).collect();
         fs::write(&csv, format!("step,episode_reward\n{csv_rows}")).unwrap();
 
-        assert_eq!(drop_rows_after(dir.path(), Some(1000)).unwrap(), Some(1500));
+        assert_eq!(logged_through(dir.path()), Some(1500));
+        drop_rows_after(dir.path(), Some(1000)).unwrap();
+        assert_eq!(logged_through(dir.path()), Some(1000));
         let steps = |text: String| -> Vec<u64> { text.lines().filter_map(jsonl_step).collect() };
         assert_eq!(steps(fs::read_to_string(&jsonl).unwrap()), [0, 500, 1000]);
         let kept: Vec<String> = fs::read_dir(dir.path())
@@ -204,7 +216,11 @@ mod tests {
         fs::write(&kept, "17 1.5 0\n").unwrap();
         let later = metrics.join("later");
         fs::write(&later, "17 1.5 1500\n").unwrap();
+        // A rewrite's temporary file, left by a kill: MLflow would read it as a metric.
+        let left = metrics.join("eval").join(".partial-41-0");
+        fs::write(&left, "").unwrap();
         drop_file_store_points_after(&metrics, 1000).unwrap();
+        assert!(!left.exists());
         assert_eq!(
             fs::read_to_string(&reward).unwrap(),
             "17 1.5 500\n18 2.5 1000\n20 4.5 2000 d x\n"

@@ -169,7 +169,24 @@ impl Logger {
         let dir = &opts.run_dir;
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let logged_through = continuation::drop_rows_after(dir, opts.continues_from)?;
+        // A resumed run continues the tracker runs its directory logged to.
+        let mut before = match opts.continues_from {
+            Some(_) => TrackerRuns::load(dir),
+            None => TrackerRuns::default(),
+        };
+        if before.wandb.is_some() {
+            // W&B takes no step twice: how far its run got is kept before the rows past the
+            // checkpoint go (a resume that fails after this one, or comes before the run gets
+            // as far again, still knows).
+            let holds = before
+                .wandb_holds_through
+                .max(continuation::logged_through(dir));
+            if holds != before.wandb_holds_through {
+                before.wandb_holds_through = holds;
+                before.save(dir)?;
+            }
+        }
+        continuation::drop_rows_after(dir, opts.continues_from)?;
         tensorboard::drop_events_after(&dir.join("tb"), opts.continues_from);
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         if opts.console {
@@ -184,17 +201,16 @@ impl Logger {
             let events = EventWriter::create(&dir.join("tb"), from)?;
             sinks.push(Box::new(BestEffort::new(Box::new(events))));
         }
-        // A resumed run continues the tracker runs its directory logged to.
-        let before = match opts.continues_from {
-            Some(_) => TrackerRuns::load(dir),
-            None => TrackerRuns::default(),
-        };
         let mut runs = before.clone();
         if let Some(wandb) = &opts.wandb {
-            // The steps the undone attempt sent past the checkpoint: W&B takes no step twice.
-            let held_through = logged_through.filter(|_| opts.continues_from.is_some());
-            let continues = before.wandb.as_deref().map(|id| (id, held_through));
+            let continues = before
+                .wandb
+                .as_deref()
+                .map(|id| (id, before.wandb_holds_through));
             let wandb = Wandb::create(wandb, dir, &opts.config, continues)?;
+            if before.wandb.as_deref() != Some(wandb.id()) {
+                runs.wandb_holds_through = None;
+            }
             runs.wandb = Some(wandb.id().to_owned());
             sinks.push(Box::new(Remote::new(Box::new(wandb))));
         }

@@ -94,6 +94,16 @@ impl Remote {
         }
     }
 
+    fn warn_unclosed(&self, closed: Result<()>) {
+        if let Err(e) = closed {
+            errln!(
+                "warning: {} did not end its run ({e}); it may show the run as still running \
+                 or crashed (metrics.jsonl has every record)",
+                self.inner.name()
+            );
+        }
+    }
+
     fn warn_unsent(&self, when: &str) {
         if !self.backlog.is_empty() {
             errln!(
@@ -160,10 +170,14 @@ impl Sink for Remote {
         Ok(())
     }
 
+    /// A tracker that cannot end its run is a warning: the run's checkpoint and files are
+    /// written, and a failure here would have it restarted, to fail the same way.
     fn close(&mut self) -> Result<()> {
         self.deliver();
         self.warn_unsent("at the end of the run");
-        self.inner.close()
+        let closed = self.inner.close();
+        self.warn_unclosed(closed);
+        Ok(())
     }
 
     /// After a stop the job is to end soon (a launcher gives it a grace period): a tracker
@@ -173,7 +187,9 @@ impl Sink for Remote {
             self.deliver();
         }
         self.warn_unsent("before the stop");
-        self.inner.close_stopped()
+        let closed = self.inner.close_stopped();
+        self.warn_unclosed(closed);
+        Ok(())
     }
 }
 
@@ -213,6 +229,13 @@ mod tests {
             }
             self.steps.lock().unwrap().push(video.step);
             Ok(())
+        }
+
+        fn close(&mut self) -> Result<()> {
+            match *self.up.lock().unwrap() {
+                true => Ok(()),
+                false => Err(Error::Other("connection refused".into())),
+            }
         }
     }
 
@@ -287,6 +310,17 @@ mod tests {
         remote.write(&record(4)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4]);
         assert!(remote.backlog.is_empty() && !remote.failing());
+    }
+
+    /// A run that trained to its end and wrote its checkpoint does not fail because its
+    /// tracker cannot end the tracker's run (it would be restarted, to fail again).
+    #[test]
+    fn a_tracker_that_cannot_end_its_run_fails_nothing() {
+        let (mut remote, _, _, _) = flaky(false);
+        remote.write(&Record::new(Phase::Train, 1)).unwrap();
+        remote.close().unwrap();
+        let (mut remote, _, _, _) = flaky(false);
+        remote.close_stopped().unwrap();
     }
 
     #[test]

@@ -14,6 +14,10 @@ pub struct TrackerRuns {
     /// The W&B run id (`wandb.init(id=...)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wandb: Option<String>,
+    /// The last step the W&B run holds: the highest in `metrics.jsonl` when an attempt
+    /// resumed, over every resume (a second one may come before the run gets as far again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wandb_holds_through: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlflow: Option<MlflowRun>,
 }
@@ -78,6 +82,7 @@ mod tests {
         assert_eq!(TrackerRuns::load(dir.path()), TrackerRuns::default());
         let runs = TrackerRuns {
             wandb: Some("abc123".into()),
+            wandb_holds_through: Some(1500),
             mlflow: Some(MlflowRun {
                 tracking_uri: "file:///x/mlruns".into(),
                 run_id: "r1".into(),

@@ -210,6 +210,19 @@ impl Sink for Wandb {
     fn close(&mut self) -> Result<()> {
         self.finish(0)
     }
+
+    /// Stopped with its checkpoint, to be resumed: W&B shows it preempted, not finished.
+    fn close_stopped(&mut self) -> Result<()> {
+        let marked = self.run.as_ref().map_or(Ok(()), |run| {
+            python::attach_exclusive(|py| -> python::Result<_> {
+                run.bind(py).call_method0("mark_preempting")?;
+                Ok(())
+            })
+            .map_err(|e| Error::Other(format!("wandb mark_preempting: {e}")))
+        });
+        let finished = self.finish(crate::error::STOPPED_EXIT_CODE);
+        marked.and(finished)
+    }
 }
 
 impl Drop for Wandb {
