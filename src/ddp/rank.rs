@@ -68,7 +68,14 @@ impl RankInfo {
         // starts them itself. A batch script or an salloc shell has SLURM's task variables too
         // (task 0 of the allocation's tasks) but is no task of a step: only srun makes one
         // (SLURM_STEP_ID), so `auto` reads them only there and otherwise starts the ranks.
-        let use_torchrun_vars = launcher != "slurm";
+        // With `builtin`, torchrun's variables are ours only in a process our launcher (or a
+        // sweep) started: a pod's (Kubeflow sets RANK and WORLD_SIZE a node) are not a rank's.
+        let started_by_us = (vars.0)(crate::ddp::lifeline::LAUNCHER_PID_ENV).is_some();
+        let use_torchrun_vars = match launcher {
+            "slurm" => false,
+            "builtin" => started_by_us,
+            _ => true,
+        };
         let in_srun_step = (vars.0)("SLURM_STEP_ID").is_some();
         let use_slurm_vars = launcher == "slurm" || (launcher == "auto" && in_srun_step);
         // One of a pair without the other is no launcher's doing: a half-copied environment,
@@ -276,18 +283,22 @@ fn tasks_on_node(list: &str, node: usize) -> Option<usize> {
     None
 }
 
-/// The first host of a SLURM node list: `node[01-04,07],gpu2` → `node01`.
+/// The first host of a SLURM node list: `node[01-04,07],gpu2` → `node01`; each bracket of the
+/// first entry gives its first number (`rack[1-2]n[3-4]-ib` → `rack1n3-ib`).
 pub fn first_host(list: &str) -> String {
-    let list = list.trim();
-    let end = list.find([',', '[']).unwrap_or(list.len());
-    let prefix = &list[..end];
-    if list[end..].starts_with('[') {
-        let inner = &list[end + 1..];
-        let first = inner.split([',', '-', ']']).next().unwrap_or("");
-        format!("{prefix}{first}")
-    } else {
-        prefix.to_owned()
+    let mut host = String::new();
+    let mut chars = list.trim().chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' => break,
+            '[' => {
+                let range: String = chars.by_ref().take_while(|&c| c != ']').collect();
+                host.push_str(range.split([',', '-']).next().unwrap_or(""));
+            }
+            c => host.push(c),
+        }
     }
+    host
 }
 
 #[cfg(test)]
@@ -464,6 +475,19 @@ mod tests {
         assert!(e.contains("launcher=torchrun") && e.contains("RANK"), "{e}");
         let e = info_with(&[], "slurm").unwrap_err().to_string();
         assert!(e.contains("SLURM_PROCID"), "{e}");
+        // A pod's RANK and WORLD_SIZE (its node's, as Kubeflow sets them): the built-in
+        // launcher starts the ranks itself; its own ranks read them.
+        let pod = [("RANK", "1"), ("WORLD_SIZE", "2")];
+        let (i, by) = info_with(&pod, "builtin").unwrap();
+        assert_eq!((by, i.world_size), (LaunchedBy::Nobody, 1));
+        assert_eq!(info_with(&pod, "auto").unwrap().1, LaunchedBy::Torchrun);
+        let ours = [
+            pod[0],
+            pod[1],
+            (crate::ddp::lifeline::LAUNCHER_PID_ENV, "1"),
+        ];
+        let (i, by) = info_with(&ours, "builtin").unwrap();
+        assert_eq!((by, i.rank, i.world_size), (LaunchedBy::Torchrun, 1, 2));
     }
 
     #[test]
@@ -494,5 +518,7 @@ mod tests {
         assert_eq!(first_host("node[01-04,07],gpu2"), "node01");
         assert_eq!(first_host("gpu2,gpu3"), "gpu2");
         assert_eq!(first_host("single"), "single");
+        assert_eq!(first_host("node[01-02]-ib,x"), "node01-ib");
+        assert_eq!(first_host("rack[1-2]n[3-4]"), "rack1n3");
     }
 }

@@ -186,6 +186,11 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
         )
         // A job is no rank of ours to pin: a list the sweep inherited is not its.
         .env_remove(crate::ddp::affinity::CPUS_ENV)
+        // Nor a rank of another launcher (a pod's variables, which it would take as its own).
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("LOCAL_RANK")
+        .env_remove("LOCAL_WORLD_SIZE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
