@@ -192,7 +192,9 @@ pub fn expand(overrides: &[String], base: &Path) -> Result<Vec<Job>> {
         let mut job_overrides = fixed.clone();
         job_overrides.retain(|o| !is_key(o, "run_dir"));
         job_overrides.extend(choices.iter().map(|(k, v)| format!("{k}={v}")));
-        job_overrides.push(format!("run_dir={}", run_dir.display()));
+        // Quoted: a base that holds a comma (`exp_name='a,b'`) is one value, not a sweep.
+        let quoted = run_dir.display().to_string().replace('\'', "''");
+        job_overrides.push(format!("run_dir='{quoted}'"));
         jobs.push(Job {
             index,
             choices,
@@ -250,8 +252,18 @@ mod tests {
         }
         assert_eq!(
             expand(&["exp_name=try(2)".into()], Path::new(".")).unwrap()[0].overrides,
-            ["exp_name=try(2)", "run_dir=./0"]
+            ["exp_name=try(2)", "run_dir='./0'"]
         );
+        // A base folder with a comma or a quote in its name is one path.
+        let jobs = expand(&["seed=1,2".into()], Path::new("runs/a,b'c")).unwrap();
+        let run_dir = jobs[0].overrides.last().unwrap();
+        assert_eq!(run_dir, "run_dir='runs/a,b''c/0_seed=1'");
+        let config = crate::config::Config::load(&crate::config::Source {
+            overrides: jobs[0].overrides.clone(),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(config.run_dir.as_deref(), Some("runs/a,b'c/0_seed=1"));
     }
 
     #[test]
@@ -341,7 +353,7 @@ mod tests {
                 "mlp_dims=[4,4]",
                 "seed=1",
                 "horizon=3",
-                "run_dir=out/1_seed=1_horizon=3"
+                "run_dir='out/1_seed=1_horizon=3'"
             ]
         );
         let e = expand(&["run_dir=a,b".into()], Path::new(".")).unwrap_err();
