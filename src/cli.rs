@@ -185,7 +185,9 @@ fn playing_source(args: &SettingsArgs, verb: &str) -> Result<Source> {
 /// before the checks that depend on them (memory per node, steps per rank), which would
 /// otherwise pass for one rank.
 fn resolved_training_config(args: &RunArgs) -> Result<Config> {
-    resolved(args.settings.source(), true)
+    let config = resolved(args.settings.source(), true)?;
+    config.refuse_untaken_terminations()?;
+    Ok(config)
 }
 
 /// Loads, validates and resolves the configuration against the task's environment.

@@ -194,6 +194,30 @@ pub const DERIVED_FIELDS: [&str; 7] = [
     "episode_lengths",
 ];
 
+/// `layer` (a config file) without the keys of `task_settings` it sets to their defaults: a
+/// file that repeats the defaults (the official `config.yaml`, ours) leaves the task's own
+/// settings standing, while a value of its own still wins.
+fn defaults_left_to_task(layer: Value, task_settings: &[String]) -> Value {
+    let (Value::Mapping(mut layer), Ok(Value::Mapping(defaults))) =
+        (layer.clone(), defaults::tree())
+    else {
+        return layer;
+    };
+    for key in task_settings
+        .iter()
+        .filter_map(|s| s.split_once('='))
+        .map(|(k, _)| k)
+    {
+        if layer
+            .get(key)
+            .is_some_and(|value| defaults.get(key) == Some(value))
+        {
+            layer.remove(key);
+        }
+    }
+    Value::Mapping(layer)
+}
+
 /// A config file resolved for a task (a run's saved `config.yaml`: it holds `episode_length`)
 /// keeps that task's discount, seed steps and extra planning iterations: another task would
 /// silently train with them.
@@ -272,7 +296,8 @@ impl Config {
     /// Builds a config from the compiled-in defaults, an optional named file laid over them,
     /// then `key=value` overrides. Validates everything that does not need the environment.
     /// The task's own settings (see [`tasks::task_settings`]), then [`Source::beneath`], come
-    /// between the defaults and the file.
+    /// between the defaults and the file; a file's value equal to the default leaves a task's
+    /// setting standing.
     pub fn load(source: &Source) -> Result<Config> {
         let file = match source.file()? {
             Some(file) => {
@@ -293,6 +318,8 @@ impl Config {
         let config = match task_settings.is_empty() {
             true => config,
             false => {
+                let file =
+                    file.map(|(path, layer)| (path, defaults_left_to_task(layer, &task_settings)));
                 let settings = [task_settings, source.beneath.clone()].concat();
                 Self::layered(&settings, file, &source.overrides)?
             }

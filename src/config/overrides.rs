@@ -109,6 +109,12 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
                 .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
             continue;
         }
+        if let Some(hint) = hydra_key_hint(&key) {
+            return Err(Error::Config(format!(
+                "{}: key '{key}': {hint}; remove it from the file",
+                file.display()
+            )));
+        }
         set_path(tree, &key, value)
             .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
     }
@@ -298,7 +304,7 @@ fn hydra_key_hint(arg: &str) -> Option<&'static str> {
     if key == "hydra.run.dir" || key == "hydra.sweep.dir" {
         return Some("hydra's own settings are not read here; the run directory is run_dir=DIR");
     }
-    (key.starts_with("hydra.") || key.starts_with("hydra/")).then_some(
+    (key == "hydra" || key.starts_with("hydra.") || key.starts_with("hydra/")).then_some(
         "hydra's own settings are not read here: --multirun (-m) sweeps, and ranks start with \
          launcher=builtin, torchrun or slurm (docs/distributed.md)",
     )

@@ -76,20 +76,24 @@ pub fn task_list(task: &str) -> Result<Vec<String>> {
 /// `rho=0.7` for its gymnasium tasks (its envs/mujoco.py), and, online, `episodic=true` for
 /// those that end episodes early (the official trainer refuses their terminations otherwise;
 /// datasets hold none). The same `episodic=true` for the native tasks that end early: the
-/// first early end would otherwise stop the run, late, once the policy first reaches it. A
-/// config file or an override still wins.
+/// first early end would otherwise stop the run, late, once the policy first reaches it. An
+/// override, or a config file's value other than the default, still wins (but episodic=false
+/// for a task that ends early is refused).
 pub fn task_settings(task: &str, offline: bool) -> Vec<String> {
-    let Some(official) = envs::gym::official(task) else {
-        return match envs::native::terminates(task) && !offline {
-            true => vec!["episodic=true".into()],
-            false => Vec::new(),
-        };
+    let mut settings = match envs::gym::official(task) {
+        Some(_) => vec!["discount_max=0.99".to_string(), "rho=0.7".to_string()],
+        None => Vec::new(),
     };
-    let mut settings = vec!["discount_max=0.99".to_string(), "rho=0.7".to_string()];
-    if official.terminates && !offline {
+    if ends_early(task) && !offline {
         settings.push("episodic=true".into());
     }
     settings
+}
+
+/// Whether `task` is known to end episodes early (it falls, crashes or reaches its goal): an
+/// official gymnasium task or a native one.
+pub fn ends_early(task: &str) -> bool {
+    envs::gym::official(task).is_some_and(|o| o.terminates) || envs::native::terminates(task)
 }
 
 /// Whether `task` names several tasks (one multitask model).

@@ -220,7 +220,9 @@ impl Config {
         if !self.world_size.is_multiple_of(self.nnodes) {
             return Err(Error::Config(format!(
                 "world_size={} cannot be split over nnodes={}: every node runs world_size / \
-                 nnodes ranks, so world_size must be a multiple of nnodes",
+                 nnodes ranks, so world_size must be a multiple of nnodes (nnodes and \
+                 node_rank are the built-in launcher's; under torchrun or SLURM, which place \
+                 the ranks themselves, leave them out)",
                 self.world_size, self.nnodes
             )));
         }
@@ -244,6 +246,22 @@ impl Config {
     }
 
     /// The observation mode and the learning-rate scaling rule.
+    /// Training online on a task known to end episodes early takes its terminations: with
+    /// episodic=false the run would stop at the first early end, hours in. (Playing a model
+    /// made so, with `eval` or `collect`, stays allowed.)
+    pub fn refuse_untaken_terminations(&self) -> Result<()> {
+        let untaken = !self.multitask() && !self.offline() && !self.episodic;
+        match untaken && super::tasks::ends_early(&self.task) {
+            true => Err(Error::Config(format!(
+                "task={} ends episodes early (it falls, crashes or reaches its goal), which a run \
+                 with episodic=false refuses at the first one; leave episodic to the task (it \
+                 sets episodic=true itself)",
+                self.task
+            ))),
+            false => Ok(()),
+        }
+    }
+
     fn validate_modes(&self) -> Result<()> {
         if self.multitask() {
             let tasks = self.tasks()?;
@@ -255,11 +273,7 @@ impl Config {
                     tasks.len()
                 )));
             }
-            let ends_early = tasks.iter().find(|task| {
-                envs::gym::official(task).is_some_and(|o| o.terminates)
-                    || envs::native::terminates(task)
-            });
-            if let Some(task) = ends_early {
+            if let Some(task) = tasks.iter().find(|task| super::tasks::ends_early(task)) {
                 return Err(Error::Config(format!(
                     "task={}: {task} ends episodes early (it falls, crashes or reaches its goal), \
                      and a model of \

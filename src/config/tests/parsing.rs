@@ -20,8 +20,14 @@ fn defaults_match_the_official_values() {
 fn a_task_brings_its_official_settings_below_the_users() {
     let c = load(&["task=mujoco-walker"]).unwrap();
     assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.7, true));
-    let c = load(&["task=mujoco-walker", "rho=0.5", "episodic=false"]).unwrap();
-    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.5, false));
+    let c = load(&["task=mujoco-walker", "rho=0.5"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.5, true));
+    let c = load(&["task=mujoco-walker", "episodic=false"]).unwrap();
+    let e = c.refuse_untaken_terminations().unwrap_err().to_string();
+    assert!(
+        e.contains("task=mujoco-walker ends episodes early") && e.contains("episodic=false"),
+        "{e}"
+    );
     let c = load(&["task=mujoco-halfcheetah"]).unwrap();
     assert_eq!((c.rho, c.episodic), (0.7, false));
     let c = load(&["task=walker-run"]).unwrap();
@@ -42,6 +48,68 @@ fn a_task_brings_its_official_settings_below_the_users() {
         e.contains("MountainCarContinuous-v0 ends episodes early"),
         "{e}"
     );
+}
+
+/// A config file that repeats the defaults (ours, or the official `config.yaml`) leaves a
+/// task's own settings standing; a value of its own wins, as an override does.
+#[test]
+fn a_config_file_of_defaults_leaves_the_tasks_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_file = |text: &str, overrides: &[&str]| {
+        std::fs::write(dir.path().join("mine.yaml"), text).unwrap();
+        Config::load(&Source {
+            config_name: Some("mine".into()),
+            config_path: Some(dir.path().to_path_buf()),
+            overrides: overrides.iter().map(|s| s.to_string()).collect(),
+            beneath: Vec::new(),
+        })
+    };
+    let repeated = "episodic: false\nrho: 0.5\ndiscount_max: 0.995\nlr: 3e-4\n";
+    let c = with_file(repeated, &["task=mujoco-walker"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.99, 0.7, true));
+    let c = with_file(repeated, &["task=walker-run"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.995, 0.5, false));
+    let own = "rho: 0.4\ndiscount_max: 0.98\n";
+    let c = with_file(own, &["task=mujoco-walker"]).unwrap();
+    assert_eq!((c.discount_max, c.rho, c.episodic), (0.98, 0.4, true));
+    let c = with_file(own, &["task=mujoco-walker", "rho=0.6"]).unwrap();
+    assert_eq!(c.rho, 0.6);
+    let e = with_file("episodic: false\n", &["task=mujoco-walker"]).map(|c| c.episodic);
+    assert!(matches!(e, Ok(true)), "{e:?}");
+    let repo = Config::load(&Source {
+        config_name: Some("config".into()),
+        overrides: vec!["task=mujoco-walker".into()],
+        ..Source::default()
+    })
+    .unwrap();
+    assert_eq!(
+        (repo.rho, repo.episodic),
+        (0.7, true),
+        "configs/config.yaml"
+    );
+}
+
+/// A config file's hydra settings and official names get the command line's hints.
+#[test]
+fn a_config_files_keys_get_the_command_lines_hints() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = |text: &str| {
+        std::fs::write(dir.path().join("mine.yaml"), text).unwrap();
+        Config::load(&Source {
+            config_name: Some("mine".into()),
+            config_path: Some(dir.path().to_path_buf()),
+            ..Source::default()
+        })
+        .unwrap_err()
+        .to_string()
+    };
+    let e = error("seed: 2\nhydra:\n  run:\n    dir: out\n");
+    assert!(
+        e.contains("key 'hydra'") && e.contains("hydra's own settings are not read here"),
+        "{e}"
+    );
+    let e = error("work_dir: out\n");
+    assert!(e.contains("work_dir is run_dir here"), "{e}");
 }
 
 #[test]
