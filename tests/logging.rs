@@ -567,6 +567,60 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     assert_eq!(runs.as_array().map(Vec::len), Some(2), "{runs}");
 }
 
+/// A job restarted before its first checkpoint (`max_restarts`) starts afresh, but continues
+/// its first attempt's W&B and MLflow runs from their start rather than leave a second run of
+/// the same name beside each.
+#[test]
+fn a_restarted_logger_continues_its_tracker_runs_from_the_start() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let store: PathBuf = dir.path().join("mlruns");
+    let uri = format!("file://{}", store.display());
+    let options = |restarted: bool| LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        mlflow: Some(MlflowOptions {
+            experiment: "restart-test".into(),
+            run_name: "walker-walk-7".into(),
+            tracking_uri: Some(uri.clone()),
+        }),
+        restarted,
+        ..LoggerOptions::new(dir.path())
+    };
+    let eval =
+        |step: u64, reward: f64| Record::new(Phase::Eval, step).with("episode_reward", reward);
+    let mut logger = Logger::open(&options(false)).unwrap();
+    logger.log(&eval(0, 1.0)).unwrap();
+    logger.log(&eval(500, 2.0)).unwrap();
+    drop(logger); // a crash before the first checkpoint
+    let mut logger = Logger::open(&options(true)).unwrap();
+    for (step, reward) in [(0, 1.0), (500, 2.0), (1000, 3.0)] {
+        logger.log(&eval(step, reward)).unwrap();
+    }
+    logger.close().unwrap();
+
+    let ids = wandb_offline_ids(dir.path());
+    assert!(ids.len() == 2 && ids[0] == ids[1], "{ids:?}");
+    let runs = read(
+        "mlflow_runs",
+        &[uri, "restart-test".into(), "eval/episode_reward".into()],
+    );
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    assert_eq!(runs[0]["status"], "FINISHED");
+    assert_eq!(
+        runs[0]["history"],
+        json!([[0, 1.0], [500, 2.0], [1000, 3.0]])
+    );
+    assert_eq!(runs[0]["tags"]["resumed_at_steps"], "0", "{runs}");
+    let wandb = read("wandb_offline_run", &[path_arg(dir.path())]);
+    let steps: Vec<u64> = wandb["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|row| row["eval/step"].as_u64())
+        .collect();
+    assert_eq!(steps, [0, 500, 1000], "each step sent once");
+}
+
 /// A run directory moved (or copied) elsewhere takes its default MLflow store with it: resumed
 /// there, it continues its run in it rather than starting another beside it.
 #[test]

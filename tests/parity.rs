@@ -815,6 +815,41 @@ for prefix in ('_Qs.params', '_detach_Qs_params', '_target_Qs_params'):
             assert!(tensor.equal(&original.1), "{fixture}: {name} changed");
         }
     }
+    // An official checkpoint from before the log-std bounds were saved, imported: its export
+    // carries the official defaults, which the official loader fills in only for the old layout.
+    let config = config_of(STATE);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = fixture_model(
+        &config,
+        &read_from(STATE, "weights.safetensors"),
+        Device::Cpu,
+    );
+    let without: Vec<(String, Tensor)> = model
+        .named_tensors()
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("log_std"))
+        .collect();
+    let old = dir.path().join("old.safetensors");
+    Tensor::write_safetensors(&without, &old).expect("write");
+    let pt = dir.path().join("old.pt");
+    tdmpc2::agent::export_official(&old, &pt).expect("export");
+    let bounds: Vec<f64> = embedded_python::with_python(|py| {
+        let globals = pyo3::types::PyDict::new(py);
+        globals.set_item("path", pt.to_string_lossy().to_string())?;
+        py.run(
+            c"
+import torch
+state = torch.load(path, map_location='cpu', weights_only=False)['model']
+bounds = [float(state['log_std_min']), float(state['log_std_dif'])]
+",
+            Some(&globals),
+            None,
+        )?;
+        globals.get_item("bounds")?.expect("set").extract()
+    })
+    .expect("reading the export");
+    assert_eq!(bounds, [-10.0, 12.0]);
+
     let dir = tempfile::tempdir().expect("tempdir");
     let not_a_model = dir.path().join("other.safetensors");
     Tensor::write_safetensors(

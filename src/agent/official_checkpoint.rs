@@ -365,10 +365,22 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
     if let Some(why) = not_a_tdmpc2_model(&named) {
         return Err(fail(model_path, why));
     }
+    let bounds = missing_log_std_bounds(&named)?;
+    if !bounds.is_empty() {
+        errln!(
+            "note: {} has no log-std bounds (an official checkpoint from before they were \
+             saved, imported): the official defaults are written, which its loader would take",
+            model_path.display()
+        );
+    }
     let (partial, _watched) = reserve_partial(out_path)?;
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
-        let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));
+        let bounds = bounds.iter().map(|(name, tensor)| (*name, tensor));
+        let tensors = named
+            .iter()
+            .map(|(name, tensor)| (name.as_str(), tensor))
+            .chain(bounds);
         globals.set_item("tensors", python_tensors(py, tensors)?)?;
         // A path, not text: a name that is not UTF-8 reaches Python as the same file.
         globals.set_item("path", out_path)?;
@@ -412,6 +424,22 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
         let _ = std::fs::remove_file(&partial);
     }
     written
+}
+
+/// The log-std bounds a state dict lacks (official checkpoints saved before they were kept, as
+/// imported), with the official defaults: the official loader fills them in from its config
+/// only for a file of that old layout, which an export is not.
+fn missing_log_std_bounds(named: &[(String, Tensor)]) -> Result<Vec<(&'static str, Tensor)>> {
+    let defaults = crate::config::Config::defaults().map_err(|e| Error::Config(e.to_string()))?;
+    let bounds = [
+        (LOG_STD_MIN, defaults.log_std_min),
+        (LOG_STD_DIF, defaults.log_std_max - defaults.log_std_min),
+    ];
+    Ok(bounds
+        .into_iter()
+        .filter(|(name, _)| !named.iter().any(|(n, _)| n == name))
+        .map(|(name, value)| (name, Tensor::from(value as f32)))
+        .collect())
 }
 
 /// A file to write whose name says the format the command reads: a `.safetensors` file holding

@@ -47,7 +47,7 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
 /// (`metrics`: `<store>/<experiment>/<run>/metrics`), and no line MLflow cannot read (one cut
 /// short would make it refuse the run). Nothing is kept beside them, as every file there
 /// is read as a metric: `metrics.jsonl` keeps the undone attempt's points.
-pub fn drop_file_store_points_after(metrics: &Path, through: u64) -> Result<()> {
+pub fn drop_file_store_points_after(metrics: &Path, through: Option<u64>) -> Result<()> {
     let Ok(entries) = fs::read_dir(metrics) else {
         return Ok(());
     };
@@ -71,7 +71,7 @@ pub fn drop_file_store_points_after(metrics: &Path, through: u64) -> Result<()> 
         let (complete, _cut) = text.rsplit_once('\n').unwrap_or(("", &text));
         let kept: Vec<&str> = complete
             .lines()
-            .filter(|line| file_store_step(line).is_some_and(|step| step <= through))
+            .filter(|line| file_store_step(line).is_some_and(|step| Some(step) <= through))
             .collect();
         let out: String = kept.iter().map(|line| format!("{line}\n")).collect();
         // MLflow refuses a run with an empty metric file ("No data found"): none at all then.
@@ -219,7 +219,7 @@ mod tests {
         // A rewrite's temporary file, left by a kill: MLflow would read it as a metric.
         let left = metrics.join("eval").join(".partial-41-0");
         fs::write(&left, "").unwrap();
-        drop_file_store_points_after(&metrics, 1000).unwrap();
+        drop_file_store_points_after(&metrics, Some(1000)).unwrap();
         assert!(!left.exists());
         assert_eq!(
             fs::read_to_string(&reward).unwrap(),
@@ -236,6 +236,9 @@ mod tests {
             3,
             "nothing beside them"
         );
-        drop_file_store_points_after(&dir.path().join("absent"), 0).unwrap();
+        drop_file_store_points_after(&dir.path().join("absent"), None).unwrap();
+        // A restart from nothing: no point stays.
+        drop_file_store_points_after(&metrics, None).unwrap();
+        assert!(!reward.exists() && !kept.exists());
     }
 }

@@ -39,7 +39,8 @@ pub struct Mlflow {
 
 impl Mlflow {
     /// Starts a run and logs `config`, flattened to `a.b` keys, as its params. A resumed run
-    /// (`resumed`: its checkpoint's step and the runs its directory logged to) continues its
+    /// (`resumed`: its checkpoint's step, None for a restart that had none, and the runs its
+    /// directory logged to) continues its
     /// MLflow run when that run is still at this tracking URI: params it lacks are added,
     /// changed ones (MLflow keeps params fixed) go to `changed_on_resume.<key>` tags, and the
     /// `resumed_at_steps` tag lists where it resumed.
@@ -47,7 +48,7 @@ impl Mlflow {
         opts: &MlflowOptions,
         run_dir: &Path,
         config: &serde_json::Value,
-        resumed: Option<(u64, &TrackerRuns)>,
+        resumed: Option<(Option<u64>, &TrackerRuns)>,
     ) -> Result<Self> {
         let env_uri = std::env::var("MLFLOW_TRACKING_URI")
             .ok()
@@ -252,14 +253,15 @@ fn set_client_defaults(py: Python<'_>, tracking_uri: &str) -> PyResult<()> {
     Ok(())
 }
 
-/// Continues `run_id` from the checkpoint of `step`: in a file store its points past the
-/// step are dropped first; the step joins its `resumed_at_steps` tag. Its id and logged params;
-/// None when the store does not hold it (see [`continue_run`]).
+/// Continues `run_id` from the checkpoint of `step` (None: from the start, a restart before
+/// any checkpoint): in a file store its points past the step are dropped first; the step (0)
+/// joins its `resumed_at_steps` tag. Its id and logged params; None when the store does not
+/// hold it (see [`continue_run`]).
 fn continue_at(
     client: &Bound<'_, PyAny>,
     tracking_uri: &str,
     run_id: &str,
-    step: u64,
+    step: Option<u64>,
 ) -> python::Result<Option<(String, HashMap<String, String>)>> {
     if is_file_store(tracking_uri) {
         let store: std::path::PathBuf = client
@@ -272,6 +274,7 @@ fn continue_at(
     let Some((run_id, logged, steps)) = continue_run(client, run_id)? else {
         return Ok(None);
     };
+    let step = step.unwrap_or(0);
     let steps = match steps {
         Some(before) => format!("{before},{step}"),
         None => step.to_string(),
@@ -352,7 +355,7 @@ fn error_code(py: Python<'_>, e: &PyErr) -> Option<String> {
 
 /// The points a file store's run holds past the checkpoint it resumes from belong to the undone
 /// attempt: dropped, as from the run's own files (a server cannot drop them).
-fn drop_points_after(store: &Path, run_id: &str, step: u64) -> python::Result<()> {
+fn drop_points_after(store: &Path, run_id: &str, step: Option<u64>) -> python::Result<()> {
     let Ok(experiments) = std::fs::read_dir(store) else {
         return Ok(());
     };

@@ -94,6 +94,10 @@ pub struct LoggerOptions {
     /// The global step a resumed run continues from; None for a fresh run. Rows of later steps
     /// (of any step, for a fresh run) are dropped from the files first.
     pub continues_from: Option<u64>,
+    /// A fresh start that restarts the job that wrote this directory (`max_restarts`, before
+    /// its first checkpoint): it continues that attempt's tracker runs, from their start,
+    /// instead of leaving a second W&B run of the same name in the group.
+    pub restarted: bool,
 }
 
 impl LoggerOptions {
@@ -108,6 +112,7 @@ impl LoggerOptions {
             mlflow: None,
             config: serde_json::Value::Null,
             continues_from: None,
+            restarted: false,
         }
     }
 
@@ -149,6 +154,7 @@ impl LoggerOptions {
             }),
             config,
             continues_from: None,
+            restarted: false,
         })
     }
 }
@@ -170,9 +176,10 @@ impl Logger {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         // A resumed run continues the tracker runs its directory logged to.
-        let mut before = match opts.continues_from {
-            Some(_) => TrackerRuns::load(dir),
-            None => TrackerRuns::default(),
+        let continues = opts.continues_from.is_some() || opts.restarted;
+        let mut before = match continues {
+            true => TrackerRuns::load(dir),
+            false => TrackerRuns::default(),
         };
         if before.wandb.is_some() {
             // W&B takes no step twice: how far its run got is kept before the rows past the
@@ -215,7 +222,7 @@ impl Logger {
             sinks.push(Box::new(Remote::new(Box::new(wandb))));
         }
         if let Some(mlflow) = &opts.mlflow {
-            let resumed = opts.continues_from.map(|step| (step, &before));
+            let resumed = continues.then_some((opts.continues_from, &before));
             let mlflow = Mlflow::create(mlflow, dir, &opts.config, resumed)?;
             runs.mlflow = Some(mlflow.tracker_run());
             sinks.push(Box::new(Remote::new(Box::new(mlflow))));

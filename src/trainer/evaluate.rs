@@ -4,7 +4,7 @@
 //! collective check lines up across ranks.
 use std::time::Instant;
 
-use envs::Frame;
+use envs::{Family, Frame};
 use tch::{Kind, Tensor};
 
 use super::countdown::Countdown;
@@ -31,6 +31,50 @@ pub struct Evaluation {
     pub overall: EvalSummary,
     /// By task id; empty in a single-task run.
     pub by_task: Vec<EvalSummary>,
+}
+
+impl Evaluation {
+    /// A multitask evaluation's values by task, under the official keys: each task's return
+    /// (`episode_reward+<task>`) and success, the DMControl and Meta-World averages
+    /// (`episode_reward+avg_dmcontrol`, `episode_reward+avg_metaworld`,
+    /// `episode_success+avg_metaworld`), and the normalised score of the TD-MPC2 paper
+    /// (`episode_score+normalized`: DMControl return / 10 and Meta-World success × 100, averaged
+    /// over the tasks of those two families).
+    pub fn values_by_task(&self, tasks: &[String]) -> Vec<(String, f64)> {
+        let mut values = Vec::new();
+        let (mut dmc, mut mw_reward, mut mw_success, mut scores) = (vec![], vec![], vec![], vec![]);
+        for (task, s) in tasks.iter().zip(&self.by_task) {
+            values.push((format!("episode_reward+{task}"), s.mean));
+            if let Some(success) = s.success {
+                values.push((format!("episode_success+{task}"), success));
+            }
+            match Family::of(task) {
+                Some(Family::DmControl) => {
+                    dmc.push(s.mean);
+                    scores.push(s.mean / 10.0);
+                }
+                Some(Family::MetaWorld) => {
+                    mw_reward.push(s.mean);
+                    let success = s.success.unwrap_or(0.0);
+                    mw_success.push(success);
+                    scores.push(success * 100.0);
+                }
+                _ => {}
+            }
+        }
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        for (key, group) in [
+            ("episode_reward+avg_dmcontrol", &dmc),
+            ("episode_reward+avg_metaworld", &mw_reward),
+            ("episode_success+avg_metaworld", &mw_success),
+            ("episode_score+normalized", &scores),
+        ] {
+            if !group.is_empty() {
+                values.push((key.to_string(), mean(group)));
+            }
+        }
+        values
+    }
 }
 
 /// How many of `total` episodes rank `rank` of `world_size` plays (round robin).

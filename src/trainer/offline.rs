@@ -88,6 +88,7 @@ impl<'g> Offline<'g> {
             checkpoints,
             mut state,
             resumed_from,
+            restarted,
         } = setup::start(config, rank, device, group)?;
         // Resumed from this run's own checkpoint of this update: a stop before the next update
         // keeps it (saved again, the same state would replace it for nothing).
@@ -109,7 +110,7 @@ impl<'g> Offline<'g> {
         );
         let report = match group.rank() {
             0 => {
-                let report = Report::open(config, &checkpoints.run_dir, resumed_from)?;
+                let report = Report::open(config, &checkpoints.run_dir, resumed_from, restarted)?;
                 describe(config, &dataset, group.world_size());
                 Some(report)
             }

@@ -7,13 +7,12 @@ use std::time::Instant;
 use envs::Frame;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::evaluate::{EvalSummary, Evaluation};
+use super::evaluate::Evaluation;
 use crate::actor::EpisodeStats;
 use crate::agent::UpdateStats;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::logging::{Logger, LoggerOptions, Phase, Record};
-use envs::Family;
 
 /// The resolved config, in the run directory.
 pub(super) const CONFIG_FILE: &str = crate::config::RUN_CONFIG_FILE;
@@ -27,9 +26,15 @@ pub(super) struct Report {
 
 impl Report {
     /// Creates the run directory with the resolved config in it and opens the logger, whose
-    /// files continue from global step `continues_from` (a resumed run's; None: a fresh run);
-    /// so does the progress bar.
-    pub(super) fn open(config: &Config, dir: &Path, continues_from: Option<u64>) -> Result<Self> {
+    /// files continue from global step `continues_from` (a resumed run's; None: a fresh run,
+    /// `restarted` where it restarts the job that wrote the directory); so does the progress
+    /// bar.
+    pub(super) fn open(
+        config: &Config,
+        dir: &Path,
+        continues_from: Option<u64>,
+        restarted: bool,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
         let path = dir.join(CONFIG_FILE);
@@ -48,6 +53,7 @@ impl Report {
         crate::whole_file::write(&path, yaml).map_err(|e| Error::io("write config.yaml", e))?;
         let logger = Logger::open(&LoggerOptions {
             continues_from,
+            restarted,
             ..LoggerOptions::from_config(config, dir)?
         })?;
         let progress = std::io::stderr()
@@ -86,7 +92,7 @@ impl Report {
         if let Some(s) = summary.success {
             record = record.with("episode_success", s);
         }
-        for (key, value) in by_task(&self.tasks, &evaluation.by_task) {
+        for (key, value) in evaluation.values_by_task(&self.tasks) {
             record = record.with(&key, value);
         }
         self.log(&record)
@@ -277,48 +283,6 @@ impl Clock {
         (steps > 1)
             .then(|| steps as f64 * world_size as f64 / since.elapsed().as_secs_f64().max(1e-9))
     }
-}
-
-/// A multitask evaluation's values by task, under the official keys: each task's return
-/// (`episode_reward+<task>`) and success, the DMControl and Meta-World averages
-/// (`episode_reward+avg_dmcontrol`, `episode_reward+avg_metaworld`,
-/// `episode_success+avg_metaworld`), and the normalised score of the TD-MPC2 paper
-/// (`episode_score+normalized`: DMControl return / 10 and Meta-World success × 100, averaged
-/// over the tasks of those two families).
-fn by_task(tasks: &[String], summaries: &[EvalSummary]) -> Vec<(String, f64)> {
-    let mut values = Vec::new();
-    let (mut dmc, mut mw_reward, mut mw_success, mut scores) = (vec![], vec![], vec![], vec![]);
-    for (task, s) in tasks.iter().zip(summaries) {
-        values.push((format!("episode_reward+{task}"), s.mean));
-        if let Some(success) = s.success {
-            values.push((format!("episode_success+{task}"), success));
-        }
-        match Family::of(task) {
-            Some(Family::DmControl) => {
-                dmc.push(s.mean);
-                scores.push(s.mean / 10.0);
-            }
-            Some(Family::MetaWorld) => {
-                mw_reward.push(s.mean);
-                let success = s.success.unwrap_or(0.0);
-                mw_success.push(success);
-                scores.push(success * 100.0);
-            }
-            _ => {}
-        }
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    for (key, group) in [
-        ("episode_reward+avg_dmcontrol", &dmc),
-        ("episode_reward+avg_metaworld", &mw_reward),
-        ("episode_success+avg_metaworld", &mw_success),
-        ("episode_score+normalized", &scores),
-    ] {
-        if !group.is_empty() {
-            values.push((key.to_string(), mean(group)));
-        }
-    }
-    values
 }
 
 #[cfg(test)]

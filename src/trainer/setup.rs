@@ -47,6 +47,9 @@ pub(super) struct Start<'g> {
     /// The global step of the checkpoint `state` comes from; None for a fresh run. (Resumed at
     /// another world size, `state.step` × world size may fall short of it.)
     pub(super) resumed_from: Option<u64>,
+    /// A fresh start of rank 0 that restarts the job that wrote the run directory (before its
+    /// first checkpoint): the logs continue that attempt's tracker runs.
+    pub(super) restarted: bool,
 }
 
 /// The learner (identical on every rank: broadcast from rank 0, or loaded from the
@@ -102,6 +105,9 @@ pub(super) fn start<'g>(
     if config.compile && device.is_cuda() {
         capture_graphs(&mut learner, actor.policy_mut(), group.rank() == 0);
     }
+    let restarted = group.rank() == 0
+        && resumed_from.is_none()
+        && super::run_dir::restarts_its_job(&config.run_dir());
     if group.rank() == 0 {
         super::run_dir::record_job(&config.run_dir())?;
     }
@@ -111,6 +117,7 @@ pub(super) fn start<'g>(
         checkpoints,
         state,
         resumed_from,
+        restarted,
     })
 }
 

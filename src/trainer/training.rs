@@ -91,12 +91,18 @@ impl<'g> Training<'g> {
             checkpoints,
             state,
             resumed_from,
+            restarted,
         } = setup::start(config, rank, device, group)?;
         let pipeline = Pipeline::new(config, rank)?;
         let mut streams = Streams::new(config.seed, rank.rank, pipeline.is_some());
         streams.reseed(state.step * world_size, &mut learner, &mut actor)?;
         let report = match group.rank() {
-            0 => Some(Report::open(config, &checkpoints.run_dir, resumed_from)?),
+            0 => Some(Report::open(
+                config,
+                &checkpoints.run_dir,
+                resumed_from,
+                restarted,
+            )?),
             _ => None,
         };
         let (local_steps, seed_steps) = (config.steps / world_size, config.resolved_seed_steps()?);

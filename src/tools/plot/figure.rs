@@ -27,6 +27,8 @@ pub(super) fn draw_grid<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
+    // A grid with more cells than panels leaves the last ones white, not black.
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
     root.split_evenly(shape)
         .into_iter()
         .zip(figures)
@@ -111,6 +113,7 @@ impl Figure<'_> {
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
         root.fill(&WHITE).map_err(err)?;
         let (x_range, y_range) = self.ranges()?;
+        let spans = (x_range.end - x_range.start, y_range.end - y_range.start);
         let mut chart = ChartBuilder::on(&root)
             .caption(self.title, (FONT_NAME, 22))
             .margin(16)
@@ -124,8 +127,8 @@ impl Figure<'_> {
             .y_desc(self.y_label)
             .label_style((FONT_NAME, 14))
             .axis_desc_style((FONT_NAME, 16))
-            .x_label_formatter(&|x| compact(*x))
-            .y_label_formatter(&|y| compact(*y))
+            .x_label_formatter(&|x| compact(*x, spans.0))
+            .y_label_formatter(&|y| compact(*y, spans.1))
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(err)?;
@@ -180,21 +183,27 @@ impl Figure<'_> {
     }
 }
 
-/// Axis numbers without a tail of digits: 12000 -> 12k, 0.25 -> 0.25.
-fn compact(v: f64) -> String {
+/// Axis numbers without a tail of digits (12000 -> 12k, 0.25 -> 0.25), with as many as an axis
+/// of `span` needs to tell its ticks apart (0.0005 -> 0.0005, not 0; 0.505 -> 0.505, not 0.5).
+fn compact(v: f64, span: f64) -> String {
+    // Ticks lie a tenth or a twentieth of the span apart: a digit more than a hundredth needs.
+    let digits = |unit: f64| (-(span / unit / 100.0).log10()).ceil().clamp(0.0, 6.0) as usize;
     let a = v.abs();
     if a >= 1e6 {
-        format!("{}M", trim(v / 1e6))
+        format!("{}M", trim(v / 1e6, digits(1e6)))
     } else if a >= 1e4 {
-        format!("{}k", trim(v / 1e3))
+        format!("{}k", trim(v / 1e3, digits(1e3)))
     } else {
-        trim(v)
+        trim(v, digits(1.0))
     }
 }
 
-fn trim(v: f64) -> String {
-    let s = format!("{v:.2}");
-    let s = s.trim_end_matches('0').trim_end_matches('.');
+fn trim(v: f64, digits: usize) -> String {
+    let s = format!("{v:.digits$}");
+    let s = match s.contains('.') {
+        true => s.trim_end_matches('0').trim_end_matches('.'),
+        false => &s,
+    };
     if s == "-0" {
         "0".into()
     } else {
@@ -216,10 +225,14 @@ mod tests {
 
     #[test]
     fn axis_numbers_are_short() {
-        assert_eq!(compact(12000.0), "12k");
-        assert_eq!(compact(1_500_000.0), "1.5M");
-        assert_eq!(compact(0.25), "0.25");
-        assert_eq!(compact(-0.001), "0");
-        assert_eq!(compact(200.0), "200");
+        assert_eq!(compact(12000.0, 20000.0), "12k");
+        assert_eq!(compact(200_000.0, 1e6), "200k");
+        assert_eq!(compact(1_500_000.0, 2e6), "1.5M");
+        assert_eq!(compact(0.25, 1.0), "0.25");
+        assert_eq!(compact(-0.001, 1.0), "0");
+        assert_eq!(compact(200.0, 1000.0), "200");
+        // A small metric's ticks, and close ones, stay apart.
+        assert_eq!(compact(0.00055, 0.00045), "0.00055");
+        assert_eq!(compact(0.505, 0.01), "0.505");
     }
 }

@@ -51,17 +51,27 @@ pub(super) fn group_labels(runs: &[PathBuf], groups: &[Vec<usize>]) -> Vec<Strin
         }
         _ => vec![],
     };
+    let named = |config: &serde_yaml_ng::Mapping, keys: usize| {
+        differing
+            .iter()
+            .take(keys)
+            .map(|k| format!("{k}={}", yaml_scalar(config.get(k.as_str()))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // Three settings name a group, unless two groups would read alike: then all of them.
+    let short: std::collections::HashSet<String> =
+        configs.iter().flatten().map(|c| named(c, 3)).collect();
+    let keys = match short.len() == configs.len() {
+        true => 3,
+        false => differing.len(),
+    };
     groups
         .iter()
         .zip(&configs)
         .map(|(group, config)| {
             let name = match (config, differing.is_empty()) {
-                (Some(config), false) => differing
-                    .iter()
-                    .take(3)
-                    .map(|k| format!("{k}={}", yaml_scalar(config.get(k.as_str()))))
-                    .collect::<Vec<_>>()
-                    .join(" "),
+                (Some(config), false) => named(config, keys),
                 _ if group.len() > 1 => {
                     // As the folders are: `1 2` given in their sweep's folder, or `../1`.
                     let whole = |run: &PathBuf| {
@@ -171,5 +181,31 @@ mod tests {
         let named = |path: &Path| path.file_name().unwrap().to_string_lossy().into_owned();
         assert!(short_name(Path::new(".")).ends_with(&named(&here)));
         assert!(short_name(Path::new("..")).ends_with(&named(here.parent().unwrap())));
+    }
+
+    /// Groups told apart only by a fourth setting are named by every setting that differs.
+    #[test]
+    fn groups_alike_in_three_settings_are_named_by_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let runs: Vec<PathBuf> = [(1, 1), (1, 2), (2, 1)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (a, z))| {
+                let run = dir.path().join(i.to_string());
+                std::fs::create_dir_all(&run).unwrap();
+                let config = format!("a_x: {a}\nb_x: {a}\nc_x: {a}\nz: {z}\nseed: 1\n");
+                std::fs::write(run.join("config.yaml"), config).unwrap();
+                run
+            })
+            .collect();
+        let groups = group_by_config(&runs);
+        assert_eq!(
+            group_labels(&runs, &groups),
+            [
+                "a_x=1 b_x=1 c_x=1 z=1",
+                "a_x=1 b_x=1 c_x=1 z=2",
+                "a_x=2 b_x=2 c_x=2 z=1"
+            ]
+        );
     }
 }

@@ -133,7 +133,7 @@ pub fn run(args: &PlotArgs) -> Result<()> {
     let panels = panels(args, &title)?;
     let series = panels
         .iter()
-        .map(|panel| series(args, &panel.metric, panel.x))
+        .map(|panel| series(args, panel))
         .collect::<Result<Vec<_>>>()?;
     let figures: Vec<Figure> = panels
         .iter()
@@ -370,6 +370,9 @@ struct Panel {
     metric: String,
     /// The x axis: "step" or "elapsed_time".
     x: &'static str,
+    /// Whether `--reference` is drawn here: a single task's panel, or in a multitask plot the
+    /// panel of the task the reference is of (not the others, nor their mean).
+    takes_reference: bool,
 }
 
 /// The panels to draw: `--metric`, then, when the first run is a multitask one that logs it per
@@ -391,9 +394,28 @@ fn panels(args: &PlotArgs, title: &str) -> Result<Vec<Panel>> {
         "elapsed_time" => &["elapsed_time"],
         _ => &["step"],
     };
+    let per_task = metrics.len() > 1;
+    let stem = args.reference.as_ref().map(|reference| {
+        let stem = reference.file_stem().unwrap_or_default();
+        stem.to_string_lossy().into_owned()
+    });
+    let takes_reference = |metric: &str| match (per_task, &stem) {
+        (false, _) => true,
+        (true, Some(stem)) => metric == format!("{}+{stem}", args.metric),
+        (true, None) => false,
+    };
+    if let Some(stem) = stem.as_ref().filter(|_| per_task) {
+        if !metrics.iter().any(|(_, metric)| takes_reference(metric)) {
+            errln!(
+                "note: --reference {stem} is of none of the runs' tasks: it is not drawn (a \
+                 multitask plot draws a task's official results on that task's panel)"
+            );
+        }
+    }
     Ok(metrics
         .into_iter()
         .flat_map(|(title, metric)| {
+            let takes_reference = takes_reference(&metric);
             axes.iter().map(move |&x| Panel {
                 title: match (axes.len(), x) {
                     (2, "elapsed_time") => format!("{title}, against wall time"),
@@ -401,12 +423,14 @@ fn panels(args: &PlotArgs, title: &str) -> Result<Vec<Panel>> {
                 },
                 metric: metric.clone(),
                 x,
+                takes_reference,
             })
         })
         .collect())
 }
 
-fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
+fn series(args: &PlotArgs, panel: &Panel) -> Result<Vec<Series>> {
+    let (metric, x) = (panel.metric.as_str(), panel.x);
     let phases: &[&str] = match args.phase.as_str() {
         "both" => &["eval", "train"],
         "train" => &["train"],
@@ -447,7 +471,8 @@ fn series(args: &PlotArgs, metric: &str, x: &str) -> Result<Vec<Series>> {
             });
         }
     }
-    if let Some(reference) = args.reference.as_ref().filter(|_| x == "step") {
+    let drawn_here = panel.takes_reference && x == "step";
+    if let Some(reference) = args.reference.as_ref().filter(|_| drawn_here) {
         let last_step = series
             .iter()
             .flat_map(|s| s.band.x.iter().copied())
@@ -600,6 +625,17 @@ mod tests {
             "no panel for averages"
         );
         assert_eq!(panels[2].metric, "episode_reward+walker-run");
+        // The official results of walker-run go on walker-run's panel only.
+        let with_reference = PlotArgs {
+            reference: Some("results/walker-run.csv".into()),
+            ..args.clone()
+        };
+        let takes: Vec<bool> = super::panels(&with_reference, "all")
+            .unwrap()
+            .iter()
+            .map(|p| p.takes_reference)
+            .collect();
+        assert_eq!(takes, [false, false, true]);
         run(&args).unwrap();
         let svg = std::fs::read_to_string(&out).unwrap();
         assert!(svg.contains("width=\"800\"") && svg.contains("height=\"600\""));
