@@ -583,6 +583,7 @@ fn a_restarted_logger_continues_its_tracker_runs_from_the_start() {
             run_name: "walker-walk-7".into(),
             tracking_uri: Some(uri.clone()),
         }),
+        config: json!({"task": "walker-walk", "steps": 1000}),
         restarted,
         ..LoggerOptions::new(dir.path())
     };
@@ -612,12 +613,13 @@ fn a_restarted_logger_continues_its_tracker_runs_from_the_start() {
     );
     assert_eq!(runs[0]["tags"]["resumed_at_steps"], "0", "{runs}");
     let wandb = read("wandb_offline_run", &[path_arg(dir.path())]);
-    let steps: Vec<u64> = wandb["history"]
+    let mut steps: Vec<u64> = wandb["history"]
         .as_array()
         .unwrap()
         .iter()
         .filter_map(|row| row["eval/step"].as_u64())
         .collect();
+    steps.sort();
     assert_eq!(steps, [0, 500, 1000], "each step sent once");
 }
 
