@@ -57,7 +57,9 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # Test binaries with ignored tests that need a GPU; "binary test" runs only that test of it.
-tests=(fused_kernels cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda"
+# Those proven on a GPU first: a first run of the fused kernels that hangs must not leave them
+# no time.
+tests=(cuda_graphs device_paths "parity matches_the_official_implementation_on_cuda" fused_kernels
     "parity matches_the_official_implementation_on_cuda_with_fused_kernels")
 names=("${tests[@]%% *}")
 
@@ -165,8 +167,9 @@ run_compare() {
     printf '#!/bin/sh\nexec %q "$@"\n' "$(command -v "$python")" >"$venv/bin/python"
     chmod +x "$venv/bin/python"
     echo "[gpu_check] official vs ours on CUDA, model sizes $sizes $*: $out/compare.jsonl, compare.log"
+    # What is left of a 10-minute call (less 25 s to bring the files back), unless said.
     TDMPC2_VENV=$venv TDMPC2_OFFICIAL_WHEELS=$dir/official-wheels \
-        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) limited "${COMPARE_LIMIT:-480}" \
+        TDMPC2_OFFICIAL_DEPS=$(mktemp -d) limited "${COMPARE_LIMIT:-$((575 - SECONDS))}" \
         "$here/compare_official.sh" "$dir/official" \
         --device cuda --rounds 1 --model-sizes "$sizes" --bin "$dir/tdmpc2" \
         --out "$out/compare.jsonl" "$@" 2>&1 | tee "$out/compare.log"
@@ -195,11 +198,12 @@ except TypeError:
     }
 }
 
-# The walker-run runs $1 of scripts/time_to_return.py until $2 seconds have passed, the rest of
-# the arguments as overrides for every run.
+# The walker-run runs $1 of scripts/time_to_return.py until $2 seconds have passed since this
+# script started (its own start-up, unpacking dm_control, counts), the rest of the arguments
+# going to it (overrides for every run, --grace).
 run_walker() {
     with_dm_control || return 2
-    local runs=$1 seconds=$2
+    local runs=$1 seconds=$(($2 - SECONDS))
     shift 2
     # Each run brings back two files, and a device call at most 8 in all.
     if [[ $runs == *,*,* ]]; then
@@ -288,10 +292,17 @@ for line in sys.stdin:
     fi
     # The official code and the wheels it needs there, for --compare.
     if [[ -n ${TDMPC2_OFFICIAL_CHECKOUT:-} ]]; then
-        rm -rf "$dir/official"
+        official=$TDMPC2_OFFICIAL_CHECKOUT
+        # Its tdmpc2/ folder names the checkout too, as scripts/official_env.sh takes it.
+        if [[ ! -d $official/docker && -d $official/../docker ]]; then official=$official/..; fi
+        [[ -d $official/tdmpc2 && -d $official/docker ]] || {
+            echo "[gpu_check] TDMPC2_OFFICIAL_CHECKOUT=$TDMPC2_OFFICIAL_CHECKOUT is no checkout of the official code (no tdmpc2/ and docker/)" >&2
+            exit 2
+        }
+        rm -rf "$dir/official" "$dir/official-wheels"
         mkdir -p "$dir/official"
-        cp -r "$TDMPC2_OFFICIAL_CHECKOUT/tdmpc2" "$TDMPC2_OFFICIAL_CHECKOUT/docker" "$dir/official/"
-        "$here/compare_official.sh" "$TDMPC2_OFFICIAL_CHECKOUT" --download-wheels "$dir/official-wheels"
+        cp -r "$official/tdmpc2" "$official/docker" "$dir/official/"
+        "$here/compare_official.sh" "$official" --download-wheels "$dir/official-wheels"
     else
         echo "[gpu_check] TDMPC2_OFFICIAL_CHECKOUT is not set: --compare will not run" >&2
     fi
@@ -324,16 +335,17 @@ import glob, os, sys, sysconfig, torch
 site = os.path.dirname(os.path.dirname(torch.__file__))
 dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
 dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib")))
-dirs.append(sysconfig.get_config_var("LIBDIR"))
-dirs.append(os.path.join(sys.base_prefix, "lib"))
+python_dirs = [sysconfig.get_config_var("LIBDIR"), os.path.join(sys.base_prefix, "lib")]
 print(site)
-print(":".join(d for d in dirs if d))')
+print(":".join(d for d in dirs if d))
+print(":".join(d for d in python_dirs if d))')
     if [[ ${#found[@]} -lt 2 ]]; then
         echo "[gpu_check] $python cannot import torch: the binaries need its libraries" >&2
         exit 2
     fi
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
-    export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # torch's libraries first; libpython's folders after the machine's own (the driver's).
+    export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}${found[2]:+:${found[2]}}"
     export TDMPC2_BIN=$dir/tdmpc2
     # A library the binaries cannot find fails every step within seconds: name it first.
     if missing=$(ldd "$dir/tdmpc2" 2>/dev/null | grep "not found"); then
@@ -362,10 +374,10 @@ print(":".join(d for d in dirs if d))')
     --learn) run_learn "${4:-420}" ;;
     --walker)
         [[ -n ${4:-} ]] || usage
-        if [[ ${5:-} == *=* ]]; then
-            run_walker "$4" 540 "${@:5}" || status=1  # no SECONDS, only overrides
+        if [[ ${5:-} =~ ^[0-9]+$ ]]; then
+            run_walker "$4" "$5" "${@:6}" || status=1
         else
-            run_walker "$4" "${5:-540}" "${@:6}" || status=1
+            run_walker "$4" 540 "${@:5}" || status=1 # no SECONDS: overrides or options
         fi
         ;;
     --all)
