@@ -82,10 +82,11 @@ limited() {
     shift
     if [[ -n ${deadline:-} ]] && ((deadline - SECONDS < limit)); then
         limit=$((deadline - SECONDS))
-        if ((limit < 10)); then
-            echo "[gpu_check] no time left for: $*" >&2
-            return 124
-        fi
+    fi
+    # (timeout takes 0 for no limit at all, and refuses a negative one.)
+    if ((limit < 10)); then
+        echo "[gpu_check] no time left for: $*" >&2
+        return 124
     fi
     timeout -k 10 "$limit" "$@" || rc=$?
     if [[ $rc == 124 || $rc == 137 ]]; then
@@ -203,8 +204,12 @@ except TypeError:
 # going to it (overrides for every run, --grace).
 run_walker() {
     with_dm_control || return 2
-    local runs=$1 seconds=$(($2 - SECONDS))
+    local runs=$1 total=$2 seconds=$(($2 - SECONDS))
     shift 2
+    if ((seconds < 60)); then
+        echo "[gpu_check] --walker: $seconds s left of $total, too few for a run" >&2
+        return 2
+    fi
     # Each run brings back two files, and a device call at most 8 in all.
     if [[ $runs == *,*,* ]]; then
         echo "[gpu_check] --walker $runs: at most two runs a call (a device call brings back 8 files)" >&2
@@ -344,7 +349,8 @@ print(":".join(d for d in python_dirs if d))')
         exit 2
     fi
     export TDMPC2_SITE_PACKAGES=${TDMPC2_SITE_PACKAGES:-${found[0]}}
-    # torch's libraries first; libpython's folders after the machine's own (the driver's).
+    # torch's libraries first; libpython's folders after those the machine's LD_LIBRARY_PATH
+    # names (a driver's, where it names one).
     export LD_LIBRARY_PATH="${found[1]}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}${found[2]:+:${found[2]}}"
     export TDMPC2_BIN=$dir/tdmpc2
     # A library the binaries cannot find fails every step within seconds: name it first.

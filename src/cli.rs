@@ -435,8 +435,8 @@ fn resume_after_restart(config: &mut Config, restart_count: Option<String>) -> R
     })?;
     let dir = config.run_dir();
     let checkpoints = crate::checkpoint::checkpoints_dir(&dir);
-    let own = trainer::run_dir::written_by_this_job(&dir);
-    if count > 0 && own && crate::checkpoint::store::latest(&checkpoints).is_some() {
+    let restarts = trainer::run_dir::restarts_its_job(&dir, count);
+    if restarts && crate::checkpoint::store::latest(&checkpoints).is_some() {
         config.resume = Some("auto".into());
     }
     Ok(())
@@ -560,7 +560,7 @@ fn evaluation_line(
     if let Some(rate) = summary.success {
         line["success"] = rate.into();
     }
-    if !tasks.is_empty() {
+    if !evaluation.by_task.is_empty() {
         let by_task: serde_json::Map<String, serde_json::Value> = tasks
             .iter()
             .zip(&evaluation.by_task)
@@ -631,9 +631,12 @@ mod tests {
             overall: summary(150.0, Some(0.5)),
             by_task: Vec::new(),
         };
-        let line = evaluation_line("mw-reach", "ckpt", &[], &one);
+        let line = evaluation_line("mw-reach", "ckpt", &["mw-reach".into()], &one);
         assert_eq!(line["success"], 0.5);
-        assert!(line.get("values").is_none(), "{line}");
+        assert!(
+            line.get("values").is_none() && line.get("by_task").is_none(),
+            "{line}"
+        );
         let tasks = ["walker-run".to_string(), "mw-reach".to_string()];
         let two = Evaluation {
             overall: summary(400.0, Some(0.5)),

@@ -65,7 +65,7 @@ pub(super) fn tree() -> Result<Value> {
 
 impl Config {
     /// The compiled-in defaults, unvalidated.
-    pub fn defaults() -> Result<Config> {
+    pub(crate) fn defaults() -> Result<Config> {
         overrides::from_tree(tree()?, &BTreeMap::new())
     }
 

@@ -196,38 +196,46 @@ pub const DERIVED_FIELDS: [&str; 7] = [
 
 /// `layer` (a config file) without the keys of `task_settings` it sets to their defaults: a
 /// file that repeats the defaults (the official `config.yaml`, ours) leaves the task's own
-/// settings standing, while a value of its own still wins.
+/// settings standing; a value of its own still wins, as does every value of a file resolved
+/// for its task (a run's `config.yaml`, which says what it ran with).
 fn defaults_left_to_task(layer: Value, task_settings: &[String]) -> Value {
-    let (Value::Mapping(mut layer), Ok(Value::Mapping(defaults))) =
+    let (Value::Mapping(mut mapping), Ok(Value::Mapping(defaults))) =
         (layer.clone(), defaults::tree())
     else {
         return layer;
     };
+    if is_resolved(&layer) {
+        return layer;
+    }
     for key in task_settings
         .iter()
         .filter_map(|s| s.split_once('='))
         .map(|(k, _)| k)
     {
-        if layer
+        if mapping
             .get(key)
-            .is_some_and(|value| defaults.get(key) == Some(value))
+            .is_some_and(|v| defaults.get(key) == Some(v))
         {
-            layer.remove(key);
+            mapping.remove(key);
         }
     }
-    Value::Mapping(layer)
+    Value::Mapping(mapping)
+}
+
+/// Whether a config file was resolved for a task (a run's saved `config.yaml` holds its
+/// `episode_length`; the official `config.yaml` has the field too, as "???", to be given).
+fn is_resolved(layer: &Value) -> bool {
+    layer
+        .get("episode_length")
+        .is_some_and(|v| !v.is_null() && !overrides::is_hydra_missing(v))
 }
 
 /// A config file resolved for a task (a run's saved `config.yaml`: it holds `episode_length`)
 /// keeps that task's discount, seed steps and extra planning iterations: another task would
 /// silently train with them.
 fn refuse_a_resolved_file_for_another_task(file: &Path, layer: &Value, task: &str) -> Result<()> {
-    // The official config.yaml has the derived fields too, each "???" (to be given).
-    let resolved = layer
-        .get("episode_length")
-        .is_some_and(|v| !v.is_null() && !overrides::is_hydra_missing(v));
     let file_task = layer.get("task").and_then(Value::as_str);
-    match (resolved, file_task) {
+    match (is_resolved(layer), file_task) {
         (true, Some(resolved_for)) if resolved_for != task => Err(Error::Config(format!(
             "{} is a config resolved for task={resolved_for} (a run's config.yaml: it holds \
              episode_length), whose discount, seed_steps and planning iterations were derived \

@@ -245,7 +245,6 @@ impl Config {
         Ok(())
     }
 
-    /// The observation mode and the learning-rate scaling rule.
     /// Training online on a task known to end episodes early takes its terminations: with
     /// episodic=false the run would stop at the first early end, hours in. (Playing a model
     /// made so, with `eval` or `collect`, stays allowed.)
@@ -262,6 +261,7 @@ impl Config {
         }
     }
 
+    /// The observation mode and the learning-rate scaling rule.
     fn validate_modes(&self) -> Result<()> {
         if self.multitask() {
             let tasks = self.tasks()?;

@@ -181,6 +181,11 @@ impl Logger {
             true => TrackerRuns::load(dir),
             false => TrackerRuns::default(),
         };
+        if !continues {
+            // An earlier run's tracker runs are not this one's, also if this attempt fails
+            // before it names its own and is restarted.
+            before.save(dir)?;
+        }
         if before.wandb.is_some() {
             // W&B takes no step twice: how far its run got is kept before the rows past the
             // checkpoint go (a resume that fails after this one, or comes before the run gets
@@ -219,6 +224,8 @@ impl Logger {
                 runs.wandb_holds_through = None;
             }
             runs.wandb = Some(wandb.id().to_owned());
+            // Named at once: a restart after a failure below continues this run.
+            runs.save(dir)?;
             sinks.push(Box::new(Remote::new(Box::new(wandb))));
         }
         if let Some(mlflow) = &opts.mlflow {

@@ -132,6 +132,41 @@ impl Band {
         Self::from_columns(columns, spread)
     }
 
+    /// Aggregates curves against agent steps: point by point ([`Self::by_index`]) where the runs
+    /// logged at the same steps (evaluations), else each run's value read off its line at every
+    /// step one of them logged, over the steps all of them cover (training records, logged at
+    /// episode ends, which fall at other steps in each seed of a task that ends early).
+    pub fn by_step(curves: &[Curve], spread: Spread) -> Self {
+        let shortest = curves.iter().map(Vec::len).min().unwrap_or(0);
+        let aligned = (0..shortest).all(|k| curves.iter().all(|c| c[k].0 == curves[0][k].0));
+        if aligned {
+            return Self::by_index(curves, spread);
+        }
+        let first = curves.iter().filter_map(|c| c.first()).map(|p| p.0);
+        let last = curves.iter().filter_map(|c| c.last()).map(|p| p.0);
+        let (from, to) = (
+            first.fold(f64::MIN, f64::max),
+            last.fold(f64::MAX, f64::min),
+        );
+        let mut steps: Vec<f64> = curves
+            .iter()
+            .flatten()
+            .map(|p| p.0)
+            .filter(|x| (from..=to).contains(x))
+            .collect();
+        steps.sort_by(f64::total_cmp);
+        steps.dedup();
+        if steps.is_empty() {
+            // Runs over steps apart from each other: record by record, as before.
+            return Self::by_index(curves, spread);
+        }
+        let columns = steps.into_iter().map(|x| {
+            let ys = curves.iter().map(|c| value_at(c, x)).collect();
+            (x, ys)
+        });
+        Self::from_columns(columns, spread)
+    }
+
     /// Aggregates `(x, y)` samples that share an x (the official CSVs: one row per seed and step).
     pub fn by_x(samples: &[(f64, f64)], spread: Spread) -> Self {
         let mut columns: BTreeMap<OrderedX, Vec<f64>> = BTreeMap::new();
@@ -168,6 +203,18 @@ impl Band {
         }
         band
     }
+}
+
+/// A curve's value at `x`, on the straight line between its points either side (`x` within
+/// its span, its points in order of x).
+fn value_at(curve: &Curve, x: f64) -> f64 {
+    let after = curve.partition_point(|p| p.0 < x).min(curve.len() - 1);
+    let (x1, y1) = curve[after];
+    if x1 == x || after == 0 {
+        return y1;
+    }
+    let (x0, y0) = curve[after - 1];
+    y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 }
 
 /// A finite f64 as a map key.
@@ -351,6 +398,27 @@ mod tests {
         );
         assert_eq!(up_to(samples.clone(), Some(900.0)).len(), 7);
         assert_eq!(up_to(samples, None).len(), 7);
+    }
+
+    /// Seeds whose records fall at other steps are averaged at the same step, over the steps
+    /// every seed covers, not record by record.
+    #[test]
+    fn seeds_logged_at_other_steps_meet_at_each_step() {
+        let a: Curve = vec![(100.0, 1.0), (300.0, 3.0), (500.0, 5.0)];
+        let b: Curve = vec![(200.0, 20.0), (400.0, 40.0)];
+        let band = Band::by_step(&[a.clone(), b], Spread::Minmax);
+        assert_eq!(band.x, [200.0, 300.0, 400.0]);
+        assert_eq!(
+            band.mean,
+            [(2.0 + 20.0) / 2.0, (3.0 + 30.0) / 2.0, (4.0 + 40.0) / 2.0]
+        );
+        assert_eq!((band.low[1], band.high[1]), (3.0, 30.0));
+        // Seeds evaluated at the same steps: record by record, as by_index.
+        let c: Curve = a.iter().map(|&(x, y)| (x, y * 2.0)).collect();
+        assert_eq!(
+            Band::by_step(&[a.clone(), c.clone()], Spread::Std),
+            Band::by_index(&[a, c], Spread::Std)
+        );
     }
 
     #[test]

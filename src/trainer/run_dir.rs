@@ -112,13 +112,19 @@ pub fn written_by_this_job(run_dir: &Path) -> bool {
     std::fs::read_to_string(run_dir.join(JOB)).is_ok_and(|job| job.trim() == this_job())
 }
 
-/// Whether this process is a launcher's restart (`TORCHELASTIC_RESTART_COUNT` above 0, as our
-/// launcher and torchrun set it) of the job that wrote `run_dir`.
-pub fn restarts_its_job(run_dir: &Path) -> bool {
-    let restarts = std::env::var(crate::ddp::launcher::RESTART_COUNT_ENV)
+/// Whether this attempt, the launcher's restart number `restarts`, restarts the job that wrote
+/// `run_dir`.
+pub fn restarts_its_job(run_dir: &Path, restarts: u64) -> bool {
+    restarts > 0 && written_by_this_job(run_dir)
+}
+
+/// The launcher's restart number (`TORCHELASTIC_RESTART_COUNT`, as our launcher and torchrun
+/// set it); 0 where none is set or it is no number (`train` refuses that before).
+pub fn restart_count() -> u64 {
+    std::env::var(crate::ddp::launcher::RESTART_COUNT_ENV)
         .ok()
-        .and_then(|count| count.trim().parse::<u64>().ok());
-    restarts.is_some_and(|count| count > 0) && written_by_this_job(run_dir)
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// This process's job: its parent (the launcher that starts every attempt) by host, pid and

@@ -107,7 +107,7 @@ pub(super) fn start<'g>(
     }
     let restarted = group.rank() == 0
         && resumed_from.is_none()
-        && super::run_dir::restarts_its_job(&config.run_dir());
+        && super::run_dir::restarts_its_job(&config.run_dir(), super::run_dir::restart_count());
     if group.rank() == 0 {
         super::run_dir::record_job(&config.run_dir())?;
     }

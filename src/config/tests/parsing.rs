@@ -76,6 +76,10 @@ fn a_config_file_of_defaults_leaves_the_tasks_settings() {
     assert_eq!(c.rho, 0.6);
     let e = with_file("episodic: false\n", &["task=mujoco-walker"]).map(|c| c.episodic);
     assert!(matches!(e, Ok(true)), "{e:?}");
+    // A run's own config.yaml (resolved: it holds episode_length) says what it ran with.
+    let resolved = "task: mujoco-walker\nepisode_length: 1000\nrho: 0.5\nepisodic: true\n";
+    let c = with_file(resolved, &[]).unwrap();
+    assert_eq!((c.rho, c.discount_max), (0.5, 0.99));
     let repo = Config::load(&Source {
         config_name: Some("config".into()),
         overrides: vec!["task=mujoco-walker".into()],

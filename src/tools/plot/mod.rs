@@ -465,7 +465,10 @@ fn series(args: &PlotArgs, panel: &Panel) -> Result<Vec<Series>> {
             }
             series.push(Series {
                 label,
-                band: Band::by_index(&curves, args.band),
+                band: match x {
+                    "step" => Band::by_step(&curves, args.band),
+                    _ => Band::by_index(&curves, args.band),
+                },
                 runs: curves.len(),
                 faint: *phase == "train",
             });

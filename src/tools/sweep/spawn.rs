@@ -191,6 +191,8 @@ pub(super) fn run_job(mut command: Command, index: usize) -> Status {
         .env_remove("WORLD_SIZE")
         .env_remove("LOCAL_RANK")
         .env_remove("LOCAL_WORLD_SIZE")
+        // Nor a restart of any launcher's job: it starts as its own job.
+        .env_remove(crate::ddp::launcher::RESTART_COUNT_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
