@@ -498,83 +498,8 @@ fn evaluate(config: Config) -> Result<()> {
             Err(e) => errln!("warning: the video was not written: {e}"),
         }
     }
-    print_evaluation(&config, path, &tasks, &evaluation);
+    crate::tools::eval_report::print(&config.task, path, &tasks, &evaluation);
     Ok(())
-}
-
-/// `eval`'s result: each task's returns, the whole's, and the whole as one JSON line.
-fn print_evaluation(
-    config: &Config,
-    checkpoint: &str,
-    tasks: &[String],
-    evaluation: &trainer::evaluate::Evaluation,
-) {
-    let success = |s: &trainer::evaluate::EvalSummary| {
-        s.success
-            .map_or(String::new(), |rate| format!(", success {rate:.2}"))
-    };
-    let summary = &evaluation.overall;
-    for (task, s) in tasks.iter().zip(&evaluation.by_task) {
-        outln!(
-            "  {task}: {} episodes, return {:.2} ± {:.2}{}",
-            s.episodes,
-            s.mean,
-            s.std,
-            success(s)
-        );
-    }
-    let values = evaluation.values_by_task(tasks);
-    if let Some((_, score)) = values.iter().find(|(k, _)| k == "episode_score+normalized") {
-        outln!("  normalized score: {score:.1}");
-    }
-    outln!(
-        "{}: {} episodes, return {:.2} ± {:.2} (min {:.2}, max {:.2}){}",
-        config.task,
-        summary.episodes,
-        summary.mean,
-        summary.std,
-        summary.min,
-        summary.max,
-        success(summary)
-    );
-    outln!(
-        "{}",
-        evaluation_line(&config.task, checkpoint, tasks, evaluation)
-    );
-}
-
-/// `eval`'s last line, for scripts: the summary, its success rate where the task has one and,
-/// for several tasks, each one's return and the training log's keys (each task's success, the
-/// family averages, the normalised score).
-fn evaluation_line(
-    task: &str,
-    checkpoint: &str,
-    tasks: &[String],
-    evaluation: &trainer::evaluate::Evaluation,
-) -> serde_json::Value {
-    let summary = &evaluation.overall;
-    let mut line = serde_json::json!({
-        "task": task, "checkpoint": checkpoint, "episodes": summary.episodes,
-        "mean": summary.mean, "std": summary.std, "min": summary.min, "max": summary.max,
-    });
-    if let Some(rate) = summary.success {
-        line["success"] = rate.into();
-    }
-    if !evaluation.by_task.is_empty() {
-        let by_task: serde_json::Map<String, serde_json::Value> = tasks
-            .iter()
-            .zip(&evaluation.by_task)
-            .map(|(task, s)| (task.clone(), s.mean.into()))
-            .collect();
-        line["by_task"] = by_task.into();
-        let values: serde_json::Map<String, serde_json::Value> = evaluation
-            .values_by_task(tasks)
-            .into_iter()
-            .map(|(k, v)| (k, v.into()))
-            .collect();
-        line["values"] = values.into();
-    }
-    line
 }
 
 /// Where `eval` films its first episode: `eval_video/<task>-<seed>.gif`, or with `-2`, `-3`,
@@ -612,42 +537,6 @@ fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `eval` says what training logs: success rates where a task has them and, for several
-    /// tasks, the normalised score of the TD-MPC2 paper.
-    #[test]
-    fn an_evaluation_line_holds_success_and_the_normalized_score() {
-        use trainer::evaluate::{EvalSummary, Evaluation};
-        let summary = |mean: f64, success: Option<f64>| EvalSummary {
-            episodes: 2,
-            mean,
-            std: 0.0,
-            min: mean,
-            max: mean,
-            mean_length: 500.0,
-            success,
-        };
-        let one = Evaluation {
-            overall: summary(150.0, Some(0.5)),
-            by_task: Vec::new(),
-        };
-        let line = evaluation_line("mw-reach", "ckpt", &["mw-reach".into()], &one);
-        assert_eq!(line["success"], 0.5);
-        assert!(
-            line.get("values").is_none() && line.get("by_task").is_none(),
-            "{line}"
-        );
-        let tasks = ["walker-run".to_string(), "mw-reach".to_string()];
-        let two = Evaluation {
-            overall: summary(400.0, Some(0.5)),
-            by_task: vec![summary(700.0, None), summary(100.0, Some(0.5))],
-        };
-        let line = evaluation_line("[walker-run,mw-reach]", "ckpt", &tasks, &two);
-        assert_eq!(line["by_task"]["walker-run"], 700.0);
-        assert_eq!(line["values"]["episode_success+mw-reach"], 0.5);
-        // (700 / 10 + 0.5 × 100) / 2
-        assert_eq!(line["values"]["episode_score+normalized"], 60.0);
-    }
 
     #[test]
     fn a_video_is_named_for_its_task_as_a_file_name() {

@@ -339,32 +339,7 @@ pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
         path: path.display().to_string(),
         message,
     };
-    std::fs::File::open(model_path).map_err(|e| Error::Checkpoint {
-        path: model_path.display().to_string(),
-        message: format!("cannot be read: {e}"),
-    })?;
-    let named = Tensor::read_safetensors(model_path).map_err(|e| {
-        let why =
-            format!("not a readable safetensors file (truncated, damaged, or another format): {e}");
-        fail(model_path, why)
-    })?;
-    let first_q = format!("{Q_ONLINE}.0.weight");
-    let num_q = named
-        .iter()
-        .find(|(name, _)| *name == first_q)
-        .and_then(|(_, weight)| match weight.size()[..] {
-            [members, _, _] => Some(members),
-            _ => None,
-        })
-        .ok_or_else(|| {
-            fail(
-                model_path,
-                format!("no `{first_q}` of shape [members, out, in]: not a TD-MPC2 state dict"),
-            )
-        })?;
-    if let Some(why) = not_a_tdmpc2_model(&named) {
-        return Err(fail(model_path, why));
-    }
+    let (named, num_q) = read_our_model(model_path)?;
     let bounds = missing_log_std_bounds(&named)?;
     if !bounds.is_empty() {
         errln!(
@@ -424,6 +399,41 @@ written = sum(isinstance(v, torch.Tensor) for v in state.values())
         let _ = std::fs::remove_file(&partial);
     }
     written
+}
+
+/// Our safetensors state dict at `model_path`, checked to be a whole TD-MPC2 model, and the
+/// number of its Q-functions.
+fn read_our_model(model_path: &Path) -> Result<(Vec<(String, Tensor)>, i64)> {
+    let fail = |message: String| Error::Unreadable {
+        path: model_path.display().to_string(),
+        message,
+    };
+    std::fs::File::open(model_path).map_err(|e| Error::Checkpoint {
+        path: model_path.display().to_string(),
+        message: format!("cannot be read: {e}"),
+    })?;
+    let named = Tensor::read_safetensors(model_path).map_err(|e| {
+        fail(format!(
+            "not a readable safetensors file (truncated, damaged, or another format): {e}"
+        ))
+    })?;
+    let first_q = format!("{Q_ONLINE}.0.weight");
+    let num_q = named
+        .iter()
+        .find(|(name, _)| *name == first_q)
+        .and_then(|(_, weight)| match weight.size()[..] {
+            [members, _, _] => Some(members),
+            _ => None,
+        })
+        .ok_or_else(|| {
+            fail(format!(
+                "no `{first_q}` of shape [members, out, in]: not a TD-MPC2 state dict"
+            ))
+        })?;
+    if let Some(why) = not_a_tdmpc2_model(&named) {
+        return Err(fail(why));
+    }
+    Ok((named, num_q))
 }
 
 /// The log-std bounds a state dict lacks (official checkpoints saved before they were kept, as
