@@ -8,20 +8,29 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Writes `bytes` to `path` whole (see the module).
 pub fn write(path: &Path, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+    write_with(path, |file| file.write_all(bytes.as_ref()))
+}
+
+/// Writes to `path` whole what `fill` writes into the file it is given (see the module): for
+/// contents too large to hold in memory at once.
+pub fn write_with(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     static WRITES: AtomicU64 = AtomicU64::new(0);
     let partial = path.with_file_name(format!(
         "{PARTIAL_PREFIX}{}-{}",
         std::process::id(),
         WRITES.fetch_add(1, Ordering::Relaxed)
     ));
-    let durable = |bytes: &[u8]| -> std::io::Result<()> {
+    let durable = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&partial)?;
-        file.write_all(bytes)?;
+        fill(&mut file)?;
         // On disk before it replaces the old file: after a crash of the machine, the old file
         // or the new one, never an empty one (XFS, or ext4 without auto_da_alloc).
         file.sync_all()
     };
-    durable(bytes.as_ref())
+    durable()
         .and_then(|()| std::fs::rename(&partial, path))
         .inspect_err(|_| {
             let _ = std::fs::remove_file(&partial);
@@ -49,6 +58,15 @@ pub fn replace_keeping(
     kept_as: &str,
     bytes: impl AsRef<[u8]>,
 ) -> std::io::Result<PathBuf> {
+    replace_keeping_with(path, kept_as, |file| file.write_all(bytes.as_ref()))
+}
+
+/// [`replace_keeping`] with what `fill` writes into the new file (see [`write_with`]).
+pub fn replace_keeping_with(
+    path: &Path,
+    kept_as: &str,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> std::io::Result<PathBuf> {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -61,7 +79,7 @@ pub fn replace_keeping(
         .find(|aside| !aside.exists())
         .unwrap_or_default();
     std::fs::hard_link(path, &aside).or_else(|_| std::fs::copy(path, &aside).map(drop))?;
-    write(path, bytes)?;
+    write_with(path, fill)?;
     Ok(aside)
 }
 

@@ -2,7 +2,7 @@
 //! scalar summary, or an image one for a video (an animated GIF, which TensorBoard's image
 //! dashboard plays). Only the handful of protobuf fields these need are encoded.
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -184,39 +184,85 @@ fn rewrite_through(path: &Path, name: &str, through: Option<u64>) -> std::io::Re
     if meta.uid() != unsafe { libc::geteuid() } || meta.permissions().readonly() {
         return Err(std::io::Error::other("not ours to rewrite"));
     }
-    let bytes = std::fs::read(path)?;
-    let kept = events_through(&bytes, through);
-    if kept.len() == bytes.len() {
+    // Record by record, twice (whether any goes, then the copy): a file holding every video's
+    // GIF may be gigabytes, which rank 0 would otherwise hold twice in memory.
+    let records = || -> std::io::Result<Records<BufReader<File>>> {
+        Ok(Records::new(BufReader::new(File::open(path)?), meta.len()))
+    };
+    if !copy_kept(records()?, through, &mut std::io::sink())? {
         return Ok(());
     }
     // The file kept under a name TensorBoard does not read: it reads every `*tfevents*`.
-    crate::whole_file::replace_keeping(path, &name.replace("tfevents", "tf-events"), kept).map(drop)
+    let kept_as = name.replace("tfevents", "tf-events");
+    crate::whole_file::replace_keeping_with(path, &kept_as, |file| {
+        let mut out = BufWriter::new(file);
+        copy_kept(records()?, through, &mut out)?;
+        out.flush()
+    })
+    .map(drop)
 }
 
-/// The records of a TFRecord stream whose events are at step `through` or before, or carry
-/// the file's version; up to the first record that is cut short.
-fn events_through(bytes: &[u8], through: Option<u64>) -> Vec<u8> {
-    let mut kept = Vec::new();
-    let mut at = 0;
-    while let Some(len) = bytes.get(at..at + 8) {
-        let len = u64::from_le_bytes(len.try_into().unwrap_or_default());
-        let end = usize::try_from(len)
-            .ok()
-            .and_then(|len| at.checked_add(16)?.checked_add(len));
-        let Some(end) = end else {
-            break;
-        };
-        let len = end - at - 16;
-        let Some(record) = bytes.get(at..end) else {
-            break;
-        };
-        let (version, step) = event_fields(&record[12..12 + len]);
-        if version || through.is_some_and(|t| step <= t) {
-            kept.extend_from_slice(record);
+/// Writes to `out` the records whose events are at step `through` or before, or carry the
+/// file's version; up to the first record that is cut short. Whether any record was left out.
+fn copy_kept<R: Read>(
+    mut records: Records<R>,
+    through: Option<u64>,
+    out: &mut impl Write,
+) -> std::io::Result<bool> {
+    let mut left_out = false;
+    while let Some(record) = records.next_record()? {
+        let (version, step) = event_fields(&record[12..record.len() - 4]);
+        match version || through.is_some_and(|t| step <= t) {
+            true => out.write_all(&record)?,
+            false => left_out = true,
         }
-        at = end;
     }
-    kept
+    Ok(left_out || records.cut)
+}
+
+/// The records of a TFRecord stream of `left` bytes, one at a time, whole (its length, that
+/// length's CRC, the event, its CRC); the stream ends at its end or at a record cut short.
+struct Records<R> {
+    input: R,
+    left: u64,
+    /// Whether the stream ended in a record cut short (a crash mid-write).
+    cut: bool,
+}
+
+impl<R: Read> Records<R> {
+    fn new(input: R, left: u64) -> Self {
+        Self {
+            input,
+            left,
+            cut: false,
+        }
+    }
+
+    fn next_record(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        let mut head = [0u8; 8];
+        // A length past the stream's end (cut, or garbage) ends it, before any allocation.
+        let size = match self.left >= 8 {
+            true => {
+                self.input.read_exact(&mut head)?;
+                u64::from_le_bytes(head)
+                    .checked_add(16)
+                    .filter(|&size| size <= self.left)
+            }
+            false => None,
+        };
+        let Some(size) = size.and_then(|size| usize::try_from(size).ok()) else {
+            self.cut = true;
+            return Ok(None);
+        };
+        let mut record = vec![0u8; size];
+        record[..8].copy_from_slice(&head);
+        self.input.read_exact(&mut record[8..])?;
+        self.left -= size as u64;
+        Ok(Some(record))
+    }
 }
 
 /// Whether an `Event` holds the file's version (field 3), and its step (field 2; 0 when
@@ -378,7 +424,11 @@ mod tests {
             !aside.is_empty() && aside.iter().all(|n| n.contains("tf-events")),
             "{aside:?}"
         );
-        assert!(events_through(&(u64::MAX - 14).to_le_bytes(), Some(1)).is_empty());
+        let overflowing = (u64::MAX - 14).to_le_bytes();
+        let mut kept = Vec::new();
+        let records = Records::new(&overflowing[..], overflowing.len() as u64);
+        assert!(copy_kept(records, Some(1), &mut kept).unwrap());
+        assert!(kept.is_empty());
     }
 
     #[test]
