@@ -16,8 +16,10 @@ pub fn logged_through(dir: &Path) -> Option<u64> {
 }
 
 /// Keeps only the rows of `metrics.jsonl`, `train.csv` and `eval.csv` in `dir` up to global
-/// step `through` (none: no row). A file whose rows all stay is left untouched.
-pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
+/// step `through` (none: no row). A file whose rows all stay is left untouched. A CSV that
+/// cannot be rewritten is returned with why (the CSVs are best effort); `metrics.jsonl`'s
+/// failure is the error.
+pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<Vec<Error>> {
     let keeps = |step: Option<u64>| matches!((step, through), (Some(s), Some(t)) if s <= t);
     rewrite(&dir.join("metrics.jsonl"), |lines| {
         lines
@@ -25,8 +27,9 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
             .map(str::to_owned)
             .collect()
     })?;
+    let mut failed = Vec::new();
     for csv in ["train.csv", "eval.csv"] {
-        rewrite(&dir.join(csv), |mut lines| {
+        let rewritten = rewrite(&dir.join(csv), |mut lines| {
             let Some(header) = lines.next() else {
                 return Vec::new();
             };
@@ -38,9 +41,10 @@ pub fn drop_rows_after(dir: &Path, through: Option<u64>) -> Result<()> {
                 .chain(rows)
                 .map(str::to_owned)
                 .collect()
-        })?;
+        });
+        failed.extend(rewritten.err());
     }
-    Ok(())
+    Ok(failed)
 }
 
 /// Keeps only the points up to `through` in the metric files of an MLflow file store's run

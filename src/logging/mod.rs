@@ -198,20 +198,27 @@ impl Logger {
                 before.save(dir)?;
             }
         }
-        continuation::drop_rows_after(dir, opts.continues_from)?;
+        let csv_left_as_it_was = continuation::drop_rows_after(dir, opts.continues_from)?;
         tensorboard::drop_events_after(&dir.join("tb"), opts.continues_from);
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         if opts.console {
             sinks.push(Box::new(Console));
         }
         sinks.push(Box::new(Jsonl::create(&dir.join("metrics.jsonl"))?));
-        if opts.save_csv {
-            sinks.push(Box::new(BestEffort::new(Box::new(Csv::new(dir)))));
+        // The CSVs and TensorBoard are best effort, from the start too: a warning, and the run
+        // goes on without them (`metrics.jsonl` holds every record).
+        match csv_left_as_it_was.first() {
+            _ if !opts.save_csv => {}
+            None => sinks.push(Box::new(BestEffort::new(Box::new(Csv::new(dir))))),
+            // Appended to, its rows past the checkpoint would be there twice.
+            Some(e) => errln!("warning: no CSV is written this run: {e}"),
         }
         if opts.tensorboard {
             let from = opts.continues_from.map_or(0, |step| step + 1);
-            let events = EventWriter::create(&dir.join("tb"), from)?;
-            sinks.push(Box::new(BestEffort::new(Box::new(events))));
+            match EventWriter::create(&dir.join("tb"), from) {
+                Ok(events) => sinks.push(Box::new(BestEffort::new(Box::new(events)))),
+                Err(e) => errln!("warning: no TensorBoard events are written this run: {e}"),
+            }
         }
         let mut runs = before.clone();
         if let Some(wandb) = &opts.wandb {
@@ -371,6 +378,23 @@ mod tests {
             train, "step,episode_reward,episode\n20,3,2\n",
             "step and the return first"
         );
+    }
+
+    /// TensorBoard is best effort from the start too: a `tb` that cannot be a folder is a
+    /// warning, and `metrics.jsonl` takes every record.
+    #[test]
+    fn a_tensorboard_folder_that_cannot_be_made_fails_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tb"), "a file where the folder goes").unwrap();
+        let mut logger = Logger::open(&LoggerOptions {
+            tensorboard: true,
+            ..LoggerOptions::new(dir.path())
+        })
+        .unwrap();
+        logger.log(&Record::new(Phase::Eval, 10)).unwrap();
+        logger.close().unwrap();
+        let jsonl = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+        assert_eq!(jsonl.lines().count(), 1);
     }
 
     /// Columns follow the records: a key that appears later widens the file (earlier rows get
