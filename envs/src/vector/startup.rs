@@ -6,21 +6,6 @@ use super::{common_spec, WorkerCommand};
 use crate::family::Family;
 use crate::{EnvOptions, EnvSpec, Error, Result, TaskMix};
 
-/// Starts `k` workers (at most one per env) and maps their regions. Returns them, per env its
-/// worker and its index there, and the spec the envs share.
-pub(super) fn start(
-    task: &str,
-    mixes: &[TaskMix],
-    options: EnvOptions,
-    seeds: &[u64],
-    k: usize,
-    worker: &WorkerCommand,
-) -> Result<(Vec<WorkerProcess>, Vec<Slot>, EnvSpec)> {
-    let (mut workers, owner) = start_workers(task, mixes, options, seeds, k, worker)?;
-    let spec = map_regions(task, &mut workers).inspect_err(|_| kill_all(&mut workers))?;
-    Ok((workers, owner, spec))
-}
-
 /// Env i runs in `workers[worker]` as that worker's env `local`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slot {
@@ -46,16 +31,17 @@ pub(super) fn filming(options: EnvOptions, i: usize) -> EnvOptions {
     }
 }
 
-/// Starts `k` workers (at most one per env) and has each build its envs, all at once.
-/// Returns them and, per env, its worker and its index there.
-fn start_workers(
+/// Starts `k` workers (at most one per env), has each build its envs, all at once, and maps
+/// their regions. Returns them, per env its worker and its index there, and the spec the envs
+/// share.
+pub(super) fn start(
     task: &str,
     mixes: &[TaskMix],
     options: EnvOptions,
     seeds: &[u64],
     k: usize,
     worker: &WorkerCommand,
-) -> Result<(Vec<WorkerProcess>, Vec<Slot>)> {
+) -> Result<(Vec<WorkerProcess>, Vec<Slot>, EnvSpec)> {
     let n = seeds.len();
     let k = k.min(n);
     let mut workers = Vec::with_capacity(k);
@@ -84,7 +70,8 @@ fn start_workers(
         Ok(())
     };
     start_each().inspect_err(|_| kill_all(&mut workers))?;
-    Ok((workers, owner))
+    let spec = map_regions(task, &mut workers).inspect_err(|_| kill_all(&mut workers))?;
+    Ok((workers, owner, spec))
 }
 
 /// Workers that failed to start together: those still building their environments would not
