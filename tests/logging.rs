@@ -295,18 +295,24 @@ fn wandb_offline_run_holds_config_and_history() {
     );
 }
 
-#[test]
-fn wandb_run_dropped_without_close_ends_failed() {
-    let _turn = one_wandb_run();
-    let dir = tempfile::tempdir().unwrap();
+/// A W&B offline run in `dir` that logged one training record.
+fn offline_wandb_run_of_one_record(dir: &Path) -> Logger {
     let mut logger = Logger::open(&LoggerOptions {
         wandb: Some(wandb_options("offline")),
-        ..LoggerOptions::new(dir.path())
+        ..LoggerOptions::new(dir)
     })
     .unwrap();
     logger
         .log(&Record::new(Phase::Train, 1).with("episode_reward", 1.0))
         .unwrap();
+    logger
+}
+
+#[test]
+fn wandb_run_dropped_without_close_ends_failed() {
+    let _turn = one_wandb_run();
+    let dir = tempfile::tempdir().unwrap();
+    let logger = offline_wandb_run_of_one_record(dir.path());
     drop(logger);
     let run = read("wandb_offline_run", &[path_arg(dir.path())]);
     assert_eq!(run["exit_code"], 1, "{run}");
@@ -319,14 +325,7 @@ fn wandb_run_dropped_without_close_ends_failed() {
 fn wandb_run_closed_after_a_stop_is_preempted() {
     let _turn = one_wandb_run();
     let dir = tempfile::tempdir().unwrap();
-    let mut logger = Logger::open(&LoggerOptions {
-        wandb: Some(wandb_options("offline")),
-        ..LoggerOptions::new(dir.path())
-    })
-    .unwrap();
-    logger
-        .log(&Record::new(Phase::Train, 1).with("episode_reward", 1.0))
-        .unwrap();
+    let logger = offline_wandb_run_of_one_record(dir.path());
     logger.close_stopped().unwrap();
     let run = read("wandb_offline_run", &[path_arg(dir.path())]);
     assert_eq!(run["exit_code"], 3, "{run}");
