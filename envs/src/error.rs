@@ -26,6 +26,18 @@ pub enum Error {
         expected: usize,
         got: usize,
     },
+    /// An env returned NaN or an infinity, which would reach the replay buffer and the
+    /// planner (`what`: `observation component 12 (NaN)`, `reward (inf)`; `after`: `a step`).
+    #[error(
+        "`{task}` env {index} returned a non-finite {what} after {after}: the simulator has \
+         become unstable, or the task computes it wrongly"
+    )]
+    NonFiniteStep {
+        task: String,
+        index: usize,
+        what: String,
+        after: &'static str,
+    },
     #[error("step called before reset or after the episode ended; call reset first")]
     NeedsReset,
     #[error("task `{task}` is not supported: {reason}")]

@@ -110,6 +110,43 @@ fn check_obs(task: &str, index: usize, expected: usize, got: usize) -> Result<()
     }
 }
 
+/// An environment must return finite numbers: a NaN would reach the replay buffer (every later
+/// update then diverges) or the planner (its actions then blamed).
+fn check_finite(task: &str, index: usize, obs: &[f32], reward: Option<f64>) -> Result<()> {
+    let refuse = |what: String| {
+        Err(Error::NonFiniteStep {
+            task: task.to_string(),
+            index,
+            what,
+            after: match reward {
+                Some(_) => "a step",
+                None => "a reset",
+            },
+        })
+    };
+    if let Some(reward) = reward.filter(|r| !r.is_finite()) {
+        return refuse(format!("reward ({reward})"));
+    }
+    match obs.iter().position(|x| !x.is_finite()) {
+        Some(at) => refuse(format!("observation component {at} ({})", obs[at])),
+        None => Ok(()),
+    }
+}
+
+/// What an env returned after a reset, checked.
+fn checked_obs(task: &str, index: usize, expected: usize, obs: Vec<f32>) -> Result<Vec<f32>> {
+    check_obs(task, index, expected, obs.len())?;
+    check_finite(task, index, &obs, None)?;
+    Ok(obs)
+}
+
+/// What an env returned after a step, checked.
+fn checked_step(task: &str, index: usize, expected: usize, step: Step) -> Result<Step> {
+    check_obs(task, index, expected, step.obs.len())?;
+    check_finite(task, index, &step.obs, Some(step.reward))?;
+    Ok(step)
+}
+
 enum Backend {
     InProcess(Vec<Box<dyn Env>>),
     Workers {
@@ -294,9 +331,7 @@ impl VectorEnv {
             Backend::InProcess(envs) => {
                 let (task, obs_dim) = (&self.task, self.spec.obs_dim());
                 let mut reset = |&(i, seed): &(usize, Option<u64>)| {
-                    let obs = envs[i].reset(seed)?;
-                    check_obs(task, i, obs_dim, obs.len())?;
-                    Ok(obs)
+                    checked_obs(task, i, obs_dim, envs[i].reset(seed)?)
                 };
                 return resets.iter().map(&mut reset).collect();
             }
@@ -342,10 +377,14 @@ impl VectorEnv {
                 }
             }
         }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(observations),
+        if let Some(e) = failure {
+            return Err(e);
         }
+        resets
+            .iter()
+            .zip(observations)
+            .map(|(&(i, _), obs)| checked_obs(&self.task, i, self.spec.obs_dim(), obs))
+            .collect()
     }
 
     /// Makes env i's next reset start its task `task` (an index into its [`TaskMix`]).
@@ -391,9 +430,7 @@ impl VectorEnv {
                 .iter()
                 .zip(actions)
                 .map(|(&i, action)| {
-                    let step = envs[i].step(action)?;
-                    check_obs(&self.task, i, self.spec.obs_dim(), step.obs.len())?;
-                    Ok(step)
+                    checked_step(&self.task, i, self.spec.obs_dim(), envs[i].step(action)?)
                 })
                 .collect(),
             Backend::Workers {
@@ -429,13 +466,14 @@ impl VectorEnv {
                 if let Some(e) = failure {
                     return Err(e);
                 }
-                Ok(which
+                which
                     .iter()
                     .map(|&i| {
                         let Slot { worker: w, local } = owner[i];
-                        layout.read_step(workers[w].region(), local)
+                        let step = layout.read_step(workers[w].region(), local);
+                        checked_step(&self.task, i, self.spec.obs_dim(), step)
                     })
-                    .collect())
+                    .collect()
             }
         }
     }

@@ -149,3 +149,62 @@ fn an_observation_unlike_the_spec_is_an_error_in_process_too() {
          has 2"
     );
 }
+
+/// Observes NaN in component 1 after a reset, and its reward is infinite after a step.
+struct Unstable {
+    spec: EnvSpec,
+    nan_at_reset: bool,
+}
+
+impl Env for Unstable {
+    fn spec(&self) -> &EnvSpec {
+        &self.spec
+    }
+    fn reset(&mut self, _seed: Option<u64>) -> Result<Vec<f32>> {
+        match self.nan_at_reset {
+            true => Ok(vec![0.0, f32::NAN]),
+            false => Ok(vec![0.0; 2]),
+        }
+    }
+    fn step(&mut self, _action: &[f32]) -> Result<Step> {
+        Ok(Step {
+            obs: vec![0.0; 2],
+            reward: f64::INFINITY,
+            terminated: false,
+            truncated: false,
+            success: None,
+        })
+    }
+}
+
+/// A NaN would reach the replay buffer (every update after diverges) or the planner (its
+/// actions blamed): the env that returned it is named.
+#[test]
+fn a_non_finite_observation_or_reward_names_its_env() {
+    let spec = EnvSpec {
+        obs_shape: vec![2],
+        action_dim: 1,
+        episode_length: 10,
+    };
+    let envs: Vec<Box<dyn Env>> = [false, true]
+        .into_iter()
+        .map(|nan_at_reset| {
+            let spec = spec.clone();
+            Box::new(Unstable { spec, nan_at_reset }) as Box<dyn Env>
+        })
+        .collect();
+    let mut venv = VectorEnv::from_envs("unstable", envs).unwrap();
+    venv.reset(0, None).unwrap();
+    let e = error_text(venv.reset(1, None));
+    assert!(
+        e.starts_with(
+            "`unstable` env 1 returned a non-finite observation component 1 (NaN) after a reset"
+        ),
+        "{e}"
+    );
+    let e = error_text(venv.step(&[0], &[0.0]));
+    assert!(
+        e.starts_with("`unstable` env 0 returned a non-finite reward (inf) after a step"),
+        "{e}"
+    );
+}
