@@ -1437,6 +1437,50 @@ fn a_silent_environment_worker_fails_its_rank_within_env_timeout() {
     assert!(state.is_empty(), "the silent worker is gone: {state}");
 }
 
+/// A stop while a worker hangs gives the worker up after the stop's patience, not after
+/// `env_timeout` (past the launcher's `stop_grace`, which would kill the rank): the run stops
+/// with its checkpoint, exit 3.
+#[test]
+fn a_stop_gives_a_hung_worker_up_and_keeps_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "steps=100000",
+        "save_freq=800",
+        "dist_timeout=600",
+        "env_timeout=500",
+        "stop_grace=120",
+    ];
+    let child = silent_worker_run(dir.path(), &extra);
+    // Past pretraining (at step 800), which waits for no worker.
+    let checkpoint = dir.path().join("checkpoints").join("step_000000001600");
+    let worker = silence_env_worker(child.id(), 1, || checkpoint.join("meta.json").exists());
+    // Rank 1 waits for its worker from its next reset or step on.
+    std::thread::sleep(Duration::from_secs(1));
+    let asked = Instant::now();
+    // SAFETY: SIGINT to this test's own child, as a terminal's Ctrl-C.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let worker = worker.unwrap_or_else(|| panic!("found rank 1's env worker: {stderr}"));
+    assert!(
+        asked.elapsed() < Duration::from_secs(100),
+        "stopped after {:?}: {stderr}",
+        asked.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let given_up = |call: &str| {
+        stderr.contains(&format!(
+            "rank 1: the environment worker (pid {worker}) running `gym:Pendulum-v1` envs 0-1 \
+             did not answer `{call}` within 10 s of the stop and was killed"
+        ))
+    };
+    assert!(given_up("step") || given_up("reset"), "{stderr}");
+    assert!(stderr.contains("checkpoint written"), "{stderr}");
+    assert!(checkpoint.join("meta.json").exists());
+    let state = std::fs::read_to_string(format!("/proc/{worker}/stat")).unwrap_or_default();
+    assert!(state.is_empty(), "the hung worker is gone: {state}");
+}
+
 /// With `max_restarts`, a run whose worker stops answering restarts from its last checkpoint
 /// with fresh workers and finishes.
 #[test]

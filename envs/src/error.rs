@@ -80,6 +80,21 @@ pub enum Error {
         asked: &'static str,
         limit: String,
     },
+    /// A worker process did not answer within `patience` of a stop its owner was asked for
+    /// (see `WorkerCommand::stop`); it was killed.
+    #[error(
+        "{owner}the environment worker (pid {pid}) running `{task}` {envs} did not answer \
+         `{asked}` within {patience} s of the stop and was killed"
+    )]
+    GivenUpAtStop {
+        owner: String,
+        task: String,
+        envs: String,
+        pid: u32,
+        asked: &'static str,
+        /// Seconds.
+        patience: f64,
+    },
     /// A task's family steps with a venv of its own, and there is none.
     #[error(
         "{family} tasks step with a Python environment of their own, and {problem}: run \
@@ -141,6 +156,14 @@ impl fmt::Display for Renderers<'_> {
                 names.join(", ")
             ),
         }
+    }
+}
+
+impl Error {
+    /// Whether a worker was given up at a stop: what it was asked is dropped, as a stop drops
+    /// the episodes that run.
+    pub fn given_up_at_stop(&self) -> bool {
+        matches!(self, Error::GivenUpAtStop { .. })
     }
 }
 

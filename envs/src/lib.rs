@@ -30,6 +30,6 @@ pub use family::Family;
 pub use multitask::{Padding, TaskMix};
 pub use registry::{known_tasks, make, make_observed};
 pub use vector::{
-    serve_worker, set_default_worker, specs_in_worker, Placement, RemoteEnv, ReplyLimit, VectorEnv,
-    WorkerCommand,
+    serve_worker, set_default_worker, specs_in_worker, Placement, RemoteEnv, ReplyLimit, StopProbe,
+    VectorEnv, WorkerCommand, STOP_PATIENCE,
 };

@@ -2,7 +2,9 @@
 //! `tdmpc2 env-worker` processes.
 use std::time::Duration;
 
-use envs::{EnvOptions, Padding, Placement, ReplyLimit, TaskMix, VectorEnv, WorkerCommand};
+use envs::{
+    EnvOptions, Padding, Placement, ReplyLimit, StopProbe, TaskMix, VectorEnv, WorkerCommand,
+};
 
 use super::TaskAssignment;
 
@@ -43,6 +45,9 @@ pub struct ActorSettings {
     pub owner: String,
     /// A multitask run's tasks.
     pub tasks: Option<ActorTasks>,
+    /// Asked while a worker's answer is awaited: whether the run is to stop, so that a hung
+    /// worker is given up rather than waited for (the trainer's stop request).
+    pub stop: Option<StopProbe>,
 }
 
 /// The tasks of a multitask run's environments on one rank.
@@ -119,6 +124,7 @@ impl ActorSettings {
             env_timeout: Duration::from_secs(config.env_timeout),
             owner: format!("rank {rank}"),
             tasks: Self::tasks(config, names, rank)?,
+            stop: None,
         })
     }
 
@@ -159,6 +165,7 @@ impl ActorSettings {
     pub fn make_envs(&self) -> Result<VectorEnv> {
         let mut worker = env_worker_command(Some(self.env_timeout))?;
         worker.owner = self.owner.clone();
+        worker.stop = self.stop;
         let mixes: Vec<TaskMix> = (0..self.seeds.len())
             .map(|i| match &self.tasks {
                 Some(tasks) => tasks.mix(i),

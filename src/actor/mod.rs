@@ -60,6 +60,8 @@ pub struct Actor {
     /// What to do about an episode that ended early with `episodic=false`, where the default
     /// advice (`episodic=true`) does not apply.
     early_end_advice: Option<&'static str>,
+    /// A worker was given up at a stop: nothing more is asked of the environments.
+    given_up: bool,
 }
 
 /// How a step chooses its actions.
@@ -96,6 +98,7 @@ impl Actor {
             task_of: Vec::new(),
             action_dims: Vec::new(),
             early_end_advice: None,
+            given_up: false,
         })
     }
 
@@ -253,6 +256,32 @@ impl Actor {
 
     /// [`Self::reset`] of each (environment, seed) listed, the environments' workers at once.
     pub fn reset_many(&mut self, starts: &[(usize, u64)]) -> Result<()> {
+        if self.given_up {
+            return Ok(());
+        }
+        let started = self.start_episodes(starts);
+        self.unless_given_up(started, ())
+    }
+
+    /// What `result` is, unless it gave a worker up at a stop (`envs::Error::GivenUpAtStop`,
+    /// a hung worker): then nothing more is asked of the environments, and `instead` comes
+    /// back. The stop ends the run at its next agreement, with its checkpoint; the episodes
+    /// that ran are dropped, as a stop drops them.
+    fn unless_given_up<T>(&mut self, result: Result<T>, instead: T) -> Result<T> {
+        match result {
+            Err(Error::Env(e)) if e.given_up_at_stop() => {
+                errln!(
+                    "warning: {e}; the run stops with its checkpoint (the episodes running \
+                     are dropped, as at any stop)"
+                );
+                self.given_up = true;
+                Ok(instead)
+            }
+            other => other,
+        }
+    }
+
+    fn start_episodes(&mut self, starts: &[(usize, u64)]) -> Result<()> {
         let mut tasks = Vec::with_capacity(starts.len());
         for &(i, _) in starts {
             let task = match &self.tasks {
@@ -292,6 +321,14 @@ impl Actor {
 
     /// One step of every running environment; returns how many stepped (agent steps).
     pub fn step(&mut self, acting: Acting<'_>) -> Result<usize> {
+        if self.given_up {
+            return Ok(0);
+        }
+        let stepped = self.step_running(acting);
+        self.unless_given_up(stepped, 0)
+    }
+
+    fn step_running(&mut self, acting: Acting<'_>) -> Result<usize> {
         let running: Vec<usize> = (0..self.slots.len())
             .filter(|&i| !self.slots[i].done)
             .collect();
@@ -372,8 +409,22 @@ impl Actor {
     /// each step. The training episodes are not touched, but their environments are reset:
     /// call it with every environment at an episode boundary (or when training is over).
     /// `interrupted` is asked before each step; once it says so the episodes
-    /// are left where they are and `None` comes back (a stop must not wait for a long episode).
+    /// are left where they are and `None` comes back (a stop must not wait for a long episode),
+    /// as when a worker is given up at a stop.
     pub fn evaluate(
+        &mut self,
+        starts: &[Option<EvalStart>],
+        video: Option<&mut Vec<Frame>>,
+        interrupted: &dyn Fn() -> bool,
+    ) -> Result<Option<Vec<Option<EvalEpisode>>>> {
+        if self.given_up {
+            return Ok(None);
+        }
+        let played = self.play_evaluation(starts, video, interrupted);
+        self.unless_given_up(played, None)
+    }
+
+    fn play_evaluation(
         &mut self,
         starts: &[Option<EvalStart>],
         mut video: Option<&mut Vec<Frame>>,

@@ -80,7 +80,11 @@ pub(super) fn start<'g>(
         config.num_envs,
         Box::new(TorchNoise::global()),
     )?;
-    let mut actor = ActorSettings::from_config(config, rank)?.make_actor(policy)?;
+    let actor_settings = ActorSettings {
+        stop: Some(envs::StopProbe(super::stop::requested_here)),
+        ..ActorSettings::from_config(config, rank)?
+    };
+    let mut actor = actor_settings.make_actor(policy)?;
     let checkpoints =
         CheckpointSettings::from_config(config).with_warm_start(actor.policy().warm_start_len());
     let resumed = checkpoint::resume(&checkpoints, &mut learner, group)?;

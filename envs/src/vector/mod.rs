@@ -48,6 +48,39 @@ pub struct WorkerCommand {
     pub owner: String,
     /// Variables set for the worker (those that point it at a family's venv).
     pub env: Vec<(String, String)>,
+    /// Asked while a reply is awaited: once this process is to stop, a worker that stays
+    /// silent [`STOP_PATIENCE`] longer is given up (killed, [`Error::GivenUpAtStop`]), so
+    /// that a hung worker does not hold the stop's checkpoint up to the reply limit, past a
+    /// launcher's grace.
+    pub stop: Option<StopProbe>,
+}
+
+/// How long a worker may still take to answer once its owner is to stop: a healthy one answers
+/// in well under a second.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Whether this process was asked to stop.
+#[derive(Clone, Copy)]
+pub struct StopProbe(pub fn() -> bool);
+
+impl StopProbe {
+    pub fn asked(&self) -> bool {
+        (self.0)()
+    }
+}
+
+impl PartialEq for StopProbe {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::fn_addr_eq(self.0, other.0)
+    }
+}
+
+impl Eq for StopProbe {}
+
+impl std::fmt::Debug for StopProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StopProbe")
+    }
 }
 
 /// How long a worker may take to answer, and the setting that says so (for its error).
@@ -66,6 +99,7 @@ impl WorkerCommand {
             reply_limit: None,
             owner: String::new(),
             env: Vec::new(),
+            stop: None,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 
 use super::protocol::{self, Decoder};
-use super::{ReplyLimit, WorkerCommand};
+use super::{ReplyLimit, StopProbe, WorkerCommand, STOP_PATIENCE};
 use crate::deadline::Deadline;
 use crate::{Error, Result};
 
@@ -39,6 +39,9 @@ pub struct WorkerProcess {
     /// Ended with the others ([`end_all`]): its drop waits for nothing.
     ended: bool,
     reply_limit: Option<ReplyLimit>,
+    /// Whether its owner is to stop, and how long a reply may then still take.
+    stop: Option<StopProbe>,
+    stop_patience: Duration,
     /// `rank 1: ` (from the command's owner), or empty.
     owner: String,
     /// What the last command asked for, and when: its reply is due within the limit from then,
@@ -89,6 +92,8 @@ impl WorkerProcess {
             dead: None,
             ended: false,
             reply_limit: worker.reply_limit.clone(),
+            stop: worker.stop,
+            stop_patience: STOP_PATIENCE,
             owner: match worker.owner.as_str() {
                 "" => String::new(),
                 owner => format!("{owner}: "),
@@ -145,16 +150,22 @@ impl WorkerProcess {
         if let Some(what) = &self.dead {
             return Err(self.failure(what.clone()));
         }
-        if let Some(limit) = self.reply_limit.clone() {
-            // A frame already buffered is an answer; otherwise wait at most the limit for one
-            // to start (a worker writes each frame at once).
-            if self.stdout.buffer().is_empty() {
-                let deadline = Deadline::since(self.asked_at, limit.after);
-                match wait_readable(self.stdout.get_ref().as_raw_fd(), deadline) {
-                    Ok(true) => {}
-                    Ok(false) => return Err(self.silent(limit)),
-                    Err(e) => return Err(self.died(&e)),
-                }
+        // A frame already buffered is an answer; otherwise wait at most the limit for one to
+        // start (a worker writes each frame at once), watching for a stop.
+        let watched = self.reply_limit.is_some() || self.stop.is_some();
+        if watched && self.stdout.buffer().is_empty() {
+            let wait = Wait {
+                limit: self.reply_limit.clone().map(|limit| {
+                    let deadline = Deadline::since(self.asked_at, limit.after);
+                    (deadline, limit)
+                }),
+                stop: self.stop.map(|probe| (probe, self.stop_patience)),
+            };
+            match wait.until_readable(self.stdout.get_ref().as_raw_fd()) {
+                Ok(Waited::Readable) => {}
+                Ok(Waited::Silent(limit)) => return Err(self.silent(limit)),
+                Ok(Waited::GivenUpAtStop) => return Err(self.given_up_at_stop()),
+                Err(e) => return Err(self.died(&e)),
             }
         }
         let frame = match protocol::read_frame(&mut self.stdout) {
@@ -241,6 +252,25 @@ impl WorkerProcess {
             pid: self.pid(),
             asked: self.asked,
             limit,
+        }
+    }
+
+    /// The worker did not answer within its patience after a stop was asked: it is killed, as
+    /// a silent one is.
+    fn given_up_at_stop(&mut self) -> Error {
+        self.kill();
+        let patience = self.stop_patience.as_secs_f64();
+        self.dead = Some(format!(
+            "did not answer `{}` within {patience} s of the stop and was killed",
+            self.asked
+        ));
+        Error::GivenUpAtStop {
+            owner: self.owner.clone(),
+            task: self.task.clone(),
+            envs: self.env_names(),
+            pid: self.pid(),
+            asked: self.asked,
+            patience,
         }
     }
 
@@ -455,27 +485,67 @@ fn spawn_from_lasting_thread(command: Command) -> io::Result<Child> {
         .map_err(|_| io::Error::other("the spawner thread is gone"))?
 }
 
-/// Waits until `fd` has something to read (data, end of file or an error) or `deadline`
-/// passes; false if it passed.
-fn wait_readable(fd: RawFd, deadline: Deadline) -> io::Result<bool> {
-    loop {
-        // A continue after a stop gives the wait its time again: the poll ends at the old
-        // deadline, and the loop waits on.
-        let millis = deadline.left().as_millis().min(i32::MAX as u128) as i32;
-        let mut poll = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for a descriptor this process owns.
-        match unsafe { libc::poll(&mut poll, 1, millis) } {
-            0 if deadline.passed() => return Ok(false),
-            0 => continue,
-            n if n > 0 => return Ok(true),
-            _ => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
+/// A wait for a worker's reply: up to its deadline (none: as long as it lives), and a stop's
+/// patience once its probe says the process is to stop.
+struct Wait {
+    limit: Option<(Deadline, ReplyLimit)>,
+    stop: Option<(StopProbe, Duration)>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Waited {
+    /// Something to read: data, end of file or an error.
+    Readable,
+    /// The deadline of this limit passed.
+    Silent(ReplyLimit),
+    /// The patience after a stop passed.
+    GivenUpAtStop,
+}
+
+/// How often a wait that watches for a stop looks.
+const STOP_LOOK: Duration = Duration::from_millis(200);
+
+impl Wait {
+    fn until_readable(&self, fd: RawFd) -> io::Result<Waited> {
+        let mut stop_seen: Option<Instant> = None;
+        loop {
+            if let Some((probe, patience)) = self.stop {
+                if stop_seen.is_none() && probe.asked() {
+                    stop_seen = Some(Instant::now());
+                }
+                if stop_seen.is_some_and(|seen| seen.elapsed() >= patience) {
+                    return Ok(Waited::GivenUpAtStop);
+                }
+            }
+            // A continue after a stop of the job gives the wait its time again: the poll ends
+            // at the old deadline, and the loop waits on.
+            let deadline = self.limit.as_ref().map(|(deadline, _)| deadline);
+            let mut slice = deadline.map_or(Duration::MAX, Deadline::left);
+            if let Some((_, patience)) = self.stop {
+                let patience_left =
+                    stop_seen.map_or(STOP_LOOK, |seen| patience.saturating_sub(seen.elapsed()));
+                slice = slice.min(STOP_LOOK).min(patience_left);
+            }
+            let millis = slice.as_millis().min(i32::MAX as u128) as i32;
+            let mut poll = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd for a descriptor this process owns.
+            match unsafe { libc::poll(&mut poll, 1, millis) } {
+                0 => match &self.limit {
+                    Some((deadline, limit)) if deadline.passed() => {
+                        return Ok(Waited::Silent(limit.clone()))
+                    }
+                    _ => continue,
+                },
+                n if n > 0 => return Ok(Waited::Readable),
+                _ => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -593,6 +663,69 @@ mod tests {
             started.elapsed() < EXIT_GRACE * 3,
             "their drops wait for nothing more"
         );
+    }
+
+    /// [`Wait::until_readable`] up to `deadline` alone: whether `fd` became readable.
+    fn wait_readable(fd: RawFd, deadline: Deadline) -> io::Result<bool> {
+        let limit = ReplyLimit {
+            after: deadline.limit(),
+            setting: "test".into(),
+        };
+        let wait = Wait {
+            limit: Some((deadline, limit)),
+            stop: None,
+        };
+        Ok(wait.until_readable(fd)? == Waited::Readable)
+    }
+
+    fn stop_asked() -> bool {
+        true
+    }
+
+    /// Once its owner is to stop, a silent worker is given up after the stop's patience (not
+    /// its reply limit), killed and named; an answer within the patience is taken.
+    #[test]
+    fn a_worker_silent_at_a_stop_is_given_up_after_its_patience() {
+        let mut command = crate::vector::WorkerCommand::new("/bin/sleep", &["600"]);
+        command.reply_limit = Some(ReplyLimit {
+            after: Duration::from_secs(600),
+            setting: "env_timeout".into(),
+        });
+        command.stop = Some(StopProbe(stop_asked));
+        let mut worker = WorkerProcess::spawn(&command, "sleep", 2..4).unwrap();
+        worker.stop_patience = Duration::from_millis(300);
+        let pid = worker.pid();
+        let started = Instant::now();
+        worker.send(protocol::STEP, &[]).unwrap();
+        let e = worker.receive().unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(30), "{e}");
+        assert!(e.given_up_at_stop(), "{e}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the environment worker (pid {pid}) running `sleep` envs 2-3 did not answer \
+                 `step` within 0.3 s of the stop and was killed"
+            )
+        );
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        // Gone for good: the next call says so at once.
+        assert!(worker.call(protocol::STEP, &[]).is_err());
+
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let answer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            std::io::Write::write_all(&mut writer, b"x").unwrap();
+            writer
+        });
+        let wait = Wait {
+            limit: None,
+            stop: Some((StopProbe(stop_asked), Duration::from_secs(30))),
+        };
+        assert_eq!(
+            wait.until_readable(reader.as_raw_fd()).unwrap(),
+            Waited::Readable
+        );
+        drop(answer.join().unwrap());
     }
 
     /// A continue while a worker's answer is awaited (the job was stopped) gives the wait its
