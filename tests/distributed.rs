@@ -702,6 +702,80 @@ fn runs_under_torchrun() {
     assert_eq!(meta["rank_checksums"].as_array().unwrap().len(), 2);
 }
 
+/// torchrun's agent killed (SIGKILL, the OOM killer) leaves no rank training unwatched: they
+/// stop as on Ctrl-C, with a checkpoint, and are gone.
+#[test]
+fn ranks_die_with_a_killed_torchrun() {
+    let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");
+    if !torchrun.is_file() {
+        common::not_checked("ranks die with a killed torchrun: the venv has no torchrun");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(torchrun)
+        .args([
+            "--no-python",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+        ])
+        .arg(format!("--master_port={}", free_port()))
+        .arg(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(tiny_train())
+        .args([
+            "steps=1000000".to_string(),
+            "save_freq=480".into(),
+            "eval_freq=1000000".into(),
+        ])
+        .arg(format!("run_dir={}", dir.path().display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let checkpoints = || -> Vec<String> {
+        let found = std::fs::read_dir(dir.path().join("checkpoints"));
+        let mut names: Vec<String> = found
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().join("meta.json").exists())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let waiting = Instant::now();
+    while checkpoints().is_empty() && waiting.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = checkpoints();
+    assert!(!before.is_empty(), "training went as far as a checkpoint");
+    let ranks = children_of(child.id());
+    assert_eq!(ranks.len(), 2, "torchrun's two workers: {ranks:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let running = |pid: &u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| Some(!stat.rsplit_once(") ")?.1.starts_with('Z')))
+            .unwrap_or(false)
+    };
+    while ranks.iter().any(running) && killed.elapsed() < Duration::from_secs(100) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !ranks.iter().any(running),
+        "ranks {ranks:?} still run {:?} after torchrun was killed",
+        killed.elapsed()
+    );
+    let after = checkpoints();
+    let last_before = before.last().unwrap();
+    assert!(
+        after.last().is_some_and(|last| last > last_before),
+        "the stop's checkpoint, after {last_before}: {after:?}"
+    );
+}
+
 /// The launcher of node `rank` of a two-node job on this machine (run directory `node<rank>`);
 /// `extra` settings come last and win.
 fn spawn_node(

@@ -1,4 +1,4 @@
-//! A rank started by the built-in launcher dies with it. Without this, a launcher killed by
+//! A rank started by the built-in launcher (or torchrun's agent) dies with it. Without this, a launcher killed by
 //! SIGKILL or the OOM killer leaves its ranks training as orphans, each failing later on a
 //! broken output pipe with no checkpoint.
 //!
@@ -21,6 +21,9 @@ use crate::error::{Error, Result};
 /// The launcher's pid, as it passes it to the ranks it starts.
 pub const LAUNCHER_PID_ENV: &str = "TDMPC2_LAUNCHER_PID";
 
+/// Set by torchrun's agent for the workers it starts.
+const TORCHRUN_RUN_ID_ENV: &str = "TORCHELASTIC_RUN_ID";
+
 const POLL: Duration = Duration::from_millis(200);
 
 /// Binds this process's life to the launcher named in the environment (nothing to do when no
@@ -29,10 +32,9 @@ const POLL: Duration = Duration::from_millis(200);
 /// `grace` (the run's `stop_grace`) to agree on a step with the others and checkpoint before it
 /// is ended.
 pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
-    let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) else {
+    let Some(launcher) = launcher_pid()? else {
         return Ok(());
     };
-    let launcher = parse_pid(&value.to_string_lossy())?;
     // A second binding keeps the first callback: one process has one launcher.
     if ON_ORPHANED.set(on_orphaned).is_err() {
         return Err(Error::Other(
@@ -60,6 +62,17 @@ pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
         .spawn(move || watch(launcher, grace))
         .map_err(|e| Error::io("start the launcher watchdog", e))?;
     Ok(())
+}
+
+/// The launcher this rank dies with: ours, named in the environment, or torchrun's agent, its
+/// parent (`--no-python`). torchrun starts its workers in sessions of their own and binds them
+/// to nothing: an agent killed (SIGKILL, the OOM killer) would leave them training unwatched,
+/// holding their GPUs and the run directory's lock.
+fn launcher_pid() -> Result<Option<libc::pid_t>> {
+    if let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) {
+        return parse_pid(&value.to_string_lossy()).map(Some);
+    }
+    Ok(std::env::var_os(TORCHRUN_RUN_ID_ENV).map(|_| parent()))
 }
 
 /// A launcher started by another process of ours (a sweep's job) is asked to stop when that
