@@ -931,4 +931,13 @@ fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
     );
     std::fs::write(&bookkeeping, "{").unwrap();
     refused(&edited, "train", &named);
+    // Every save writes the hash before its folder appears: without it, damage (the buffer
+    // was passed over, and the run resumed with an empty one, silently inexact).
+    let hash = buffer.join("buffer.crc32c");
+    std::fs::remove_file(&hash).unwrap();
+    let missing = format!(
+        "{} is missing: the buffer cannot be checked",
+        hash.display()
+    );
+    refused(&edited, "train", &missing);
 }

@@ -25,10 +25,24 @@ pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta)
     Ok(crc)
 }
 
-/// The hash recorded with the buffer saved in `dir`, if any.
-fn recorded_hash(dir: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(dir.join(HASH)).ok()?;
-    u32::from_str_radix(text.trim(), 16).ok()
+/// The hash recorded with the buffer saved in `dir`. Every save writes one before its folder
+/// appears: one missing or unreadable is damage, not another run's buffer.
+fn recorded_hash(dir: &Path) -> Result<u32> {
+    let path = dir.join(HASH);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        let why = match e.kind() {
+            std::io::ErrorKind::NotFound => "is missing".to_string(),
+            _ => format!("cannot be read ({e})"),
+        };
+        unusable(
+            dir,
+            &format!("{} {why}: the buffer cannot be checked", path.display()),
+        )
+    })?;
+    u32::from_str_radix(text.trim(), 16).map_err(|e| {
+        let why = format!("{} is damaged or edited ({e})", path.display());
+        unusable(dir, &why)
+    })
 }
 
 /// The tensors of the buffer saved in `dir`, once their bytes match the hash written with them
@@ -86,45 +100,55 @@ pub(super) struct SavedBuffers<'a> {
 impl SavedBuffers<'_> {
     /// The buffer directories of the saved ranks with episodes for `rank`: those found (and
     /// saved with this checkpoint), and the saved ranks of those not found.
-    fn locate(&self, rank: usize) -> (Vec<(usize, PathBuf)>, Vec<usize>) {
+    fn locate(&self, rank: usize) -> Result<(Vec<(usize, PathBuf)>, Vec<usize>)> {
         let (mut found, mut missing) = (Vec::new(), Vec::new());
+        let mut runs = vec![self.source_run];
+        if self.run_dir != self.source_run {
+            runs.push(self.run_dir);
+        }
         for saved_rank in self.dealing.sources(rank) {
-            let at = |run: &Path| {
-                store::at(&buffers_dir(run, saved_rank), self.step)
-                    .filter(|dir| self.saved_with_the_checkpoint(saved_rank, dir))
-            };
-            match at(self.source_run).or_else(|| at(self.run_dir)) {
+            let mut saved = None;
+            for run in &runs {
+                let Some(dir) = store::at(&buffers_dir(run, saved_rank), self.step) else {
+                    continue;
+                };
+                if self.saved_with_the_checkpoint(saved_rank, &dir)? {
+                    saved = Some(dir);
+                    break;
+                }
+            }
+            match saved {
                 Some(dir) => found.push((saved_rank, dir)),
                 None => missing.push(saved_rank),
             }
         }
-        (found, missing)
+        Ok((found, missing))
     }
 
-    /// Whether `dir` holds the buffer `saved_rank` wrote with this checkpoint; one that is not
-    /// (another run's at the same step, a save cut short) is named and passed over.
-    fn saved_with_the_checkpoint(&self, saved_rank: usize, dir: &Path) -> bool {
+    /// Whether `dir` holds the buffer `saved_rank` wrote with this checkpoint; one that is
+    /// not (another run's at the same step) is named and passed over.
+    fn saved_with_the_checkpoint(&self, saved_rank: usize, dir: &Path) -> Result<bool> {
         let Some(hashes) = &self.hashes else {
-            return true;
+            return Ok(true);
         };
         let expected = hashes.get(saved_rank).copied();
-        let recorded = recorded_hash(dir);
-        if recorded.is_none() || recorded != expected {
+        let recorded = Some(recorded_hash(dir)?);
+        if recorded != expected {
             errln!(
                 "warning: {} is not the replay buffer saved with the checkpoint of step {} \
-                 (another run's at the same step, or a save cut short): passed over",
+                 (another run's at the same step): passed over",
                 dir.display(),
                 self.step
             );
         }
-        recorded.is_some() && recorded == expected
+        Ok(recorded == expected)
     }
 
     /// Fills `buffer` with what this rank takes of the saved buffers. Warns when no rank found
     /// any (rank 0, for the run), and on each rank that misses some while others found theirs.
     pub fn restore(&self, buffer: &mut ReplayBuffer, group: &ProcessGroup) -> Result<()> {
         let rank = group.rank();
-        let (found, missing) = self.locate(rank);
+        let (found, missing) = self.locate(rank)?;
         let mut finders = Tensor::from_slice(&[f64::from(!found.is_empty())]);
         group.all_reduce_sum(&mut finders)?;
         if finders.double_value(&[0]) == 0.0 {
