@@ -342,12 +342,23 @@ fn read_meta(dir: &Path) -> Result<Meta> {
         }
     }
     let meta: Meta = serde_json::from_value(value).map_err(unreadable)?;
-    meta.check().map_err(|why| {
-        Error::Unreadable(format!(
+    // A save names its folder for its step (a checkpoint copied under another name has none).
+    let misnamed = || {
+        store::step_of(dir)
+            .filter(|&step| step != meta.global_step)
+            .map(|step| {
+                format!(
+                    "global_step {}, in the folder of step {step}",
+                    meta.global_step
+                )
+            })
+    };
+    if let Some(why) = meta.check().err().or_else(misnamed) {
+        return Err(Error::Unreadable(format!(
             "{}: {why}: edited or damaged (a checkpoint never holds that)",
             path.display()
-        ))
-    })?;
+        )));
+    }
     Ok(meta)
 }
 
@@ -525,6 +536,21 @@ mod tests {
             assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE, "{e}");
             assert!(e.to_string().contains(why), "{why}: {e}");
         }
+        // A save names its folder for its step; under another name, any step reads.
+        let named = dir.path().join("step_000000000400");
+        std::fs::create_dir(&named).unwrap();
+        let mut edited = written.clone();
+        edited["global_step"] = serde_json::json!(99_999_999_999u64);
+        std::fs::write(named.join(META), edited.to_string()).unwrap();
+        let e = read_meta(&named).unwrap_err();
+        assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE, "{e}");
+        assert!(
+            e.to_string()
+                .contains("global_step 99999999999, in the folder of step 400: edited"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join(META), edited.to_string()).unwrap();
+        read_meta(dir.path()).unwrap();
     }
 
     /// A directory that holds no checkpoint, and a path that does not exist, are told apart.
