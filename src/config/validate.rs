@@ -330,6 +330,19 @@ impl Config {
                 LAUNCHERS.join(", ")
             )));
         }
+        if self.peer_timeout > self.dist_timeout && self.dist_timeout > 0 {
+            // Either may be the one given: both are named, and a default as such.
+            let default = Self::defaults()?.peer_timeout;
+            let peer = match self.peer_timeout == default {
+                true => format!("peer_timeout ({}, its default)", self.peer_timeout),
+                false => format!("peer_timeout={}", self.peer_timeout),
+            };
+            return Err(Error::Config(format!(
+                "dist_timeout={} is below {peer}: a silent node is named after peer_timeout, \
+                 which must not exceed dist_timeout; raise dist_timeout or lower peer_timeout",
+                self.dist_timeout
+            )));
+        }
         if !(1..=self.dist_timeout.max(1)).contains(&self.peer_timeout) {
             return Err(range(
                 "peer_timeout",
@@ -406,6 +419,7 @@ impl Config {
             }
         }
         let named = [
+            ("task", Some(self.task.as_str())),
             ("data_dir", self.data_dir.as_deref()),
             ("checkpoint", self.checkpoint.as_deref()),
             ("run_dir", self.run_dir.as_deref()),

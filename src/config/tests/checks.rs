@@ -190,3 +190,25 @@ fn a_wandb_project_name_wandb_refuses_is_refused_first() {
     assert!(e.contains("at most 128 characters"), "{e}");
     load(&["enable_wandb=true", "wandb_project=tdmpc2-walker_run.v2"]).unwrap();
 }
+
+/// `dist_timeout` alone below `peer_timeout`'s default is blamed on both, the default as such.
+#[test]
+fn a_dist_timeout_below_peer_timeout_names_both() {
+    let e = error(&["dist_timeout=10"]);
+    assert!(
+        e.contains("dist_timeout=10 is below peer_timeout (30, its default)"),
+        "{e}"
+    );
+    let e = error(&["dist_timeout=10", "peer_timeout=20"]);
+    assert!(
+        e.contains("dist_timeout=10 is below peer_timeout=20"),
+        "{e}"
+    );
+    load(&["dist_timeout=10", "peer_timeout=10"]).unwrap();
+}
+
+#[test]
+fn an_empty_task_is_named_as_empty() {
+    let e = error(&["task="]);
+    assert!(e.contains("task= is empty (an unset variable?)"), "{e}");
+}
