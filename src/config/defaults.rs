@@ -66,7 +66,7 @@ pub(super) fn tree() -> Result<Value> {
 impl Config {
     /// The compiled-in defaults, unvalidated.
     pub(crate) fn defaults() -> Result<Config> {
-        overrides::from_tree(tree()?, &BTreeMap::new())
+        overrides::from_tree(tree()?, &BTreeMap::new(), &|_| None)
     }
 
     /// `env_timeout`'s default: the longest wait for an environment worker's answer before a

@@ -347,8 +347,15 @@ impl Config {
         for setting in settings {
             apply_override(&mut tree, setting)?;
         }
+        let mut from_file = None;
         if let Some((file, layer)) = file {
+            let keys: Vec<String> = layer
+                .as_mapping()
+                .into_iter()
+                .flat_map(|map| map.keys().filter_map(Value::as_str).map(str::to_owned))
+                .collect();
             overrides::merge_file(&mut tree, layer, &file)?;
+            from_file = Some((file, keys));
         }
         let mut raw = BTreeMap::new();
         for arg in overrides {
@@ -357,7 +364,14 @@ impl Config {
                 raw.insert(key.trim().trim_start_matches('+'), value.trim());
             }
         }
-        overrides::from_tree(tree, &raw)
+        // A value of the file's (not given again on the command line) is named with the file.
+        let origin = |key: &str| match &from_file {
+            Some((file, keys)) if keys.iter().any(|k| k == key) && !raw.contains_key(key) => {
+                Some(file.display().to_string())
+            }
+            _ => None,
+        };
+        overrides::from_tree(tree, &raw, &origin)
     }
 
     /// The resolved config as YAML (what `--cfg job` prints and each run saves).

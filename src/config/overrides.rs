@@ -348,7 +348,12 @@ fn refuse_interpolations(tree: &Value) -> Result<()> {
 /// Deserializes the tree into a config. A value of another YAML type that means the same is
 /// taken as the type the key needs: an integral float (`steps=1e5`) for an integer, a number
 /// or boolean for a string (`exp_name=2024`, spelled as it was given in `raw` overrides).
-pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<Config> {
+/// A value of the wrong type is named with the file it came from (`origin` of its key).
+pub(super) fn from_tree(
+    mut tree: Value,
+    raw: &BTreeMap<&str, &str>,
+    origin: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config> {
     refuse_interpolations(&tree)?;
     // Each pass converts one value to a type that is never converted again.
     for _ in 0..=2 * keys_in(&tree) {
@@ -385,8 +390,9 @@ pub(super) fn from_tree(mut tree: Value, raw: &BTreeMap<&str, &str>) -> Result<C
                     }
                     (None, None) => describe_type_error(&inner),
                 };
+                let from = origin(&key).map_or(String::new(), |file| format!("{file}: "));
                 return Err(Error::Config(format!(
-                    "wrong type for '{key}': {described}"
+                    "{from}wrong type for '{key}': {described}"
                 )));
             }
         }

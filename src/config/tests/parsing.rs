@@ -114,6 +114,12 @@ fn a_config_files_keys_get_the_command_lines_hints() {
     );
     let e = error("work_dir: out\n");
     assert!(e.contains("work_dir is run_dir here"), "{e}");
+    let file = dir.path().join("mine.yaml");
+    let e = error("steps: abc\n");
+    assert!(
+        e.contains(&format!("{}: wrong type for 'steps'", file.display())),
+        "{e}"
+    );
 }
 
 #[test]
