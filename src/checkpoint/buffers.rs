@@ -82,6 +82,13 @@ impl SavedTensors for TensorFile {
     }
 }
 
+/// The saved buffers a rank takes episodes from: those found, as (saved rank, folder), and the
+/// saved ranks of those not found.
+struct Located {
+    found: Vec<(usize, PathBuf)>,
+    missing: Vec<usize>,
+}
+
 /// Where a resumed rank looks for the buffers saved with the checkpoint of `step`.
 pub(super) struct SavedBuffers<'a> {
     /// The run that wrote the checkpoint (the buffers live beside it).
@@ -100,7 +107,7 @@ pub(super) struct SavedBuffers<'a> {
 impl SavedBuffers<'_> {
     /// The buffer directories of the saved ranks with episodes for `rank`: those found (and
     /// saved with this checkpoint), and the saved ranks of those not found.
-    fn locate(&self, rank: usize) -> Result<(Vec<(usize, PathBuf)>, Vec<usize>)> {
+    fn locate(&self, rank: usize) -> Result<Located> {
         let (mut found, mut missing) = (Vec::new(), Vec::new());
         let mut runs = vec![self.source_run];
         if self.run_dir != self.source_run {
@@ -122,7 +129,7 @@ impl SavedBuffers<'_> {
                 None => missing.push(saved_rank),
             }
         }
-        Ok((found, missing))
+        Ok(Located { found, missing })
     }
 
     /// Whether `dir` holds the buffer `saved_rank` wrote with this checkpoint; one that is
@@ -148,7 +155,7 @@ impl SavedBuffers<'_> {
     /// any (rank 0, for the run), and on each rank that misses some while others found theirs.
     pub fn restore(&self, buffer: &mut ReplayBuffer, group: &ProcessGroup) -> Result<()> {
         let rank = group.rank();
-        let (found, missing) = self.locate(rank)?;
+        let Located { found, missing } = self.locate(rank)?;
         let mut finders = Tensor::from_slice(&[f64::from(!found.is_empty())]);
         group.all_reduce_sum(&mut finders)?;
         if finders.double_value(&[0]) == 0.0 {
