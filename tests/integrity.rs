@@ -867,6 +867,24 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         stdout.contains("episode_length: 200") && !stdout.contains("episodes,"),
         "{stdout}"
     );
+    // Without its run's settings, the checkpoint still names its task, and its size.
+    let settings = dir.path().join("config.yaml");
+    std::fs::rename(&settings, dir.path().join("moved.yaml")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(["eval", "eval_episodes=1"])
+        .arg(format!("checkpoint={}", dir.path().display()))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "cannot read the settings of the checkpoint's run in {}",
+            settings.display()
+        )) && stderr.contains("on the task it was trained on (task=Pendulum-v1)")
+            && stderr.contains("its widths are model_size=1's: mlp_dim 384, here 512"),
+        "{stderr}"
+    );
 }
 
 /// A checkpoint or a saved replay buffer copied in part, or edited, is bad input (exit 2, not

@@ -57,6 +57,13 @@ pub(super) fn preset(size: u32) -> Option<Preset> {
     })
 }
 
+/// The model size whose preset sets `mlp_dim` (each sets another): what built a checkpoint.
+pub fn model_size_of_mlp_dim(mlp_dim: usize) -> Option<u32> {
+    MODEL_SIZES
+        .into_iter()
+        .find(|&size| preset(size).is_some_and(|p| p.mlp_dim == mlp_dim))
+}
+
 /// The defaults as a YAML tree, the base every file and override is laid over.
 pub(super) fn tree() -> Result<Value> {
     serde_yaml_ng::from_str(DEFAULTS_YAML)
@@ -114,7 +121,8 @@ mod tests {
         assert_eq!(file_widths, preset(5).unwrap());
         assert!(DEFAULTS_YAML.contains("model_size null keeps these, which equal size 5"));
         for size in MODEL_SIZES {
-            assert!(preset(size).is_some(), "size {size} has no preset");
+            let preset = preset(size).unwrap_or_else(|| panic!("size {size} has no preset"));
+            assert_eq!(model_size_of_mlp_dim(preset.mlp_dim), Some(size));
         }
     }
 

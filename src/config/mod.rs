@@ -26,8 +26,8 @@ use serde_yaml_ng::Value;
 use crate::error::{Error, Result};
 
 pub use defaults::{
-    DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES, MAX_NUM_ENVS, MAX_WORLD_SIZE,
-    MODEL_SIZES,
+    model_size_of_mlp_dim, DEFAULTS_YAML, DEVICES, DIST_BACKENDS, LAUNCHERS, LR_SCALES,
+    MAX_NUM_ENVS, MAX_WORLD_SIZE, MODEL_SIZES,
 };
 pub use overrides::{apply_override, default_config_dir};
 pub use resolve::PIXEL_FEATURES;

@@ -53,11 +53,12 @@ pub fn build(
         policy.load_file(&weights).map_err(|e| match e {
             crate::agent::Error::Mismatch { .. } => Error::Config(format!(
                 "{e}. The model is built from this command's settings (model_size={}, task={}, \
-                 obs={}): give it those the checkpoint was trained with{}",
+                 obs={}): give it those the checkpoint was trained with{}{}",
                 config.model_size.map_or("null".into(), |m| m.to_string()),
                 config.task,
                 config.obs,
-                super::run_settings::differing_model_settings(&weights, config)
+                super::run_settings::differing_model_settings(&weights, config),
+                super::run_settings::model_size_hint(&weights, config)
             )),
             other => other.into(),
         })?;

@@ -51,18 +51,32 @@ pub fn taken_beneath(source: Source, verb: &str) -> Result<Source> {
         return Ok(source);
     };
     let weights = crate::checkpoint::model_file(Path::new(checkpoint))?;
+    // Without its run's settings, a checkpoint still says which task it was trained on: the
+    // default task would not fit it.
+    let trained_task = || {
+        let task = crate::checkpoint::trained_task(&weights)?;
+        Some(Source {
+            beneath: vec![format!("task={task}")],
+            ..source.clone()
+        })
+    };
     let Some(file) = config_file_of_run(&weights) else {
-        return Ok(source);
+        return Ok(trained_task().unwrap_or(source));
     };
     let beneath = match model_settings_in(&file) {
         Ok(settings) => settings,
         Err(why) => {
+            let with_task = trained_task();
+            let task = match &with_task {
+                Some(with) => format!(", on the task it was trained on ({})", with.beneath[0]),
+                None => String::new(),
+            };
             errln!(
                 "warning: {verb} cannot read the settings of the checkpoint's run in {}: {why}; \
-                 the model is built from this command's",
+                 the model is built from this command's settings{task}",
                 file.display()
             );
-            return Ok(source);
+            return Ok(with_task.unwrap_or(source));
         }
     };
     let with = Source { beneath, ..source };
@@ -107,6 +121,26 @@ pub fn differing_model_settings(weights: &Path, config: &Config) -> String {
             file.display(),
             differ.join("; ")
         ),
+    }
+}
+
+/// The model size whose widths the checkpoint `weights` has, where `config` builds another (the
+/// dynamics' hidden width: each size's preset sets another): the end of the message of a
+/// checkpoint that does not fit the model.
+pub fn model_size_hint(weights: &Path, config: &Config) -> String {
+    let mlp_dim = crate::checkpoint::tensor_file::TensorFile::open(weights)
+        .ok()
+        .and_then(|file| file.describe("_dynamics.0.weight"))
+        .and_then(|(shape, _)| shape.first().copied());
+    let Some(mlp_dim) = mlp_dim.filter(|&dim| dim as usize != config.mlp_dim) else {
+        return String::new();
+    };
+    match crate::config::model_size_of_mlp_dim(mlp_dim as usize) {
+        Some(size) => format!(
+            " (its widths are model_size={size}'s: mlp_dim {mlp_dim}, here {})",
+            config.mlp_dim
+        ),
+        None => format!(" (its mlp_dim is {mlp_dim}, here {})", config.mlp_dim),
     }
 }
 
