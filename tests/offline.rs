@@ -4,7 +4,7 @@
 //! for bit.
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{free_port, metrics, succeeds, TINY};
@@ -303,7 +303,10 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
     std::fs::write(&file, b"").unwrap();
     let fresh = elsewhere.path().join("fresh");
     let under_a_file = file.join("sub");
+    // A filesystem that holds no files has no free space either: not the disk's size.
+    let proc = PathBuf::from("/proc/tdmpc2-collected");
     for (out, episodes, expected) in [
+        (&proc, "1", "no folder can be made in /proc"),
         (
             &file,
             "1",

@@ -66,6 +66,20 @@ fn refuse_what_the_disk_cannot_hold(
     if needed <= free {
         return Ok(());
     }
+    // No space, or no place for files at all (/proc, a read-only mount): the second is why.
+    let probe = dir.join(format!(".tdmpc2-probe-{}", std::process::id()));
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir(&probe);
+        }
+        Err(e) => {
+            return Err(Error::Config(format!(
+                "--out {}: no folder can be made in {} ({e}); give --out where one can",
+                args.out.display(),
+                dir.display()
+            )))
+        }
+    }
     let gb = |bytes: u64| bytes as f64 / 1e9;
     Err(Error::Config(format!(
         "--episodes {}: the dataset would take about {:.1} GB ({} bytes an episode), and {} \

@@ -74,9 +74,12 @@ impl RunLock {
     /// Takes `dir`'s lock (creating `dir`), or says which run holds it.
     pub fn acquire(dir: &Path) -> Result<RunLock> {
         let mut made = make_folders(dir).map_err(|e| {
-            let why = match dir.exists() && !dir.is_dir() {
-                true => "a file, not a directory".to_string(),
-                false => format!("cannot create it ({e})"),
+            // The nearest path of it that exists: a file there is why (not "File exists").
+            let nearest = dir.ancestors().find(|path| path.exists());
+            let why = match nearest.filter(|path| !path.is_dir()) {
+                Some(file) if file == dir => "a file, not a directory".to_string(),
+                Some(file) => format!("{} is a file, not a directory", file.display()),
+                None => format!("cannot create it ({e})"),
             };
             Error::Config(format!("run_dir={}: {why}", dir.display()))
         })?;
@@ -257,6 +260,14 @@ mod tests {
         };
         assert!(
             e.to_string().contains("notes.txt: a file, not a directory"),
+            "{e}"
+        );
+        let Err(e) = RunLock::acquire(&file.join("run").join("a")) else {
+            panic!("a run directory made under a file");
+        };
+        assert!(
+            e.to_string()
+                .contains(&format!("{} is a file, not a directory", file.display())),
             "{e}"
         );
     }
