@@ -107,7 +107,9 @@ fn unreadable(py: Python<'_>, e: PyErr) -> PyErr {
         "" => kind,
         line => format!("{kind}: {line}"),
     };
-    pyo3::exceptions::PyValueError::new_err(format!("torch cannot load it as a checkpoint ({why})"))
+    pyo3::exceptions::PyValueError::new_err(format!(
+        "not a checkpoint torch.save wrote, or one torch cannot read (torch.load: {why})"
+    ))
 }
 
 /// Reads the official checkpoint at `pt_path` and writes its model weights under our names to
@@ -152,7 +154,12 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     })
     .map_err(|e| Error::Unreadable {
         path: path_text.clone(),
-        message: e.to_string().trim_start_matches("python: ").to_string(),
+        // The errors raised above are ours: their Python type says nothing.
+        message: e
+            .to_string()
+            .trim_start_matches("python: ")
+            .trim_start_matches("ValueError: ")
+            .to_string(),
     })?;
 
     let mut named = Vec::new();
@@ -524,9 +531,9 @@ mod tests {
         for (bytes, why) in [
             (
                 &b"garbage"[..],
-                "(UnpicklingError: Unsupported operand 103)",
+                "(torch.load: UnpicklingError: Unsupported operand 103)",
             ),
-            (b"", "(EOFError: the file ends early)"),
+            (b"", "(torch.load: EOFError: the file ends early)"),
         ] {
             let pt = dir.path().join("agent.pt");
             std::fs::write(&pt, bytes).unwrap();
@@ -534,7 +541,8 @@ mod tests {
             assert!(matches!(e, Error::Unreadable { .. }), "{e:?}");
             let e = e.to_string();
             assert!(
-                e.contains("torch cannot load it as a checkpoint") && e.contains(why),
+                e.contains(": not a checkpoint torch.save wrote, or one torch cannot read")
+                    && e.contains(why),
                 "{e}"
             );
             assert!(!e.contains('\n') && !e.contains("weights_only"), "{e}");
