@@ -174,6 +174,36 @@ fn a_checkpoint_that_fails_on_one_rank_leaves_no_buffers_behind() {
     assert!(!checkpoint(dir.path(), 800).exists());
 }
 
+/// Buffers written for a checkpoint that rank 0 then failed to write (a full disk) belong to
+/// no checkpoint: the next start removes them, before a save of their step would need room for
+/// two.
+#[test]
+fn buffers_of_a_checkpoint_never_written_go_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    // Rank 0 writes its buffer, then cannot make the checkpoints folder: a file has its name.
+    let in_the_way = dir.path().join("checkpoints");
+    std::fs::write(&in_the_way, b"in the way").unwrap();
+    let train = |steps: &str| {
+        let mut extra = args(&[steps, "save_buffer=true", "save_freq=400"]);
+        extra.extend(args(&["eval_freq=1000000", "eval_episodes=1"]));
+        run("train", dir.path(), &extra)
+    };
+    let out = train("steps=400");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let left = dir.path().join("buffers/rank0/step_000000000400");
+    assert!(left.is_dir(), "the failed save's buffer: {stderr}");
+    std::fs::remove_file(&in_the_way).unwrap();
+    std::fs::rename(&left, left.with_file_name("step_000000000800")).unwrap();
+    let out = train("steps=400");
+    assert_ok(&out);
+    assert!(
+        !left.with_file_name("step_000000000800").exists(),
+        "the buffer no checkpoint refers to is gone"
+    );
+    assert!(left.is_dir(), "this run's own");
+}
+
 #[test]
 fn ctrl_c_during_pretraining_stops_with_a_checkpoint_and_resumes_what_was_left() {
     let dir = tempfile::tempdir().unwrap();

@@ -219,6 +219,17 @@ pub fn run_of_model(model: &Path) -> Option<PathBuf> {
     saved_by_a_run.then(|| checkpoints.parent().map(Path::to_path_buf))?
 }
 
+/// Removes this rank's replay buffers of steps past `resumed` (every one, for a fresh start)
+/// from its run directory: no checkpoint refers to them (rank 0 failed to write the checkpoint
+/// after every rank wrote its buffer: a full disk), and the next save of their step would need
+/// room for both. A failure costs disk space, not the run.
+pub fn forget_buffers_past(settings: &CheckpointSettings, resumed: Option<u64>, rank: usize) {
+    let root = buffers_dir(&settings.run_dir, rank);
+    if let Err(e) = store::remove_past(&root, resumed) {
+        errln!("warning: replay buffers no checkpoint refers to stay: {e}");
+    }
+}
+
 fn buffers_dir(run_dir: &Path, rank: usize) -> PathBuf {
     run_dir.join("buffers").join(format!("rank{rank}"))
 }

@@ -202,6 +202,17 @@ pub fn prune_to(root: &Path, step: u64, kept: &[u64]) -> Result<()> {
     Ok(())
 }
 
+/// Removes the entries under `root` of steps past `step` (every one, for None).
+pub fn remove_past(root: &Path, step: Option<u64>) -> Result<()> {
+    remove_stale_temporaries(root);
+    for (at, dir) in complete(root) {
+        if step.is_none_or(|step| at > step) {
+            discard(&dir)?;
+        }
+    }
+    Ok(())
+}
+
 /// Removes a complete checkpoint: renamed to a temporary name first, so that a kill while its
 /// files go leaves no partly removed directory under a name that loading counts (the next save
 /// removes the rest).
@@ -394,6 +405,29 @@ mod tests {
         left.sort();
         assert_eq!(left, [100, 300]);
         prune_to(&root.path().join("absent"), 300, &[]).unwrap();
+    }
+
+    /// Buffers past the step a run resumes from belong to no checkpoint (its save failed
+    /// after they were written); a fresh start keeps none.
+    #[test]
+    fn buffers_past_the_resumed_step_go() {
+        let root = tempfile::tempdir().unwrap();
+        for step in [100, 200, 300] {
+            save(root.path(), step, |_| Ok(())).unwrap();
+        }
+        let left = || -> Vec<u64> {
+            let mut steps: Vec<u64> = complete(root.path())
+                .into_iter()
+                .map(|(at, _)| at)
+                .collect();
+            steps.sort();
+            steps
+        };
+        remove_past(root.path(), Some(200)).unwrap();
+        assert_eq!(left(), [100, 200]);
+        remove_past(root.path(), None).unwrap();
+        assert!(left().is_empty());
+        remove_past(&root.path().join("absent"), None).unwrap();
     }
 
     /// A pruned checkpoint leaves under a name loading skips before its files go: what a kill

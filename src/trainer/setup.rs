@@ -95,6 +95,7 @@ pub(super) fn start<'g>(
             (TrainState::default(), None)
         }
     };
+    checkpoint::forget_buffers_past(&checkpoints, resumed_from, group.rank());
     if config.save_buffer && group.rank() == 0 {
         let start = checkpoints.global_step(state.step, group.world_size());
         warn_if_buffers_outgrow_disk(config, rank, &learner, start);
