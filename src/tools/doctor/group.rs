@@ -102,14 +102,28 @@ fn start_ranks(
     Ok(children)
 }
 
+/// Waits for `child` until `deadline` (then kills it), its output read as it comes: a child
+/// that writes more than a pipe holds (`NCCL_DEBUG=INFO`) would otherwise block, and be taken
+/// for one that never answered.
 pub(super) fn wait_with_deadline(
     mut child: Child,
     deadline: Instant,
     what: &str,
 ) -> std::io::Result<std::process::Output> {
-    loop {
-        if child.try_wait()?.is_some() {
-            return child.wait_with_output();
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
         }
         if Instant::now() > deadline {
             let _ = child.kill();
@@ -120,7 +134,12 @@ pub(super) fn wait_with_deadline(
             ));
         }
         std::thread::sleep(Duration::from_millis(50));
-    }
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// One rank of the group check: all-reduce rank + 1 and compare with 1 + 2 + .. + world_size.
@@ -160,4 +179,35 @@ pub fn rank_check() -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child that writes more than a pipe holds is read as it writes: it ends, with its
+    /// output whole, instead of blocking until the deadline.
+    #[test]
+    fn a_child_that_writes_much_is_not_taken_for_a_silent_one() {
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                "head -c 300000 /dev/zero; head -c 100000 /dev/zero >&2; exit 3",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out =
+            wait_with_deadline(child, Instant::now() + Duration::from_secs(60), "no end").unwrap();
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 100_000));
+        let silent = Command::new("sleep")
+            .arg("60")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let e = wait_with_deadline(silent, Instant::now(), "no end").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+    }
 }
