@@ -8,7 +8,8 @@ use envs::Frame;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
 use tdmpc2::logging::{
-    video_path, Logger, LoggerOptions, MlflowOptions, Phase, Record, WandbOptions, VIDEO_TAG,
+    video_path, Logger, LoggerOptions, MlflowOptions, Phase, Record, TrackerRuns, WandbOptions,
+    VIDEO_TAG,
 };
 
 /// Readers that return JSON, so the assertions stay on the Rust side.
@@ -564,6 +565,61 @@ fn a_resumed_logger_continues_its_tracker_runs() {
         &[uri, "resume-test".into(), "eval/episode_reward".into()],
     );
     assert_eq!(runs.as_array().map(Vec::len), Some(2), "{runs}");
+}
+
+/// Records a tracker missed in an outage that outlasted the attempt are sent when the run
+/// resumes, up to its checkpoint (those past it are retraced); nothing is owed after.
+#[test]
+fn a_resume_sends_what_a_tracker_missed_before_its_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: PathBuf = dir.path().join("mlruns");
+    let uri = format!("file://{}", store.display());
+    let options = |continues_from: Option<u64>| LoggerOptions {
+        mlflow: Some(MlflowOptions {
+            experiment: "owed-test".into(),
+            run_name: "walker-walk-7".into(),
+            tracking_uri: Some(uri.clone()),
+        }),
+        config: json!({"task": "walker-walk"}),
+        continues_from,
+        ..LoggerOptions::new(dir.path())
+    };
+    let eval =
+        |step: u64, reward: f64| Record::new(Phase::Eval, step).with("episode_reward", reward);
+    let mut logger = Logger::open(&options(None)).unwrap();
+    logger.log(&eval(500, 1.0)).unwrap();
+    // The store stops taking points: its run's metrics folder is a file now.
+    let runs = std::fs::read_dir(&store).unwrap().flatten();
+    let runs =
+        runs.flat_map(|experiment| std::fs::read_dir(experiment.path()).into_iter().flatten());
+    let metrics = runs
+        .flatten()
+        .map(|run| run.path().join("metrics"))
+        .find(|path| path.is_dir())
+        .unwrap_or_else(|| panic!("a run's metrics in {}", store.display()));
+    let aside = metrics.with_file_name("metrics-aside");
+    std::fs::rename(&metrics, &aside).unwrap();
+    std::fs::write(&metrics, b"in the way").unwrap();
+    logger.log(&eval(1000, 2.0)).unwrap();
+    logger.log(&eval(1500, 3.0)).unwrap();
+    drop(logger); // a crash after step 1500; the checkpoint is of step 1000
+    let owed = TrackerRuns::load(dir.path()).owed_from;
+    assert_eq!(owed, [("mlflow".to_string(), 1000)].into());
+    std::fs::remove_file(&metrics).unwrap();
+    std::fs::rename(&aside, &metrics).unwrap();
+    let mut logger = Logger::open(&options(Some(1000))).unwrap();
+    logger.log(&eval(1500, 4.0)).unwrap();
+    logger.close().unwrap();
+    let runs = read(
+        "mlflow_runs",
+        &[uri, "owed-test".into(), "eval/episode_reward".into()],
+    );
+    assert_eq!(
+        runs[0]["history"],
+        json!([[500, 1.0], [1000, 2.0], [1500, 4.0]]),
+        "{runs}"
+    );
+    assert!(TrackerRuns::load(dir.path()).owed_from.is_empty());
 }
 
 /// A job restarted before its first checkpoint (`max_restarts`) starts afresh, but continues

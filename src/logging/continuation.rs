@@ -6,6 +6,7 @@
 use std::fs;
 use std::path::Path;
 
+use super::{Phase, Record};
 use crate::error::{Error, Result};
 
 /// The last step `metrics.jsonl` in `dir` holds: how far the trackers were sent records.
@@ -13,6 +14,36 @@ pub fn logged_through(dir: &Path) -> Option<u64> {
     fs::read_to_string(dir.join("metrics.jsonl"))
         .ok()
         .and_then(|text| text.lines().filter_map(jsonl_step).max())
+}
+
+/// The records of `metrics.jsonl` in `dir` from global step `from` on, in order: what a
+/// tracker missed (a value that was not finite was written as null, and is left out).
+pub fn records_from(dir: &Path, from: u64) -> Vec<Record> {
+    let Ok(text) = fs::read_to_string(dir.join("metrics.jsonl")) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|row| {
+            let row = row.as_object()?;
+            let phase = match row.get("phase")?.as_str()? {
+                "train" => Phase::Train,
+                "eval" => Phase::Eval,
+                _ => return None,
+            };
+            let step = row.get("step")?.as_u64().filter(|&step| step >= from)?;
+            let values = row
+                .iter()
+                .filter(|(key, _)| !matches!(key.as_str(), "phase" | "step"))
+                .filter_map(|(key, value)| Some((key.clone(), value.as_f64()?)))
+                .collect();
+            Some(Record {
+                phase,
+                step,
+                values,
+            })
+        })
+        .collect()
 }
 
 /// Keeps only the rows of `metrics.jsonl`, `train.csv` and `eval.csv` in `dir` up to global
@@ -161,6 +192,9 @@ mod tests {
         assert_eq!(logged_through(dir.path()), Some(1000));
         let steps = |text: String| -> Vec<u64> { text.lines().filter_map(jsonl_step).collect() };
         assert_eq!(steps(fs::read_to_string(&jsonl).unwrap()), [0, 500, 1000]);
+        let owed = records_from(dir.path(), 500);
+        let owed: Vec<(u64, Phase)> = owed.iter().map(|r| (r.step, r.phase)).collect();
+        assert_eq!(owed, [(500, Phase::Eval), (1000, Phase::Eval)]);
         let kept: Vec<String> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -189,10 +189,14 @@ impl Logger {
         if before.wandb.is_some() {
             // W&B takes no step twice: how far its run got is kept before the rows past the
             // checkpoint go (a resume that fails after this one, or comes before the run gets
-            // as far again, still knows).
-            let holds = before
+            // as far again, still knows). Records it was owed it does not hold.
+            let logged = before
                 .wandb_holds_through
                 .max(continuation::logged_through(dir));
+            let holds = match before.owed_from.get(wandb::NAME) {
+                Some(&from) => logged.min(from.checked_sub(1)),
+                None => logged,
+            };
             if holds != before.wandb_holds_through {
                 before.wandb_holds_through = holds;
                 before.save(dir)?;
@@ -231,16 +235,25 @@ impl Logger {
                 runs.wandb_holds_through = None;
             }
             runs.wandb = Some(wandb.id().to_owned());
+            let remote = owing(Remote::new(Box::new(wandb)), &mut runs, dir, opts);
             // Named at once: a restart after a failure below continues this run.
             runs.save(dir)?;
-            sinks.push(Box::new(Remote::new(Box::new(wandb))));
+            sinks.push(Box::new(remote));
         }
         if let Some(mlflow) = &opts.mlflow {
             let resumed = continues.then_some((opts.continues_from, &before));
             let mlflow = Mlflow::create(mlflow, dir, &opts.config, resumed)?;
             runs.mlflow = Some(mlflow.tracker_run());
-            sinks.push(Box::new(Remote::new(Box::new(mlflow))));
+            sinks.push(Box::new(owing(
+                Remote::new(Box::new(mlflow)),
+                &mut runs,
+                dir,
+                opts,
+            )));
         }
+        // A tracker that is not on now owes nothing this run can send.
+        runs.owed_from
+            .retain(|tracker, _| sinks.iter().any(|sink| sink.name() == tracker));
         runs.save(dir)?;
         Ok(Self {
             dir: dir.clone(),
@@ -304,6 +317,24 @@ impl Logger {
         }
         first_error(results.into_iter())
     }
+}
+
+/// `remote`, noting what it owes in `dir`'s `trackers.json` from now on, with the records it
+/// missed before the checkpoint this run continues from (an outage that outlasted the attempt
+/// before): those of `metrics.jsonl` from the step it owes from. Records past the checkpoint are
+/// retraced, and a fresh start continues from none: then it owes nothing.
+fn owing(mut remote: Remote, runs: &mut TrackerRuns, dir: &Path, opts: &LoggerOptions) -> Remote {
+    let tracker = remote.name();
+    let owed = runs.owed_from.get(tracker).copied();
+    match (owed, opts.continues_from) {
+        (Some(from), Some(checkpoint)) if from <= checkpoint => {
+            remote.owe(continuation::records_from(dir, from));
+        }
+        _ => {
+            runs.owed_from.remove(tracker);
+        }
+    }
+    remote.noting_in(dir)
 }
 
 /// A name W&B takes in groups and tags: every run of characters other than ASCII letters and

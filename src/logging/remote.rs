@@ -5,9 +5,10 @@
 //! its client's timeouts (a minute or more) on rank 0, while the other ranks wait for it in the
 //! next collective. `metrics.jsonl` holds every record whatever the trackers do.
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::{Record, Sink, Video};
+use super::{Record, Sink, TrackerRuns, Video};
 use crate::error::{Error, Result};
 
 /// The records kept for a tracker that does not answer; older ones are dropped past this.
@@ -30,6 +31,9 @@ pub struct Remote {
     /// outage, at the first).
     failures_in_a_row: u32,
     retry_every: Duration,
+    /// The run directory whose `trackers.json` notes from which step records wait, so that a
+    /// resume sends them (an outage that outlasted the attempt); None: not noted.
+    ledger: Option<PathBuf>,
 }
 
 impl Remote {
@@ -41,6 +45,43 @@ impl Remote {
             next_attempt: None,
             failures_in_a_row: 0,
             retry_every: RETRY_EVERY,
+            ledger: None,
+        }
+    }
+
+    /// Notes in `run_dir`'s `trackers.json` from which step records wait while any do.
+    pub fn noting_in(mut self, run_dir: &Path) -> Self {
+        self.ledger = Some(run_dir.to_owned());
+        self
+    }
+
+    /// Records the tracker missed before the run resumed (from `metrics.jsonl`): sent before
+    /// the next one.
+    pub fn owe(&mut self, records: Vec<Record>) {
+        self.backlog.extend(records);
+    }
+
+    /// Keeps `record` to send later; the first of the backlog is noted.
+    fn keep(&mut self, record: &Record) {
+        if self.backlog.is_empty() {
+            self.note(|dir, tracker| TrackerRuns::note_owed(dir, tracker, record.step));
+        }
+        if self.backlog.len() == BACKLOG {
+            self.backlog.pop_front();
+            self.dropped += 1;
+        }
+        self.backlog.push_back(record.clone());
+    }
+
+    fn note(&self, what: impl FnOnce(&Path, &str) -> Result<()>) {
+        let Some(dir) = &self.ledger else {
+            return;
+        };
+        if let Err(e) = what(dir, self.inner.name()) {
+            errln!(
+                "warning: {e}: a resume may not know which records {} missed",
+                self.inner.name()
+            );
         }
     }
 
@@ -56,12 +97,22 @@ impl Remote {
 
     /// Sends the backlog in order; stops at the first failure.
     fn deliver(&mut self) {
+        let owed = self.backlog.len();
         while let Some(record) = self.backlog.front() {
             if let Err(e) = self.inner.write(record) {
                 self.failed(&e);
                 return;
             }
             self.backlog.pop_front();
+        }
+        if owed > 0 {
+            self.note(TrackerRuns::note_paid);
+        }
+        if !self.failing() && owed > 0 {
+            errln!(
+                "{} took the {owed} records it missed before the run resumed",
+                self.inner.name()
+            );
         }
         if self.failing() {
             let lost = match self.dropped {
@@ -106,8 +157,12 @@ impl Remote {
 
     fn warn_unsent(&self, when: &str) {
         if !self.backlog.is_empty() {
+            let resumed = match self.ledger {
+                Some(_) => " (a resume of this run sends them first)",
+                None => "",
+            };
             errln!(
-                "warning: {} missed {} records {when}; metrics.jsonl has them",
+                "warning: {} missed {} records {when}; metrics.jsonl has them{resumed}",
                 self.inner.name(),
                 self.backlog.len() as u64 + self.dropped
             );
@@ -121,20 +176,16 @@ impl Sink for Remote {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
-        // A healthy tracker takes the record as it is; only a failing one keeps copies.
-        if !self.failing() {
-            match self.inner.write(record) {
-                Ok(()) => return Ok(()),
-                Err(e) => self.failed(&e),
+        // A healthy tracker that owes nothing takes the record as it is; only one that fails
+        // (or owes records from before a resume) keeps copies.
+        if !self.failing() && self.backlog.is_empty() {
+            if let Err(e) = self.inner.write(record) {
+                self.keep(record);
+                self.failed(&e);
             }
-            self.backlog.push_back(record.clone());
             return Ok(());
         }
-        if self.backlog.len() == BACKLOG {
-            self.backlog.pop_front();
-            self.dropped += 1;
-        }
-        self.backlog.push_back(record.clone());
+        self.keep(record);
         if !self.resting() {
             self.deliver();
         }
@@ -144,10 +195,10 @@ impl Sink for Remote {
     /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
     /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
-        if self.failing() && !self.resting() {
+        if !self.backlog.is_empty() && !self.resting() {
             self.deliver();
         }
-        let sent = match self.failing() {
+        let sent = match self.failing() || !self.backlog.is_empty() {
             true => Err(Error::Other(
                 "it does not answer, and records of earlier steps wait to be sent".into(),
             )),
@@ -321,6 +372,34 @@ mod tests {
         remote.close().unwrap();
         let (mut remote, _, _, _) = flaky(false);
         remote.close_stopped().unwrap();
+    }
+
+    /// While records wait, `trackers.json` says from which step (a crash then loses none for
+    /// a resume); once taken, nothing. Records owed from before a resume go first.
+    #[test]
+    fn what_waits_is_noted_and_what_was_owed_goes_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let (remote, up, steps, _) = flaky(true);
+        let mut remote = remote.noting_in(dir.path());
+        let owed = || TrackerRuns::load(dir.path()).owed_from;
+        remote.write(&Record::new(Phase::Train, 1)).unwrap();
+        assert!(owed().is_empty());
+        *up.lock().unwrap() = false;
+        remote.write(&Record::new(Phase::Train, 2)).unwrap();
+        remote.write(&Record::new(Phase::Train, 3)).unwrap();
+        assert_eq!(owed(), [("flaky".to_string(), 2)].into());
+        *up.lock().unwrap() = true;
+        remote.write(&Record::new(Phase::Train, 4)).unwrap();
+        assert_eq!(*steps.lock().unwrap(), [1, 2, 3, 4]);
+        assert!(owed().is_empty());
+
+        let (mut remote, _, steps, _) = flaky(true);
+        remote.owe(vec![
+            Record::new(Phase::Eval, 7),
+            Record::new(Phase::Train, 8),
+        ]);
+        remote.write(&Record::new(Phase::Train, 9)).unwrap();
+        assert_eq!(*steps.lock().unwrap(), [7, 8, 9]);
     }
 
     #[test]

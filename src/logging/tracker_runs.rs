@@ -1,6 +1,7 @@
 //! Which W&B and MLflow runs a run directory logs to, kept in `<run_dir>/trackers.json`, so
 //! that a resumed run (`resume=auto`, a restart, a requeued job) continues the same tracker
 //! runs instead of starting new ones.
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,10 @@ pub struct TrackerRuns {
     pub wandb_holds_through: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlflow: Option<MlflowRun>,
+    /// The first step each tracker (`wandb`, `mlflow`) has not taken, while records wait for
+    /// it: a resume sends it those of `metrics.jsonl` from there to its checkpoint.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub owed_from: BTreeMap<String, u64>,
 }
 
 /// An MLflow run is found again only at the tracking URI that holds it.
@@ -64,6 +69,26 @@ impl TrackerRuns {
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
     }
 
+    /// Notes in `dir`'s file that `tracker` has not taken the records from `step` on (an
+    /// earlier note stays: it owes from there).
+    pub fn note_owed(dir: &Path, tracker: &str, step: u64) -> Result<()> {
+        let mut runs = Self::load(dir);
+        if runs.owed_from.contains_key(tracker) {
+            return Ok(());
+        }
+        runs.owed_from.insert(tracker.to_owned(), step);
+        runs.save(dir)
+    }
+
+    /// Notes in `dir`'s file that `tracker` owes nothing.
+    pub fn note_paid(dir: &Path, tracker: &str) -> Result<()> {
+        let mut runs = Self::load(dir);
+        match runs.owed_from.remove(tracker) {
+            Some(_) => runs.save(dir),
+            None => Ok(()),
+        }
+    }
+
     pub fn mlflow_run_at(&self, tracking_uri: &str) -> Option<&str> {
         self.mlflow
             .as_ref()
@@ -87,6 +112,7 @@ mod tests {
                 tracking_uri: "file:///x/mlruns".into(),
                 run_id: "r1".into(),
             }),
+            owed_from: [("mlflow".to_string(), 700)].into(),
         };
         runs.save(dir.path()).unwrap();
         assert_eq!(TrackerRuns::load(dir.path()), runs);
@@ -97,5 +123,19 @@ mod tests {
         TrackerRuns::default().save(dir.path()).unwrap();
         assert!(!dir.path().join(FILE).exists());
         TrackerRuns::default().save(dir.path()).unwrap();
+    }
+
+    /// An outage's first step stays noted until the tracker takes every record again.
+    #[test]
+    fn what_a_tracker_owes_is_noted_from_the_first_step() {
+        let dir = tempfile::tempdir().unwrap();
+        TrackerRuns::note_owed(dir.path(), "wandb", 500).unwrap();
+        TrackerRuns::note_owed(dir.path(), "wandb", 900).unwrap();
+        TrackerRuns::note_owed(dir.path(), "mlflow", 700).unwrap();
+        let owed = TrackerRuns::load(dir.path()).owed_from;
+        assert_eq!(owed, [("mlflow".into(), 700), ("wandb".into(), 500)].into());
+        TrackerRuns::note_paid(dir.path(), "wandb").unwrap();
+        TrackerRuns::note_paid(dir.path(), "mlflow").unwrap();
+        assert!(!dir.path().join(FILE).exists(), "nothing left to note");
     }
 }

@@ -30,6 +30,9 @@ pub struct WandbOptions {
 /// ([`python::attach_exclusive`]), as are `wandb.init` and `wandb.teardown`.
 static LIVE_RUNS: AtomicUsize = AtomicUsize::new(0);
 
+/// The sink's name, and its key in `trackers.json`.
+pub(super) const NAME: &str = "wandb";
+
 pub struct Wandb {
     /// `None` once finished.
     run: Option<Py<PyAny>>,
@@ -162,7 +165,7 @@ impl Wandb {
 
 impl Sink for Wandb {
     fn name(&self) -> &'static str {
-        "wandb"
+        NAME
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
