@@ -297,6 +297,22 @@ fn a_dataset_of_other_tasks_is_refused_with_what_differs() {
         stderr.contains("already holds dataset files (chunk_0.pt, chunk_1.pt, chunk_2.pt)"),
         "{stderr}"
     );
+    // Part of the files (chunk_0 holds an episode of two of the tasks), beside a Mac's hidden
+    // copy of one: the task with no episode is named; the hidden file is no dataset file.
+    let part = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        data.path().join("chunk_0.pt"),
+        part.path().join("chunk_0.pt"),
+    )
+    .unwrap();
+    std::fs::write(part.path().join("._chunk_0.pt"), b"\0\x05\x16\x07").unwrap();
+    let run = tempfile::tempdir().unwrap();
+    let quick = ["steps=2", "eval_episodes=0", "world_size=1"].map(String::from);
+    let console = train(part.path(), run.path(), &quick);
+    assert!(
+        console.contains("warning: the dataset holds no episode of 1 of the 3 tasks (Pendulum-v1)"),
+        "{console}"
+    );
     // Nor does a file, or a disk too small for the episodes asked for.
     let elsewhere = tempfile::tempdir().unwrap();
     let file = elsewhere.path().join("a-file");

@@ -67,14 +67,17 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The files of a dataset in `dir`: every `.pt` file there, in name order. A `.pt` entry that
-/// cannot be followed (a link to nothing) is an error naming it: left out, the run would train
-/// on part of the data without a word.
+/// The files of a dataset in `dir`: every `.pt` file there, in name order, but hidden ones (a
+/// Mac's `._chunk_0.pt` beside each copied file), as the official `glob('*.pt')` reads them. A
+/// `.pt` entry that cannot be followed (a link to nothing) is an error naming it: left out,
+/// the run would train on part of the data without a word.
 fn dataset_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_none_or(|x| x != "pt") {
+        let entry = entry?;
+        let path = entry.path();
+        let hidden = entry.file_name().as_encoded_bytes().starts_with(b".");
+        if hidden || path.extension().is_none_or(|x| x != "pt") {
             continue;
         }
         match std::fs::metadata(&path) {
@@ -364,6 +367,19 @@ mod tests {
                 .unwrap();
         }
         writer.finish().unwrap()
+    }
+
+    /// A hidden `.pt` file (a Mac's `._chunk_0.pt`) is not a dataset file, as the official
+    /// `glob('*.pt')` skips it.
+    #[test]
+    fn hidden_files_are_not_dataset_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["chunk_1.pt", "._chunk_1.pt", "chunk_0.pt", "README.md"] {
+            std::fs::write(dir.path().join(name), b"").unwrap();
+        }
+        let files = dataset_files(dir.path()).unwrap();
+        let names: Vec<_> = files.iter().filter_map(|f| f.file_name()).collect();
+        assert_eq!(names, ["chunk_0.pt", "chunk_1.pt"]);
     }
 
     #[test]

@@ -369,4 +369,23 @@ fn describe(config: &Config, dataset: &Dataset, world_size: usize) {
         dataset.bytes() as f64 / 1e6,
         held.join(", ")
     );
+    // The official mt30 and mt80 files hold their tasks grouped: a download cut short, or a
+    // copy of some files, leaves whole tasks out, and their evaluations score an untrained
+    // task embedding.
+    let missing: Vec<&str> = tasks
+        .iter()
+        .zip(&per_task)
+        .filter(|(_, &n)| n == 0)
+        .map(|(task, _)| task.as_str())
+        .collect();
+    if !missing.is_empty() {
+        errln!(
+            "warning: the dataset holds no episode of {} of the {} tasks ({}): their task \
+             embeddings do not train, and their evaluations score untrained ones; check that \
+             every file of the dataset is in data_dir",
+            missing.len(),
+            tasks.len(),
+            missing.join(", ")
+        );
+    }
 }
