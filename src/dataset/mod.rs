@@ -263,7 +263,18 @@ impl Dataset {
             let start = rng.random_range(0..=chunk.length - rows);
             let read = |field: &Field, row, n| {
                 field.read(&chunk.file, e, row, n).map_err(|err| {
-                    Error::io(format!("read dataset file {}", chunk.path.display()), err)
+                    let path = chunk.path.display();
+                    match err.kind() {
+                        // Indexed whole at the start: it changed on disk since.
+                        std::io::ErrorKind::UnexpectedEof => Error::io(
+                            format!(
+                                "read dataset file {path}: it is shorter than when the run \
+                                 opened it (changed on disk during training)"
+                            ),
+                            err,
+                        ),
+                        _ => Error::io(format!("read dataset file {path}"), err),
+                    }
                 })
             };
             let read = |name, field: &Field, row, n| {
@@ -380,6 +391,29 @@ mod tests {
         let files = dataset_files(dir.path()).unwrap();
         let names: Vec<_> = files.iter().filter_map(|f| f.file_name()).collect();
         assert_eq!(names, ["chunk_0.pt", "chunk_1.pt"]);
+    }
+
+    /// A file cut short after it was indexed (changed on disk during training) is named as
+    /// such, not as a bare "failed to fill whole buffer".
+    #[test]
+    fn a_file_cut_short_during_training_is_named_so() {
+        let _turn = one_at_a_time();
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(dir.path());
+        let data = Dataset::open(&written, &expected(2)).unwrap();
+        for file in &written {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .and_then(|f| f.set_len(600))
+                .unwrap();
+        }
+        let e = data.sample(64, &mut Pcg64::seed_from_u64(1)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("is shorter than when the run opened it (changed on disk"),
+            "{e}"
+        );
     }
 
     #[test]
