@@ -388,4 +388,22 @@ fn describe(config: &Config, dataset: &Dataset, world_size: usize) {
             missing.join(", ")
         );
     }
+    // As the official trainer warns of its own datasets.
+    let official = match config.task.as_str() {
+        "mt30" => Some(OFFICIAL_MT30_EPISODES),
+        "mt80" => Some(OFFICIAL_MT80_EPISODES),
+        _ => None,
+    };
+    if let Some(expected) = official.filter(|&n| n != dataset.episodes()) {
+        errln!(
+            "warning: the official {} dataset holds {expected} episodes, this one {}: a \
+             download cut short, or files of another dataset?",
+            config.task,
+            dataset.episodes()
+        );
+    }
 }
+
+/// Episodes of the official datasets (their trainer's buffer size over the episode length).
+const OFFICIAL_MT30_EPISODES: usize = 345_690_000 / 501;
+const OFFICIAL_MT80_EPISODES: usize = 550_450_000 / 101;
