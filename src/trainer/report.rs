@@ -187,9 +187,11 @@ impl Report {
         self.log(&record)
     }
 
+    /// The loop acts at the last step too, as the official one does: the bar stops at its end.
     pub(super) fn progress(&self, global_step: u64) {
         if let Some(bar) = &self.progress {
-            bar.set_position(global_step);
+            let end = bar.length().unwrap_or(u64::MAX);
+            bar.set_position(global_step.min(end));
         }
     }
 
