@@ -703,7 +703,8 @@ fn runs_under_torchrun() {
 }
 
 /// torchrun's agent killed (SIGKILL, the OOM killer) leaves no rank training unwatched: they
-/// stop as on Ctrl-C, with a checkpoint, and are gone.
+/// stop as on Ctrl-C, with a checkpoint, and are gone. A hangup it passes on (its terminal
+/// closed) stays a stop with a checkpoint.
 #[test]
 fn ranks_die_with_a_killed_torchrun() {
     let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");
@@ -711,6 +712,13 @@ fn ranks_die_with_a_killed_torchrun() {
         common::not_checked("ranks die with a killed torchrun: the venv has no torchrun");
         return;
     }
+    stops_with_a_checkpoint_when_torchrun(&torchrun, libc::SIGKILL);
+    stops_with_a_checkpoint_when_torchrun(&torchrun, libc::SIGHUP);
+}
+
+/// Sends `signal` to torchrun once its two ranks train, and sees them gone after the stop's
+/// checkpoint.
+fn stops_with_a_checkpoint_when_torchrun(torchrun: &Path, signal: libc::c_int) {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(torchrun)
         .args([
@@ -751,7 +759,8 @@ fn ranks_die_with_a_killed_torchrun() {
     assert!(!before.is_empty(), "training went as far as a checkpoint");
     let ranks = children_of(child.id());
     assert_eq!(ranks.len(), 2, "torchrun's two workers: {ranks:?}");
-    child.kill().unwrap();
+    // SAFETY: a plain kill(2) of this test's own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, signal) };
     child.wait().unwrap();
     let killed = Instant::now();
     let running = |pid: &u32| {
@@ -765,14 +774,14 @@ fn ranks_die_with_a_killed_torchrun() {
     }
     assert!(
         !ranks.iter().any(running),
-        "ranks {ranks:?} still run {:?} after torchrun was killed",
+        "ranks {ranks:?} still run {:?} after torchrun got signal {signal}",
         killed.elapsed()
     );
     let after = checkpoints();
     let last_before = before.last().unwrap();
     assert!(
         after.last().is_some_and(|last| last > last_before),
-        "the stop's checkpoint, after {last_before}: {after:?}"
+        "signal {signal}: the stop's checkpoint, after {last_before}: {after:?}"
     );
 }
 

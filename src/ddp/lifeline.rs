@@ -26,9 +26,10 @@ const TORCHRUN_RUN_ID_ENV: &str = "TORCHELASTIC_RUN_ID";
 
 const POLL: Duration = Duration::from_millis(200);
 
-/// Binds this process's life to the launcher named in the environment (nothing to do when no
-/// built-in launcher started it). `on_orphaned` runs in a signal handler when the launcher
-/// dies: it must be async-signal-safe (store to an atomic, nothing more). An orphaned rank gets
+/// Binds this process's life to the launcher that started it: ours, named in the environment,
+/// or torchrun's agent (nothing to do for a process neither started). `on_orphaned` runs when
+/// the launcher dies, in a signal handler too: it must be async-signal-safe (store to an
+/// atomic, nothing more). An orphaned rank gets
 /// `grace` (the run's `stop_grace`) to agree on a step with the others and checkpoint before it
 /// is ended.
 pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
@@ -41,38 +42,64 @@ pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
             "this rank is already bound to its launcher".into(),
         ));
     }
-    let null = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/null")
-        .map_err(|e| Error::io("open /dev/null", e))?;
-    NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
-    LAUNCHER.store(launcher, Ordering::SeqCst);
-    // SAFETY: the handler calls dup2, loads an atomic (ON_ORPHANED, set above) and calls
-    // `on_orphaned`, which this function's contract requires to be async-signal-safe.
-    unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
+    // Our launcher decides for its ranks on a hangup while it lives; torchrun's agent passes
+    // on the one it got (or its own shutdown) as SIGHUP, which stays a stop, as on any rank.
+    if let Launcher::Ours = launcher.kind {
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| Error::io("open /dev/null", e))?;
+        NULL_FD.store(null.into_raw_fd(), Ordering::SeqCst);
+        LAUNCHER.store(launcher.pid, Ordering::SeqCst);
+        // SAFETY: the handler calls dup2, loads an atomic (ON_ORPHANED, set above) and calls
+        // `on_orphaned`, which this function's contract requires to be async-signal-safe.
+        unsafe { libc::signal(libc::SIGHUP, orphaned as *const () as libc::sighandler_t) };
+    }
     signal_when_parent_dies(libc::SIGHUP, "SIGHUP")?;
     // The launcher may have died before the request above: then it is not the parent anymore.
-    if parent() != launcher {
+    if parent() != launcher.pid {
         return Err(Error::Other(format!(
-            "the launcher (pid {launcher}) exited before this rank started"
+            "the launcher (pid {}) exited before this rank started",
+            launcher.pid
         )));
     }
     std::thread::Builder::new()
         .name("launcher-watch".into())
-        .spawn(move || watch(launcher, grace))
+        .spawn(move || watch(launcher.pid, grace))
         .map_err(|e| Error::io("start the launcher watchdog", e))?;
     Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Launcher {
+    /// The built-in launcher (or a sweep), named in the environment.
+    Ours,
+    /// torchrun's agent.
+    Torchrun,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    pid: libc::pid_t,
+    kind: Launcher,
 }
 
 /// The launcher this rank dies with: ours, named in the environment, or torchrun's agent, its
 /// parent (`--no-python`). torchrun starts its workers in sessions of their own and binds them
 /// to nothing: an agent killed (SIGKILL, the OOM killer) would leave them training unwatched,
 /// holding their GPUs and the run directory's lock.
-fn launcher_pid() -> Result<Option<libc::pid_t>> {
+fn launcher_pid() -> Result<Option<Bound>> {
     if let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) {
-        return parse_pid(&value.to_string_lossy()).map(Some);
+        let pid = parse_pid(&value.to_string_lossy())?;
+        return Ok(Some(Bound {
+            pid,
+            kind: Launcher::Ours,
+        }));
     }
-    Ok(std::env::var_os(TORCHRUN_RUN_ID_ENV).map(|_| parent()))
+    Ok(std::env::var_os(TORCHRUN_RUN_ID_ENV).map(|_| Bound {
+        pid: parent(),
+        kind: Launcher::Torchrun,
+    }))
 }
 
 /// A launcher started by another process of ours (a sweep's job) is asked to stop when that
@@ -176,8 +203,14 @@ fn watch(launcher: libc::pid_t, grace: Duration) {
     while parent() == launcher {
         std::thread::sleep(POLL);
     }
-    // SAFETY: the handler is installed; raising it again is harmless if the kernel already did.
+    // SAFETY: a handler is installed, or the signal ignored (nohup); raising it again is
+    // harmless if the kernel already did.
     unsafe { libc::raise(libc::SIGHUP) };
+    // Also where no handler of ours takes the hangup (ignored under nohup, or torchrun's
+    // rank's): the stop is asked for all the same.
+    if let Some(on_orphaned) = ON_ORPHANED.get() {
+        on_orphaned();
+    }
     let grace = envs::deadline::Deadline::after(grace);
     while !grace.passed() {
         std::thread::sleep(POLL);
