@@ -165,20 +165,17 @@ impl ActorSettings {
     pub fn make_envs(&self) -> Result<VectorEnv> {
         let mut worker = env_worker_command(Some(self.env_timeout))?;
         worker.owner = self.owner.clone();
-        worker.stop = self.stop;
         let mixes: Vec<TaskMix> = (0..self.seeds.len())
             .map(|i| match &self.tasks {
                 Some(tasks) => tasks.mix(i),
                 None => TaskMix::single(&self.task),
             })
             .collect();
-        Ok(VectorEnv::mixed(
-            &mixes,
-            self.env,
-            &self.seeds,
-            self.placement,
-            &worker,
-        )?)
+        let mut envs = VectorEnv::mixed(&mixes, self.env, &self.seeds, self.placement, &worker)?;
+        if let Some(probe) = self.stop {
+            envs.give_up_hung_workers_at_stop(probe);
+        }
+        Ok(envs)
     }
 }
 

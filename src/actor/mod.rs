@@ -223,8 +223,13 @@ impl Actor {
         &mut self.policy
     }
 
-    pub fn envs_mut(&mut self) -> &mut envs::VectorEnv {
-        &mut self.envs
+    /// Whether every worker process still runs, asking nothing of them: one that died is named
+    /// now, not at the next step. Those given up at a stop are not asked.
+    pub fn check_workers(&mut self) -> Result<()> {
+        match self.given_up {
+            true => Ok(()),
+            false => Ok(self.envs.check_workers()?),
+        }
     }
 
     /// Whether every environment is at an episode boundary.

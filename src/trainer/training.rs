@@ -396,7 +396,7 @@ impl<'g> Training<'g> {
             }
             self.last_info = Some(self.learner.update(&mut self.streams.learner)?);
             // No environment steps meanwhile: a worker that died is named now, not after.
-            self.actor.envs_mut().check_workers()?;
+            self.actor.check_workers()?;
             let line = progress
                 .as_mut()
                 .and_then(|p| p.line(update + 1 - done, Instant::now()));

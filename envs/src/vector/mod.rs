@@ -48,11 +48,6 @@ pub struct WorkerCommand {
     pub owner: String,
     /// Variables set for the worker (those that point it at a family's venv).
     pub env: Vec<(String, String)>,
-    /// Asked while a reply is awaited: once this process is to stop, a worker that stays
-    /// silent [`STOP_PATIENCE`] longer is given up (killed, [`Error::GivenUpAtStop`]), so
-    /// that a hung worker does not hold the stop's checkpoint up to the reply limit, past a
-    /// launcher's grace.
-    pub stop: Option<StopProbe>,
 }
 
 /// How long a worker may still take to answer once its owner is to stop: a healthy one answers
@@ -99,7 +94,6 @@ impl WorkerCommand {
             reply_limit: None,
             owner: String::new(),
             env: Vec::new(),
-            stop: None,
         }
     }
 
@@ -335,6 +329,18 @@ impl VectorEnv {
             Backend::InProcess(_) => Ok(()),
             Backend::Workers { workers, .. } => {
                 workers.iter_mut().try_for_each(WorkerProcess::check_alive)
+            }
+        }
+    }
+
+    /// From now on (the workers started: starting may take long), a worker that stays silent
+    /// [`STOP_PATIENCE`] after `probe` says this process is to stop is given up (killed,
+    /// [`Error::GivenUpAtStop`]), so that a hung worker does not hold the stop's checkpoint up
+    /// to its reply limit, past a launcher's grace.
+    pub fn give_up_hung_workers_at_stop(&mut self, probe: StopProbe) {
+        if let Backend::Workers { workers, .. } = &mut self.backend {
+            for worker in workers {
+                worker.watch_stops(probe);
             }
         }
     }

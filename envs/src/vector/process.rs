@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex, PoisonError};
+use std::sync::{mpsc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
@@ -92,7 +92,7 @@ impl WorkerProcess {
             dead: None,
             ended: false,
             reply_limit: worker.reply_limit.clone(),
-            stop: worker.stop,
+            stop: None,
             stop_patience: STOP_PATIENCE,
             owner: match worker.owner.as_str() {
                 "" => String::new(),
@@ -129,6 +129,11 @@ impl WorkerProcess {
 
     pub fn region_mut(&mut self) -> &mut [u8] {
         self.region.as_deref_mut().unwrap_or(&mut [])
+    }
+
+    /// Waits for replies watching `probe`: see [`super::VectorEnv::give_up_hung_workers_at_stop`].
+    pub fn watch_stops(&mut self, probe: StopProbe) {
+        self.stop = Some(probe);
     }
 
     /// Sends a command; pair it with one [`Self::receive`].
@@ -505,13 +510,17 @@ enum Waited {
 /// How often a wait that watches for a stop looks.
 const STOP_LOOK: Duration = Duration::from_millis(200);
 
+/// When a wait first saw that this process is to stop: every wait's patience counts from it, so
+/// that workers hung together (a driver, a stalled disk) take one patience, not one each.
+static STOP_SEEN: OnceLock<Instant> = OnceLock::new();
+
 impl Wait {
     fn until_readable(&self, fd: RawFd) -> io::Result<Waited> {
-        let mut stop_seen: Option<Instant> = None;
         loop {
+            let mut stop_seen = STOP_SEEN.get().copied();
             if let Some((probe, patience)) = self.stop {
                 if stop_seen.is_none() && probe.asked() {
-                    stop_seen = Some(Instant::now());
+                    stop_seen = Some(*STOP_SEEN.get_or_init(Instant::now));
                 }
                 if stop_seen.is_some_and(|seen| seen.elapsed() >= patience) {
                     return Ok(Waited::GivenUpAtStop);
@@ -691,8 +700,8 @@ mod tests {
             after: Duration::from_secs(600),
             setting: "env_timeout".into(),
         });
-        command.stop = Some(StopProbe(stop_asked));
         let mut worker = WorkerProcess::spawn(&command, "sleep", 2..4).unwrap();
+        worker.watch_stops(StopProbe(stop_asked));
         worker.stop_patience = Duration::from_millis(300);
         let pid = worker.pid();
         let started = Instant::now();
@@ -710,6 +719,19 @@ mod tests {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
         // Gone for good: the next call says so at once.
         assert!(worker.call(protocol::STEP, &[]).is_err());
+
+        // Workers hung together take one patience, counted from when the stop was first seen
+        // (one after another, they would take one each).
+        let patience = Duration::from_secs(2);
+        let started = Instant::now();
+        for envs in [0..1, 1..2] {
+            let mut worker = WorkerProcess::spawn(&command, "sleep", envs).unwrap();
+            worker.watch_stops(StopProbe(stop_asked));
+            worker.stop_patience = patience;
+            worker.send(protocol::STEP, &[]).unwrap();
+            assert!(worker.receive().unwrap_err().given_up_at_stop());
+        }
+        assert!(started.elapsed() < patience * 2, "{:?}", started.elapsed());
 
         let (reader, mut writer) = std::io::pipe().unwrap();
         let answer = std::thread::spawn(move || {
