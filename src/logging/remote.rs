@@ -100,6 +100,11 @@ impl Remote {
         let owed = self.backlog.len();
         while let Some(record) = self.backlog.front() {
             if let Err(e) = self.inner.write(record) {
+                // What it took is not owed: a resume would send it twice.
+                let step = record.step;
+                if self.backlog.len() < owed {
+                    self.note(|dir, tracker| TrackerRuns::note_owed(dir, tracker, step));
+                }
                 self.failed(&e);
                 return;
             }
@@ -400,6 +405,50 @@ mod tests {
         ]);
         remote.write(&Record::new(Phase::Train, 9)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [7, 8, 9]);
+    }
+
+    /// Takes `left` records, then refuses every one.
+    struct TakesSome {
+        left: usize,
+        taken: Arc<Mutex<Vec<u64>>>,
+    }
+
+    impl Sink for TakesSome {
+        fn name(&self) -> &'static str {
+            "takes-some"
+        }
+
+        fn write(&mut self, record: &Record) -> Result<()> {
+            if self.left == 0 {
+                return Err(Error::Other("connection refused".into()));
+            }
+            self.left -= 1;
+            self.taken.lock().unwrap().push(record.step);
+            Ok(())
+        }
+    }
+
+    /// A tracker that takes part of what waits, then fails again, owes only the rest: a resume
+    /// would send it the others twice.
+    #[test]
+    fn what_a_tracker_took_of_its_backlog_is_not_owed() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = Arc::default();
+        let sink = TakesSome {
+            left: 2,
+            taken: Arc::clone(&taken),
+        };
+        let mut remote = Remote::new(Box::new(sink)).noting_in(dir.path());
+        remote.retry_every = Duration::ZERO;
+        remote.owe(
+            (1..=5)
+                .map(|step| Record::new(Phase::Train, step))
+                .collect(),
+        );
+        remote.write(&Record::new(Phase::Train, 6)).unwrap();
+        assert_eq!(*taken.lock().unwrap(), [1, 2]);
+        let owed = TrackerRuns::load(dir.path()).owed_from;
+        assert_eq!(owed, [("takes-some".to_string(), 3)].into());
     }
 
     #[test]

@@ -69,15 +69,13 @@ impl TrackerRuns {
             .map_err(|e| Error::io(format!("write {}", path.display()), e))
     }
 
-    /// Notes in `dir`'s file that `tracker` has not taken the records from `step` on (an
-    /// earlier note stays: it owes from there).
+    /// Notes in `dir`'s file that `tracker` has taken no record from `step` on.
     pub fn note_owed(dir: &Path, tracker: &str, step: u64) -> Result<()> {
         let mut runs = Self::load(dir);
-        if runs.owed_from.contains_key(tracker) {
-            return Ok(());
+        match runs.owed_from.insert(tracker.to_owned(), step) {
+            Some(before) if before == step => Ok(()),
+            _ => runs.save(dir),
         }
-        runs.owed_from.insert(tracker.to_owned(), step);
-        runs.save(dir)
     }
 
     /// Notes in `dir`'s file that `tracker` owes nothing.
@@ -125,15 +123,15 @@ mod tests {
         TrackerRuns::default().save(dir.path()).unwrap();
     }
 
-    /// An outage's first step stays noted until the tracker takes every record again.
+    /// The first step a tracker has not taken is noted until it takes every record again.
     #[test]
-    fn what_a_tracker_owes_is_noted_from_the_first_step() {
+    fn what_a_tracker_owes_is_noted_from_its_first_step() {
         let dir = tempfile::tempdir().unwrap();
         TrackerRuns::note_owed(dir.path(), "wandb", 500).unwrap();
-        TrackerRuns::note_owed(dir.path(), "wandb", 900).unwrap();
         TrackerRuns::note_owed(dir.path(), "mlflow", 700).unwrap();
+        TrackerRuns::note_owed(dir.path(), "wandb", 900).unwrap();
         let owed = TrackerRuns::load(dir.path()).owed_from;
-        assert_eq!(owed, [("mlflow".into(), 700), ("wandb".into(), 500)].into());
+        assert_eq!(owed, [("mlflow".into(), 700), ("wandb".into(), 900)].into());
         TrackerRuns::note_paid(dir.path(), "wandb").unwrap();
         TrackerRuns::note_paid(dir.path(), "mlflow").unwrap();
         assert!(!dir.path().join(FILE).exists(), "nothing left to note");
