@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_millis(200);
 /// `grace` (the run's `stop_grace`) to agree on a step with the others and checkpoint before it
 /// is ended.
 pub fn bind_to_launcher(on_orphaned: fn(), grace: Duration) -> Result<()> {
-    let Some(launcher) = launcher_pid()? else {
+    let Some(launcher) = bound_launcher()? else {
         return Ok(());
     };
     // A second binding keeps the first callback: one process has one launcher.
@@ -88,7 +88,7 @@ struct Bound {
 /// parent (`--no-python`). torchrun starts its workers in sessions of their own and binds them
 /// to nothing: an agent killed (SIGKILL, the OOM killer) would leave them training unwatched,
 /// holding their GPUs and the run directory's lock.
-fn launcher_pid() -> Result<Option<Bound>> {
+fn bound_launcher() -> Result<Option<Bound>> {
     if let Some(value) = std::env::var_os(LAUNCHER_PID_ENV) {
         let pid = parse_pid(&value.to_string_lossy())?;
         return Ok(Some(Bound {

@@ -128,9 +128,10 @@ pub fn differing_model_settings(weights: &Path, config: &Config) -> String {
 /// dynamics' hidden width: each size's preset sets another): the end of the message of a
 /// checkpoint that does not fit the model.
 pub fn model_size_hint(weights: &Path, config: &Config) -> String {
+    use crate::agent::world_model::DYNAMICS;
     let mlp_dim = crate::checkpoint::tensor_file::TensorFile::open(weights)
         .ok()
-        .and_then(|file| file.describe("_dynamics.0.weight"))
+        .and_then(|file| file.describe(&format!("{DYNAMICS}.0.weight")))
         .and_then(|(shape, _)| shape.first().copied());
     let Some(mlp_dim) = mlp_dim.filter(|&dim| dim as usize != config.mlp_dim) else {
         return String::new();
