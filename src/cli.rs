@@ -148,14 +148,25 @@ impl SettingsArgs {
     }
 }
 
-/// hydra's two-letter short flags, `-cn NAME` and `-cp DIR` (also `-cn=NAME`), as the long
-/// ones; clap takes one-letter shorts only. Arguments are taken as the OS gives them: a path
-/// that is not UTF-8 reaches clap, which names it, where `std::env::args` panics.
+/// hydra's other spellings of our flags, as ours: the two-letter shorts `-cn NAME`, `-cp DIR`
+/// and `-cd DIR` (also `-cn=NAME`; clap takes one-letter shorts only), `-c job` for `--cfg job`,
+/// and `--config-dir`, which adds a directory where hydra looks for `--config-name` (here the
+/// one directory it reads). `--resolve` is dropped: `--cfg job` prints the resolved config.
+/// Arguments are taken as the OS gives them: a path that is not UTF-8 reaches clap, which names
+/// it, where `std::env::args` panics.
 pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    const SPELLINGS: [(&str, &str); 5] = [
+        ("-cn", "--config-name"),
+        ("-cp", "--config-path"),
+        ("-cd", "--config-path"),
+        ("--config-dir", "--config-path"),
+        ("-c", "--cfg"),
+    ];
     args.into_iter()
+        .filter(|arg| arg.as_bytes() != b"--resolve")
         .map(|arg| {
-            for (short, long) in [("-cn", "--config-name"), ("-cp", "--config-path")] {
+            for (short, long) in SPELLINGS {
                 let bytes = arg.as_bytes();
                 if bytes == short.as_bytes() {
                     return long.into();
@@ -556,7 +567,14 @@ mod tests {
             "-cn",
             "config_ddp",
             "-cp=configs",
+            "-cd",
+            "mine",
+            "--config-dir=mine",
+            "-c",
+            "job",
+            "--resolve",
             "seed=1",
+            "exp_name=-c",
         ];
         assert_eq!(
             hydra_short_flags(args.map(OsString::from)),
@@ -566,7 +584,13 @@ mod tests {
                 "--config-name",
                 "config_ddp",
                 "--config-path=configs",
-                "seed=1"
+                "--config-path",
+                "mine",
+                "--config-path=mine",
+                "--cfg",
+                "job",
+                "seed=1",
+                "exp_name=-c",
             ]
         );
     }

@@ -282,7 +282,7 @@ impl Source {
     pub fn refuse_derived_settings(&self) -> Result<()> {
         for arg in &self.overrides {
             let key = arg.split_once('=').map_or(arg.as_str(), |(key, _)| key);
-            let key = key.trim().trim_start_matches('+');
+            let key = key.trim().trim_start_matches(['+', '~']);
             if DERIVED_FIELDS.contains(&key) {
                 let from = match key {
                     "bin_size" => "from vmin, vmax and num_bins",

@@ -10,14 +10,12 @@ use crate::error::{Error, Result};
 
 impl Source {
     pub(super) fn file(&self) -> Result<Option<PathBuf>> {
-        let Some(name) = &self.config_name else {
-            if let Some(dir) = &self.config_path {
-                return Err(Error::Config(format!(
-                    "--config-path {} needs --config-name NAME",
-                    dir.display()
-                )));
-            }
-            return Ok(None);
+        // Hydra's primary config is `config` (the official `hydra.main(config_name='config')`):
+        // `--config-path DIR` alone reads DIR/config.yaml, as there.
+        let name = match (&self.config_name, &self.config_path) {
+            (Some(name), _) => name,
+            (None, Some(_)) => &PRIMARY_CONFIG.to_owned(),
+            (None, None) => return Ok(None),
         };
         let dir = match &self.config_path {
             Some(dir) => dir.clone(),
@@ -74,6 +72,9 @@ impl Source {
     }
 }
 
+/// The file `--config-path` reads without `--config-name`, as hydra's primary config.
+const PRIMARY_CONFIG: &str = "config";
+
 /// The variable that names another directory of config files than the repository's.
 const CONFIG_DIR_VAR: &str = "TDMPC2_CONFIG_DIR";
 
@@ -107,6 +108,20 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
         if key == "defaults" {
             check_hydra_defaults(&value)
                 .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+            continue;
+        }
+        // A hydra file's own section (logging, job, output folders) has nothing to do here,
+        // but for the run directory, which is run_dir: that one would be lost unsaid.
+        if key == "hydra" {
+            for dir in ["run.dir", "sweep.dir"] {
+                if path_value(&value, dir).is_some() {
+                    return Err(Error::Config(format!(
+                        "{}: hydra.{dir}: the run directory is run_dir here; set run_dir \
+                         instead",
+                        file.display()
+                    )));
+                }
+            }
             continue;
         }
         if let Some(hint) = hydra_key_hint(&key) {
@@ -171,9 +186,12 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
         if let Err(unknown) = set_path(&mut probe, key, own) {
             return Err(Error::Config(format!("'{arg}': {unknown}")));
         }
+        let default = path_value(&super::defaults::tree()?, key)
+            .and_then(|v| serde_yaml_ng::to_string(&v).ok())
+            .map_or_else(String::new, |text| text.trim().to_owned());
         return Err(Error::Config(format!(
-            "'{arg}': hydra's ~ deletes a key, but every key here has its value; give \
-             {key}=null (or its default) instead"
+            "'{arg}': hydra's ~ deletes a key, but every setting here has a value; give \
+             {key}={default} for its default"
         )));
     }
     if let Some(hint) = hydra_key_hint(arg) {
@@ -184,7 +202,9 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
             "cannot parse '{arg}': overrides are key=value (for example steps=100000)"
         )));
     };
-    let key = key.trim().trim_start_matches('+');
+    let key = key.trim();
+    let appends = key.starts_with('+') && !key.starts_with("++");
+    let key = key.trim_start_matches('+');
     if key.is_empty() {
         return Err(Error::Config(format!(
             "cannot parse '{arg}': the key is empty"
@@ -201,12 +221,18 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     // unset shell variable (`data_dir=$DATA`) is refused by name, not taken as no path.
     // YAML would read ` #` on as a comment (`exp_name=run #2` as `run`): a shell argument has
     // none, so such a value is taken whole, as a string.
+    // A leading `#`, `&`, `!` or `*` is a comment, an anchor, a tag or an alias to YAML
+    // (`data_dir=#x` would be null: an online run); hydra escapes with a backslash
+    // (`exp_name=a\,b` is `a,b`). Such values are the text given.
     let commented = raw.contains(" #") || raw.contains("\t#");
     let quoted = raw.trim_start().starts_with(['\'', '"']);
+    let yaml_sign = raw.trim_start().starts_with(YAML_SIGNS);
     super::refuse_deep_nesting(raw, key)?;
     let value: Value = if raw.trim().is_empty() {
         Value::String(String::new())
-    } else if commented && !quoted {
+    } else if let Some(text) = unescaped(raw).filter(|_| !quoted) {
+        Value::String(text.trim().to_owned())
+    } else if (commented || yaml_sign) && !quoted {
         Value::String(raw.trim().to_owned())
     } else {
         serde_yaml_ng::from_str(raw).map_err(|e| {
@@ -222,15 +248,47 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
             ))
         })?
     };
-    set_path(tree, key, value).map_err(Error::Config)
+    set_path(tree, key, value).map_err(|e| match appends {
+        true => Error::Config(format!(
+            "{e} (hydra's + adds a key; here every setting exists already and no other can \
+             be added)"
+        )),
+        false => Error::Config(e),
+    })
 }
 
-/// Whether `raw` holds a comma outside brackets and quotes: hydra's sweep separator
-/// (`seed=1,2`), where `task=[a,b]`, `run_dir=runs/[a,b]/0` and `'a,b'` hold one value.
+/// What YAML reads as its own syntax at the start of a plain value (a comment, an anchor, a
+/// tag, an alias, a directive, reserved signs and block scalars), never as text.
+const YAML_SIGNS: [char; 9] = ['#', '&', '!', '*', '%', '@', '`', '|', '>'];
+
+/// The characters hydra lets a backslash escape in a plain value.
+const ESCAPABLE: &str = "\\,()[]{}:= '\"";
+
+/// `raw` with hydra's escapes undone (`a\,b` is `a,b`), where it holds one.
+fn unescaped(raw: &str) -> Option<String> {
+    let (mut text, mut escaped, mut chars) = (String::new(), false, raw.chars().peekable());
+    while let Some(c) = chars.next() {
+        match chars.peek() {
+            Some(&next) if c == '\\' && ESCAPABLE.contains(next) => {
+                text.push(next);
+                chars.next();
+                escaped = true;
+            }
+            _ => text.push(c),
+        }
+    }
+    escaped.then_some(text)
+}
+
+/// Whether `raw` holds a comma outside brackets, quotes and escapes: hydra's sweep separator
+/// (`seed=1,2`), where `task=[a,b]`, `run_dir=runs/[a,b]/0`, `'a,b'` and `a\,b` hold one value.
 fn has_top_level_comma(raw: &str) -> bool {
-    let (mut depth, mut quote) = (0i32, None);
-    for c in raw.chars() {
+    let (mut depth, mut quote, mut chars) = (0i32, None, raw.chars());
+    while let Some(c) = chars.next() {
         match (quote, c) {
+            (None, '\\') => {
+                chars.next();
+            }
             (Some(q), c) if c == q => quote = None,
             (Some(_), _) => {}
             (None, '\'' | '"') => quote = Some(c),
@@ -304,6 +362,22 @@ fn hydra_key_hint(arg: &str) -> Option<&'static str> {
     if key == "hydra.run.dir" || key == "hydra.sweep.dir" {
         return Some("hydra's own settings are not read here; the run directory is run_dir=DIR");
     }
+    if key.starts_with("hydra/job_logging")
+        || key.starts_with("hydra/hydra_logging")
+        || key == "hydra.verbose"
+    {
+        return Some(
+            "hydra's logging is not used here: each rank writes its own log, and rank 0 the \
+             run's files under run_dir (docs/outputs.md)",
+        );
+    }
+    if key.starts_with("hydra.job.") || key == "hydra.output_subdir" {
+        return Some(
+            "hydra's job settings are not read here: a run never changes its working \
+             directory, and writes everything under run_dir, its resolved config as \
+             config.yaml (docs/outputs.md)",
+        );
+    }
     (key == "hydra" || key.starts_with("hydra.") || key.starts_with("hydra/")).then_some(
         "hydra's own settings are not read here: --multirun (-m) sweeps, and ranks start with \
          launcher=builtin, torchrun or slurm (docs/distributed.md)",
@@ -323,22 +397,24 @@ fn unknown_key(key: &str, known: &[String]) -> String {
     }
 }
 
-/// A name the run makes holding `${...}` (hydra's interpolation, which this parser does not
-/// resolve) would name a folder `${seed}`: refused, as a number setting's is. Paths the run
-/// reads (`checkpoint`, `resume`, `data_dir`) are taken as they are: such a folder exists.
-fn refuse_interpolations(tree: &Value) -> Result<()> {
-    const NAMES: [&str; 5] = [
-        "run_dir",
-        "exp_name",
-        "wandb_project",
-        "wandb_entity",
-        "wandb_name",
-    ];
-    for key in NAMES {
-        let text = tree.get(key).and_then(Value::as_str);
-        if let Some(text) = text.filter(|text| text.contains("${")) {
+/// A setting holding `${...}` (hydra's interpolation, which this parser does not resolve):
+/// refused, as a number setting's is, with the file it came from. A path the run reads
+/// (`checkpoint`, `resume`, `data_dir`) that exists is taken as it is: an earlier version may
+/// have named a folder so.
+fn refuse_interpolations(tree: &Value, origin: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+    const READ_PATHS: [&str; 3] = ["checkpoint", "resume", "data_dir"];
+    let Some(map) = tree.as_mapping() else {
+        return Ok(());
+    };
+    for (key, value) in map {
+        let (Some(key), Some(text)) = (key.as_str(), value.as_str()) else {
+            continue;
+        };
+        let existing = READ_PATHS.contains(&key) && Path::new(text).exists();
+        if text.contains("${") && !existing {
+            let from = origin(key).map_or(String::new(), |file| format!("{file}: "));
             return Err(Error::Config(format!(
-                "{key}={text}: interpolations are not resolved here; give the value itself"
+                "{from}{key}={text}: interpolations are not resolved here; give the value itself"
             )));
         }
     }
@@ -354,7 +430,7 @@ pub(super) fn from_tree(
     raw: &BTreeMap<&str, &str>,
     origin: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config> {
-    refuse_interpolations(&tree)?;
+    refuse_interpolations(&tree, origin)?;
     // Each pass converts one value to a type that is never converted again.
     for _ in 0..=2 * keys_in(&tree) {
         let error = match serde_path_to_error::deserialize(tree.clone()) {
@@ -420,13 +496,13 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
         };
     }
     match value {
-        Value::String(s) if INTEGERS.contains(&expected) => {
-            let grouped = s.starts_with(|c: char| c.is_ascii_digit())
-                && s.ends_with(|c: char| c.is_ascii_digit())
-                && s.chars().all(|c| c.is_ascii_digit() || c == '_')
-                && !s.contains("__");
-            let n: u64 = s.replace('_', "").parse().ok().filter(|_| grouped)?;
+        Value::String(s) if INTEGERS.contains(&expected) && grouped_digits(s) => {
+            let n: u64 = s.replace('_', "").parse().ok()?;
             Some(Value::Number(n.into()))
+        }
+        Value::String(s) if FLOATS.contains(&expected) && grouped_digits(s) => {
+            let x: f64 = s.replace('_', "").parse().ok()?;
+            Some(Value::Number(x.into()))
         }
         Value::String(s) if expected == "a boolean" => match s.to_ascii_lowercase().as_str() {
             "yes" | "on" | "true" => Some(Value::Bool(true)),
@@ -456,6 +532,19 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
         Value::Mapping(_) if expected == "a string" => raw.map(|r| Value::String(r.to_owned())),
         _ => None,
     }
+}
+
+/// A number grouped by underscores as hydra and Python write them (`10_000_000`, `1_000.5`):
+/// each underscore between two digits.
+fn grouped_digits(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    s.contains('_')
+        && bytes.iter().enumerate().all(|(i, &b)| {
+            b != b'_'
+                || (i > 0
+                    && bytes[i - 1].is_ascii_digit()
+                    && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
+        })
 }
 
 /// The official parser's arithmetic, `A+B`, `A-B`, `A*B` or `A/B` of two whole numbers
@@ -539,5 +628,12 @@ fn describe_type_error(message: &str) -> String {
         .strip_prefix("invalid type: ")
         .or_else(|| what.strip_prefix("invalid value: "))
         .unwrap_or(what);
+    // serde's names for YAML's null, list and mapping.
+    let got = match got {
+        "unit value" => "null",
+        "sequence" => "a list",
+        "map" => "a mapping",
+        other => other,
+    };
     format!("expected {}, got {got}", describe_expected(expected))
 }

@@ -109,7 +109,7 @@ fn a_config_files_keys_get_the_command_lines_hints() {
     };
     let e = error("seed: 2\nhydra:\n  run:\n    dir: out\n");
     assert!(
-        e.contains("key 'hydra'") && e.contains("hydra's own settings are not read here"),
+        e.contains("hydra.run.dir: the run directory is run_dir here"),
         "{e}"
     );
     let e = error("work_dir: out\n");
@@ -120,6 +120,111 @@ fn a_config_files_keys_get_the_command_lines_hints() {
         e.contains(&format!("{}: wrong type for 'steps'", file.display())),
         "{e}"
     );
+    let e = error("exp_name: ${task}\n");
+    assert!(
+        e.contains(&format!(
+            "{}: exp_name=${{task}}: interpolations",
+            file.display()
+        )),
+        "{e}"
+    );
+    let e = error("exp_name:\n");
+    assert!(e.contains("expected a string, got null"), "{e}");
+    // The rest of a hydra file's own section means nothing here and is passed over.
+    std::fs::write(&file, "steps: 2000\nhydra:\n  job:\n    chdir: true\n").unwrap();
+    let c = Config::load(&Source {
+        config_name: Some("mine".into()),
+        config_path: Some(dir.path().to_path_buf()),
+        ..Source::default()
+    })
+    .unwrap();
+    assert_eq!(c.steps, 2000);
+}
+
+/// `--config-path DIR` alone reads DIR/config.yaml, hydra's primary config.
+#[test]
+fn a_config_path_alone_reads_its_primary_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.yaml"), "steps: 3000\n").unwrap();
+    let c = Config::load(&Source {
+        config_path: Some(dir.path().to_path_buf()),
+        ..Source::default()
+    })
+    .unwrap();
+    assert_eq!(c.steps, 3000);
+}
+
+/// What hydra reads as text stays text (YAML's own signs, hydra's escapes), and hydra's
+/// spellings that mean nothing here say what does.
+#[test]
+fn hydra_text_escapes_and_its_own_settings_are_read_as_hydra_reads_them() {
+    for (arg, text) in [
+        ("exp_name=#x", "#x"),
+        ("exp_name=&team", "&team"),
+        ("exp_name=!x", "!x"),
+        ("exp_name=*x", "*x"),
+        ("exp_name=@foo", "@foo"),
+        ("exp_name=a\\,b", "a,b"),
+        ("exp_name=f\\(x\\)", "f(x)"),
+    ] {
+        assert_eq!(load(&[arg]).unwrap().exp_name, text, "{arg}");
+    }
+    let c = load(&["data_dir=#x"]).unwrap();
+    assert_eq!(c.data_dir.as_deref(), Some("#x"), "an online run instead");
+    assert_eq!(
+        load(&["run_dir=#1"]).unwrap().run_dir.as_deref(),
+        Some("#1")
+    );
+    assert_eq!(load(&["vmax=1_0"]).unwrap().vmax, 10.0);
+    assert_eq!(
+        load(&["discount_denom=1_000"]).unwrap().discount_denom,
+        1000.0
+    );
+    assert_eq!(load(&["lr=3_0e-5"]).unwrap().lr, 30e-5);
+    for bad in ["vmax=1__0", "vmax=_1", "vmax=1_", "vmax=1_.5"] {
+        assert!(error(&[bad]).contains("wrong type"), "{bad}");
+    }
+    for (arg, why) in [
+        ("steps=null", "expected a non-negative integer, got null"),
+        ("exp_name=null", "expected a string, got null"),
+        ("~steps", "give steps=10000000 for its default"),
+        ("~checkpoint", "give checkpoint=null for its default"),
+        ("~episode_length", "episode_length is derived"),
+        (
+            "+steps2=1",
+            "hydra's + adds a key; here every setting exists already",
+        ),
+        (
+            "master_addr=${oc.env:MASTER_ADDR,localhost}",
+            "master_addr=${oc.env:MASTER_ADDR,localhost}: interpolations are not resolved",
+        ),
+        ("task=${oc.env:T}", "interpolations are not resolved"),
+        ("data_dir=${oc.env:DATA}", "interpolations are not resolved"),
+        (
+            "hydra/job_logging=disabled",
+            "hydra's logging is not used here",
+        ),
+        ("hydra.verbose=true", "hydra's logging is not used here"),
+        (
+            "hydra.job.chdir=true",
+            "a run never changes its working directory",
+        ),
+    ] {
+        // As the commands check them: derived settings first, then the load.
+        let source = Source {
+            overrides: vec![arg.to_owned()],
+            ..Source::default()
+        };
+        let e = source
+            .refuse_derived_settings()
+            .and_then(|()| Config::load(&source).map(drop))
+            .expect_err(arg)
+            .to_string();
+        assert!(e.contains(why), "{arg}: {e}");
+    }
+    // Without --multirun an escaped comma is one value, not a sweep.
+    assert_eq!(load(&["exp_name=x\\,y"]).unwrap().exp_name, "x,y");
+    assert_eq!(load(&["+steps=2000"]).unwrap().steps, 2000);
 }
 
 #[test]
@@ -284,7 +389,12 @@ fn hydra_spellings_are_taken_and_empty_values_named() {
         assert!(e.contains(why), "{bad}: {e}");
     }
     // A path the run reads is taken as it is: a folder an earlier version named so exists.
-    assert!(load(&["checkpoint=old/${seed}/1"]).is_ok());
+    let dir = tempfile::tempdir().unwrap();
+    let named = dir.path().join("old/${seed}/1");
+    std::fs::create_dir_all(&named).unwrap();
+    assert!(load(&[&format!("checkpoint={}", named.display())]).is_ok());
+    let e = error(&["checkpoint=old/${seed}/1"]);
+    assert!(e.contains("interpolations are not resolved"), "{e}");
     for key in [
         "data_dir",
         "run_dir",

@@ -29,11 +29,18 @@ impl Job {
     }
 }
 
-/// Splits a value at its top-level commas: `1,2` is two values, `[1,2]` and `"a,b"` are one.
+/// Splits a value at its top-level commas: `1,2` is two values, `[1,2]`, `"a,b"` and hydra's
+/// escaped `a\,b` are one (the escape is kept for the override to undo).
 pub fn split_values(raw: &str) -> Vec<String> {
     let (mut values, mut current, mut depth, mut quote) = (vec![], String::new(), 0i32, None);
-    for c in raw.chars() {
+    let mut chars = raw.chars();
+    while let Some(c) = chars.next() {
         match (c, quote) {
+            ('\\', None) => {
+                current.push(c);
+                current.extend(chars.next());
+                continue;
+            }
             ('"' | '\'', None) => quote = Some(c),
             (c, Some(q)) if c == q => quote = None,
             ('[' | '{' | '(', None) => depth += 1,
