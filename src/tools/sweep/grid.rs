@@ -280,6 +280,7 @@ mod tests {
         assert_eq!(split_values("[1,2],[3]"), ["[1,2]", "[3]"]);
         assert_eq!(split_values("'a,b',c"), ["'a,b'", "c"]);
         assert_eq!(split_values("3e-4"), ["3e-4"]);
+        assert_eq!(split_values("a\\,b,c"), ["a\\,b", "c"]);
         let values = |raw: &str| sweep_values("seed", raw);
         assert_eq!(values("range(1,4)").unwrap(), ["1", "2", "3"]);
         assert_eq!(values("range(10, 0, -5)").unwrap(), ["10", "5"]);
