@@ -215,6 +215,11 @@ impl Actor {
         self.slots.len()
     }
 
+    /// The most steps an episode of these environments takes (truncation's).
+    pub fn longest_episode(&self) -> usize {
+        self.envs.spec().episode_length
+    }
+
     pub fn policy(&self) -> &Policy {
         &self.policy
     }

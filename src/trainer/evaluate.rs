@@ -2,6 +2,7 @@
 //! in eval mode; the returns are gathered so that rank 0 reports over all episodes and by task. A stop request is checked before each
 //! round-robin slot, on every rank (also one with no episode left in that slot), so the
 //! collective check lines up across ranks.
+use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
 use envs::{Family, Frame};
@@ -172,7 +173,8 @@ impl Plan {
 /// episodes and after the last, the same number of times on every rank; a rank asked to stop
 /// leaves its round between two steps). `episodes` is the number of
 /// episodes, of each task in a multitask run of `tasks` tasks. With `video`, this rank's
-/// first episode is filmed into it; with `say`, how far a long evaluation is goes to it.
+/// first episode is filmed into it; with `say`, how far a long evaluation is goes to it,
+/// counted in steps of its rounds (one long episode would otherwise say nothing until done).
 pub fn evaluate(
     actor: &mut Actor,
     episodes: usize,
@@ -184,14 +186,17 @@ pub fn evaluate(
 ) -> Result<Outcome> {
     let (rank, world) = (group.rank(), group.world_size());
     let plan = Plan::new(episodes, tasks, rank, world, actor.num_envs());
+    let mine = plan.jobs.len();
     let what = match world {
-        1 => "Evaluation".to_string(),
-        _ => format!("Evaluation (rank {rank}'s share)"),
+        1 => format!("Evaluation of {mine} episode(s)"),
+        _ => format!("Evaluation of rank {rank}'s {mine} episode(s)"),
     };
-    let mine = plan.jobs.len() as u64;
-    let now = Instant::now();
-    let mut countdown = say.map(|say| (say, Countdown::start(what, "episodes", mine, now)));
-    let mut played = 0;
+    let round_steps = actor.longest_episode() as u64;
+    let total = plan.rounds.len() as u64 * round_steps;
+    let countdown = say.map(|say| {
+        let countdown = Countdown::start(what, "steps", total, Instant::now());
+        (say, RefCell::new(countdown))
+    });
     // One row per episode: return, length, success (NaN when the task has none), played
     // (0/1), task (-1 for none).
     let mut rows = vec![f64::NAN; plan.most_jobs.max(1) * COLUMNS];
@@ -212,9 +217,18 @@ pub fn evaluate(
             })
             .collect();
         // A stop asked on this rank ends its round at once; every rank then meets at the next
-        // check, which agrees on the stop.
-        let Some(episodes) = actor.evaluate(&starts, video.take(), &super::stop::requested_here)?
-        else {
+        // check, which agrees on the stop. The actor asks before each step.
+        let step = Cell::new(round as u64 * round_steps);
+        let before_each_step = || {
+            if let Some((say, countdown)) = &countdown {
+                if let Some(line) = countdown.borrow_mut().line(step.get(), Instant::now()) {
+                    say(&line);
+                }
+            }
+            step.set(step.get() + 1);
+            super::stop::requested_here()
+        };
+        let Some(episodes) = actor.evaluate(&starts, video.take(), &before_each_step)? else {
             continue;
         };
         for (job, episode) in jobs.iter().zip(episodes) {
@@ -229,12 +243,6 @@ pub fn evaluate(
                 1.0,
                 task,
             ]);
-            played += 1;
-        }
-        if let Some((say, countdown)) = &mut countdown {
-            if let Some(line) = countdown.line(played, Instant::now()) {
-                say(&line);
-            }
         }
     }
     // The stops asked during the last round (every rank checks once more).
