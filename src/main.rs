@@ -12,6 +12,11 @@ fn main() {
     let cli = tdmpc2::cli::Cli::parse_from(tdmpc2::cli::hydra_short_flags(std::env::args_os()));
     match std::panic::catch_unwind(|| tdmpc2::cli::run(cli)) {
         Ok(Ok(())) => {}
+        // A stop that was asked for is no error; its exit code says it stopped.
+        Ok(Err(error @ tdmpc2::Error::Stopped(_))) => {
+            tdmpc2::errln!("{error}");
+            std::process::exit(error.exit_code());
+        }
         Ok(Err(error)) => {
             tdmpc2::errln!("error: {error}");
             std::process::exit(error.exit_code());

@@ -348,9 +348,19 @@ fn a_resume_without_buffers_pretrains_once_the_buffer_can_give_a_batch() {
         waiting.contains("without replay buffers") && !waiting.contains("Pretraining"),
         "{waiting}"
     );
+    // Said at the start (150 steps left, an episode is 200) and at the end.
+    assert!(
+        waiting.contains("150 steps left, fewer than an episode (200): it makes no update")
+            && waiting.contains("the run made no update"),
+        "{waiting}"
+    );
     let owed = resume("steps=700");
     assert!(
         owed.contains("Pretraining agent on seed data (400 updates)"),
+        "{owed}"
+    );
+    assert!(
+        !owed.contains("makes no update") && !owed.contains("made no update"),
         "{owed}"
     );
 }

@@ -196,8 +196,12 @@ pub(super) fn stop_with_checkpoint(
             // --kill-on-bad-exit or torchrun the first rank to exit ends the others. The
             // checkpoint is written whatever this says (a rank gone now changes nothing).
             let _ = group.all_reduce_sum(&mut tch::Tensor::from_slice(&[1.0f32]));
+            let resume = match group.rank() {
+                0 => "; the same command with resume=auto goes on from it",
+                _ => "",
+            };
             Error::Stopped(format!(
-                "stopped {}: {}; checkpoint written",
+                "stopped {}: {}; checkpoint written{resume}",
                 stop.when, stop.request
             ))
         }

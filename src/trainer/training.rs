@@ -153,7 +153,30 @@ impl<'g> Training<'g> {
         if resumed_here && training.holds_a_checkpoint_of_this_step()? {
             training.saved_at = resumed_from;
         }
+        if resumed_from.is_some() {
+            training.warn_if_the_buffer_cannot_refill()?;
+        }
         Ok(training)
+    }
+
+    /// A run resumed without its replay buffers refills them from new episodes: when its
+    /// steps end before each environment's first whole episode, it can make no update (a
+    /// collective: every rank asks).
+    fn warn_if_the_buffer_cannot_refill(&self) -> Result<()> {
+        if self.learner.ready()? {
+            return Ok(());
+        }
+        let left = self.settings.local_steps.saturating_sub(self.state.step) / self.vector_step();
+        let episode = self.actor.longest_episode() as u64;
+        if self.group.rank() == 0 && left < episode {
+            errln!(
+                "warning: this resumed run's replay buffers hold no episode to learn from, and \
+                 each environment has {left} steps left, fewer than an episode ({episode}): \
+                 it makes no update; raise steps (save_buffer=true keeps the buffers in \
+                 checkpoints)"
+            );
+        }
+        Ok(())
     }
 
     pub(super) fn running(&self) -> bool {
@@ -446,6 +469,12 @@ impl<'g> Training<'g> {
             report.close()?;
         }
         if self.group.rank() == 0 {
+            if self.learner.updater().model_optim.step_count() == 0 {
+                errln!(
+                    "warning: the run made no update: its steps ended while seeding, or before \
+                     its replay buffers held a whole episode"
+                );
+            }
             let dir = self.checkpoints.run_dir.display();
             match steady_rate {
                 Some(rate) => {
