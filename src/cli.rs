@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::arg_values::count;
+use crate::checkpoint::WeightsGiven;
 use crate::config::{Config, Source};
 use crate::ddp::launcher::{self, LaunchPlan};
 use crate::ddp::{LaunchedBy, RankInfo};
@@ -288,7 +289,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Export { input, output } => {
-            let model = crate::checkpoint::model_file(&input)?;
+            let model = crate::checkpoint::model_file(&input, WeightsGiven::ToExport)?;
             crate::checkpoint::say_which_weights(&input, &model);
             crate::checkpoint::verify_model(&model)?;
             let written = crate::agent::export_official(&model, &output)?;

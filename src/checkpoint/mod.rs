@@ -244,25 +244,52 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| Error::io(format!("write {}", path.display()), e))
 }
 
+/// Where a path to weights was given, for what its errors say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsGiven {
+    /// The `checkpoint=` setting (eval, collect, a run continued from weights).
+    AsCheckpoint,
+    /// The input of `tdmpc2 export`.
+    ToExport,
+}
+
+impl WeightsGiven {
+    fn named(self, path: &Path) -> String {
+        match self {
+            Self::AsCheckpoint => format!("checkpoint={}", path.display()),
+            Self::ToExport => format!("export {}", path.display()),
+        }
+    }
+}
+
+/// What a weights path may be, for the errors that say it names none.
+const WEIGHTS_PATHS: &str = "a checkpoint directory, a run directory or a .safetensors file";
+
 /// The model weights a path names: `model.safetensors` of a checkpoint directory (the
 /// directory itself or any file in it), the latest checkpoint of a run (or checkpoints)
-/// directory, or any other `.safetensors` file (an imported one).
-pub fn model_file(path: &Path) -> Result<PathBuf> {
+/// directory, or any other `.safetensors` file (an imported one). A file torch saved, whatever
+/// its name, is refused with what to do.
+pub fn model_file(path: &Path, given: WeightsGiven) -> Result<PathBuf> {
+    let named = given.named(path);
     if path.is_file() {
         let dir = path.parent().unwrap_or(Path::new("."));
         let in_checkpoint = dir.join(MODEL).is_file() && dir.join(META).is_file();
         if in_checkpoint && path.file_name() != Some(MODEL.as_ref()) {
             return Ok(dir.join(MODEL));
         }
-        let torch_file = path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("pt") || e.eq_ignore_ascii_case("pth"));
-        if torch_file {
+        if torch_saved(path) {
+            let what = match given {
+                WeightsGiven::AsCheckpoint => format!(
+                    "`tdmpc2 import {} OUT.safetensors` converts it to weights this binary loads",
+                    path.display()
+                ),
+                WeightsGiven::ToExport => format!(
+                    "export writes that format from this project's weights ({WEIGHTS_PATHS}); \
+                     this one needs no export"
+                ),
+            };
             return Err(Error::Config(format!(
-                "checkpoint={}: a torch checkpoint (an official one?); `tdmpc2 import {} \
-                 OUT.safetensors` converts it to weights this binary loads",
-                path.display(),
-                path.display()
+                "{named}: a file torch.save wrote (an official checkpoint?); {what}"
             )));
         }
         return Ok(path.to_owned());
@@ -274,15 +301,24 @@ pub fn model_file(path: &Path) -> Result<PathBuf> {
     match latest {
         Some((_, dir)) => Ok(dir.join(MODEL)),
         None if path.is_dir() => Err(Error::Config(format!(
-            "checkpoint={}: a directory holding no checkpoint (no {MODEL}, no step_<N>/, no \
-             checkpoints/); give a checkpoint directory, a run directory or a weights file",
-            path.display()
+            "{named}: a directory holding no checkpoint (no {MODEL}, no step_<N>/, no \
+             checkpoints/); give {WEIGHTS_PATHS}"
         ))),
         None => Err(Error::Config(format!(
-            "checkpoint={}: no such file, and no checkpoint directory there",
-            path.display()
+            "{named}: no such file, and no checkpoint directory there; give {WEIGHTS_PATHS}"
         ))),
     }
+}
+
+/// Whether `torch.save` wrote the file at `path`, by its first bytes: a zip archive (torch's
+/// format since 1.6) or a pickle (its older one). A safetensors file begins with the length of
+/// its header, little-endian, whose last bytes are zero.
+fn torch_saved(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 4];
+    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    const PICKLE_PROTOCOL: u8 = 0x80;
+    read.is_ok() && (head == *b"PK\x03\x04" || head[0] == PICKLE_PROTOCOL)
 }
 
 /// Says which weights file a file of a checkpoint named (`model_file` of its `meta.json`).
@@ -568,16 +604,53 @@ mod tests {
     #[test]
     fn a_weights_path_that_names_nothing_says_what_it_is() {
         let dir = tempfile::tempdir().unwrap();
-        let e = model_file(dir.path()).unwrap_err();
+        let e = model_file(dir.path(), WeightsGiven::AsCheckpoint).unwrap_err();
         assert_eq!(e.exit_code(), crate::error::BAD_INPUT_EXIT_CODE);
         assert!(
             e.to_string().contains("a directory holding no checkpoint"),
             "{e}"
         );
-        let e = model_file(&dir.path().join("gone"))
+        let e = model_file(&dir.path().join("gone"), WeightsGiven::ToExport)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("no such file"), "{e}");
+        assert!(
+            e.contains("export ") && e.contains("no such file") && e.contains(WEIGHTS_PATHS),
+            "{e}"
+        );
+    }
+
+    /// A file torch saved is known by its bytes, whatever its name, and the error says what to
+    /// do where it was given; a safetensors file named `.pt` is taken.
+    #[test]
+    fn a_file_torch_saved_is_known_by_its_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let zip = dir.path().join("final.ckpt");
+        std::fs::write(&zip, b"PK\x03\x04rest").unwrap();
+        let pickle = dir.path().join("agent.bin");
+        std::fs::write(&pickle, [0x80, 0x02, b'}', b'q']).unwrap();
+        for file in [&zip, &pickle] {
+            let e = model_file(file, WeightsGiven::AsCheckpoint)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("checkpoint=") && e.contains("`tdmpc2 import"),
+                "{e}"
+            );
+            let e = model_file(file, WeightsGiven::ToExport)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("export {}", file.display())) && e.contains("needs no export"),
+                "{e}"
+            );
+        }
+        let named_pt = dir.path().join("weights.pt");
+        let tensors = [("x".to_string(), tch::Tensor::from_slice(&[1.0f32]))];
+        tch::Tensor::write_safetensors(&tensors, &named_pt).unwrap();
+        assert_eq!(
+            model_file(&named_pt, WeightsGiven::AsCheckpoint).unwrap(),
+            named_pt
+        );
     }
 
     /// A `meta.json` that is not one, or one of a newer format, is refused as bad input
@@ -730,9 +803,10 @@ mod tests {
         );
         verify_model(&dir.join(MODEL)).unwrap();
         // Any file of the checkpoint names its weights.
-        assert_eq!(model_file(&dir.join(STATE)).unwrap(), dir.join(MODEL));
-        assert_eq!(model_file(&dir.join(META)).unwrap(), dir.join(MODEL));
-        assert_eq!(model_file(run.path()).unwrap(), dir.join(MODEL));
+        let weights = |path: &Path| model_file(path, WeightsGiven::AsCheckpoint).unwrap();
+        assert_eq!(weights(&dir.join(STATE)), dir.join(MODEL));
+        assert_eq!(weights(&dir.join(META)), dir.join(MODEL));
+        assert_eq!(weights(run.path()), dir.join(MODEL));
 
         // Intact files that do not load back: the message names the part, not damage.
         let original = std::fs::read(dir.join(META)).unwrap();

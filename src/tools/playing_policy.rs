@@ -4,6 +4,7 @@ use std::path::Path;
 
 use crate::actor::Policy;
 use crate::agent::{AgentConfig, TorchNoise};
+use crate::checkpoint::WeightsGiven;
 use crate::config::Config;
 use crate::ddp::RankInfo;
 use crate::error::{Error, Result};
@@ -18,7 +19,8 @@ pub fn build(
 ) -> Result<Policy> {
     let weights = match checkpoint {
         Some(path) => {
-            let weights = crate::checkpoint::model_file(Path::new(path))?;
+            let weights =
+                crate::checkpoint::model_file(Path::new(path), WeightsGiven::AsCheckpoint)?;
             crate::checkpoint::say_which_weights(Path::new(path), &weights);
             crate::checkpoint::verify_model(&weights)?;
             // Another task with the same sizes loads (a transfer, or a mistake): say so. Lists

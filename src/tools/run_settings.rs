@@ -3,6 +3,7 @@
 //! are said.
 use std::path::{Path, PathBuf};
 
+use crate::checkpoint::WeightsGiven;
 use crate::config::{Config, Source, RUN_CONFIG_FILE};
 use crate::error::{Error, Result};
 
@@ -50,7 +51,7 @@ pub fn taken_beneath(source: Source, verb: &str) -> Result<Source> {
     let Some(checkpoint) = own.checkpoint.as_deref() else {
         return Ok(source);
     };
-    let weights = crate::checkpoint::model_file(Path::new(checkpoint))?;
+    let weights = crate::checkpoint::model_file(Path::new(checkpoint), WeightsGiven::AsCheckpoint)?;
     // Without its run's settings, a checkpoint still says which task it was trained on: the
     // default task would not fit it.
     let trained_task = || {
