@@ -815,40 +815,63 @@ for prefix in ('_Qs.params', '_detach_Qs_params', '_target_Qs_params'):
             assert!(tensor.equal(&original.1), "{fixture}: {name} changed");
         }
     }
-    // An official checkpoint from before the log-std bounds were saved, imported: its export
-    // carries the official defaults, which the official loader fills in only for the old layout.
-    let config = config_of(STATE);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let model = fixture_model(
-        &config,
-        &read_from(STATE, "weights.safetensors"),
-        Device::Cpu,
-    );
-    let without: Vec<(String, Tensor)> = model
-        .named_tensors()
-        .into_iter()
-        .filter(|(name, _)| !name.starts_with("log_std"))
-        .collect();
-    let old = dir.path().join("old.safetensors");
-    Tensor::write_safetensors(&without, &old).expect("write");
-    let pt = dir.path().join("old.pt");
-    tdmpc2::agent::export_official(&old, &pt).expect("export");
-    let bounds: Vec<f64> = embedded_python::with_python(|py| {
-        let globals = pyo3::types::PyDict::new(py);
-        globals.set_item("path", pt.to_string_lossy().to_string())?;
-        py.run(
-            c"
+    // An official checkpoint of 2023's layout (no log-std bounds, nor a multitask model's
+    // action masks), imported: exported in that layout (`_Qs.params.<n>`, four tensors a
+    // layer, no detached view, no bookkeeping), which the official loader converts, taking what
+    // it lacks from its config; and it imports back unchanged.
+    for fixture in [STATE, MULTITASK] {
+        let config = config_of(fixture);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = fixture_model(
+            &config,
+            &read_from(fixture, "weights.safetensors"),
+            Device::Cpu,
+        );
+        let without: Vec<(String, Tensor)> = model
+            .named_tensors()
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with("log_std") && name != "_action_masks")
+            .collect();
+        let old = dir.path().join("old.safetensors");
+        Tensor::write_safetensors(&without, &old).expect("write");
+        let pt = dir.path().join("old.pt");
+        tdmpc2::agent::export_official(&old, &pt).expect("export");
+        let keys: Vec<String> = embedded_python::with_python(|py| {
+            let globals = pyo3::types::PyDict::new(py);
+            globals.set_item("path", pt.to_string_lossy().to_string())?;
+            py.run(
+                c"
 import torch
 state = torch.load(path, map_location='cpu', weights_only=False)['model']
-bounds = [float(state['log_std_min']), float(state['log_std_dif'])]
+keys = sorted(k for k in state if 'Qs' in k or k.startswith('log_std') or k == '_action_masks')
 ",
-            Some(&globals),
-            None,
-        )?;
-        globals.get_item("bounds")?.expect("set").extract()
-    })
-    .expect("reading the export");
-    assert_eq!(bounds, [-10.0, 12.0]);
+                Some(&globals),
+                None,
+            )?;
+            globals.get_item("keys")?.expect("set").extract()
+        })
+        .expect("reading the export");
+        // The last layer has no LayerNorm: two tensors.
+        let q_tensors = without
+            .iter()
+            .filter(|(n, _)| n.starts_with("_Qs.params."))
+            .count();
+        let mut want: Vec<String> = (0..q_tensors)
+            .flat_map(|n| [format!("_Qs.params.{n}"), format!("_target_Qs.params.{n}")])
+            .collect();
+        want.sort();
+        assert_eq!(keys, want, "{fixture}");
+        let back = dir.path().join("back.safetensors");
+        import_official(&pt, &back).expect("import the export");
+        let mut back: Vec<(String, Tensor)> = Tensor::read_safetensors(&back).expect("read");
+        back.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut without = without;
+        without.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(back.len(), without.len(), "{fixture}");
+        for ((a, x), (b, y)) in back.iter().zip(&without) {
+            assert!(a == b && x.equal(y), "{fixture}: {a} / {b}");
+        }
+    }
 
     let dir = tempfile::tempdir().expect("tempdir");
     let not_a_model = dir.path().join("other.safetensors");

@@ -15,11 +15,19 @@ use super::world_model::{
 /// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
 const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];
 
-/// Maps an official key to ours; `None` drops it (bookkeeping, the detached Q view).
+/// Maps an official key to ours; `None` drops it (bookkeeping, the detached Q view). Official
+/// code of late 2024 saved the detached and target ensembles twice (`_detach_Qs.params.*` and
+/// `_target_Qs.params.<layer>.*` beside `_detach_Qs_params.*` and `_target_Qs_params.*`): the
+/// detached copies are dropped, the target's read under one name (equal copies are taken once);
+/// its April 2025 termination head `_terminated` is our `_termination`.
 fn convert_key(key: &str) -> Option<String> {
     let key = key.strip_prefix("module.").unwrap_or(key);
-    if key.ends_with("__batch_size") || key.ends_with("__device") || key.starts_with(Q_DETACHED) {
+    let bookkeeping = key.ends_with("__batch_size") || key.ends_with("__device");
+    if bookkeeping || key.starts_with(Q_DETACHED) || key.starts_with("_detach_Qs.") {
         return None;
+    }
+    if let Some(rest) = key.strip_prefix("_terminated.") {
+        return Some(format!("{TERMINATION}.{rest}"));
     }
     // Pre-compile checkpoints: `_Qs.params.<n>` / `_target_Qs.params.<n>`, four tensors per layer.
     for (legacy, ours) in [("_Qs.params.", Q_ONLINE), ("_target_Qs.params.", Q_TARGET)] {
@@ -33,6 +41,9 @@ fn convert_key(key: &str) -> Option<String> {
                 LEGACY_Q_NAMES[index % 4]
             ));
         }
+    }
+    if let Some(rest) = key.strip_prefix("_target_Qs.params.") {
+        return Some(format!("{Q_TARGET}.{rest}"));
     }
     Some(key.to_string())
 }
@@ -117,11 +128,14 @@ fn unreadable(py: Python<'_>, e: PyErr) -> PyErr {
 pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     refuse_the_other_format(
         out_path,
-        "pt",
+        &["pt", "pth"],
         "import writes safetensors, e.g. model.safetensors",
     )?;
     let path_text = pt_path.display().to_string();
-    if pt_path.extension().is_some_and(|e| e == "safetensors") {
+    if pt_path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"))
+    {
         return Err(Error::Unreadable {
             path: path_text,
             message: "a .safetensors file is this project's own format already: give it to \
@@ -168,17 +182,22 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
         let Some(name) = convert_key(&t.name) else {
             continue;
         };
-        if let Some(first) = sources.insert(name.clone(), t.name.clone()) {
+        let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
+        if let Some((first, at)) = sources.get(&name) {
+            let (_, kept): &(String, Tensor) = &named[*at];
+            if kept.size() == tensor.size() && kept.equal(&tensor) {
+                continue;
+            }
             return Err(Error::Unreadable {
                 path: path_text,
                 message: format!(
-                    "`{first}` and `{}` are both the model's `{name}`: a state dict holds each \
-                     parameter once",
+                    "`{first}` and `{}` are both the model's `{name}`, with other values: a \
+                     state dict holds each parameter once",
                     t.name
                 ),
             });
         }
-        let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
+        sources.insert(name.clone(), (t.name.clone(), named.len()));
         named.push((name, tensor));
     }
     if let Some(why) = not_a_tdmpc2_model(&named) {
@@ -339,31 +358,34 @@ pub fn python_tensors<'py, 't>(
 pub fn export_official(model_path: &Path, out_path: &Path) -> Result<usize> {
     refuse_the_other_format(
         out_path,
-        "safetensors",
+        &["safetensors"],
         "export writes torch's format, e.g. agent.pt",
     )?;
     let fail = |path: &Path, message: String| Error::Unreadable {
         path: path.display().to_string(),
         message,
     };
-    let (named, num_q) = read_our_model(model_path)?;
-    let bounds = missing_log_std_bounds(&named)?;
-    if !bounds.is_empty() {
+    let (mut named, num_q) = read_our_model(model_path)?;
+    // An official checkpoint of the 2023 layout, imported, has no log-std bounds (nor a
+    // multitask model's action masks): written back in that layout, the official loader
+    // converts it and takes them from its config, as it does for the published checkpoints.
+    let legacy = !named.iter().any(|(name, _)| name == LOG_STD_MIN);
+    if legacy {
         errln!(
-            "note: {} has no log-std bounds (an official checkpoint from before they were \
-             saved, imported): the official defaults are written, which its loader would take",
+            "note: {} has no log-std bounds (an official checkpoint of 2023's layout, \
+             imported): written in that layout, which the official loader converts",
             model_path.display()
         );
+        for (name, _) in &mut named {
+            *name = legacy_q_name(name);
+        }
     }
     let (partial, _watched) = reserve_partial(out_path)?;
     let written = embedded_python::with_python(|py| {
         let globals = PyDict::new(py);
-        let bounds = bounds.iter().map(|(name, tensor)| (*name, tensor));
-        let tensors = named
-            .iter()
-            .map(|(name, tensor)| (name.as_str(), tensor))
-            .chain(bounds);
+        let tensors = named.iter().map(|(name, tensor)| (name.as_str(), tensor));
         globals.set_item("tensors", python_tensors(py, tensors)?)?;
+        globals.set_item("legacy", legacy)?;
         // A path, not text: a name that is not UTF-8 reaches Python as the same file.
         globals.set_item("path", out_path)?;
         globals.set_item("partial", &partial)?;
@@ -378,9 +400,9 @@ state = {
     name: torch.frombuffer(bytearray(raw), dtype=torch.float32).reshape(shape)
     for name, (raw, shape) in tensors.items()
 }
-for name in [n for n in state if n.startswith(online + '.')]:
+for name in [n for n in state if n.startswith(online + '.') and not legacy]:
     state[detached + name[len(online):]] = state[name]
-for prefix in ensembles:
+for prefix in ensembles if not legacy else []:
     state[prefix + '.__batch_size'] = torch.Size([num_q])
     state[prefix + '.__device'] = None
 path, partial = os.fspath(path), os.fspath(partial)
@@ -424,6 +446,12 @@ fn read_our_model(model_path: &Path) -> Result<(Vec<(String, Tensor)>, i64)> {
             "not a readable safetensors file (truncated, damaged, or another format): {e}"
         ))
     })?;
+    // Named as a model loads them (a wrapper's `module.`, no detached view of its own).
+    let named: Vec<(String, Tensor)> = named
+        .into_iter()
+        .map(|(name, t)| (name.strip_prefix("module.").unwrap_or(&name).to_owned(), t))
+        .filter(|(name, _)| !name.starts_with(Q_DETACHED))
+        .collect();
     let first_q = format!("{Q_ONLINE}.0.weight");
     let num_q = named
         .iter()
@@ -443,20 +471,23 @@ fn read_our_model(model_path: &Path) -> Result<(Vec<(String, Tensor)>, i64)> {
     Ok((named, num_q))
 }
 
-/// The log-std bounds a state dict lacks (official checkpoints saved before they were kept, as
-/// imported), with the official defaults: the official loader fills them in from its config
-/// only for a file of that old layout, which an export is not.
-fn missing_log_std_bounds(named: &[(String, Tensor)]) -> Result<Vec<(&'static str, Tensor)>> {
-    let defaults = crate::config::Config::defaults().map_err(|e| Error::Config(e.to_string()))?;
-    let bounds = [
-        (LOG_STD_MIN, defaults.log_std_min),
-        (LOG_STD_DIF, defaults.log_std_max - defaults.log_std_min),
-    ];
-    Ok(bounds
-        .into_iter()
-        .filter(|(name, _)| !named.iter().any(|(n, _)| n == name))
-        .map(|(name, value)| (name, Tensor::from(value as f32)))
-        .collect())
+/// A Q-ensemble tensor's name in the 2023 layout (`_Qs.params.<n>`, `_target_Qs.params.<n>`,
+/// four tensors a layer); other names as they are.
+fn legacy_q_name(name: &str) -> String {
+    for (ours, legacy) in [(Q_ONLINE, "_Qs.params"), (Q_TARGET, "_target_Qs.params")] {
+        let Some((layer, tensor)) = name
+            .strip_prefix(ours)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            continue;
+        };
+        let index = LEGACY_Q_NAMES.iter().position(|n| *n == tensor);
+        if let (Ok(layer), Some(index)) = (layer.parse::<usize>(), index) {
+            return format!("{legacy}.{}", layer * LEGACY_Q_NAMES.len() + index);
+        }
+    }
+    name.to_owned()
 }
 
 /// A file to write whose name says the format the command reads: a `.safetensors` file holding
@@ -464,14 +495,19 @@ fn missing_log_std_bounds(named: &[(String, Tensor)]) -> Result<Vec<(&'static st
 /// The file import or export is to write, refused before anything is read when it is named for
 /// the other format, has no folder, or exists: neither ever replaces a file (a checkpoint's
 /// own, the run's config) with what it writes.
-fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Result<()> {
+fn refuse_the_other_format(out_path: &Path, extensions: &[&str], writes: &str) -> Result<()> {
     let refuse = |message| {
         Err(Error::Output {
             path: out_path.display().to_string(),
             message,
         })
     };
-    if out_path.extension().is_some_and(|e| e == extension) {
+    let other = out_path.extension().and_then(|e| {
+        extensions
+            .iter()
+            .find(|other| e.eq_ignore_ascii_case(other))
+    });
+    if let Some(extension) = other {
         return refuse(format!("named .{extension}, but {writes}"));
     }
     if out_path.as_os_str().as_encoded_bytes().ends_with(b"/") {
@@ -485,7 +521,7 @@ fn refuse_the_other_format(out_path: &Path, extension: &str, writes: &str) -> Re
         return refuse(format!(
             "is a directory; give the file to write, e.g. {}",
             out_path
-                .join(if extension == "pt" {
+                .join(if extensions.contains(&"pt") {
                     "model.safetensors"
                 } else {
                     "agent.pt"
@@ -633,9 +669,10 @@ mod tests {
                 "twice",
                 format!(
                     "{{'model': {{**{{k: torch.zeros(2) for k in {parts}}}, \
-                     'module._pi.0.weight': torch.zeros(2)}}}}"
+                     'module._pi.0.weight': torch.ones(2)}}}}"
                 ),
-                "`_pi.0.weight` and `module._pi.0.weight` are both the model's `_pi.0.weight`",
+                "`_pi.0.weight` and `module._pi.0.weight` are both the model's `_pi.0.weight`, \
+                 with other values",
             ),
             (
                 "incomplete",
@@ -761,6 +798,16 @@ mod tests {
             e.contains("agent.pt: named .pt, but import writes safetensors"),
             "{e}"
         );
+        for name in ["agent.PTH", "agent.Pt"] {
+            let e = import_official(&missing, &dir.path().join(name))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("but import writes safetensors"), "{name}: {e}");
+        }
+        let e = export_official(&missing, &dir.path().join("a.SafeTensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("but export writes torch's format"), "{e}");
         let nowhere = dir.path().join("no-folder/agent.pt");
         let e = export_official(&missing, &nowhere).unwrap_err().to_string();
         assert!(e.contains("no-folder does not exist"), "{e}");
@@ -805,5 +852,29 @@ mod tests {
             convert_key("_target_Qs.params.9").as_deref(),
             Some("_target_Qs_params.2.bias")
         );
+        // Late 2024: both ensembles saved twice; April 2025: the termination head's name.
+        assert_eq!(convert_key("_detach_Qs.params.0.weight"), None);
+        assert_eq!(
+            convert_key("_target_Qs.params.1.ln.bias").as_deref(),
+            Some("_target_Qs_params.1.ln.bias")
+        );
+        assert_eq!(
+            convert_key("_terminated.2.weight").as_deref(),
+            Some("_termination.2.weight")
+        );
+    }
+
+    #[test]
+    fn q_names_go_back_to_the_2023_layout() {
+        assert_eq!(legacy_q_name("_Qs.params.0.weight"), "_Qs.params.0");
+        assert_eq!(legacy_q_name("_Qs.params.1.ln.weight"), "_Qs.params.6");
+        assert_eq!(
+            legacy_q_name("_target_Qs_params.2.bias"),
+            "_target_Qs.params.9"
+        );
+        assert_eq!(legacy_q_name("_pi.0.weight"), "_pi.0.weight");
+        for name in ["_Qs.params.9", "_Qs.params.6", "_target_Qs.params.9"] {
+            assert_eq!(legacy_q_name(&convert_key(name).unwrap()), name);
+        }
     }
 }

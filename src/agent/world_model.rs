@@ -388,6 +388,16 @@ impl WorldModel {
             }
             by_name.insert(name, tensor);
         }
+        // Official code of April 2025 built a termination head for every task, trained only on
+        // episodic ones: this model, which ends no episode early, leaves it out.
+        let head = format!("{TERMINATION}.");
+        if self.termination.is_none() && by_name.keys().any(|n| n.starts_with(&head)) {
+            by_name.retain(|name, _| !name.starts_with(&head));
+            crate::errln!(
+                "note: the state dict has a termination head, which this model (episodic=false) \
+                 does not use: left out (give episodic=true if its task ends episodes early)"
+            );
+        }
         for buffer in [&self.model_params, &self.policy_params, &self.target_params] {
             buffer.load(&mut |name| by_name.remove(name))?;
         }
