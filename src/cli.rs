@@ -471,9 +471,12 @@ fn evaluate(config: Config) -> Result<()> {
     let rank = RankInfo::single(&config);
     let policy = crate::tools::playing_policy::build(&config, &rank, 1, Some(path))?;
     // Once the weights are found: a refused checkpoint leaves no folder behind.
-    let video_path = match config.save_video {
-        true => Some(fresh_video_path(&config)?),
-        false => None,
+    let (video_path, _made_folder) = match config.save_video {
+        true => {
+            let (path, made) = fresh_video_path(&config)?;
+            (Some(path), made)
+        }
+        false => (None, None),
     };
     // One environment in this process (of every task, in a multitask run).
     let alone = Config {
@@ -525,8 +528,26 @@ fn video_stem(task: &str, seed: u64) -> String {
     format!("{task}-{seed}")
 }
 
-fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
+/// A folder made for a file that may never come: removed as the guard drops (or a signal ends
+/// the process) while it is empty.
+struct MadeFolder {
+    dir: std::path::PathBuf,
+    _watched: crate::partial_files::Pending,
+}
+
+impl Drop for MadeFolder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The video's path, and the folder made for it, if it was made here.
+fn fresh_video_path(config: &Config) -> Result<(std::path::PathBuf, Option<MadeFolder>)> {
     let dir = std::path::Path::new(crate::logging::VIDEO_DIR);
+    let made = (!dir.exists()).then(|| MadeFolder {
+        dir: dir.to_owned(),
+        _watched: crate::partial_files::watch(dir),
+    });
     std::fs::create_dir_all(dir).map_err(|e| {
         Error::Config(format!(
             "save_video=true: eval writes its video into ./{}/, which cannot be made here \
@@ -540,10 +561,11 @@ fn fresh_video_path(config: &Config) -> Result<std::path::PathBuf> {
         n => format!("{stem}-{n}.gif"),
     };
     let free = (1..).map(|n| dir.join(name(n)));
-    Ok(free
+    let path = free
         .take(100_000)
         .find(|path| std::fs::symlink_metadata(path).is_err())
-        .unwrap_or_else(|| dir.join(name(0))))
+        .unwrap_or_else(|| dir.join(name(0)));
+    Ok((path, made))
 }
 
 #[cfg(test)]

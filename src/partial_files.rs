@@ -1,7 +1,8 @@
 //! Files being written to a temporary name before a rename puts them in place (an exported or
 //! imported model, a dataset file, a video): a process that a signal ends meanwhile
 //! removes them as it ends, so that a Ctrl-C'd `export` leaves no hidden part of a file of
-//! gigabytes behind. Only SIGKILL (and a power cut) leaves one.
+//! gigabytes behind. Only SIGKILL (and a power cut) leaves one. A watched folder (made for a
+//! file to come) is removed while it is empty.
 use std::ffi::{c_char, CString};
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -71,7 +72,12 @@ impl Watched {
             let path = pending.load(Ordering::SeqCst);
             if !path.is_null() {
                 // SAFETY: a non-null slot holds a NUL-terminated string that is never freed.
-                unsafe { libc::unlink(path) };
+                // A folder is no file to unlink: rmdir removes it only while empty.
+                unsafe {
+                    if libc::unlink(path) != 0 {
+                        libc::rmdir(path);
+                    }
+                }
             }
         }
     }
@@ -107,6 +113,14 @@ mod tests {
         drop(HERE.watch(&whole));
         HERE.remove_all();
         assert!(whole.exists(), "renamed into place: no longer watched");
+        let (empty, full) = (dir.path().join("empty"), dir.path().join("full"));
+        std::fs::create_dir(&empty).unwrap();
+        std::fs::create_dir(&full).unwrap();
+        std::fs::write(full.join("video.gif"), "gif").unwrap();
+        let guards = [HERE.watch(&empty), HERE.watch(&full)];
+        HERE.remove_all();
+        assert!(!empty.exists() && full.join("video.gif").exists());
+        drop(guards);
         let many: Vec<Pending> = (0..SLOTS + 2).map(|_| HERE.watch(&part)).collect();
         assert_eq!(many.iter().filter(|p| p.slot.is_some()).count(), SLOTS);
     }

@@ -873,9 +873,9 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
         .unwrap();
     let stderr = assert_ok(&out);
     assert!(
-        stderr.contains("eval: the model is built as in its run's")
-            && stderr.contains("model_size: null → 1")
-            && stderr.contains("→ Pendulum-v1")
+        stderr.contains("eval: the model is built with its run's settings")
+            && stderr.contains("model_size=1")
+            && stderr.contains("task=Pendulum-v1")
             && !stderr.contains("latent_dim"),
         "{stderr}"
     );

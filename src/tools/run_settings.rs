@@ -89,10 +89,20 @@ pub fn taken_beneath(source: Source, verb: &str) -> Result<Source> {
     })?;
     let taken_here = model_changes(&own, &taken)?;
     if !taken_here.is_empty() {
+        // `key: ours → the run's` as the setting taken.
+        let taken: Vec<String> = taken_here
+            .iter()
+            .map(|change| match change.split_once(": ") {
+                Some((key, values)) => {
+                    format!("{key}={}", values.rsplit(" → ").next().unwrap_or(values))
+                }
+                None => change.clone(),
+            })
+            .collect();
         errln!(
-            "{verb}: the model is built as in its run's {} (otherwise → the run's): {}",
+            "{verb}: the model is built with its run's settings ({}): {}",
             file.display(),
-            taken_here.join("; ")
+            taken.join(" ")
         );
     }
     Ok(with)
