@@ -183,7 +183,7 @@ fn plot_says_what_is_wrong() {
     std::fs::write(&sweep_summary, "job,status\n").unwrap();
     let run = dir.path().to_str().unwrap();
     let summary = sweep_summary.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 10] = [
         (&[run, "--metric", "reward"], "available: episode_reward"),
         (
             &[run, "--metric", "q"],
@@ -196,6 +196,14 @@ fn plot_says_what_is_wrong() {
         ),
         (&[run, "--out", "x.jpg"], "allowed: .png, .svg"),
         (&["/nonexistent/run"], "/nonexistent/run does not exist"),
+        (
+            &[run, "curves5.png"],
+            "curves5.png does not exist (the figure to write? give it as --out curves5.png)",
+        ),
+        (
+            &[run, "--phase", "train"],
+            "has no train records yet, so no --metric episode_reward to draw",
+        ),
         (
             &[
                 run,

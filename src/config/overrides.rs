@@ -59,8 +59,12 @@ impl Source {
             true => "a directory, not a file:",
             false => "no file",
         };
+        let own_file = match self.config_path.is_none() {
+            true => "; for a file of your own, --config-path DIR --config-name NAME",
+            false => "",
+        };
         Err(Error::Config(format!(
-            "--config-name {name}: {what} {} (available in {}: {})",
+            "--config-name {name}: {what} {} (available in {}: {}){own_file}",
             path.display(),
             dir.display(),
             if available.is_empty() {

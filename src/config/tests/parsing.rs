@@ -141,6 +141,22 @@ fn a_config_files_keys_get_the_command_lines_hints() {
     assert_eq!(c.steps, 2000);
 }
 
+/// A name that is no file of the config directory lists those there, and without
+/// --config-path says how to give a file of one's own.
+#[test]
+fn a_missing_config_name_lists_the_files_and_the_way_to_ones_own() {
+    let e = Config::load(&Source {
+        config_name: Some("cfg/mine.yaml".into()),
+        ..Source::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("no file") && e.contains("config_ddp") && e.contains("--config-path DIR"),
+        "{e}"
+    );
+}
+
 /// `--config-path DIR` alone reads DIR/config.yaml, hydra's primary config.
 #[test]
 fn a_config_path_alone_reads_its_primary_config() {

@@ -217,8 +217,18 @@ enum Format {
 /// `sweep.csv` beside its jobs, caught by `sweep/*`) are passed over, with a note.
 fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     if let Some(missing) = paths.iter().find(|p| !p.exists()) {
+        let figure = missing
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png") || e.eq_ignore_ascii_case("svg"));
+        let hint = match figure {
+            true => format!(
+                " (the figure to write? give it as --out {})",
+                missing.display()
+            ),
+            false => String::new(),
+        };
         return Err(Error::Config(format!(
-            "{} does not exist",
+            "{} does not exist{hint}",
             missing.display()
         )));
     }
@@ -532,6 +542,12 @@ fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>
                 run.display()
             )));
         }
+        if names.is_empty() {
+            return Err(Error::Config(format!(
+                "{} has no {phase} records yet, so no --metric {metric} to draw",
+                run.display()
+            )));
+        }
         if !names.contains(metric) {
             let names: Vec<&str> = names.iter().map(String::as_str).collect();
             return Err(Error::Config(format!(
@@ -539,11 +555,7 @@ fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>
                 metric,
                 run.display(),
                 phase,
-                if names.is_empty() {
-                    "none (no records yet)".to_string()
-                } else {
-                    names.join(", ")
-                }
+                names.join(", ")
             )));
         }
     }
