@@ -865,8 +865,10 @@ fn a_finished_run_takes_only_a_resume_and_eval_names_what_it_cannot_play() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("`tdmpc2 import"), "{stderr}");
     // The settings that built the model come from its run: neither task nor size given again.
+    // What training alone needs (steps past an episode, seed steps) is not asked of eval.
     let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
         .args(["eval", "eval_episodes=1", "iterations=1", "num_samples=32"])
+        .args(["steps=5", "seed_steps=1"])
         .args(["num_elites=4", "num_pi_trajs=2", "horizon=2", "vmax=20"])
         .arg(format!("checkpoint={}", dir.path().display()))
         .output()

@@ -39,14 +39,29 @@ impl Config {
         self.action_dim = Some(spec.action_dim);
         self.episode_length = Some(length);
         self.bin_size = Some((self.vmax - self.vmin) / (self.num_bins - 1) as f64);
-        let seed_steps = self.seed_steps.unwrap_or_default();
+        Ok(())
+    }
+
+    /// What training needs of a resolved config beyond what playing needs (`eval` and
+    /// `collect` keep no replay buffer, seed nothing and take no steps): seed steps that hold
+    /// an episode of every environment, the buffers in memory, and an update's horizon and an
+    /// episode within what each rank keeps (the shortest task's episode for the horizon, the
+    /// longest's for the rest).
+    pub fn check_training_fits(&self) -> Result<()> {
+        let longest = self.resolved_episode_length()?;
+        let shortest = self
+            .episode_lengths
+            .as_ref()
+            .and_then(|lengths| lengths.iter().min().copied())
+            .unwrap_or(longest);
+        let seed_steps = self.resolved_seed_steps()?;
         // Offline runs seed nothing: their data is the dataset.
-        if !self.offline() && seed_steps < (self.num_envs * length) as u64 {
+        if !self.offline() && seed_steps < (self.num_envs * longest) as u64 {
             return Err(range(
                 "seed_steps",
                 seed_steps,
                 &format!(
-                    "must be >= num_envs × the episode length ({} × {length}), so that the \
+                    "must be >= num_envs × the episode length ({} × {longest}), so that the \
                      buffer holds an episode of every environment before the first update",
                     self.num_envs
                 ),
@@ -58,8 +73,8 @@ impl Config {
         match self.offline() {
             true => Ok(()),
             false => {
-                self.check_horizon_fits(length)?;
-                self.check_episode_fits(length)
+                self.check_horizon_fits(shortest)?;
+                self.check_episode_fits(longest)
             }
         }
     }
@@ -137,11 +152,7 @@ impl Config {
         self.obs_shapes = Some(specs.iter().map(envs::EnvSpec::obs_dim).collect());
         self.action_dims = Some(specs.iter().map(|s| s.action_dim).collect());
         self.episode_lengths = Some(specs.iter().map(|s| s.episode_length).collect());
-        let shortest = specs.iter().map(|s| s.episode_length).min().unwrap_or(0);
-        match self.offline() {
-            true => Ok(()),
-            false => self.check_horizon_fits(shortest),
-        }
+        Ok(())
     }
 
     /// The official discount of episodes of `length` steps: (L/d − 1)/(L/d) with d =

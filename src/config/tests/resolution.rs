@@ -54,10 +54,16 @@ fn the_horizon_fits_in_an_episode() {
         action_dim: 1,
         episode_length,
     };
-    load(&["horizon=200"]).unwrap().resolve(&spec(200)).unwrap();
-    let e = load(&["horizon=201"])
-        .unwrap()
-        .resolve(&spec(200))
+    let resolved = |args: &[&str], length| {
+        let mut c = load(args).unwrap();
+        c.resolve(&spec(length)).unwrap();
+        c
+    };
+    resolved(&["horizon=200"], 200)
+        .check_training_fits()
+        .unwrap();
+    let e = resolved(&["horizon=201"], 200)
+        .check_training_fits()
         .unwrap_err()
         .to_string();
     assert!(
@@ -65,11 +71,12 @@ fn the_horizon_fits_in_an_episode() {
         "{e}"
     );
     let mut tasks = load(&["task=[walker-run,mw-reach]", "horizon=101"]).unwrap();
-    let e = tasks
-        .resolve_tasks(&[spec(500), spec(100)])
-        .unwrap_err()
-        .to_string();
+    tasks.resolve_tasks(&[spec(500), spec(100)]).unwrap();
+    let e = tasks.check_training_fits().unwrap_err().to_string();
     assert!(e.contains("(100 steps)"), "the shortest task's: {e}");
+    // Playing takes no update: eval and collect resolve without these checks.
+    let mut playing = load(&["horizon=201", "steps=5", "seed_steps=1"]).unwrap();
+    playing.resolve(&spec(200)).unwrap();
 }
 
 #[test]

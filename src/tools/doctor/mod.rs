@@ -426,6 +426,7 @@ fn check_task(report: &mut Report, config: &Config) -> Option<Config> {
     let resolved = || -> Result<(Config, String)> {
         let mut config = config.clone();
         config.resolve_by_making_tasks(config.env_options(0)?)?;
+        config.check_training_fits()?;
         let detail = match config.multitask() {
             true => format!(
                 "its {} tasks are made and the settings resolve",
