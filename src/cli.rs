@@ -157,16 +157,26 @@ impl SettingsArgs {
 /// it, where `std::env::args` panics.
 pub fn hydra_short_flags(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
-    const SPELLINGS: [(&str, &str); 5] = [
+    const SPELLINGS: [(&str, &str); 4] = [
         ("-cn", "--config-name"),
         ("-cp", "--config-path"),
         ("-cd", "--config-path"),
         ("--config-dir", "--config-path"),
-        ("-c", "--cfg"),
     ];
+    let args: Vec<OsString> = args.into_iter().collect();
+    // `-c` only as hydra's `-c job`: another command's `-c` stays clap's to name.
+    let cfg_job = |i: usize| {
+        args.get(i + 1).map(|a| a.as_bytes()) == Some(b"job".as_slice())
+            && args[i].as_bytes() == b"-c"
+    };
+    let cfg_at: Vec<bool> = (0..args.len()).map(cfg_job).collect();
     args.into_iter()
-        .filter(|arg| arg.as_bytes() != b"--resolve")
-        .map(|arg| {
+        .zip(cfg_at)
+        .filter(|(arg, _)| arg.as_bytes() != b"--resolve")
+        .map(|(arg, cfg)| {
+            if cfg || arg.as_bytes() == b"-c=job" {
+                return OsString::from(if cfg { "--cfg" } else { "--cfg=job" });
+            }
             for (short, long) in SPELLINGS {
                 let bytes = arg.as_bytes();
                 if bytes == short.as_bytes() {
@@ -199,6 +209,7 @@ fn playing_source(args: &SettingsArgs, verb: &str) -> Result<Source> {
 /// otherwise pass for one rank.
 fn resolved_training_config(args: &RunArgs) -> Result<Config> {
     let config = resolved(args.settings.source(), true)?;
+    config.check_training_fits()?;
     config.refuse_untaken_terminations()?;
     Ok(config)
 }
@@ -598,6 +609,8 @@ mod tests {
             "--resolve",
             "seed=1",
             "exp_name=-c",
+            "-c",
+            "x",
         ];
         assert_eq!(
             hydra_short_flags(args.map(OsString::from)),
@@ -614,6 +627,8 @@ mod tests {
                 "job",
                 "seed=1",
                 "exp_name=-c",
+                "-c",
+                "x",
             ]
         );
     }

@@ -68,15 +68,14 @@ impl Watched {
     }
 
     fn remove_all(&self) {
-        for pending in &self.0 {
-            let path = pending.load(Ordering::SeqCst);
-            if !path.is_null() {
-                // SAFETY: a non-null slot holds a NUL-terminated string that is never freed.
-                // A folder is no file to unlink: rmdir removes it only while empty.
-                unsafe {
-                    if libc::unlink(path) != 0 {
-                        libc::rmdir(path);
-                    }
+        // Files first, then the folders (rmdir removes one only while empty): a folder made
+        // for a file is watched before it.
+        for remove in [libc::unlink, libc::rmdir] {
+            for pending in &self.0 {
+                let path = pending.load(Ordering::SeqCst);
+                if !path.is_null() {
+                    // SAFETY: a non-null slot holds a NUL-terminated string that is never freed.
+                    unsafe { remove(path) };
                 }
             }
         }

@@ -351,7 +351,7 @@ fn a_resume_without_buffers_pretrains_once_the_buffer_can_give_a_batch() {
     // Said at the start (150 steps left, an episode is 200) and at the end.
     assert!(
         waiting.contains("150 steps left, fewer than an episode (200): it makes no update")
-            && waiting.contains("the run made no update"),
+            && waiting.contains("no update was made"),
         "{waiting}"
     );
     let owed = resume("steps=700");
@@ -360,8 +360,14 @@ fn a_resume_without_buffers_pretrains_once_the_buffer_can_give_a_batch() {
         "{owed}"
     );
     assert!(
-        !owed.contains("makes no update") && !owed.contains("made no update"),
+        !owed.contains("makes no update") && !owed.contains("no update was made"),
         "{owed}"
+    );
+    // Resumed after its updates, again without buffers: none more, said at the end too.
+    let trained = resume("steps=750");
+    assert!(
+        trained.contains("50 steps left") && trained.contains("no update was made"),
+        "{trained}"
     );
 }
 

@@ -310,15 +310,36 @@ pub fn model_file(path: &Path, given: WeightsGiven) -> Result<PathBuf> {
     }
 }
 
-/// Whether `torch.save` wrote the file at `path`, by its first bytes: a zip archive (torch's
-/// format since 1.6) or a pickle (its older one). A safetensors file begins with the length of
-/// its header, little-endian, whose last bytes are zero.
+/// Whether `torch.save` wrote the file at `path`, unless its bytes are a safetensors file's (the
+/// length of its header, which the file holds, then the header's `{`): by its first bytes, a zip
+/// archive (torch's format since 1.6) or a pickle (its older one: protocol 2 to 5), or by its
+/// name (`.pt`, `.pth`).
 fn torch_saved(path: &Path) -> bool {
     use std::io::Read;
-    let mut head = [0u8; 4];
-    let read = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
+    let mut head = [0u8; 9];
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let size = file.metadata().map_or(0, |m| m.len());
+    let head = match file.read(&mut head) {
+        Ok(n) => &head[..n],
+        Err(_) => return false,
+    };
+    if let Some(length) = head
+        .first_chunk::<8>()
+        .map(|bytes| u64::from_le_bytes(*bytes))
+    {
+        if head.get(8) == Some(&b'{') && length <= size.saturating_sub(8) {
+            return false;
+        }
+    }
     const PICKLE_PROTOCOL: u8 = 0x80;
-    read.is_ok() && (head == *b"PK\x03\x04" || head[0] == PICKLE_PROTOCOL)
+    let pickle =
+        head.first() == Some(&PICKLE_PROTOCOL) && head.get(1).is_some_and(|v| (2..=5).contains(v));
+    let named = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("pt") || e.eq_ignore_ascii_case("pth"));
+    head.starts_with(b"PK\x03\x04") || pickle || named
 }
 
 /// Says which weights file a file of a checkpoint named (`model_file` of its `meta.json`).
@@ -651,6 +672,15 @@ mod tests {
             model_file(&named_pt, WeightsGiven::AsCheckpoint).unwrap(),
             named_pt
         );
+        // A header of 128 bytes begins with 0x80, as a pickle does.
+        let header = r#"{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let header = format!("{header:<128}");
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend(1.0f32.to_le_bytes());
+        let padded = dir.path().join("w128.safetensors");
+        std::fs::write(&padded, bytes).unwrap();
+        assert_eq!(model_file(&padded, WeightsGiven::ToExport).unwrap(), padded);
     }
 
     /// A `meta.json` that is not one, or one of a newer format, is refused as bad input

@@ -59,6 +59,14 @@ impl Source {
             true => "a directory, not a file:",
             false => "no file",
         };
+        if self.config_name.is_none() {
+            return Err(Error::Config(format!(
+                "--config-path {}: {what} {} (hydra's primary config, read without \
+                 --config-name); give --config-name NAME",
+                dir.display(),
+                path.display()
+            )));
+        }
         let own_file = match self.config_path.is_none() {
             true => "; for a file of your own, --config-path DIR --config-name NAME",
             false => "",
@@ -117,11 +125,24 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
         // A hydra file's own section (logging, job, output folders) has nothing to do here,
         // but for the run directory, which is run_dir: that one would be lost unsaid.
         if key == "hydra" {
-            for dir in ["run.dir", "sweep.dir"] {
-                if path_value(&value, dir).is_some() {
+            for (setting, instead) in [
+                (
+                    "run.dir",
+                    "the run directory is run_dir here; set run_dir instead",
+                ),
+                (
+                    "sweep.dir",
+                    "the run directory is run_dir here; set run_dir instead",
+                ),
+                (
+                    "sweeper.params",
+                    "sweeps are given as `tdmpc2 train -m key=a,b` here",
+                ),
+                ("mode", "sweeps are given as `tdmpc2 train -m key=a,b` here"),
+            ] {
+                if path_value(&value, setting).is_some() {
                     return Err(Error::Config(format!(
-                        "{}: hydra.{dir}: the run directory is run_dir here; set run_dir \
-                         instead",
+                        "{}: hydra.{setting}: {instead}",
                         file.display()
                     )));
                 }
@@ -195,7 +216,7 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
             .map_or_else(String::new, |text| text.trim().to_owned());
         return Err(Error::Config(format!(
             "'{arg}': hydra's ~ deletes a key, but every setting here has a value; give \
-             {key}={default} for its default"
+             {key}={default} for the built-in default"
         )));
     }
     if let Some(hint) = hydra_key_hint(arg) {
@@ -371,8 +392,8 @@ fn hydra_key_hint(arg: &str) -> Option<&'static str> {
         || key == "hydra.verbose"
     {
         return Some(
-            "hydra's logging is not used here: each rank writes its own log, and rank 0 the \
-             run's files under run_dir (docs/outputs.md)",
+            "hydra's logging is not used here: rank 0 logs the run (console and files under \
+             run_dir), other ranks their warnings and errors (docs/outputs.md)",
         );
     }
     if key.starts_with("hydra.job.") || key == "hydra.output_subdir" {
@@ -500,11 +521,13 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
         };
     }
     match value {
-        Value::String(s) if INTEGERS.contains(&expected) && grouped_digits(s) => {
+        Value::String(s) if INTEGERS.contains(&expected) && digits_maybe_grouped(s) => {
             let n: u64 = s.replace('_', "").parse().ok()?;
             Some(Value::Number(n.into()))
         }
-        Value::String(s) if FLOATS.contains(&expected) && grouped_digits(s) => {
+        Value::String(s)
+            if FLOATS.contains(&expected) && s.contains('_') && digits_maybe_grouped(s) =>
+        {
             let x: f64 = s.replace('_', "").parse().ok()?;
             Some(Value::Number(x.into()))
         }
@@ -538,11 +561,11 @@ fn convert(value: &Value, expected: &str, raw: Option<&str>) -> Option<Value> {
     }
 }
 
-/// A number grouped by underscores as hydra and Python write them (`10_000_000`, `1_000.5`):
-/// each underscore between two digits.
-fn grouped_digits(s: &str) -> bool {
+/// A number, grouped by underscores as hydra and Python write them (`10_000_000`, `1_000.5`),
+/// or not (a quoted `'1000'`): each underscore between two digits.
+fn digits_maybe_grouped(s: &str) -> bool {
     let bytes = s.as_bytes();
-    s.contains('_')
+    s.starts_with(|c: char| c.is_ascii_digit())
         && bytes.iter().enumerate().all(|(i, &b)| {
             b != b'_'
                 || (i > 0

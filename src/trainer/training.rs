@@ -64,6 +64,8 @@ pub(super) struct Training<'g> {
     clock: Clock,
     /// Set once every rank's buffer can give a batch.
     ready_to_update: bool,
+    /// The model optimiser's steps when this process started (a resume's are the run's).
+    updates_at_start: u64,
     /// Whether the seed-data pretraining is made (or was, before the checkpoint resumed from).
     pretrained: bool,
     /// The last update's statistics (device tensors), logged with the next finished episode.
@@ -128,6 +130,7 @@ impl<'g> Training<'g> {
                 config.dist_timeout
             );
         }
+        let updates_at_start = learner.updater().model_optim.step_count();
         let mut training = Self {
             settings: LoopSettings::from_config(config, world_size)?,
             schedule: schedule(config, resumed_from, (state.eval_due, state.save_due)),
@@ -141,6 +144,7 @@ impl<'g> Training<'g> {
             state,
             report,
             ready_to_update: false,
+            updates_at_start,
             pretrained,
             last_info: None,
             pending: 0,
@@ -172,8 +176,8 @@ impl<'g> Training<'g> {
             errln!(
                 "warning: this resumed run's replay buffers hold no episode to learn from, and \
                  each environment has {left} steps left, fewer than an episode ({episode}): \
-                 it makes no update; raise steps (save_buffer=true keeps the buffers in \
-                 checkpoints)"
+                 it makes no update unless an episode ends early; raise steps \
+                 (save_buffer=true keeps the buffers in checkpoints)"
             );
         }
         Ok(())
@@ -469,10 +473,10 @@ impl<'g> Training<'g> {
             report.close()?;
         }
         if self.group.rank() == 0 {
-            if self.learner.updater().model_optim.step_count() == 0 {
+            if self.learner.updater().model_optim.step_count() == self.updates_at_start {
                 errln!(
-                    "warning: the run made no update: its steps ended while seeding, or before \
-                     its replay buffers held a whole episode"
+                    "warning: no update was made: the steps ended while seeding, or before the \
+                     replay buffers held a whole episode"
                 );
             }
             let dir = self.checkpoints.run_dir.display();

@@ -168,6 +168,19 @@ fn a_config_path_alone_reads_its_primary_config() {
     })
     .unwrap();
     assert_eq!(c.steps, 3000);
+    let empty = tempfile::tempdir().unwrap();
+    let e = Config::load(&Source {
+        config_path: Some(empty.path().to_path_buf()),
+        ..Source::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("--config-path")
+            && e.contains("give --config-name NAME")
+            && !e.contains("--config-name config"),
+        "{e}"
+    );
 }
 
 /// What hydra reads as text stays text (YAML's own signs, hydra's escapes), and hydra's
@@ -191,20 +204,24 @@ fn hydra_text_escapes_and_its_own_settings_are_read_as_hydra_reads_them() {
         load(&["run_dir=#1"]).unwrap().run_dir.as_deref(),
         Some("#1")
     );
-    assert_eq!(load(&["vmax=1_0"]).unwrap().vmax, 10.0);
+    assert_eq!(load(&["vmax=2_0"]).unwrap().vmax, 20.0);
     assert_eq!(
         load(&["discount_denom=1_000"]).unwrap().discount_denom,
         1000.0
     );
-    assert_eq!(load(&["lr=3_0e-5"]).unwrap().lr, 30e-5);
+    assert_eq!(load(&["lr=1_0e-5"]).unwrap().lr, 10e-5);
+    assert_eq!(load(&["steps='3000'"]).unwrap().steps, 3000);
     for bad in ["vmax=1__0", "vmax=_1", "vmax=1_", "vmax=1_.5"] {
         assert!(error(&[bad]).contains("wrong type"), "{bad}");
     }
     for (arg, why) in [
         ("steps=null", "expected a non-negative integer, got null"),
         ("exp_name=null", "expected a string, got null"),
-        ("~steps", "give steps=10000000 for its default"),
-        ("~checkpoint", "give checkpoint=null for its default"),
+        ("~steps", "give steps=10000000 for the built-in default"),
+        (
+            "~checkpoint",
+            "give checkpoint=null for the built-in default",
+        ),
         ("~episode_length", "episode_length is derived"),
         (
             "+steps2=1",
