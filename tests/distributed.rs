@@ -964,11 +964,11 @@ fn no_rank_leaves_a_stop_before_rank_0_wrote_its_checkpoint() {
     let stderr = std::fs::read_to_string(log(first)).unwrap();
     assert!(trained, "no episode ended: {stderr}");
     assert_eq!(status.code(), Some(3), "a requested stop: {stderr}");
-    let error = stderr
+    let stopped = stderr
         .lines()
-        .rfind(|l| l.starts_with("error:"))
+        .rfind(|l| l.starts_with("stopped "))
         .unwrap_or("");
-    let step: u64 = error
+    let step: u64 = stopped
         .split(" at step ")
         .nth(1)
         .and_then(|rest| rest.split(':').next())

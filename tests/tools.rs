@@ -766,7 +766,7 @@ fn a_stopped_sweep_stops_its_job_and_starts_no_other() {
     // Its launcher ended the stop itself, not killed by a second request.
     let stderr = std::fs::read_to_string(dir.path().join("sweep.stderr")).unwrap();
     assert!(
-        stderr.contains("[job 0] error: terminated (SIGTERM): all ranks stopped"),
+        stderr.contains("[job 0] terminated (SIGTERM): all ranks stopped"),
         "{stderr}"
     );
 }
