@@ -393,7 +393,7 @@ impl WorldModel {
         let head = format!("{TERMINATION}.");
         if self.termination.is_none() && by_name.keys().any(|n| n.starts_with(&head)) {
             by_name.retain(|name, _| !name.starts_with(&head));
-            crate::errln!(
+            errln!(
                 "note: the state dict has a termination head, which this model (episodic=false) \
                  does not use: left out (give episodic=true if its task ends episodes early)"
             );
