@@ -176,30 +176,7 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
             .to_string(),
     })?;
 
-    let mut named = Vec::new();
-    let mut sources = std::collections::BTreeMap::new();
-    for t in raw {
-        let Some(name) = convert_key(&t.name) else {
-            continue;
-        };
-        let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
-        if let Some((first, at)) = sources.get(&name) {
-            let (_, kept): &(String, Tensor) = &named[*at];
-            if kept.size() == tensor.size() && kept.equal(&tensor) {
-                continue;
-            }
-            return Err(Error::Unreadable {
-                path: path_text,
-                message: format!(
-                    "`{first}` and `{}` are both the model's `{name}`, with other values: a \
-                     state dict holds each parameter once",
-                    t.name
-                ),
-            });
-        }
-        sources.insert(name.clone(), (t.name.clone(), named.len()));
-        named.push((name, tensor));
-    }
+    let named = under_our_names(raw, &path_text)?;
     if let Some(why) = not_a_tdmpc2_model(&named) {
         return Err(Error::Unreadable {
             path: path_text,
@@ -219,6 +196,36 @@ pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     }
     written?;
     Ok(named.into_iter().map(|(n, _)| n).collect())
+}
+
+/// The tensors read, under our names: bookkeeping dropped, and a tensor saved twice under names
+/// that are both ours (official code of late 2024) taken once where the copies are equal.
+fn under_our_names(raw: Vec<RawTensor>, path_text: &str) -> Result<Vec<(String, Tensor)>> {
+    let mut named = Vec::new();
+    let mut sources = std::collections::BTreeMap::new();
+    for t in raw {
+        let Some(name) = convert_key(&t.name) else {
+            continue;
+        };
+        let tensor = Tensor::f_from_data_size(&t.bytes, &t.shape, Kind::Float)?;
+        if let Some((first, at)) = sources.get(&name) {
+            let (_, kept): &(String, Tensor) = &named[*at];
+            if kept.size() == tensor.size() && kept.equal(&tensor) {
+                continue;
+            }
+            return Err(Error::Unreadable {
+                path: path_text.to_owned(),
+                message: format!(
+                    "`{first}` and `{}` are both the model's `{name}`, with other values: a \
+                     state dict holds each parameter once",
+                    t.name
+                ),
+            });
+        }
+        sources.insert(name.clone(), (t.name.clone(), named.len()));
+        named.push((name, tensor));
+    }
+    Ok(named)
 }
 
 /// A file of this process's own beside `out_path` (created here, so no file of anyone else's

@@ -9,6 +9,7 @@
 //! the crate.
 mod bounds;
 mod defaults;
+mod hydra;
 mod overrides;
 mod resolve;
 mod resources;
@@ -227,7 +228,7 @@ fn defaults_left_to_task(layer: Value, task_settings: &[String]) -> Value {
 fn is_resolved(layer: &Value) -> bool {
     layer
         .get("episode_length")
-        .is_some_and(|v| !v.is_null() && !overrides::is_hydra_missing(v))
+        .is_some_and(|v| !v.is_null() && !hydra::is_hydra_missing(v))
 }
 
 /// A config file resolved for a task (a run's saved `config.yaml`: it holds `episode_length`)

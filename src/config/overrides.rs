@@ -5,6 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml_ng::{Mapping, Value};
 
+use super::hydra::{
+    check_hydra_defaults, check_hydra_section, has_top_level_comma, hydra_key_hint,
+    is_hydra_missing, refuse_interpolations, unescaped, YAML_SIGNS,
+};
 use super::{Config, Source};
 use crate::error::{Error, Result};
 
@@ -122,31 +126,9 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
                 .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
             continue;
         }
-        // A hydra file's own section (logging, job, output folders) has nothing to do here,
-        // but for the run directory, which is run_dir: that one would be lost unsaid.
         if key == "hydra" {
-            for (setting, instead) in [
-                (
-                    "run.dir",
-                    "the run directory is run_dir here; set run_dir instead",
-                ),
-                (
-                    "sweep.dir",
-                    "the run directory is run_dir here; set run_dir instead",
-                ),
-                (
-                    "sweeper.params",
-                    "sweeps are given as `tdmpc2 train -m key=a,b` here",
-                ),
-                ("mode", "sweeps are given as `tdmpc2 train -m key=a,b` here"),
-            ] {
-                if path_value(&value, setting).is_some() {
-                    return Err(Error::Config(format!(
-                        "{}: hydra.{setting}: {instead}",
-                        file.display()
-                    )));
-                }
-            }
+            check_hydra_section(&value)
+                .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
             continue;
         }
         if let Some(hint) = hydra_key_hint(&key) {
@@ -157,46 +139,6 @@ pub(super) fn merge_file(tree: &mut Value, layer: Value, file: &Path) -> Result<
         }
         set_path(tree, &key, value)
             .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
-    }
-    Ok(())
-}
-
-/// Hydra's "???": a value to be given.
-pub(super) fn is_hydra_missing(value: &Value) -> bool {
-    value.as_str() == Some("???")
-}
-
-/// A hydra config file's `defaults` list, as the official and seed-project files have it: the
-/// base config (every file here is laid over the defaults, which are that config), `_self_` and
-/// hydra's own launcher and sweeper choices, which mean nothing here.
-fn check_hydra_defaults(value: &Value) -> std::result::Result<(), String> {
-    let Value::Sequence(entries) = value else {
-        return Err("defaults: expected hydra's list of defaults".into());
-    };
-    for entry in entries {
-        let name = match entry {
-            Value::String(name) => name.clone(),
-            Value::Mapping(map) if map.len() == 1 => map
-                .keys()
-                .next()
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            _ => String::new(),
-        };
-        let understood = matches!(name.as_str(), "config" | "_self_")
-            || name.starts_with("override hydra/")
-            || name.starts_with("hydra/");
-        if !understood {
-            return Err(format!(
-                "defaults entry {}: only the base config (config, which every file is laid \
-                 over), _self_ and hydra's own entries (override hydra/...) are understood; \
-                 put the settings of another file in this one",
-                serde_yaml_ng::to_string(entry)
-                    .map(|s| s.trim().to_owned())
-                    .unwrap_or_default()
-            ));
-        }
     }
     Ok(())
 }
@@ -282,50 +224,6 @@ pub fn apply_override(tree: &mut Value, arg: &str) -> Result<()> {
     })
 }
 
-/// What YAML reads as its own syntax at the start of a plain value (a comment, an anchor, a
-/// tag, an alias, a directive, reserved signs and block scalars), never as text.
-const YAML_SIGNS: [char; 9] = ['#', '&', '!', '*', '%', '@', '`', '|', '>'];
-
-/// The characters hydra lets a backslash escape in a plain value.
-const ESCAPABLE: &str = "\\,()[]{}:= '\"";
-
-/// `raw` with hydra's escapes undone (`a\,b` is `a,b`), where it holds one.
-fn unescaped(raw: &str) -> Option<String> {
-    let (mut text, mut escaped, mut chars) = (String::new(), false, raw.chars().peekable());
-    while let Some(c) = chars.next() {
-        match chars.peek() {
-            Some(&next) if c == '\\' && ESCAPABLE.contains(next) => {
-                text.push(next);
-                chars.next();
-                escaped = true;
-            }
-            _ => text.push(c),
-        }
-    }
-    escaped.then_some(text)
-}
-
-/// Whether `raw` holds a comma outside brackets, quotes and escapes: hydra's sweep separator
-/// (`seed=1,2`), where `task=[a,b]`, `run_dir=runs/[a,b]/0`, `'a,b'` and `a\,b` hold one value.
-fn has_top_level_comma(raw: &str) -> bool {
-    let (mut depth, mut quote, mut chars) = (0i32, None, raw.chars());
-    while let Some(c) = chars.next() {
-        match (quote, c) {
-            (None, '\\') => {
-                chars.next();
-            }
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '\'' | '"') => quote = Some(c),
-            (None, '[' | '{') => depth += 1,
-            (None, ']' | '}') => depth -= 1,
-            (None, ',') if depth <= 0 => return true,
-            _ => {}
-        }
-    }
-    false
-}
-
 /// Sets a dotted path inside the tree; every segment must already exist (the defaults name
 /// every key), otherwise the error names the closest known key.
 fn set_path(tree: &mut Value, dotted: &str, value: Value) -> std::result::Result<(), String> {
@@ -362,7 +260,7 @@ fn set_path(tree: &mut Value, dotted: &str, value: Value) -> std::result::Result
 }
 
 /// The value at a dotted path of the tree, if there is one.
-fn path_value(tree: &Value, dotted: &str) -> Option<Value> {
+pub(super) fn path_value(tree: &Value, dotted: &str) -> Option<Value> {
     dotted
         .split('.')
         .try_fold(tree, |node, segment| node.get(segment))
@@ -373,40 +271,6 @@ fn keys_of(map: &Mapping) -> Vec<String> {
     map.keys()
         .filter_map(|k| k.as_str().map(str::to_owned))
         .collect()
-}
-
-/// What hydra's own settings (`hydra.run.dir=...`, `hydra/launcher=...`) are here.
-fn hydra_key_hint(arg: &str) -> Option<&'static str> {
-    let key = arg.split_once('=').map_or(arg, |(key, _)| key);
-    let key = key.trim().trim_start_matches('+');
-    if key == "work_dir" {
-        return Some(
-            "the official work_dir is run_dir here (runs/<task>/<exp_name>/<seed> by default)",
-        );
-    }
-    if key == "hydra.run.dir" || key == "hydra.sweep.dir" {
-        return Some("hydra's own settings are not read here; the run directory is run_dir=DIR");
-    }
-    if key.starts_with("hydra/job_logging")
-        || key.starts_with("hydra/hydra_logging")
-        || key == "hydra.verbose"
-    {
-        return Some(
-            "hydra's logging is not used here: rank 0 logs the run (console and files under \
-             run_dir), other ranks their warnings and errors (docs/outputs.md)",
-        );
-    }
-    if key.starts_with("hydra.job.") || key == "hydra.output_subdir" {
-        return Some(
-            "hydra's job settings are not read here: a run never changes its working \
-             directory, and writes everything under run_dir, its resolved config as \
-             config.yaml (docs/outputs.md)",
-        );
-    }
-    (key == "hydra" || key.starts_with("hydra.") || key.starts_with("hydra/")).then_some(
-        "hydra's own settings are not read here: --multirun (-m) sweeps, and ranks start with \
-         launcher=builtin, torchrun or slurm (docs/distributed.md)",
-    )
 }
 
 fn unknown_key(key: &str, known: &[String]) -> String {
@@ -420,30 +284,6 @@ fn unknown_key(key: &str, known: &[String]) -> String {
         Some((_, k)) => format!("unknown key '{key}'; did you mean '{k}'?"),
         None => format!("unknown key '{key}' (`tdmpc2 train --cfg job` lists every key)"),
     }
-}
-
-/// A setting holding `${...}` (hydra's interpolation, which this parser does not resolve):
-/// refused, as a number setting's is, with the file it came from. A path the run reads
-/// (`checkpoint`, `resume`, `data_dir`) that exists is taken as it is: an earlier version may
-/// have named a folder so.
-fn refuse_interpolations(tree: &Value, origin: &dyn Fn(&str) -> Option<String>) -> Result<()> {
-    const READ_PATHS: [&str; 3] = ["checkpoint", "resume", "data_dir"];
-    let Some(map) = tree.as_mapping() else {
-        return Ok(());
-    };
-    for (key, value) in map {
-        let (Some(key), Some(text)) = (key.as_str(), value.as_str()) else {
-            continue;
-        };
-        let existing = READ_PATHS.contains(&key) && Path::new(text).exists();
-        if text.contains("${") && !existing {
-            let from = origin(key).map_or(String::new(), |file| format!("{file}: "));
-            return Err(Error::Config(format!(
-                "{from}{key}={text}: interpolations are not resolved here; give the value itself"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// Deserializes the tree into a config. A value of another YAML type that means the same is
