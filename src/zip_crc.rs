@@ -26,12 +26,15 @@ pub enum Unreadable {
     ReadFailed(String, std::io::Error),
 }
 
+/// The first bytes of a zip archive (a local file header).
+pub const ZIP_MAGIC: [u8; 4] = *b"PK\x03\x04";
+
 /// Whether `path` starts as a zip archive does (torch.save's format since torch 1.6).
 pub fn is_zip(path: &Path) -> bool {
     let mut magic = [0u8; 4];
     File::open(path)
         .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok_and(|()| magic == *b"PK\x03\x04")
+        .is_ok_and(|()| magic == ZIP_MAGIC)
 }
 
 /// Reads every entry of the archive at `path` to its end, checking its CRC-32.

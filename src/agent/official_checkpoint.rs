@@ -12,6 +12,9 @@ use super::world_model::{
     DYNAMICS, LOG_STD_DIF, LOG_STD_MIN, POLICY, Q_DETACHED, Q_ONLINE, Q_TARGET, REWARD, TERMINATION,
 };
 
+/// The names torch's own files take (`torch.save`'s, the official checkpoints').
+pub const TORCH_EXTENSIONS: [&str; 2] = ["pt", "pth"];
+
 /// Names of the per-layer tensors in the pre-2024 flat ensemble layout (`_Qs.params.<n>`).
 const LEGACY_Q_NAMES: [&str; 4] = ["weight", "bias", "ln.weight", "ln.bias"];
 
@@ -128,7 +131,7 @@ fn unreadable(py: Python<'_>, e: PyErr) -> PyErr {
 pub fn import_official(pt_path: &Path, out_path: &Path) -> Result<Vec<String>> {
     refuse_the_other_format(
         out_path,
-        &["pt", "pth"],
+        &TORCH_EXTENSIONS,
         "import writes safetensors, e.g. model.safetensors",
     )?;
     let path_text = pt_path.display().to_string();
@@ -528,7 +531,7 @@ fn refuse_the_other_format(out_path: &Path, extensions: &[&str], writes: &str) -
         return refuse(format!(
             "is a directory; give the file to write, e.g. {}",
             out_path
-                .join(if extensions.contains(&"pt") {
+                .join(if extensions == TORCH_EXTENSIONS {
                     "model.safetensors"
                 } else {
                     "agent.pt"

@@ -336,10 +336,12 @@ fn torch_saved(path: &Path) -> bool {
     const PICKLE_PROTOCOL: u8 = 0x80;
     let pickle =
         head.first() == Some(&PICKLE_PROTOCOL) && head.get(1).is_some_and(|v| (2..=5).contains(v));
-    let named = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("pt") || e.eq_ignore_ascii_case("pth"));
-    head.starts_with(b"PK\x03\x04") || pickle || named
+    let named = path.extension().is_some_and(|e| {
+        crate::agent::official_checkpoint::TORCH_EXTENSIONS
+            .iter()
+            .any(|torch| e.eq_ignore_ascii_case(torch))
+    });
+    head.starts_with(&crate::zip_crc::ZIP_MAGIC) || pickle || named
 }
 
 /// Says which weights file a file of a checkpoint named (`model_file` of its `meta.json`).
