@@ -213,13 +213,22 @@ impl Config {
         }
         let world = self.world_size.max(1) as u64;
         if self.steps / world < rows {
+            // A resumed run's steps are the whole run's, the checkpoint's included: a user who
+            // gave the steps still to go meets this first.
+            let resumed = match self.resume {
+                Some(_) => {
+                    " (with resume, steps is the whole run's total from step 0, not the steps \
+                     after the checkpoint: give at least the checkpoint's step)"
+                }
+                None => "",
+            };
             return Err(range(
                 "steps",
                 self.steps,
                 &format!(
                     "each of the world_size={world} ranks runs steps / world_size = {} steps, \
                      but one episode of {} needs {rows} (its {length} steps and the first \
-                     observation); use steps >= world_size × {rows} = {}",
+                     observation); use steps >= world_size × {rows} = {}{resumed}",
                     self.steps / world,
                     self.task,
                     rows * world

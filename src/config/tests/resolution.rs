@@ -79,6 +79,35 @@ fn the_horizon_fits_in_an_episode() {
     playing.resolve(&spec(200)).unwrap();
 }
 
+/// Steps too few for an episode per rank: with resume, the refusal says that steps counts
+/// from step 0, the checkpoint's steps included (a user who gave the steps still to go meets
+/// this before the checkpoint is read).
+#[test]
+fn too_few_steps_say_how_resume_counts_them() {
+    let spec = envs::EnvSpec {
+        obs_shape: vec![3],
+        action_dim: 1,
+        episode_length: 500,
+    };
+    let refusal = |args: &[&str]| {
+        let mut c = load(args).unwrap();
+        c.resolve(&spec).unwrap();
+        c.check_training_fits().unwrap_err().to_string()
+    };
+    let base = ["steps=1000", "world_size=2", "seed_steps=500"];
+    let fresh = refusal(&base);
+    assert!(
+        fresh.contains("use steps >= world_size × 501 = 1002"),
+        "{fresh}"
+    );
+    assert!(!fresh.contains("resume"), "{fresh}");
+    let resumed = refusal(&[&base[..], &["resume=auto"]].concat());
+    assert!(
+        resumed.contains("with resume, steps is the whole run's total from step 0"),
+        "{resumed}"
+    );
+}
+
 #[test]
 fn pixels_take_the_encoders_latent_and_refuse_any_other() {
     let spec = envs::EnvSpec {
