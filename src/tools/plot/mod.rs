@@ -1,5 +1,6 @@
 //! `tdmpc2 plot RUN_DIR...`: learning curves from `metrics.jsonl` as PNG or SVG. Runs whose
 //! configurations differ only in the seed become one mean line with a band over the seeds.
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -254,7 +255,7 @@ fn runs_given(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     }
     // A run given twice (its folder and its metrics.jsonl, or two spellings of one path)
     // would count as two seeds.
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = BTreeSet::new();
     let mut distinct = Vec::with_capacity(runs.len());
     for run in runs {
         let file = match run.is_dir() {
@@ -346,7 +347,7 @@ fn note_another_task(stem: &str, runs: &[PathBuf]) {
     if envs::Family::of(stem).is_none() {
         return;
     }
-    let tasks: std::collections::BTreeSet<String> = runs
+    let tasks: BTreeSet<String> = runs
         .iter()
         .filter_map(|run| {
             let config = curves::config_without_seed(run)?;
@@ -446,7 +447,7 @@ fn series(args: &PlotArgs, panel: &Panel) -> Result<Vec<Series>> {
         "train" => &["train"],
         _ => &["eval"],
     };
-    let runs = read_runs(&args.runs, phases[0], metric)?;
+    let runs = read_runs(&args.runs, phases, metric)?;
     let groups = group_by_config(&args.runs);
     let labels = group_labels(&args.runs, &groups);
     let mut series = Vec::new();
@@ -522,8 +523,9 @@ fn series(args: &PlotArgs, panel: &Panel) -> Result<Vec<Series>> {
     Ok(series)
 }
 
-/// Every run's metrics, each of which must have `metric` in `phase`.
-fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>> {
+/// Every run's metrics, each of which must have `metric` in one of `phases` at least (with
+/// `--phase both`, a run that has only one phase's records draws that phase's curve).
+fn read_runs(runs: &[PathBuf], phases: &[&str], metric: &str) -> Result<Vec<Metrics>> {
     if ["step", "elapsed_time"].contains(&metric) {
         return Err(Error::Config(format!(
             "--metric {metric} is an x axis (--x {metric}); give a metric, e.g. episode_reward"
@@ -533,18 +535,23 @@ fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>
         .iter()
         .map(|run| Metrics::read(run))
         .collect::<Result<Vec<_>>>()?;
+    let named = phases.join(" or ");
     for (run, metrics) in runs.iter().zip(&read) {
-        let names = metrics.metric_names(phase);
-        if !names.contains(metric) && metrics.logs(phase, metric) {
+        let names: BTreeSet<String> = phases
+            .iter()
+            .flat_map(|phase| metrics.metric_names(phase))
+            .collect();
+        let logged = phases.iter().any(|phase| metrics.logs(phase, metric));
+        if !names.contains(metric) && logged {
             return Err(Error::Config(format!(
-                "--metric {metric}: {} logs it in no {phase} record as a finite number (null \
+                "--metric {metric}: {} logs it in no {named} record as a finite number (null \
                  stands for NaN or an infinity there)",
                 run.display()
             )));
         }
         if names.is_empty() {
             return Err(Error::Config(format!(
-                "{} has no {phase} records yet, so no --metric {metric} to draw",
+                "{} has no {named} records yet, so no --metric {metric} to draw",
                 run.display()
             )));
         }
@@ -554,9 +561,17 @@ fn read_runs(runs: &[PathBuf], phase: &str, metric: &str) -> Result<Vec<Metrics>
                 "--metric {}: {} has no such {} metric; available: {}",
                 metric,
                 run.display(),
-                phase,
+                named,
                 names.join(", ")
             )));
+        }
+        for phase in phases.iter().filter(|_| phases.len() > 1) {
+            if !metrics.metric_names(phase).contains(metric) {
+                errln!(
+                    "note: {} has no {phase} records of {metric}: only its other phase is drawn",
+                    run.display()
+                );
+            }
         }
     }
     Ok(read)
@@ -673,6 +688,44 @@ mod tests {
             "one curve per panel"
         );
         assert_eq!((grid(1), grid(3), grid(5)), ((1, 1), (2, 2), (2, 3)));
+    }
+
+    /// `--phase both` draws what a run has: a run with train records only (no evaluation yet)
+    /// gets its train curve, where it was refused for missing eval records.
+    #[test]
+    fn both_phases_draw_the_phase_a_run_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let records: Vec<String> = (0..3)
+            .map(|i| {
+                serde_json::json!({"phase": "train", "step": i * 100, "episode_reward": i})
+                    .to_string()
+            })
+            .collect();
+        std::fs::write(dir.path().join("metrics.jsonl"), records.join("\n")).unwrap();
+        let args = |phase: &str, metric: &str| PlotArgs {
+            runs: vec![dir.path().to_path_buf()],
+            metric: metric.into(),
+            x: "step".into(),
+            phase: phase.into(),
+            band: Spread::Minmax,
+            reference: None,
+            out: dir.path().join("curves.svg"),
+            width: 400,
+            height: 300,
+            title: None,
+        };
+        run(&args("both", "episode_reward")).unwrap();
+        let e = run(&args("eval", "episode_reward"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no eval records yet"), "{e}");
+        let e = run(&args("both", "episode_length"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no such eval or train metric; available: episode_reward"),
+            "{e}"
+        );
     }
 
     #[test]
