@@ -137,6 +137,15 @@ impl TaskEmbedding {
         self.renormalised = rows;
     }
 
+    /// Renormalises every row, as looking up each task once does: what an evaluation of all
+    /// the tasks leaves in the official model it trains, where ours acted on a copy.
+    pub fn renormalise_every_row(&mut self) -> Result<()> {
+        tch::no_grad(|| {
+            let rows = self.weight.f_ones_like()?.f_select(1, 0)?;
+            renormalise(&mut self.weight.detach(), &rows)
+        })
+    }
+
     /// The rows of `task` (B,) task ids. As `nn.Embedding(max_norm=1)`, the rows looked up
     /// are first scaled back to unit norm in place where longer.
     pub fn rows(&self, task: &Tensor) -> Result<TaskRows> {
@@ -248,6 +257,24 @@ mod tests {
             table.weight.get(1).norm().double_value(&[]) < 0.1,
             "short rows stay"
         );
+    }
+
+    /// An evaluation's renormalisation of every row equals looking each task up once.
+    #[test]
+    fn every_row_renormalised_equals_looking_up_every_task() {
+        let mut table = TaskEmbedding::new(&tasks(), 3, Device::Cpu);
+        tch::no_grad(|| {
+            let _ = table.weight.get(0).fill_(0.9);
+            let _ = table.weight.get(2).fill_(2.0);
+        });
+        let mut looked_up = TaskEmbedding::new(&tasks(), 3, Device::Cpu);
+        tch::no_grad(|| looked_up.weight.copy_(&table.weight));
+        looked_up.rows(&Tensor::from_slice(&[0i64, 1, 2])).unwrap();
+        table.renormalise_every_row().unwrap();
+        assert!(table.weight.equal(&looked_up.weight));
+        let norm = |row: i64| table.weight.get(row).norm().double_value(&[]);
+        assert!((norm(0) - 1.0).abs() < 1e-6 && (norm(2) - 1.0).abs() < 1e-6);
+        assert!(norm(1) < 0.1, "short rows stay");
     }
 
     /// The graph-safe renormalisation gives torch's `embedding_renorm_` bit for bit, on rows

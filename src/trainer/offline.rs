@@ -186,6 +186,11 @@ impl<'g> Offline<'g> {
             if let Some(request) = stopped {
                 return Err(self.stop(&format!("during the evaluation at update {i}"), request));
             }
+            // The official evaluation acts with the model it trains, and each task's lookup
+            // renormalises that task's row; every task is evaluated (on some rank).
+            if let Some(table) = self.learner.model_mut().task.as_mut() {
+                table.renormalise_every_row()?;
+            }
         }
         self.schedule.evaluated();
         Ok(())
