@@ -971,9 +971,22 @@ fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
     let bookkeeping = buffer.join("buffer.json");
     let mut ring: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&bookkeeping).unwrap()).unwrap();
+    let named = format!("{} is damaged or edited", bookkeeping.display());
+    // Its hash is recorded: the same bookkeeping written compactly is an edit.
+    std::fs::write(&bookkeeping, ring.to_string()).unwrap();
+    refused(
+        &edited,
+        "train",
+        &format!("{named} (its bytes do not match the hash recorded when it was saved"),
+    );
+    // A buffer saved before that hash was recorded is checked for consistency only.
+    let hash = buffer.join("buffer.crc32c");
+    let hashes = std::fs::read_to_string(&hash).unwrap();
+    let (tensors, recorded) = hashes.split_once('\n').unwrap();
+    assert!(recorded.starts_with("buffer.json "), "{hashes}");
+    std::fs::write(&hash, format!("{tensors}\n")).unwrap();
     ring["cursor"] = serde_json::json!(1_000_000);
     std::fs::write(&bookkeeping, ring.to_string()).unwrap();
-    let named = format!("{} is damaged or edited", bookkeeping.display());
     refused(
         &edited,
         "train",
@@ -983,7 +996,6 @@ fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
     refused(&edited, "train", &named);
     // Every save writes the hash before its folder appears: without it, damage (the buffer
     // was passed over, and the run resumed with an empty one, silently inexact).
-    let hash = buffer.join("buffer.crc32c");
     std::fs::remove_file(&hash).unwrap();
     let missing = format!(
         "{} is missing: the buffer cannot be checked",

@@ -5,23 +5,29 @@ use std::path::{Path, PathBuf};
 use tch::Tensor;
 
 use super::tensor_file::TensorFile;
-use super::{buffers_dir, fail, integrity, store, write_json};
+use super::{buffers_dir, fail, integrity, store};
 use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart, SavedTensors};
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 
-/// A saved buffer's files: the tensors, the ring's bookkeeping, and the crc32c of the first.
+/// A saved buffer's files: the tensors, the ring's bookkeeping, and the crc32c of both.
 const TENSORS: &str = "buffer.safetensors";
 const META: &str = "buffer.json";
 const HASH: &str = "buffer.crc32c";
 
-/// Writes a rank's buffer into `dir`, with the hash that a resume checks it against; returns
-/// that hash (the checkpoint records every rank's).
+/// Writes a rank's buffer into `dir`, with the hashes that a resume checks it against (the
+/// tensors' on the first line, the bookkeeping's after `buffer.json`); returns the tensors'
+/// hash (the checkpoint records every rank's).
 pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<u32> {
     let crc = super::tensor_file::write(&dir.join(TENSORS), tensors)?;
-    std::fs::write(dir.join(HASH), format!("{crc:08x}\n"))
+    let meta_path = dir.join(META);
+    let bookkeeping =
+        serde_json::to_vec_pretty(meta).map_err(|e| fail(&meta_path.display().to_string(), e))?;
+    let hashes = format!("{crc:08x}\n{META} {:08x}\n", crc32c::crc32c(&bookkeeping));
+    std::fs::write(dir.join(HASH), hashes)
         .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
-    write_json(&dir.join(META), meta)?;
+    std::fs::write(&meta_path, bookkeeping)
+        .map_err(|e| Error::io(format!("write {}", meta_path.display()), e))?;
     Ok(crc)
 }
 
@@ -39,7 +45,23 @@ fn recorded_hash(dir: &Path) -> Result<u32> {
             &format!("{} {why}: the buffer cannot be checked", path.display()),
         )
     })?;
-    u32::from_str_radix(text.trim(), 16).map_err(|e| {
+    let first = text.lines().next().unwrap_or_default();
+    u32::from_str_radix(first.trim(), 16).map_err(|e| {
+        let why = format!("{} is damaged or edited ({e})", path.display());
+        unusable(dir, &why)
+    })
+}
+
+/// The bookkeeping's hash recorded beside the tensors' (none in buffers saved before it was).
+fn recorded_meta_hash(dir: &Path) -> Result<Option<u32>> {
+    let path = dir.join(HASH);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(None);
+    };
+    let Some(line) = text.lines().find_map(|l| l.strip_prefix(META)) else {
+        return Ok(None);
+    };
+    u32::from_str_radix(line.trim(), 16).map(Some).map_err(|e| {
         let why = format!("{} is damaged or edited ({e})", path.display());
         unusable(dir, &why)
     })
@@ -55,7 +77,8 @@ fn read_checked(dir: &Path) -> Result<TensorFile> {
         _ => Error::io(format!("read {}", path.display()), e),
     })?;
     if let Ok(text) = std::fs::read_to_string(dir.join(HASH)) {
-        let saved = u32::from_str_radix(text.trim(), 16)
+        let first = text.lines().next().unwrap_or_default();
+        let saved = u32::from_str_radix(first.trim(), 16)
             .map_err(|e| fail(&dir.join(HASH).display().to_string(), e))?;
         let now = integrity::file_crc(&path)?;
         if now != saved {
@@ -229,6 +252,15 @@ fn read_meta(dir: &Path) -> Result<BufferMeta> {
             &format!("{} is damaged or edited ({why})", path.display()),
         )
     };
+    if let Some(saved) = recorded_meta_hash(dir)? {
+        let now = crc32c::crc32c(&bytes);
+        if now != saved {
+            return Err(edited(format!(
+                "its bytes do not match the hash recorded when it was saved: crc32c {now:08x}, \
+                 saved {saved:08x}"
+            )));
+        }
+    }
     let meta: BufferMeta = serde_json::from_slice(&bytes).map_err(|e| edited(e.to_string()))?;
     meta.check().map_err(|e| edited(e.to_string()))?;
     Ok(meta)
