@@ -13,6 +13,8 @@ pub enum ReadBack {
     /// The archive records no CRC-32s (torch writes 0s after
     /// `torch.serialization.set_crc32_options(False)`): its bytes cannot be checked.
     NoChecksums,
+    /// Left part-way because `stopped` said so: nothing is known of the bytes.
+    Stopped,
 }
 
 /// Why an archive could not be read back.
@@ -37,8 +39,9 @@ pub fn is_zip(path: &Path) -> bool {
         .is_ok_and(|()| magic == ZIP_MAGIC)
 }
 
-/// Reads every entry of the archive at `path` to its end, checking its CRC-32.
-pub fn read_back(path: &Path) -> Result<ReadBack, Unreadable> {
+/// Reads every entry of the archive at `path` to its end, checking its CRC-32; leaves it
+/// between two reads of a MiB once `stopped` says so (a file of many GB takes minutes).
+pub fn read_back(path: &Path, stopped: &dyn Fn() -> bool) -> Result<ReadBack, Unreadable> {
     let file = File::open(path).map_err(Unreadable::CannotOpen)?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| match e {
         zip::result::ZipError::Io(e) => Unreadable::ReadFailed("its directory".into(), e),
@@ -58,6 +61,9 @@ pub fn read_back(path: &Path) -> Result<ReadBack, Unreadable> {
             .name()
             .map_or_else(|_| format!("entry {i}"), |n| n.into_owned());
         loop {
+            if stopped() {
+                return Ok(ReadBack::Stopped);
+            }
             match entry.read(&mut buffer) {
                 Ok(0) => break,
                 Ok(n) => bytes += n as u64,

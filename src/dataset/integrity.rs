@@ -23,20 +23,23 @@ pub enum Checked {
     Read(u64),
     /// A stamp says the file, as it is, was read back before.
     Stamped,
+    /// Left part-way, as `stopped` asked: nothing is known of the file.
+    Stopped,
 }
 
-/// Reads every entry of `path` to its end, checking its CRC-32; the bytes read. The error
-/// names the file and the entry, and what to do.
-pub fn verify(path: &Path) -> Result<u64> {
-    match crate::zip_crc::read_back(path) {
-        Ok(ReadBack::Checked(bytes)) => Ok(bytes),
+/// Reads every entry of `path` to its end, checking its CRC-32 (leaving it part-way once
+/// `stopped` says so); the bytes read. The error names the file and the entry, and what to do.
+pub fn verify(path: &Path, stopped: &dyn Fn() -> bool) -> Result<Checked> {
+    match crate::zip_crc::read_back(path, stopped) {
+        Ok(ReadBack::Checked(bytes)) => Ok(Checked::Read(bytes)),
+        Ok(ReadBack::Stopped) => Ok(Checked::Stopped),
         Ok(ReadBack::NoChecksums) => {
             errln!(
                 "warning: dataset file {} records no CRC-32s (saved with torch's CRC-32s \
                  turned off): its bytes cannot be checked",
                 path.display()
             );
-            Ok(0)
+            Ok(Checked::Read(0))
         }
         Err(Unreadable::Damaged(what)) => Err(Error::Config(format!(
             "dataset file {}: {what}; the file is not what was written (a damaged copy or an \
@@ -56,17 +59,19 @@ pub fn verify(path: &Path) -> Result<u64> {
 }
 
 /// [`verify`], unless a stamp says this file (same size and modification time) was verified
-/// before; a successful read leaves a stamp where one can be kept.
-pub fn verify_once(path: &Path) -> Result<Checked> {
+/// before; a whole read leaves a stamp where one can be kept.
+pub fn verify_once(path: &Path, stopped: &dyn Fn() -> bool) -> Result<Checked> {
     let Some(mut stamp) = Stamp::open(path) else {
-        return verify(path).map(Checked::Read);
+        return verify(path, stopped);
     };
     if stamp.matches() {
         return Ok(Checked::Stamped);
     }
-    let bytes = verify(path)?;
-    stamp.record();
-    Ok(Checked::Read(bytes))
+    let checked = verify(path, stopped)?;
+    if let Checked::Read(_) = checked {
+        stamp.record();
+    }
+    Ok(checked)
 }
 
 /// A file's stamp, locked while held.
@@ -166,10 +171,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chunk_0.pt");
         archive(&path);
-        assert_eq!(verify(&path).unwrap(), 6 + 4096);
-        assert_eq!(verify_once(&path).unwrap(), Checked::Read(4102));
-        assert!(dir.path().join(".tdmpc2-verified/chunk_0.pt").is_file());
-        assert_eq!(verify_once(&path).unwrap(), Checked::Stamped);
+        let go_on = || false;
+        assert_eq!(verify(&path, &go_on).unwrap(), Checked::Read(6 + 4096));
+        // A stop leaves the file part-way, unstamped.
+        assert_eq!(verify_once(&path, &|| true).unwrap(), Checked::Stopped);
+        let stamp = dir.path().join(".tdmpc2-verified/chunk_0.pt");
+        assert_eq!(std::fs::read(&stamp).unwrap_or_default(), b"");
+        assert_eq!(verify_once(&path, &go_on).unwrap(), Checked::Read(4102));
+        assert!(stamp.is_file());
+        assert_eq!(verify_once(&path, &go_on).unwrap(), Checked::Stamped);
 
         // Damaged, with its modification time put back (as `cp -p` keeps it): the status-change
         // time still tells the stamp the file changed.
@@ -192,12 +202,12 @@ mod tests {
             0
         );
         assert_eq!(std::fs::metadata(&path).unwrap().mtime(), modified.mtime());
-        let e = verify(&path).unwrap_err().to_string();
+        let e = verify(&path, &go_on).unwrap_err().to_string();
         assert!(
             e.contains("chunk_0.pt") && e.contains("archive/data/0") && e.contains("again"),
             "{e}"
         );
-        let e = verify_once(&path).unwrap_err().to_string();
+        let e = verify_once(&path, &go_on).unwrap_err().to_string();
         assert!(e.contains("CRC-32"), "{e}");
     }
 
@@ -206,7 +216,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chunk_0.pt");
         std::fs::write(&path, b"not an archive at all").unwrap();
-        let e = verify(&path).unwrap_err().to_string();
+        let e = verify(&path, &|| false).unwrap_err().to_string();
         assert!(e.contains("not a readable zip archive"), "{e}");
     }
 }

@@ -337,9 +337,10 @@ pub(super) fn verify_dataset(config: &Config, rank: usize, world_size: usize) ->
                 size as f64 / 1e9
             );
         }
-        match dataset::integrity::verify_once(file)? {
+        match dataset::integrity::verify_once(file, &super::stop::requested_here)? {
             dataset::integrity::Checked::Read(bytes) => read += bytes,
             dataset::integrity::Checked::Stamped => stamped += 1,
+            dataset::integrity::Checked::Stopped => super::stop::refuse_to_start_when_asked()?,
         }
     }
     if rank == 0 {
