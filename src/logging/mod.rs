@@ -279,6 +279,15 @@ impl Logger {
         videos.and(written)
     }
 
+    /// The run stops during its evaluation of `step`, which a resume redoes: trackers that take
+    /// each step once leave that step's records to the resume, which sends them with the
+    /// evaluation (they would refuse it after them).
+    pub fn leave_to_the_resume(&mut self, step: u64) {
+        for sink in &mut self.sinks {
+            sink.leave_to_the_resume(step);
+        }
+    }
+
     /// Hands over the frames of the evaluation video of `step`: they are encoded and written
     /// to `eval_video/` in the background, and reach the sinks before any later record.
     pub fn video(&mut self, step: u64, frames: Vec<Frame>) -> Result<()> {

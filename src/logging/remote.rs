@@ -34,6 +34,11 @@ pub struct Remote {
     /// The run directory whose `trackers.json` notes from which step records wait, so that a
     /// resume sends them (an outage that outlasted the attempt); None: not noted.
     ledger: Option<PathBuf>,
+    /// For a tracker that takes each step once: the records of the latest step, sent when a
+    /// later step comes or the run ends (a stop may leave them to the resume).
+    latest: Vec<Record>,
+    /// The step whose evaluation the resume redoes (see [`Sink::leave_to_the_resume`]).
+    left_to_the_resume: Option<u64>,
 }
 
 impl Remote {
@@ -46,6 +51,8 @@ impl Remote {
             failures_in_a_row: 0,
             retry_every: RETRY_EVERY,
             ledger: None,
+            latest: Vec::new(),
+            left_to_the_resume: None,
         }
     }
 
@@ -59,6 +66,29 @@ impl Remote {
     /// the next one.
     pub fn owe(&mut self, records: Vec<Record>) {
         self.backlog.extend(records);
+    }
+
+    /// Sends `record`: a healthy tracker that owes nothing takes it as it is; only one that
+    /// fails (or owes records from before a resume) keeps copies.
+    fn send(&mut self, record: &Record) {
+        if !self.failing() && self.backlog.is_empty() {
+            if let Err(e) = self.inner.write(record) {
+                self.keep(record);
+                self.failed(&e);
+            }
+            return;
+        }
+        self.keep(record);
+        if !self.resting() {
+            self.deliver();
+        }
+    }
+
+    /// Sends the records held back of the latest step.
+    fn send_latest(&mut self) {
+        for record in std::mem::take(&mut self.latest) {
+            self.send(&record);
+        }
     }
 
     /// Keeps `record` to send later; the first of the backlog is noted.
@@ -181,25 +211,29 @@ impl Sink for Remote {
     }
 
     fn write(&mut self, record: &Record) -> Result<()> {
-        // A healthy tracker that owes nothing takes the record as it is; only one that fails
-        // (or owes records from before a resume) keeps copies.
-        if !self.failing() && self.backlog.is_empty() {
-            if let Err(e) = self.inner.write(record) {
-                self.keep(record);
-                self.failed(&e);
-            }
+        if !self.inner.takes_each_step_once() {
+            self.send(record);
             return Ok(());
         }
-        self.keep(record);
-        if !self.resting() {
-            self.deliver();
+        if self.latest.first().is_some_and(|r| r.step != record.step) {
+            self.send_latest();
         }
+        self.latest.push(record.clone());
         Ok(())
+    }
+
+    fn takes_each_step_once(&self) -> bool {
+        self.inner.takes_each_step_once()
+    }
+
+    fn leave_to_the_resume(&mut self, step: u64) {
+        self.left_to_the_resume = Some(step);
     }
 
     /// Sent after the records still owed: a tracker that orders by step (W&B) drops records
     /// of steps before one it has. While it fails, the video stays in the run directory.
     fn video(&mut self, video: &Video) -> Result<()> {
+        self.send_latest();
         if !self.backlog.is_empty() && !self.resting() {
             self.deliver();
         }
@@ -229,6 +263,7 @@ impl Sink for Remote {
     /// A tracker that cannot end its run is a warning: the run's checkpoint and files are
     /// written, and a failure here would have it restarted, to fail the same way.
     fn close(&mut self) -> Result<()> {
+        self.send_latest();
         self.deliver();
         self.warn_unsent("at the end of the run");
         let closed = self.inner.close();
@@ -239,13 +274,33 @@ impl Sink for Remote {
     /// After a stop the job is to end soon (a launcher gives it a grace period): a tracker
     /// that is resting is not asked again.
     fn close_stopped(&mut self) -> Result<()> {
+        let left = self.left_to_the_resume;
+        let leaves_latest = self.latest.first().is_some_and(|r| Some(r.step) == left);
+        match leaves_latest {
+            true => self.latest.clear(),
+            false => self.send_latest(),
+        }
         if !self.resting() {
             self.deliver();
+        }
+        // metrics.jsonl holds what was left: the resume sends it before the evaluation.
+        if let (true, Some(step)) = (leaves_latest, left) {
+            if self.backlog.is_empty() {
+                self.note(|dir, tracker| TrackerRuns::note_owed(dir, tracker, step));
+            }
         }
         self.warn_unsent("before the stop");
         let closed = self.inner.close_stopped();
         self.warn_unclosed(closed);
         Ok(())
+    }
+}
+
+/// A run that ends on an error (or a panic) drops its logger: what was held back of the
+/// latest step is sent as it would have been.
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.send_latest();
     }
 }
 
@@ -405,6 +460,71 @@ mod tests {
         ]);
         remote.write(&Record::new(Phase::Train, 9)).unwrap();
         assert_eq!(*steps.lock().unwrap(), [7, 8, 9]);
+    }
+
+    /// Takes each step once, as W&B: keeps the steps it took.
+    struct EachStepOnce(Arc<Mutex<Vec<(Phase, u64)>>>);
+
+    impl Sink for EachStepOnce {
+        fn name(&self) -> &'static str {
+            "once"
+        }
+
+        fn takes_each_step_once(&self) -> bool {
+            true
+        }
+
+        fn write(&mut self, record: &Record) -> Result<()> {
+            let mut taken = self.0.lock().unwrap();
+            if taken.last().is_some_and(|&(_, step)| step > record.step) {
+                return Err(Error::Other("a step before one it holds".into()));
+            }
+            taken.push((record.phase, record.step));
+            Ok(())
+        }
+    }
+
+    /// A stop during the evaluation of a step leaves that step's records, to a tracker that
+    /// takes each step once, to the resume (noted owed), which sends them with the redone
+    /// evaluation; any other end sends them.
+    #[test]
+    fn a_stop_during_an_evaluation_leaves_its_step_to_the_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let taken = Arc::new(Mutex::new(Vec::new()));
+        let once = || Remote::new(Box::new(EachStepOnce(Arc::clone(&taken))));
+        let owed = || TrackerRuns::load(dir.path()).owed_from;
+        let mut remote = once().noting_in(dir.path());
+        remote.write(&Record::new(Phase::Eval, 0)).unwrap();
+        remote.write(&Record::new(Phase::Train, 500)).unwrap();
+        assert_eq!(*taken.lock().unwrap(), [(Phase::Eval, 0)], "500 is held");
+        remote.leave_to_the_resume(500);
+        remote.close_stopped().unwrap();
+        assert_eq!(*taken.lock().unwrap(), [(Phase::Eval, 0)]);
+        assert_eq!(owed(), [("once".to_string(), 500)].into());
+
+        // The resume: what was left, then the evaluation, at one step.
+        let mut resumed = once().noting_in(dir.path());
+        resumed.owe(vec![Record::new(Phase::Train, 500)]);
+        resumed.write(&Record::new(Phase::Eval, 500)).unwrap();
+        resumed.write(&Record::new(Phase::Train, 1000)).unwrap();
+        resumed.close().unwrap();
+        let expected = [
+            (Phase::Eval, 0),
+            (Phase::Train, 500),
+            (Phase::Eval, 500),
+            (Phase::Train, 1000),
+        ];
+        assert_eq!(*taken.lock().unwrap(), expected);
+        assert!(owed().is_empty());
+
+        // A stop at another point sends the latest step as it ends.
+        taken.lock().unwrap().clear();
+        let mut remote = once().noting_in(dir.path());
+        remote.write(&Record::new(Phase::Train, 700)).unwrap();
+        remote.leave_to_the_resume(500);
+        remote.close_stopped().unwrap();
+        assert_eq!(*taken.lock().unwrap(), [(Phase::Train, 700)]);
+        assert!(owed().is_empty());
     }
 
     /// Takes `left` records, then refuses every one.

@@ -16,6 +16,19 @@ pub trait Sink: Send {
         Ok(())
     }
 
+    /// Whether the destination takes each step once, in order (W&B: a step it holds takes no
+    /// more records, also in a resumed run).
+    fn takes_each_step_once(&self) -> bool {
+        false
+    }
+
+    /// The run stops with an evaluation of `step` under way, which its resume redoes: a
+    /// destination that takes each step once leaves that step's records to the resume, to
+    /// take with the evaluation.
+    fn leave_to_the_resume(&mut self, step: u64) {
+        let _ = step;
+    }
+
     /// Flushes and finishes the destination. Called once; a sink dropped without it treats
     /// the run as failed where the destination knows the difference.
     fn close(&mut self) -> Result<()> {

@@ -168,6 +168,10 @@ impl Sink for Wandb {
         NAME
     }
 
+    fn takes_each_step_once(&self) -> bool {
+        true
+    }
+
     fn write(&mut self, record: &Record) -> Result<()> {
         if self.holds(record.step) {
             return Ok(());

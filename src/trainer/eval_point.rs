@@ -58,7 +58,12 @@ pub(super) fn evaluate_and_log(
     )?;
     let evaluation = match outcome {
         Outcome::Done(evaluation) => evaluation,
-        Outcome::Stopped(request) => return Ok(Some(request)),
+        Outcome::Stopped(request) => {
+            if let Some(report) = report {
+                report.leave_to_the_resume(point.step);
+            }
+            return Ok(Some(request));
+        }
     };
     if let Some(report) = report {
         report.evaluation(point.step, &evaluation, point.episodes, point.clock)?;

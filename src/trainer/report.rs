@@ -203,6 +203,12 @@ impl Report {
         }
     }
 
+    /// A stop came during the evaluation of `step`, which the resume redoes (see
+    /// [`Logger::leave_to_the_resume`]).
+    pub(super) fn leave_to_the_resume(&mut self, step: u64) {
+        self.logger.leave_to_the_resume(step);
+    }
+
     pub(super) fn close(self) -> Result<()> {
         if let Some(bar) = &self.progress {
             bar.finish_and_clear();
