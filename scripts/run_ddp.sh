@@ -30,12 +30,16 @@ if [ -z "${TDMPC2_BIN:-}" ]; then "$here/setup.sh" >&2; fi
 source "$here/env.sh"
 bin=${TDMPC2_BIN:-$(cargo metadata --manifest-path "$tdmpc2_root/Cargo.toml" --format-version 1 \
     --no-deps | python -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release/tdmpc2}
-# config_ddp unless the arguments name another file (a second --config-name is refused).
+# config_ddp unless the arguments name another file, or a folder of their own (read as the
+# binary reads one alone: its config.yaml, or the --config-name given).
 config_name=(--config-name=config_ddp)
 for arg in "$@"; do
-    case $arg in --config-name | --config-name=* | -cn | -cn=*) config_name=() ;; esac
+    case $arg in
+    --config-name | --config-name=* | -cn | -cn=* | --config-path | --config-path=* | -cp | \
+        -cp=* | --config-dir | --config-dir=* | -cd | -cd=*) config_name=() ;;
+    esac
 done
 # launcher=builtin: these ranks are local even inside a SLURM step (an `srun --pty bash`),
 # whose variables launcher=auto would follow; a key=value after it still wins.
-exec "$bin" train "${config_name[@]}" task="$task" model_size="$model_size" \
+exec "$bin" train ${config_name[@]+"${config_name[@]}"} task="$task" model_size="$model_size" \
     world_size="$world_size" sync_freq="$sync_freq" launcher=builtin "$@"

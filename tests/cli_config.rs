@@ -253,6 +253,14 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     // Another config file instead of config_ddp: the defaults' eval_freq, not config_ddp's.
     let other = job(&["walker-run", "1", "--config-name=config", "steps=20000"]);
     assert_eq!(other, [1, 8, 1, 20_000, 50_000].map(Some));
+    // A folder of one's own alone: its config.yaml, as the binary reads it.
+    let mine = tempfile::tempdir().unwrap();
+    std::fs::write(mine.path().join("config.yaml"), "eval_freq: 7000\n").unwrap();
+    let folder = mine.path().to_str().unwrap();
+    for flag in ["--config-path", "-cp", "-cd"] {
+        let own = job(&["walker-run", "1", flag, folder, "steps=20000"]);
+        assert_eq!(own, [1, 8, 1, 20_000, 7_000].map(Some), "{flag}");
+    }
     // Local ranks even inside a SLURM step, unless the user says otherwise.
     let launcher = |args: &[&str]| {
         let out = run(&[args, &["--cfg", "job"]].concat());
