@@ -664,6 +664,47 @@ fn a_rank_refuses_another_jobs_store_on_its_port() {
     );
 }
 
+/// Outside SLURM nothing names a job, but a store whose ranks have all joined takes no more:
+/// a rank started on a running job's port is refused at once, not left in its collectives
+/// until dist_timeout.
+#[test]
+fn a_rank_too_many_on_a_running_jobs_port_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let rank = |rank: &str, job: &str| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tdmpc2"));
+        command
+            .args(tiny_train())
+            .args(["steps=1000000", "dist_timeout=600"])
+            .arg(format!("run_dir={}", dir.path().join(job).display()))
+            .envs([
+                ("RANK", rank),
+                ("LOCAL_RANK", rank),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "127.0.0.1"),
+            ])
+            .env("MASTER_PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command
+    };
+    let running = [
+        common::Reaped::spawn(&mut rank("0", "running")),
+        common::Reaped::spawn(&mut rank("1", "running")),
+    ];
+    let formed = wait_for_train_record(&dir.path().join("running"), 1, Duration::from_secs(240));
+    let out = rank("1", "stray").stderr(Stdio::piped()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(formed, "the running job trains");
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("master_port={port}")) && stderr.contains("one too many"),
+        "{stderr}"
+    );
+    drop(running);
+}
+
 #[test]
 fn runs_under_torchrun() {
     let torchrun = Path::new(env!("TDMPC2_TEST_VENV_BIN")).join("torchrun");

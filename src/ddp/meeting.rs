@@ -99,7 +99,16 @@ pub(super) fn meet(
                 .extract::<i64>()
         })
     };
-    joined(1).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
+    let arrived = joined(1).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
+    if arrived > info.world_size as i64 {
+        // Every rank of the store's job had joined: this one belongs to another job.
+        return Err(Error::Config(format!(
+            "master_port={} at {} serves a job whose {} ranks have all joined: rank {} would be \
+             one too many, so it is another job's port (not this one's); give each job a \
+             master_port of its own",
+            info.master_port, info.master_addr, info.world_size, info.rank
+        )));
+    }
     loop {
         let count = joined(0).map_err(|e| cannot_meet(info, &trimmed(&e.0)))?;
         if count >= info.world_size as i64 {
