@@ -72,7 +72,6 @@ impl From<crate::agent::Error> for Error {
     fn from(err: crate::agent::Error) -> Self {
         match err {
             crate::agent::Error::Collective(what) => Error::Collective(what),
-            crate::agent::Error::Stopped(what) => Error::Stopped(what),
             other => Error::Agent(other),
         }
     }
@@ -126,12 +125,6 @@ mod tests {
         let err = Error::from(crate::agent::Error::Collective(why.into()));
         assert!(matches!(err, Error::Collective(_)), "{err:?}");
         assert_eq!(err.to_string(), why);
-        let err = Error::from(crate::agent::Error::Stopped("asked to stop".into()));
-        assert!(
-            matches!(err, Error::Stopped(_)),
-            "a stop stays a stop: {err:?}"
-        );
-        assert_eq!(err.exit_code(), crate::error::STOPPED_EXIT_CODE);
         let err = Error::from(crate::agent::Error::Config("bad".into()));
         assert_eq!(err.to_string(), "agent: invalid agent config: bad");
     }

@@ -1824,37 +1824,6 @@ fn a_collective_waiting_on_a_stopped_rank_fails_after_dist_timeout() {
     assert!(failed_after < Duration::from_secs(90), "{failed_after:?}");
 }
 
-/// Asked to stop while its collective waits on a rank that is stuck (SIGSTOP), a rank leaves
-/// it a minute after the stop, as a stop (exit 3) naming the collective, not at dist_timeout.
-#[test]
-fn a_rank_asked_to_stop_leaves_a_collective_a_stuck_rank_holds_up() {
-    let dir = tempfile::tempdir().unwrap();
-    let limits = ["dist_timeout=900", "stop_grace=10", "env_timeout=10"];
-    let launcher = spawn_endless_two_rank_run_with(dir.path(), Stdio::null(), &limits);
-    let trained = wait_for_train_record(dir.path(), 400, Duration::from_secs(240));
-    let (rank_0, rank_1) = (rank_pid(launcher.id(), 0), rank_pid(launcher.id(), 1));
-    let (rank_0, rank_1) = (rank_0.expect("rank 0 runs"), rank_1.expect("rank 1 runs"));
-    // SAFETY: kill(2) of the ranks of this test's run.
-    unsafe { libc::kill(rank_1 as i32, libc::SIGSTOP) };
-    std::thread::sleep(Duration::from_secs(2));
-    // SAFETY: as above.
-    unsafe { libc::kill(rank_0 as i32, libc::SIGTERM) };
-    let asked = Instant::now();
-    let out = launcher.wait_with_output().unwrap();
-    let ended_after = asked.elapsed();
-    // SAFETY: as above; the launcher killed it, if not, this does.
-    unsafe { libc::kill(rank_1 as i32, libc::SIGKILL) };
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(trained, "{stderr}");
-    assert!(
-        stderr.contains("rank 0 was asked to stop while it waited in collective"),
-        "{stderr}"
-    );
-    // A minute's patience, then the launcher's stop_grace for the stuck rank.
-    assert!(ended_after < Duration::from_secs(150), "{ended_after:?}");
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-}
-
 /// The step of the run's last train record (0 before the first).
 fn last_train_step(run_dir: &Path) -> u64 {
     let text = std::fs::read_to_string(run_dir.join("metrics.jsonl")).unwrap_or_default();

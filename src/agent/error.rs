@@ -43,9 +43,6 @@ pub enum Error {
     /// A collective among the ranks failed (the crate's `Error::Collective`, passed through).
     #[error("{0}")]
     Collective(String),
-    /// A collective was left on a stop (the crate's `Error::Stopped`, passed through).
-    #[error("{0}")]
-    Stopped(String),
 }
 
 impl From<embedded_python::Error> for Error {

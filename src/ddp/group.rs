@@ -102,8 +102,6 @@ pub struct ProcessGroup {
     /// A collective timed out and gloo still waits in it: the group is left as it is at exit
     /// (destroying it would join gloo's thread, which waits on).
     abandoned: AtomicBool,
-    /// Whether this process was asked to stop: a collective that waits on long after is left.
-    stop_asked: fn() -> bool,
 }
 
 impl ProcessGroup {
@@ -114,7 +112,6 @@ impl ProcessGroup {
             dist: None,
             timeout: Duration::ZERO,
             abandoned: AtomicBool::new(false),
-            stop_asked: || false,
         }
     }
 
@@ -167,7 +164,6 @@ impl ProcessGroup {
             dist: Some((dist, backend)),
             timeout,
             abandoned: AtomicBool::new(false),
-            stop_asked,
         })
     }
 
@@ -279,7 +275,6 @@ impl ProcessGroup {
         if !waits_here {
             return Ok(());
         }
-        let mut asked_at = None;
         loop {
             let done = embedded_python::with_python(|py| {
                 let work = work.bind(py);
@@ -305,28 +300,7 @@ impl ProcessGroup {
                 self.abandoned.store(true, Ordering::SeqCst);
                 return Err(timed_out(op, self.timeout));
             }
-            // Asked to stop, the other ranks come within a step; one that does not is stuck
-            // or gone, and the stop is not held up until dist_timeout.
-            if (self.stop_asked)() {
-                let asked = asked_at.get_or_insert_with(std::time::Instant::now);
-                if asked.elapsed() >= STOP_PATIENCE {
-                    self.abandoned.store(true, Ordering::SeqCst);
-                    return Err(self.stopped_waiting(op, &deadline));
-                }
-            }
         }
-    }
-
-    fn stopped_waiting(&self, op: &str, deadline: &Deadline) -> Error {
-        Error::Stopped(format!(
-            "rank {} was asked to stop while it waited in collective {op} for the other ranks, \
-             which did not come within {} s of the stop ({} s of waiting): one is stuck or \
-             gone; this rank wrote no checkpoint of this point (resume=auto goes on from the \
-             last one)",
-            self.info.rank,
-            STOP_PATIENCE.as_secs(),
-            deadline.waited().as_secs()
-        ))
     }
 }
 
@@ -412,10 +386,6 @@ fn likely_cause(said: &str) -> &'static str {
 /// limit: its collectives return to the host before they complete, so only its watchdog sees
 /// them wait. (Below 2^31 ms, which c10d's polls take as an `int`.)
 const GLOO_OWN_TIMEOUT: Duration = Duration::from_secs(20 * 24 * 3600);
-
-/// How long a collective waits on after its rank was asked to stop: the other ranks leave
-/// their work at the next step (an evaluation too) and meet to agree on the stop.
-const STOP_PATIENCE: Duration = Duration::from_secs(60);
 
 fn timed_out(op: &str, limit: Duration) -> Error {
     Error::Collective(format!(

@@ -51,10 +51,9 @@ impl UpdateParts<'_> {
         let mut gather_seconds = 0.0;
         let mut gather = |q: &Tensor| -> crate::agent::Result<Tensor> {
             let started = Instant::now();
-            let gathered = group.all_gather(q).map_err(|e| match e {
-                Error::Stopped(why) => crate::agent::Error::Stopped(why),
-                e => crate::agent::Error::Collective(e.to_string()),
-            });
+            let gathered = group
+                .all_gather(q)
+                .map_err(|e| crate::agent::Error::Collective(e.to_string()));
             gather_seconds += started.elapsed().as_secs_f64();
             gathered
         };
