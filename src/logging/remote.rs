@@ -274,20 +274,23 @@ impl Sink for Remote {
     /// After a stop the job is to end soon (a launcher gives it a grace period): a tracker
     /// that is resting is not asked again.
     fn close_stopped(&mut self) -> Result<()> {
-        let left = self.left_to_the_resume;
-        let leaves_latest = self.latest.first().is_some_and(|r| Some(r.step) == left);
-        match leaves_latest {
-            true => self.latest.clear(),
-            false => self.send_latest(),
+        // The records of the step whose evaluation the resume redoes go to the resume, whichever
+        // queue holds them (a resumed run stopped again holds the ones it owed in its backlog).
+        let mut left = None;
+        if let Some(step) = self.left_to_the_resume {
+            let held = self.latest.len() + self.backlog.len();
+            self.latest.retain(|r| r.step != step);
+            self.backlog.retain(|r| r.step != step);
+            left = (self.latest.len() + self.backlog.len() < held).then_some(step);
         }
+        self.send_latest();
         if !self.resting() {
             self.deliver();
         }
-        // metrics.jsonl holds what was left: the resume sends it before the evaluation.
-        if let (true, Some(step)) = (leaves_latest, left) {
-            if self.backlog.is_empty() {
-                self.note(|dir, tracker| TrackerRuns::note_owed(dir, tracker, step));
-            }
+        // metrics.jsonl holds what was left: the resume sends it before the evaluation (with
+        // records still waiting, an earlier step is noted already).
+        if let (Some(step), true) = (left, self.backlog.is_empty()) {
+            self.note(|dir, tracker| TrackerRuns::note_owed(dir, tracker, step));
         }
         self.warn_unsent("before the stop");
         let closed = self.inner.close_stopped();
@@ -516,6 +519,16 @@ mod tests {
         ];
         assert_eq!(*taken.lock().unwrap(), expected);
         assert!(owed().is_empty());
+
+        // A resume stopped again during the same evaluation leaves what it owed to the next.
+        taken.lock().unwrap().clear();
+        let mut again = once().noting_in(dir.path());
+        again.owe(vec![Record::new(Phase::Train, 500)]);
+        again.leave_to_the_resume(500);
+        again.close_stopped().unwrap();
+        assert!(taken.lock().unwrap().is_empty());
+        assert_eq!(owed(), [("once".to_string(), 500)].into());
+        TrackerRuns::note_paid(dir.path(), "once").unwrap();
 
         // A stop at another point sends the latest step as it ends.
         taken.lock().unwrap().clear();
