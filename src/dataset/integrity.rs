@@ -61,7 +61,7 @@ pub fn verify(path: &Path, stopped: &dyn Fn() -> bool) -> Result<Checked> {
 /// [`verify`], unless a stamp says this file (same size and modification time) was verified
 /// before; a whole read leaves a stamp where one can be kept.
 pub fn verify_once(path: &Path, stopped: &dyn Fn() -> bool) -> Result<Checked> {
-    let Some(mut stamp) = Stamp::open(path) else {
+    let Some(mut stamp) = Stamp::open(path, stopped) else {
         return verify(path, stopped);
     };
     if stamp.matches() {
@@ -81,8 +81,9 @@ struct Stamp {
 }
 
 impl Stamp {
-    /// The stamp of `path`, locked; None where none can be kept (nor read).
-    fn open(path: &Path) -> Option<Self> {
+    /// The stamp of `path`, locked; None where none can be kept (nor read), or once `stopped`
+    /// says so while another process holds it.
+    fn open(path: &Path, stopped: &dyn Fn() -> bool) -> Option<Self> {
         let meta = std::fs::metadata(path).ok()?;
         let expected = format!(
             "{} {} {} {} {} {} {}\n",
@@ -104,9 +105,18 @@ impl Stamp {
                 .open(stamp)
                 .ok()
         })?;
-        // SAFETY: flock on a descriptor this File owns; released when the File closes.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return None;
+        // Another process may hold it for the minutes its reading takes: polled, so that a stop
+        // is not held up by it.
+        loop {
+            // SAFETY: flock on a descriptor this File owns; released when the File closes.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                break;
+            }
+            let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EWOULDBLOCK);
+            if !busy || stopped() {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
         Some(Self { file, expected })
     }
@@ -209,6 +219,18 @@ mod tests {
         );
         let e = verify_once(&path, &go_on).unwrap_err().to_string();
         assert!(e.contains("CRC-32"), "{e}");
+    }
+
+    /// A stop is not held up by another process reading the same file (holding its stamp).
+    #[test]
+    fn a_stop_does_not_wait_for_a_stamp_another_process_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chunk_0.pt");
+        archive(&path);
+        let held = Stamp::open(&path, &|| false).expect("a stamp beside the file");
+        assert_eq!(verify_once(&path, &|| true).unwrap(), Checked::Stopped);
+        drop(held);
+        assert_eq!(verify_once(&path, &|| false).unwrap(), Checked::Read(4102));
     }
 
     #[test]
