@@ -980,11 +980,8 @@ fn an_incomplete_checkpoint_or_buffer_is_refused_naming_it() {
         &format!("{named} (its bytes do not match the hash recorded when it was saved"),
     );
     // A buffer saved before that hash was recorded is checked for consistency only.
+    std::fs::remove_file(buffer.join("buffer.json.crc32c")).unwrap();
     let hash = buffer.join("buffer.crc32c");
-    let hashes = std::fs::read_to_string(&hash).unwrap();
-    let (tensors, recorded) = hashes.split_once('\n').unwrap();
-    assert!(recorded.starts_with("buffer.json "), "{hashes}");
-    std::fs::write(&hash, format!("{tensors}\n")).unwrap();
     ring["cursor"] = serde_json::json!(1_000_000);
     std::fs::write(&bookkeeping, ring.to_string()).unwrap();
     refused(

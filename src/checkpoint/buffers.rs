@@ -10,22 +10,24 @@ use crate::buffer::{BufferMeta, Dealing, ReplayBuffer, SavedPart, SavedTensors};
 use crate::ddp::ProcessGroup;
 use crate::error::{Error, Result};
 
-/// A saved buffer's files: the tensors, the ring's bookkeeping, and the crc32c of both.
+/// A saved buffer's files: the tensors, the ring's bookkeeping, and the crc32c of each (the
+/// bookkeeping's in a file of its own, which binaries from before it was written pass over).
 const TENSORS: &str = "buffer.safetensors";
 const META: &str = "buffer.json";
 const HASH: &str = "buffer.crc32c";
+const META_HASH: &str = "buffer.json.crc32c";
 
-/// Writes a rank's buffer into `dir`, with the hashes that a resume checks it against (the
-/// tensors' on the first line, the bookkeeping's after `buffer.json`); returns the tensors'
-/// hash (the checkpoint records every rank's).
+/// Writes a rank's buffer into `dir`, with the hashes that a resume checks it against; returns
+/// the tensors' hash (the checkpoint records every rank's).
 pub(super) fn write(dir: &Path, tensors: &[(String, Tensor)], meta: &BufferMeta) -> Result<u32> {
     let crc = super::tensor_file::write(&dir.join(TENSORS), tensors)?;
     let meta_path = dir.join(META);
     let bookkeeping =
         serde_json::to_vec_pretty(meta).map_err(|e| fail(&meta_path.display().to_string(), e))?;
-    let hashes = format!("{crc:08x}\n{META} {:08x}\n", crc32c::crc32c(&bookkeeping));
-    std::fs::write(dir.join(HASH), hashes)
-        .map_err(|e| Error::io(format!("write {}", dir.join(HASH).display()), e))?;
+    for (name, hash) in [(HASH, crc), (META_HASH, crc32c::crc32c(&bookkeeping))] {
+        std::fs::write(dir.join(name), format!("{hash:08x}\n"))
+            .map_err(|e| Error::io(format!("write {}", dir.join(name).display()), e))?;
+    }
     std::fs::write(&meta_path, bookkeeping)
         .map_err(|e| Error::io(format!("write {}", meta_path.display()), e))?;
     Ok(crc)
@@ -45,23 +47,19 @@ fn recorded_hash(dir: &Path) -> Result<u32> {
             &format!("{} {why}: the buffer cannot be checked", path.display()),
         )
     })?;
-    let first = text.lines().next().unwrap_or_default();
-    u32::from_str_radix(first.trim(), 16).map_err(|e| {
+    u32::from_str_radix(text.trim(), 16).map_err(|e| {
         let why = format!("{} is damaged or edited ({e})", path.display());
         unusable(dir, &why)
     })
 }
 
-/// The bookkeeping's hash recorded beside the tensors' (none in buffers saved before it was).
+/// The bookkeeping's hash (none in buffers saved before it was written).
 fn recorded_meta_hash(dir: &Path) -> Result<Option<u32>> {
-    let path = dir.join(HASH);
+    let path = dir.join(META_HASH);
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Ok(None);
     };
-    let Some(line) = text.lines().find_map(|l| l.strip_prefix(META)) else {
-        return Ok(None);
-    };
-    u32::from_str_radix(line.trim(), 16).map(Some).map_err(|e| {
+    u32::from_str_radix(text.trim(), 16).map(Some).map_err(|e| {
         let why = format!("{} is damaged or edited ({e})", path.display());
         unusable(dir, &why)
     })
@@ -77,8 +75,7 @@ fn read_checked(dir: &Path) -> Result<TensorFile> {
         _ => Error::io(format!("read {}", path.display()), e),
     })?;
     if let Ok(text) = std::fs::read_to_string(dir.join(HASH)) {
-        let first = text.lines().next().unwrap_or_default();
-        let saved = u32::from_str_radix(first.trim(), 16)
+        let saved = u32::from_str_radix(text.trim(), 16)
             .map_err(|e| fail(&dir.join(HASH).display().to_string(), e))?;
         let now = integrity::file_crc(&path)?;
         if now != saved {
