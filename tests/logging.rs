@@ -346,6 +346,21 @@ fn wandb_init_failure_names_the_switch() {
     };
     assert!(err.contains("enable_wandb"), "{err}");
     assert!(err.contains("no-such-mode"), "{err}");
+    assert!(err.contains("WANDB_MODE=offline"), "{err}");
+    // Offline already, it does not suggest offline.
+    std::fs::write(dir.path().join("wandb"), b"in the way").unwrap();
+    let err = match Logger::open(&LoggerOptions {
+        wandb: Some(wandb_options("offline")),
+        ..LoggerOptions::new(dir.path())
+    }) {
+        Ok(_) => panic!("W&B started without its folder"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("enable_wandb: wandb.init failed (offline mode"),
+        "{err}"
+    );
+    assert!(!err.contains("WANDB_MODE=offline"), "{err}");
 }
 
 #[test]

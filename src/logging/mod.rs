@@ -129,12 +129,23 @@ impl LoggerOptions {
             .clone()
             .unwrap_or_else(|| format!("{}-{}", cfg.task, cfg.seed));
         let exp = wandb_safe(&cfg.exp_name);
+        // As the official logger: a project or entity named "none" turns W&B off.
+        let named_none = [
+            Some(cfg.wandb_project.as_str()),
+            cfg.wandb_entity.as_deref(),
+        ]
+        .into_iter()
+        .zip(["wandb_project", "wandb_entity"])
+        .find_map(|(value, key)| (value == Some("none")).then_some(key));
+        if let (true, Some(key)) = (cfg.enable_wandb, named_none) {
+            errln!("note: W&B is off: {key}=none turns it off, as in the official logger");
+        }
         Ok(Self {
             run_dir: run_dir.to_owned(),
             console: true,
             save_csv: cfg.save_csv,
             tensorboard: cfg.enable_tensorboard,
-            wandb: cfg.enable_wandb.then(|| WandbOptions {
+            wandb: (cfg.enable_wandb && named_none.is_none()).then(|| WandbOptions {
                 project: cfg.wandb_project.clone(),
                 entity: cfg.wandb_entity.clone(),
                 name: Some(
@@ -521,5 +532,13 @@ mod tests {
         assert_eq!(mlflow.run_name, "walker-walk-3");
         assert_eq!(opts.config["seed"], 3);
         assert_eq!(opts.config["task"], "walker-walk");
+        for none in ["wandb_project=none", "wandb_entity=none"] {
+            let mut source = source.clone();
+            source.overrides.push(none.into());
+            let cfg = Config::load(&source).unwrap();
+            let opts = LoggerOptions::from_config(&cfg, Path::new("runs/x")).unwrap();
+            assert!(opts.wandb.is_none(), "{none} turns W&B off, as officially");
+            assert!(opts.mlflow.is_some());
+        }
     }
 }

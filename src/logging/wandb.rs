@@ -117,9 +117,13 @@ impl Wandb {
             Ok((run.unbind(), id))
         })
         .map_err(|e| {
+            let offline = match mode.as_str() {
+                "offline" => "",
+                _ => ", or WANDB_MODE=offline to log locally",
+            };
             Error::Other(format!(
                 "enable_wandb: wandb.init failed ({} mode, dir {}): {}. \
-                 Set enable_wandb=false, or WANDB_MODE=offline to log locally",
+                 Set enable_wandb=false{offline}",
                 mode,
                 run_dir.display(),
                 python::message(&e.0).trim_end().trim_end_matches('.')
