@@ -492,7 +492,11 @@ fn a_resumed_logger_continues_its_tracker_runs() {
             run_name: "walker-walk-7".into(),
             tracking_uri: Some(uri.clone()),
         }),
-        config: json!({"task": "walker-walk", "steps": steps}),
+        config: json!({
+            "task": "walker-walk",
+            "steps": steps,
+            "resume": continues_from.map(|_| "auto"),
+        }),
         continues_from,
         ..LoggerOptions::new(dir.path())
     };
@@ -548,6 +552,10 @@ fn a_resumed_logger_continues_its_tracker_runs() {
     );
     assert_eq!(run["params"]["steps"], "1000");
     assert_eq!(run["tags"]["changed_on_resume.steps"], "2000", "{run}");
+    assert!(
+        run["tags"].get("changed_on_resume.resume").is_none(),
+        "resume changes with every resume: {run}"
+    );
     // Two resumes, both from the checkpoint of step 500.
     assert_eq!(run["tags"]["resumed_at_steps"], "500,500", "{run}");
 

@@ -207,6 +207,8 @@ fn log_params(
         for (k, v) in chunk {
             match logged.get(k) {
                 None => batch.append(param.call1((k, v))?)?,
+                // Where the run resumes from and where its nodes meet change with every resume.
+                Some(_) if crate::config::PLACEMENT_SETTINGS.contains(&k.as_str()) => {}
                 Some(before) if before != v => {
                     let tag = format!("changed_on_resume.{k}");
                     client.call_method1("set_tag", (run_id, tag, v))?;
