@@ -47,8 +47,29 @@ impl RankInfo {
     ) -> Result<(Self, LaunchedBy)> {
         let vars = Vars(vars);
         let launcher = config.launcher.as_str();
-        let torchrun_vars = (vars.number("RANK")?, vars.number("WORLD_SIZE")?);
-        let slurm_vars = (vars.number("SLURM_PROCID")?, vars.number("SLURM_NTASKS")?);
+        // The built-in launcher's own ranks carry torchrun's variables; under SLURM it still
+        // starts them itself. A batch script or an salloc shell has SLURM's task variables too
+        // (task 0 of the allocation's tasks) but is no task of a step: only srun makes one
+        // (SLURM_STEP_ID), so `auto` reads them only there and otherwise starts the ranks.
+        // With `builtin`, torchrun's variables are ours only in a process our launcher (or a
+        // sweep) started: a pod's (Kubeflow sets RANK and WORLD_SIZE a node) are not a rank's.
+        let started_by_us = (vars.0)(crate::ddp::lifeline::LAUNCHER_PID_ENV).is_some();
+        let use_torchrun_vars = match launcher {
+            "slurm" => false,
+            "builtin" => started_by_us,
+            _ => true,
+        };
+        let in_srun_step = (vars.0)("SLURM_STEP_ID").is_some();
+        let use_slurm_vars = launcher == "slurm" || (launcher == "auto" && in_srun_step);
+        // Read only where this launcher takes them (`builtin` in a pod passes a RANK over).
+        let pair = |on: bool, names: [&str; 2]| -> Result<(Option<usize>, Option<usize>)> {
+            match on {
+                true => Ok((vars.number(names[0])?, vars.number(names[1])?)),
+                false => Ok((None, None)),
+            }
+        };
+        let torchrun_vars = pair(use_torchrun_vars, ["RANK", "WORLD_SIZE"])?;
+        let slurm_vars = pair(use_slurm_vars, ["SLURM_PROCID", "SLURM_NTASKS"])?;
         let missing = |what: &str| {
             Error::Config(format!(
                 "launcher={launcher}, but {what} are not set: start the job with that launcher, \
@@ -64,20 +85,6 @@ impl RankInfo {
             }
             _ => {}
         }
-        // The built-in launcher's own ranks carry torchrun's variables; under SLURM it still
-        // starts them itself. A batch script or an salloc shell has SLURM's task variables too
-        // (task 0 of the allocation's tasks) but is no task of a step: only srun makes one
-        // (SLURM_STEP_ID), so `auto` reads them only there and otherwise starts the ranks.
-        // With `builtin`, torchrun's variables are ours only in a process our launcher (or a
-        // sweep) started: a pod's (Kubeflow sets RANK and WORLD_SIZE a node) are not a rank's.
-        let started_by_us = (vars.0)(crate::ddp::lifeline::LAUNCHER_PID_ENV).is_some();
-        let use_torchrun_vars = match launcher {
-            "slurm" => false,
-            "builtin" => started_by_us,
-            _ => true,
-        };
-        let in_srun_step = (vars.0)("SLURM_STEP_ID").is_some();
-        let use_slurm_vars = launcher == "slurm" || (launcher == "auto" && in_srun_step);
         // One of a pair without the other is no launcher's doing: a half-copied environment,
         // which would otherwise train as a single process beside the job's other ranks.
         let half_set =
@@ -428,6 +435,10 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("RANK=x"));
+        // Variables a launcher does not take are not read: the built-in one in a pod.
+        let pod = [("RANK", "x"), ("WORLD_SIZE", "2"), ("SLURM_NTASKS", "y")];
+        let (i, by) = info_with(&pod, "builtin").unwrap();
+        assert_eq!((by, i.rank, i.world_size), (LaunchedBy::Nobody, 0, 1));
         let rank_1 = |var: (&'static str, &'static str)| {
             info(&[("RANK", "1"), ("WORLD_SIZE", "2"), var])
                 .unwrap_err()
