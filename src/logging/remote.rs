@@ -222,10 +222,6 @@ impl Sink for Remote {
         Ok(())
     }
 
-    fn takes_each_step_once(&self) -> bool {
-        self.inner.takes_each_step_once()
-    }
-
     fn leave_to_the_resume(&mut self, step: u64) {
         self.left_to_the_resume = Some(step);
     }
