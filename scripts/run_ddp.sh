@@ -5,6 +5,14 @@
 # Sets everything up on first use, then starts WORLD_SIZE local ranks with the built-in launcher.
 # Environment: TDMPC2_BIN (default: the release build's tdmpc2; given, setup is skipped).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+    echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]"
+    echo "Trains TASK with WORLD_SIZE local ranks, averaging gradients every SYNC_FREQ updates;"
+    echo 'key=value settings and --config-name=NAME as for `tdmpc2 train`; `tdmpc2 train --cfg job`'
+    echo 'prints them all, resolved.'
+    echo "e.g. $0 dog-run 5 8 1 steps=20000000 eval_freq=100000"
+    exit 0
+fi
 if [ $# -lt 2 ]; then
     echo "usage: $0 TASK MODEL_SIZE [WORLD_SIZE=8] [SYNC_FREQ=1] [key=value ...]" >&2
     exit 2
