@@ -278,7 +278,10 @@ fn run_ddp_sh_puts_its_arguments_on_their_keys() {
     for help in ["--help", "-h"] {
         let out = run(&[help]);
         assert_eq!(out.status.code(), Some(0), "{help}");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("usage:"), "{help}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("usage:"),
+            "{help}"
+        );
     }
     for (args, named) in [
         (&["walker-run", "5", "two"][..], "WORLD_SIZE is 'two'"),

@@ -507,6 +507,27 @@ fn a_taken_master_port_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("master_addr=not..a.host"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    // A rank of another launcher (torchrun, SLURM) names the variable that gave the name.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(tiny_train())
+        .arg(format!("run_dir={}", dir.path().display()))
+        .envs([
+            ("RANK", "1"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("LOCAL_WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "not..a.host"),
+            ("MASTER_PORT", &free_port().to_string()),
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("MASTER_ADDR=not..a.host cannot be resolved"),
+        "{stderr}"
+    );
 }
 
 /// A rank whose peers never come says what it waits for, stops at once on Ctrl-C (exit 3; it

@@ -138,7 +138,12 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         )));
     }
     // Once here rather than by every rank (see `meeting`).
-    rendezvous::check_master_resolves(&plan.master_addr, plan.master_port, plan.dist_timeout)?;
+    rendezvous::check_master_resolves(
+        "master_addr",
+        &plan.master_addr,
+        plan.master_port,
+        plan.dist_timeout,
+    )?;
     if plan.node_rank == 0 {
         rendezvous::check_port_free(&plan.master_addr, plan.master_port)?;
     }

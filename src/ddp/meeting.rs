@@ -50,6 +50,16 @@ impl Host {
     }
 }
 
+/// The setting that gave this rank its master address `addr`, for errors: MASTER_ADDR from
+/// torchrun or SLURM, else master_addr (which our launcher passes on as MASTER_ADDR).
+fn master_addr_named(addr: &str) -> &'static str {
+    let our_launchers = std::env::var_os(super::lifeline::LAUNCHER_PID_ENV).is_some();
+    match std::env::var("MASTER_ADDR") {
+        Ok(given) if !our_launchers && given == addr => "MASTER_ADDR",
+        _ => "master_addr",
+    }
+}
+
 /// The store every rank of `info`'s group has joined (prefixed for this attempt), once all
 /// have, within `timeout` (`dist_timeout`); the group sets how long its operations wait.
 /// `stop_asked` is looked at between slices. None under torchrun: its ranks join by `env://`.
@@ -59,7 +69,12 @@ pub(super) fn meet(
     stop_asked: fn() -> bool,
 ) -> Result<Option<Py<PyAny>>> {
     // A name that cannot resolve would be tried until the deadline.
-    super::rendezvous::check_master_resolves(&info.master_addr, info.master_port, timeout)?;
+    super::rendezvous::check_master_resolves(
+        master_addr_named(&info.master_addr),
+        &info.master_addr,
+        info.master_port,
+        timeout,
+    )?;
     if std::env::var(TORCHRUN_AGENT_STORE_ENV).as_deref() == Ok("True") {
         return Ok(None);
     }

@@ -25,8 +25,9 @@ pub fn loopback_warning(addr: &str, node_rank: usize) -> Option<String> {
 /// the store would retry it until dist_timeout and torch print its C++ frames on the way.
 /// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
 /// on a cluster still coming up) is asked again until `limit`, then the run fails (exit 1,
-/// restartable); a name the resolver does not know is bad input.
-pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<()> {
+/// restartable); a name the resolver does not know is bad input. `named` is the setting that
+/// gave `addr`, for the errors: `master_addr`, or `MASTER_ADDR` from torchrun or SLURM.
+pub fn check_master_resolves(named: &str, addr: &str, port: u16, limit: Duration) -> Result<()> {
     use std::net::ToSocketAddrs;
     let deadline = envs::deadline::Deadline::after(limit);
     loop {
@@ -34,7 +35,7 @@ pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<(
             Ok(Some(_)) => return Ok(()),
             Ok(None) => {
                 return Err(Error::Config(format!(
-                    "master_addr={addr} resolves to no address: give node 0's address or host \
+                    "{named}={addr} resolves to no address: give node 0's address or host \
                      name"
                 )))
             }
@@ -44,12 +45,12 @@ pub fn check_master_resolves(addr: &str, port: u16, limit: Duration) -> Result<(
         let for_now = e.to_string().contains("Temporary failure");
         if !for_now {
             return Err(Error::Config(format!(
-                "master_addr={addr} cannot be resolved ({e}): give node 0's address or host name"
+                "{named}={addr} cannot be resolved ({e}): give node 0's address or host name"
             )));
         }
         if deadline.passed() {
             return Err(Error::Other(format!(
-                "master_addr={addr} could not be resolved within {} s (dist_timeout): {e}",
+                "{named}={addr} could not be resolved within {} s (dist_timeout): {e}",
                 limit.as_secs()
             )));
         }
@@ -124,14 +125,16 @@ mod tests {
     #[test]
     fn a_master_addr_that_does_not_resolve_is_refused() {
         let limit = Duration::from_secs(1);
-        check_master_resolves("127.0.0.1", 29500, limit).unwrap();
-        check_master_resolves("localhost", 29500, limit).unwrap();
-        let e = check_master_resolves("not..a.host", 29500, limit).unwrap_err();
-        assert!(matches!(e, Error::Config(_)), "{e}");
-        assert!(
-            e.to_string()
-                .contains("master_addr=not..a.host cannot be resolved"),
-            "{e}"
-        );
+        check_master_resolves("master_addr", "127.0.0.1", 29500, limit).unwrap();
+        check_master_resolves("master_addr", "localhost", 29500, limit).unwrap();
+        for named in ["master_addr", "MASTER_ADDR"] {
+            let e = check_master_resolves(named, "not..a.host", 29500, limit).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("{named}=not..a.host cannot be resolved")),
+                "{e}"
+            );
+        }
     }
 }
