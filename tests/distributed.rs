@@ -507,6 +507,19 @@ fn a_taken_master_port_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("master_addr=not..a.host"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(20), "{stderr}");
+    // Another machine's address (TEST-NET-1, on none), with every rank on this one.
+    let out = launcher(&[
+        "world_size=2".into(),
+        "steps=800".into(),
+        "master_addr=192.0.2.1".into(),
+        format!("master_port={}", free_port()),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("master_addr=192.0.2.1 is not an address of this machine"),
+        "{stderr}"
+    );
     // A rank of another launcher (torchrun, SLURM) names the variable that gave the name.
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))

@@ -145,6 +145,9 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
         plan.dist_timeout,
     )?;
     if plan.node_rank == 0 {
+        if let Some(warning) = rendezvous::check_node_0_hosts(&plan.master_addr, plan.nnodes)? {
+            errln!("{warning}");
+        }
         rendezvous::check_port_free(&plan.master_addr, plan.master_port)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -21,6 +21,36 @@ pub fn loopback_warning(addr: &str, node_rank: usize) -> Option<String> {
     })
 }
 
+/// Whether `addr` names this machine: one of the addresses it resolves to can be bound here.
+pub fn names_this_machine(addr: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    (addr, 0)
+        .to_socket_addrs()
+        .is_ok_and(|mut all| all.any(|at| TcpListener::bind(at).is_ok()))
+}
+
+/// Node 0 hosts the job's store at `master_addr`, so it should name node 0's machine. With one
+/// node every rank runs here, and another machine's address is refused (its ranks would wait
+/// `dist_timeout` for a store that is not there); with several it is a warning, as a NAT or a
+/// service address may lead back here.
+pub fn check_node_0_hosts(addr: &str, nnodes: usize) -> Result<Option<String>> {
+    if names_this_machine(addr) {
+        return Ok(None);
+    }
+    match nnodes {
+        1 => Err(Error::Config(format!(
+            "master_addr={addr} is not an address of this machine, but nnodes=1 runs every rank \
+             here, around a store on this machine: leave master_addr at its default \
+             (127.0.0.1) or name this machine"
+        ))),
+        _ => Ok(Some(format!(
+            "warning: master_addr={addr} is not an address of this machine, yet this is node 0, \
+             which hosts the job's store: the other nodes reach it only if {addr} leads here \
+             (a NAT or a service address)"
+        ))),
+    }
+}
+
 /// Every node meets at `master_addr`: a name that does not resolve is refused at once, where
 /// the store would retry it until dist_timeout and torch print its C++ frames on the way.
 /// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
@@ -108,6 +138,29 @@ mod tests {
         }
         assert_eq!(loopback_warning("10.0.0.7", 1), None);
         assert_eq!(loopback_warning("node-a.cluster", 3), None);
+    }
+
+    #[test]
+    fn node_0_must_be_where_master_addr_leads() {
+        for here in ["127.0.0.1", "localhost", "0.0.0.0"] {
+            assert!(names_this_machine(here), "{here}");
+            assert_eq!(check_node_0_hosts(here, 1).unwrap(), None);
+        }
+        // TEST-NET-1 (RFC 5737): documentation only, on no machine.
+        let elsewhere = "192.0.2.1";
+        assert!(!names_this_machine(elsewhere));
+        let e = check_node_0_hosts(elsewhere, 1).unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e}");
+        assert!(e
+            .to_string()
+            .contains("master_addr=192.0.2.1 is not an address of this machine"));
+        let warning = check_node_0_hosts(elsewhere, 2)
+            .unwrap()
+            .unwrap_or_default();
+        assert!(
+            warning.starts_with("warning: master_addr=192.0.2.1"),
+            "{warning}"
+        );
     }
 
     #[test]
