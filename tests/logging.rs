@@ -458,6 +458,19 @@ fn mlflow_file_store_holds_params_metrics_and_status() {
         panic!("a run of a deleted experiment continued");
     };
     assert!(e.to_string().contains("was deleted"), "{e}");
+
+    // A URI no store of MLflow's takes is bad input (exit 2), not an outage to restart after.
+    let mut unknown = options("unknown-scheme");
+    if let Some(mlflow) = unknown.mlflow.as_mut() {
+        mlflow.tracking_uri = Some("nosuchscheme://x".into());
+    }
+    let Err(e) = Logger::open(&unknown) else {
+        panic!("a run at an unknown scheme");
+    };
+    assert!(matches!(e, tdmpc2::error::Error::Config(_)), "{e}");
+    assert!(e
+        .to_string()
+        .contains("MLFLOW_TRACKING_URI: MLflow cannot store runs there"));
 }
 
 /// The W&B run ids of a run directory's offline runs (`run-<id>.wandb`).

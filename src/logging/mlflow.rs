@@ -106,12 +106,21 @@ impl Mlflow {
             })
         })
         .map_err(|e| {
-            Error::Other(format!(
-                "enable_mlflow: cannot start an MLflow run in experiment {:?}: {}. \
-                 Set enable_mlflow=false, or MLFLOW_TRACKING_URI",
-                opts.experiment,
-                python::message(&e.0).trim_end().trim_end_matches('.')
-            ))
+            let message = python::message(&e.0);
+            let why = message.trim_end().trim_end_matches('.');
+            // A scheme no store of MLflow's takes is bad input, which a restart would not mend.
+            match why.starts_with("UnsupportedModelRegistryStoreURIException") {
+                true => Error::Config(format!(
+                    "MLFLOW_TRACKING_URI: MLflow cannot store runs there ({why}). Give it a \
+                     URI MLflow takes, unset it (a file store in the run directory), or set \
+                     enable_mlflow=false"
+                )),
+                false => Error::Other(format!(
+                    "enable_mlflow: cannot start an MLflow run in experiment {:?}: {why}. Set \
+                     enable_mlflow=false, or MLFLOW_TRACKING_URI",
+                    opts.experiment,
+                )),
+            }
         })
     }
 
