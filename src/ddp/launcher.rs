@@ -409,10 +409,9 @@ async fn supervise(
             }
         };
         tokio::select! {
-            event = rx.recv() => match event {
-                Some(event) => job.on_event(event),
-                None => break,
-            },
+            // A stop asked before the ranks' exits were seen is taken first (a starved
+            // launcher finds both ready at once): it must win over their failure.
+            biased;
             request = signals.next() => {
                 // Said at once, not when the ranks have ended (a checkpoint may take minutes):
                 // a node whose ranks fail meanwhile must not restart without this one.
@@ -422,6 +421,10 @@ async fn supervise(
                 }
                 job.interrupt(request)
             }
+            event = rx.recv() => match event {
+                Some(event) => job.on_event(event),
+                None => break,
+            },
             // A continue after a stop (Ctrl-Z) gives the grace its time again.
             _ = timeout => if deadline.is_some_and(|d| d.passed()) {
                 job.grace_ran_out()
