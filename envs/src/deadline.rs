@@ -100,13 +100,31 @@ impl Deadline {
     }
 
     /// Whether the limit passed. Looked at twice, a moment apart, before it says so: the job
-    /// may just have continued, its continue not yet noted.
+    /// may just have continued, its continue not yet noted (a continue still pending is waited
+    /// for, however long a busy machine keeps the thread that notes it from running).
     pub fn passed(&self) -> bool {
         if self.waited() < self.limit {
             return false;
         }
+        let looked = Instant::now();
+        while continue_pending() && looked.elapsed() < NOTING_LIMIT {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         std::thread::sleep(SECOND_LOOK);
         self.waited() >= self.limit
+    }
+}
+
+/// How long [`Deadline::passed`] waits at most for a pending continue to be noted.
+const NOTING_LIMIT: Duration = Duration::from_secs(10);
+
+/// Whether a SIGCONT waits to be taken (blocked, as [`counts_continues`] blocks it, it stays
+/// pending until its thread takes it).
+fn continue_pending() -> bool {
+    // SAFETY: sigpending fills the zeroed set it is given; sigismember reads it.
+    unsafe {
+        let mut pending = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, libc::SIGCONT) == 1
     }
 }
 
@@ -119,6 +137,34 @@ pub(crate) static NOTING_CONTINUES: Mutex<()> = Mutex::new(());
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_continue_not_yet_taken_is_seen_pending() {
+        // In a thread of its own, which alone blocks SIGCONT and is sent it.
+        std::thread::spawn(|| {
+            // SAFETY: a set of SIGCONT alone, blocked in this thread, sent to it and taken.
+            unsafe {
+                let mut set = std::mem::zeroed::<libc::sigset_t>();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGCONT);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                assert!(!continue_pending());
+                libc::pthread_kill(libc::pthread_self(), libc::SIGCONT);
+                assert!(continue_pending());
+                let none = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                assert_eq!(
+                    libc::sigtimedwait(&set, std::ptr::null_mut(), &none),
+                    libc::SIGCONT
+                );
+                assert!(!continue_pending());
+            }
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_continue_restarts_the_allowance_and_a_silence_after_it_still_passes() {
