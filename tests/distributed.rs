@@ -933,11 +933,14 @@ fn two_nodes_on_one_machine() {
 fn a_node_with_other_settings_is_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let mut first = spawn_node(dir.path(), port, 0, 480, &[]);
+    // Node 0 would wait for node 1 until dist_timeout, were it not told of the refusal.
+    let first = spawn_node(dir.path(), port, 0, 480, &["dist_timeout=600"]);
     let second = spawn_node(dir.path(), port, 1, 480, &["lr=0.001", "horizon=2"]);
-    let out = second.wait_with_output().unwrap();
-    let _ = first.kill();
-    let _ = first.wait();
+    let started = Instant::now();
+    let (first, out) = (
+        first.wait_with_output().unwrap(),
+        second.wait_with_output().unwrap(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -948,6 +951,14 @@ fn a_node_with_other_settings_is_refused_naming_them() {
         !stderr.contains("run_dir"),
         "each node's paths are its own: {stderr}"
     );
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert_eq!(first.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("node 1 went away: its launcher was refused the job")
+            && stderr.contains("horizon: 3 → 2, lr: 0.0003 → 0.001"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(120), "{stderr}");
 }
 
 #[test]

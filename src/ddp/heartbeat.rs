@@ -117,6 +117,11 @@ fn ended_key(attempt: usize, node: usize) -> String {
     format!("tdmpc2/ended/{attempt}/{node}")
 }
 
+/// Why a launcher that came as `node` was refused the job (its settings, or its job, differ).
+fn refused_key(node: usize) -> String {
+    format!("tdmpc2/refused/{node}")
+}
+
 /// The job's store between launchers, hosted by node 0's launcher for the life of the job.
 /// Ranks join their process group through it too (see [`AGENT_STORE_ENV`]), one key prefix per
 /// attempt of a restarted job, so the store outlives every rank and every attempt.
@@ -199,21 +204,25 @@ impl JobStore {
         })
         .map_err(|e| Error::Other(format!("cannot read the job node 0 hosts at {at}: {e}")))?;
         let changed = crate::config::changed_settings(&hosted, job);
-        if hosted != job && !changed.is_empty() {
-            return Err(Error::Config(format!(
-                "node {}'s settings differ from those of node 0's launcher at {at} (node 0's → \
-                 this node's): {}; give every node the same settings (node_rank, paths and \
-                 thread counts aside), and each job a master_port of its own",
-                self.node,
-                changed.join(", ")
-            )));
-        }
         if hosted != job {
-            return Err(Error::Config(format!(
-                "node {} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`: give every \
-                 node the same settings (node_rank aside), and each job a master_port of its own",
-                self.node
-            )));
+            let why = match changed.is_empty() {
+                false => format!(
+                    "node {}'s settings differ from those of node 0's launcher at {at} (node \
+                     0's → this node's): {}; give every node the same settings (node_rank, \
+                     paths and thread counts aside), and each job a master_port of its own",
+                    self.node,
+                    changed.join(", ")
+                ),
+                true => format!(
+                    "node {} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`: give \
+                     every node the same settings (node_rank aside), and each job a master_port \
+                     of its own",
+                    self.node
+                ),
+            };
+            // Told to node 0, which would otherwise wait `dist_timeout` for this node.
+            let _ = self.set(&refused_key(self.node), &why);
+            return Err(Error::Config(why));
         }
         let claim = format!("tdmpc2/node/{}", self.node);
         if self.add(&claim, 1)? != 1 {
@@ -228,6 +237,33 @@ impl JobStore {
             )));
         }
         Ok(())
+    }
+
+    fn set(&self, key: &str, value: &str) -> Result<()> {
+        embedded_python::with_python(|py| {
+            self.store.bind(py).call_method1("set", (key, value))?;
+            Ok(())
+        })
+        .map_err(Error::from)
+    }
+
+    /// Why a launcher that came as `node` was refused, if one was (see [`Self::join`]).
+    fn refusal(&self, node: usize) -> Option<String> {
+        embedded_python::with_python(|py| {
+            let store = self.store.bind(py);
+            let key = refused_key(node);
+            // `get` would wait for the key.
+            if !store
+                .call_method1("check", (vec![key.as_str()],))?
+                .extract::<bool>()?
+            {
+                return Ok(None);
+            }
+            let bytes: Vec<u8> = store.call_method1("get", (key,))?.extract()?;
+            Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+        })
+        .ok()
+        .flatten()
     }
 
     fn add(&self, key: &str, amount: i64) -> Result<i64> {
@@ -446,6 +482,19 @@ fn run(
                 }
                 None => {}
             }
+            // A node that never beat may have come with other settings and been refused: the
+            // job cannot form. (Once it beats, a launcher refused as this node is another
+            // job's, and none of this one's concern.)
+            if moved.is_none() {
+                if let Some(why) = store.refusal(node) {
+                    return Some(PeerLost {
+                        node,
+                        why: format!("its launcher was refused the job: {why}"),
+                        ended: Ended::Refused,
+                        likely_stopping: false,
+                    });
+                }
+            }
             let silence = moved.map(|at| Deadline::since(at, watch.peer_timeout));
             let start = Deadline::since(started, watch.start_timeout);
             let why = match silence {
@@ -589,6 +638,47 @@ mod tests {
         let _node = open(port, 1, JOB).unwrap();
         let e = open(port, 1, JOB).err().expect("node 1 again").to_string();
         assert!(e.contains("node_rank=1 is taken"), "{e}");
+    }
+
+    /// A launcher refused the job for its settings is named by node 0 at once, while that node
+    /// has not joined; once it has, another refused launcher is no concern of the job's.
+    #[test]
+    fn a_node_refused_for_its_settings_is_named_at_once_until_it_joins() {
+        let watch = Watch {
+            attempt: 0,
+            peer_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_secs(60),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch_for = |node_1_joined: bool, within| {
+            let port = free_port();
+            let host = Arc::new(open(port, 0, JOB).unwrap());
+            if node_1_joined {
+                let node_1 = Arc::new(open(port, 1, JOB).unwrap());
+                spawn(node_1, watch.clone(), stop.clone(), |_| {}).unwrap();
+                std::thread::sleep(2 * BEAT);
+            }
+            let other = "world_size=2 nnodes=2 task=walker-run seed=2";
+            assert!(open(port, 1, other).is_err());
+            let (tx, rx) = std::sync::mpsc::channel();
+            spawn(host, watch.clone(), stop.clone(), move |news| {
+                let _ = tx.send(news);
+            })
+            .unwrap();
+            rx.recv_timeout(within)
+        };
+        let Ok(News::Lost(lost)) = watch_for(false, Duration::from_secs(10)) else {
+            panic!("node 1's refusal was not reported");
+        };
+        assert_eq!((lost.node, lost.ended), (1, Ended::Refused));
+        let expected = "runs `world_size=2 nnodes=2 task=walker-run seed=2`";
+        assert!(
+            lost.why.contains("its launcher was refused the job") && lost.why.contains(expected),
+            "{lost}"
+        );
+        let news = watch_for(true, Duration::from_secs(4));
+        stop.store(true, Ordering::SeqCst);
+        assert!(news.is_err(), "{news:?}");
     }
 
     /// A node whose ranks refused their input (or diverged, or that stopped the next attempt)
