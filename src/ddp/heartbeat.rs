@@ -122,6 +122,11 @@ fn refused_key(node: usize) -> String {
     format!("tdmpc2/refused/{node}")
 }
 
+/// Counts the launchers that joined as `node`: 1 once its own has, for the life of the job.
+fn claim_key(node: usize) -> String {
+    format!("tdmpc2/node/{node}")
+}
+
 /// The job's store between launchers, hosted by node 0's launcher for the life of the job.
 /// Ranks join their process group through it too (see [`AGENT_STORE_ENV`]), one key prefix per
 /// attempt of a restarted job, so the store outlives every rank and every attempt.
@@ -205,26 +210,34 @@ impl JobStore {
         .map_err(|e| Error::Other(format!("cannot read the job node 0 hosts at {at}: {e}")))?;
         let changed = crate::config::changed_settings(&hosted, job);
         if hosted != job {
-            let why = match changed.is_empty() {
-                false => format!(
-                    "node {}'s settings differ from those of node 0's launcher at {at} (node \
-                     0's → this node's): {}; give every node the same settings (node_rank, \
-                     paths and thread counts aside), and each job a master_port of its own",
-                    self.node,
-                    changed.join(", ")
+            let node = self.node;
+            let (why, told) = match changed.is_empty() {
+                false => (
+                    format!(
+                        "node {node}'s settings differ from those of node 0's launcher at {at} \
+                         (node 0's → this node's): {}",
+                        changed.join(", ")
+                    ),
+                    format!(
+                        "its settings differ from this node's (node 0's → node {node}'s): {}",
+                        changed.join(", ")
+                    ),
                 ),
-                true => format!(
-                    "node {} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`: give \
-                     every node the same settings (node_rank aside), and each job a master_port \
-                     of its own",
-                    self.node
+                true => (
+                    format!(
+                        "node {node} runs `{job}`, but node 0's launcher at {at} runs `{hosted}`"
+                    ),
+                    format!("it runs `{job}`, but this node runs `{hosted}`"),
                 ),
             };
             // Told to node 0, which would otherwise wait `dist_timeout` for this node.
-            let _ = self.set(&refused_key(self.node), &why);
-            return Err(Error::Config(why));
+            let _ = self.set(&refused_key(node), &told);
+            return Err(Error::Config(format!(
+                "{why}; give every node the same settings (node_rank, paths and thread counts \
+                 aside), and each job a master_port of its own"
+            )));
         }
-        let claim = format!("tdmpc2/node/{}", self.node);
+        let claim = claim_key(self.node);
         if self.add(&claim, 1)? != 1 {
             let _ = self.add(&claim, -1);
             return Err(Error::Config(format!(
@@ -247,8 +260,13 @@ impl JobStore {
         .map_err(Error::from)
     }
 
-    /// Why a launcher that came as `node` was refused, if one was (see [`Self::join`]).
+    /// Why a launcher that came as `node` was refused, while none joined as `node`: the job
+    /// cannot form. (Once one has, a launcher refused as that node is another job's, and none
+    /// of this one's concern, in this attempt and every later one.)
     fn refusal(&self, node: usize) -> Option<String> {
+        if self.add(&claim_key(node), 0).unwrap_or(1) != 0 {
+            return None;
+        }
         embedded_python::with_python(|py| {
             let store = self.store.bind(py);
             let key = refused_key(node);
@@ -482,14 +500,14 @@ fn run(
                 }
                 None => {}
             }
-            // A node that never beat may have come with other settings and been refused: the
-            // job cannot form. (Once it beats, a launcher refused as this node is another
-            // job's, and none of this one's concern.)
             if moved.is_none() {
                 if let Some(why) = store.refusal(node) {
                     return Some(PeerLost {
                         node,
-                        why: format!("its launcher was refused the job: {why}"),
+                        why: format!(
+                            "its launcher came and was refused the job: {why}; give every node \
+                             the same settings (node_rank, paths and thread counts aside)"
+                        ),
                         ended: Ended::Refused,
                         likely_stopping: false,
                     });
@@ -671,9 +689,11 @@ mod tests {
             panic!("node 1's refusal was not reported");
         };
         assert_eq!((lost.node, lost.ended), (1, Ended::Refused));
-        let expected = "runs `world_size=2 nnodes=2 task=walker-run seed=2`";
+        let expected = "it runs `world_size=2 nnodes=2 task=walker-run seed=2`, but this node runs";
         assert!(
-            lost.why.contains("its launcher was refused the job") && lost.why.contains(expected),
+            lost.why
+                .contains("its launcher came and was refused the job")
+                && lost.why.contains(expected),
             "{lost}"
         );
         let news = watch_for(true, Duration::from_secs(4));
