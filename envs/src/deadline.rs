@@ -36,14 +36,20 @@ pub fn counts_continues() -> std::io::Result<()> {
     if blocked != 0 {
         return Err(std::io::Error::from_raw_os_error(blocked));
     }
-    std::thread::Builder::new()
+    let taker = std::thread::Builder::new()
         .name("continues".into())
         .spawn(move || loop {
             // SAFETY: waits for a signal of a valid set; no information is asked for.
             if unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) } == libc::SIGCONT {
                 note_continue();
             }
-        })?;
+        });
+    if let Err(e) = taker {
+        // Nothing would take a continue, which would stay pending (see `Deadline::passed`).
+        // SAFETY: the same valid set, unblocked again.
+        unsafe { libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut()) };
+        return Err(e);
+    }
     Ok(())
 }
 
