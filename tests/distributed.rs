@@ -517,7 +517,7 @@ fn a_taken_master_port_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("master_addr=192.0.2.1 is not an address of this machine"),
+        stderr.contains("master_addr=192.0.2.1 leads to another machine"),
         "{stderr}"
     );
     // A rank of another launcher (torchrun, SLURM) names the variable that gave the name.
@@ -539,6 +539,28 @@ fn a_taken_master_port_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
         stderr.contains("MASTER_ADDR=not..a.host cannot be resolved"),
+        "{stderr}"
+    );
+    // A SLURM task without MASTER_ADDR meets at its step's first node.
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tdmpc2"))
+        .args(tiny_train())
+        .arg(format!("run_dir={}", dir.path().display()))
+        .envs([
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_LOCALID", "0"),
+            ("SLURM_STEP_NODELIST", "not..a.host"),
+            ("MASTER_PORT", &free_port().to_string()),
+        ])
+        .env_remove("MASTER_ADDR")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("not..a.host, the SLURM step's first node (MASTER_ADDR unset), cannot be"),
         "{stderr}"
     );
 }
@@ -935,7 +957,8 @@ fn a_node_with_other_settings_is_refused_naming_them() {
     let port = free_port();
     // Node 0 would wait for node 1 until dist_timeout, were it not told of the refusal.
     let first = spawn_node(dir.path(), port, 0, 480, &["dist_timeout=600"]);
-    let second = spawn_node(dir.path(), port, 1, 480, &["lr=0.001", "horizon=2"]);
+    let extra = ["dist_timeout=600", "lr=0.001", "horizon=2"];
+    let second = spawn_node(dir.path(), port, 1, 480, &extra);
     let started = Instant::now();
     let (first, out) = (
         first.wait_with_output().unwrap(),
@@ -954,8 +977,11 @@ fn a_node_with_other_settings_is_refused_naming_them() {
     let stderr = String::from_utf8_lossy(&first.stderr);
     assert_eq!(first.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("node 1 went away: its launcher was refused the job")
-            && stderr.contains("horizon: 3 → 2, lr: 0.0003 → 0.001"),
+        stderr.contains(
+            "node 1 went away: its launcher came and was refused the job: its \
+                         settings differ from this node's (node 0's → node 1's): horizon: 3 → 2, \
+                         lr: 0.0003 → 0.001"
+        ),
         "{stderr}"
     );
     assert!(started.elapsed() < Duration::from_secs(120), "{stderr}");

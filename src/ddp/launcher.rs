@@ -139,13 +139,15 @@ pub fn launch(plan: &LaunchPlan) -> Result<()> {
     }
     // Once here rather than by every rank (see `meeting`).
     rendezvous::check_master_resolves(
-        "master_addr",
+        &format!("master_addr={}", plan.master_addr),
         &plan.master_addr,
         plan.master_port,
         plan.dist_timeout,
     )?;
     if plan.node_rank == 0 {
-        if let Some(warning) = rendezvous::check_node_0_hosts(&plan.master_addr, plan.nnodes)? {
+        if let Some(warning) =
+            rendezvous::check_node_0_hosts(&plan.master_addr, plan.master_port, plan.nnodes)?
+        {
             errln!("{warning}");
         }
         rendezvous::check_port_free(&plan.master_addr, plan.master_port)?;
@@ -410,7 +412,8 @@ async fn supervise(
         };
         tokio::select! {
             // A stop asked before the ranks' exits were seen is taken first (a starved
-            // launcher finds both ready at once): it must win over their failure.
+            // launcher finds both ready at once): it must win over their failure. The grace
+            // comes before the ranks' output, which a rank could keep coming forever.
             biased;
             request = signals.next() => {
                 // Said at once, not when the ranks have ended (a checkpoint may take minutes):
@@ -421,13 +424,13 @@ async fn supervise(
                 }
                 job.interrupt(request)
             }
-            event = rx.recv() => match event {
-                Some(event) => job.on_event(event),
-                None => break,
-            },
             // A continue after a stop (Ctrl-Z) gives the grace its time again.
             _ = timeout => if deadline.is_some_and(|d| d.passed()) {
                 job.grace_ran_out()
+            },
+            event = rx.recv() => match event {
+                Some(event) => job.on_event(event),
+                None => break,
             },
         }
     }

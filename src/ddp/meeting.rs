@@ -50,14 +50,21 @@ impl Host {
     }
 }
 
-/// The setting that gave this rank its master address `addr`, for errors: MASTER_ADDR from
-/// torchrun or SLURM, else master_addr (which our launcher passes on as MASTER_ADDR).
-fn master_addr_named(addr: &str) -> &'static str {
-    let our_launchers = std::env::var_os(super::lifeline::LAUNCHER_PID_ENV).is_some();
-    match std::env::var("MASTER_ADDR") {
-        Ok(given) if !our_launchers && given == addr => "MASTER_ADDR",
-        _ => "master_addr",
+/// How this rank was given its master address `addr`, for errors: MASTER_ADDR from torchrun
+/// or SLURM, SLURM's first node without it, else master_addr (which our launcher passes on as
+/// MASTER_ADDR).
+fn master_addr_given(addr: &str) -> String {
+    let var = |key: &str| std::env::var(key).ok();
+    if var(super::lifeline::LAUNCHER_PID_ENV).is_none() {
+        match var("MASTER_ADDR") {
+            Some(given) if given == addr => return format!("MASTER_ADDR={addr}"),
+            None if super::rank::slurm_first_node(&var).as_deref() == Some(addr) => {
+                return format!("{addr}, the SLURM step's first node (MASTER_ADDR unset),");
+            }
+            _ => {}
+        }
     }
+    format!("master_addr={addr}")
 }
 
 /// The store every rank of `info`'s group has joined (prefixed for this attempt), once all
@@ -70,7 +77,7 @@ pub(super) fn meet(
 ) -> Result<Option<Py<PyAny>>> {
     // A name that cannot resolve would be tried until the deadline.
     super::rendezvous::check_master_resolves(
-        master_addr_named(&info.master_addr),
+        &master_addr_given(&info.master_addr),
         &info.master_addr,
         info.master_port,
         timeout,

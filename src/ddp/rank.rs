@@ -225,21 +225,9 @@ impl Vars<'_> {
     /// A SLURM task: the master is MASTER_ADDR, else the step's first node; its CPUs are its own
     /// with `--cpus-per-task`.
     fn slurm(&self, config: &Config, rank: usize, world_size: usize) -> Result<RankInfo> {
-        // The step's own nodes first: a step on part of the allocation (`srun -r2`,
-        // `--exclude`) need not run on the job's first node.
-        let nodes = [
-            "SLURM_STEP_NODELIST",
-            "SLURM_JOB_NODELIST",
-            "SLURM_NODELIST",
-        ]
-        .iter()
-        .find_map(|key| (self.0)(key));
         let master_addr = match self.master_addr()? {
             Some(addr) => addr,
-            None => nodes
-                .as_deref()
-                .map(first_host)
-                .unwrap_or_else(|| config.master_addr.clone()),
+            None => slurm_first_node(self.0).unwrap_or_else(|| config.master_addr.clone()),
         };
         Ok(RankInfo {
             rank,
@@ -290,9 +278,22 @@ fn tasks_on_node(list: &str, node: usize) -> Option<usize> {
     None
 }
 
+/// The first node of a SLURM step (`SLURM_STEP_NODELIST`), else of its job: a step on part of
+/// the allocation (`srun -r2`, `--exclude`) need not run on the job's first node.
+pub fn slurm_first_node(var: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    [
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    ]
+    .iter()
+    .find_map(|key| var(key))
+    .map(|list| first_host(&list))
+}
+
 /// The first host of a SLURM node list: `node[01-04,07],gpu2` → `node01`; each bracket of the
 /// first entry gives its first number (`rack[1-2]n[3-4]-ib` → `rack1n3-ib`).
-pub fn first_host(list: &str) -> String {
+fn first_host(list: &str) -> String {
     let mut host = String::new();
     let mut chars = list.trim().chars();
     while let Some(c) = chars.next() {

@@ -29,24 +29,46 @@ pub fn names_this_machine(addr: &str) -> bool {
         .is_ok_and(|mut all| all.any(|at| TcpListener::bind(at).is_ok()))
 }
 
-/// Node 0 hosts the job's store at `master_addr`, so it should name node 0's machine. With one
-/// node every rank runs here, and another machine's address is refused (its ranks would wait
-/// `dist_timeout` for a store that is not there); with several it is a warning, as a NAT or a
-/// service address may lead back here.
-pub fn check_node_0_hosts(addr: &str, nnodes: usize) -> Result<Option<String>> {
-    if names_this_machine(addr) {
+/// Whether a connection to `addr:port` comes back to this machine (a NAT, a service address or
+/// a public address that leads here): a listener on every interface at `port` takes it. None
+/// when it cannot be told (the port is taken, the name does not resolve just now).
+fn leads_here(addr: &str, port: u16) -> Option<bool> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let listener = TcpListener::bind(("0.0.0.0", port)).ok()?;
+    listener.set_nonblocking(true).ok()?;
+    for at in (addr, port).to_socket_addrs().ok()? {
+        if TcpStream::connect_timeout(&at, Duration::from_secs(2)).is_err() {
+            continue;
+        }
+        // Something answered: this listener, or another machine's.
+        let asked = std::time::Instant::now();
+        while asked.elapsed() < Duration::from_secs(1) {
+            if listener.accept().is_ok() {
+                return Some(true);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Some(false)
+}
+
+/// Node 0 hosts the job's store at `master_addr:port`, so it should lead to node 0's machine.
+/// With one node every rank runs here, and another machine's address is refused (its ranks
+/// would wait `dist_timeout` for a store that is not there); with several it is a warning, as
+/// the address the other nodes use may lead here where this one's does not.
+pub fn check_node_0_hosts(addr: &str, port: u16, nnodes: usize) -> Result<Option<String>> {
+    if names_this_machine(addr) || leads_here(addr, port) != Some(false) {
         return Ok(None);
     }
     match nnodes {
         1 => Err(Error::Config(format!(
-            "master_addr={addr} is not an address of this machine, but nnodes=1 runs every rank \
-             here, around a store on this machine: leave master_addr at its default \
-             (127.0.0.1) or name this machine"
+            "master_addr={addr} leads to another machine, but nnodes=1 runs every rank here, \
+             around a store on this machine: leave master_addr at its default (127.0.0.1) or \
+             name this machine"
         ))),
         _ => Ok(Some(format!(
-            "warning: master_addr={addr} is not an address of this machine, yet this is node 0, \
-             which hosts the job's store: the other nodes reach it only if {addr} leads here \
-             (a NAT or a service address)"
+            "warning: master_addr={addr} leads to another machine, yet this is node 0, which \
+             hosts the job's store: the other nodes reach it only if {addr} leads here from them"
         ))),
     }
 }
@@ -55,9 +77,9 @@ pub fn check_node_0_hosts(addr: &str, nnodes: usize) -> Result<Option<String>> {
 /// the store would retry it until dist_timeout and torch print its C++ frames on the way.
 /// A resolver that fails for the time being (EAI_AGAIN: DNS not yet serving node 0's name, as
 /// on a cluster still coming up) is asked again until `limit`, then the run fails (exit 1,
-/// restartable); a name the resolver does not know is bad input. `named` is the setting that
-/// gave `addr`, for the errors: `master_addr`, or `MASTER_ADDR` from torchrun or SLURM.
-pub fn check_master_resolves(named: &str, addr: &str, port: u16, limit: Duration) -> Result<()> {
+/// restartable); a name the resolver does not know is bad input. `given` says how `addr` was
+/// given, for the errors (`master_addr=ADDR`, or `MASTER_ADDR=ADDR` from torchrun or SLURM).
+pub fn check_master_resolves(given: &str, addr: &str, port: u16, limit: Duration) -> Result<()> {
     use std::net::ToSocketAddrs;
     let deadline = envs::deadline::Deadline::after(limit);
     loop {
@@ -65,7 +87,7 @@ pub fn check_master_resolves(named: &str, addr: &str, port: u16, limit: Duration
             Ok(Some(_)) => return Ok(()),
             Ok(None) => {
                 return Err(Error::Config(format!(
-                    "{named}={addr} resolves to no address: give node 0's address or host \
+                    "{given} resolves to no address: give node 0's address or host \
                      name"
                 )))
             }
@@ -75,12 +97,12 @@ pub fn check_master_resolves(named: &str, addr: &str, port: u16, limit: Duration
         let for_now = e.to_string().contains("Temporary failure");
         if !for_now {
             return Err(Error::Config(format!(
-                "{named}={addr} cannot be resolved ({e}): give node 0's address or host name"
+                "{given} cannot be resolved ({e}): give node 0's address or host name"
             )));
         }
         if deadline.passed() {
             return Err(Error::Other(format!(
-                "{named}={addr} could not be resolved within {} s (dist_timeout): {e}",
+                "{given} could not be resolved within {} s (dist_timeout): {e}",
                 limit.as_secs()
             )));
         }
@@ -142,25 +164,37 @@ mod tests {
 
     #[test]
     fn node_0_must_be_where_master_addr_leads() {
+        let port = TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
         for here in ["127.0.0.1", "localhost", "0.0.0.0"] {
             assert!(names_this_machine(here), "{here}");
-            assert_eq!(check_node_0_hosts(here, 1).unwrap(), None);
+            assert_eq!(check_node_0_hosts(here, port, 1).unwrap(), None);
         }
         // TEST-NET-1 (RFC 5737): documentation only, on no machine.
         let elsewhere = "192.0.2.1";
         assert!(!names_this_machine(elsewhere));
-        let e = check_node_0_hosts(elsewhere, 1).unwrap_err();
+        assert_eq!(leads_here(elsewhere, port), Some(false));
+        let e = check_node_0_hosts(elsewhere, port, 1).unwrap_err();
         assert!(matches!(e, Error::Config(_)), "{e}");
-        assert!(e
-            .to_string()
-            .contains("master_addr=192.0.2.1 is not an address of this machine"));
-        let warning = check_node_0_hosts(elsewhere, 2)
-            .unwrap()
-            .unwrap_or_default();
+        let e = e.to_string();
+        assert!(
+            e.contains("master_addr=192.0.2.1 leads to another machine"),
+            "{e}"
+        );
+        let warning = check_node_0_hosts(elsewhere, port, 2).unwrap();
+        let warning = warning.unwrap_or_default();
         assert!(
             warning.starts_with("warning: master_addr=192.0.2.1"),
             "{warning}"
         );
+        // An address that leads here, though no interface need have it, as a NAT's would.
+        assert_eq!(leads_here("127.0.0.1", port), Some(true));
+        // Unknown while the port is taken.
+        let taken = TcpListener::bind(("0.0.0.0", port)).unwrap();
+        assert_eq!(leads_here(elsewhere, port), None);
+        drop(taken);
     }
 
     #[test]
@@ -178,10 +212,11 @@ mod tests {
     #[test]
     fn a_master_addr_that_does_not_resolve_is_refused() {
         let limit = Duration::from_secs(1);
-        check_master_resolves("master_addr", "127.0.0.1", 29500, limit).unwrap();
-        check_master_resolves("master_addr", "localhost", 29500, limit).unwrap();
+        check_master_resolves("master_addr=127.0.0.1", "127.0.0.1", 29500, limit).unwrap();
+        check_master_resolves("master_addr=localhost", "localhost", 29500, limit).unwrap();
         for named in ["master_addr", "MASTER_ADDR"] {
-            let e = check_master_resolves(named, "not..a.host", 29500, limit).unwrap_err();
+            let given = format!("{named}=not..a.host");
+            let e = check_master_resolves(&given, "not..a.host", 29500, limit).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{e}");
             assert!(
                 e.to_string()
