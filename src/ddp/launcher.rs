@@ -426,7 +426,18 @@ async fn supervise(
             }
             // A continue after a stop (Ctrl-Z) gives the grace its time again.
             _ = timeout => if deadline.is_some_and(|d| d.passed()) {
-                job.grace_ran_out()
+                // What the ranks said before (their exits among it) is taken first, no more
+                // than was queued: a rank that keeps writing cannot hold the grace off.
+                for _ in 0..rx.len() {
+                    match rx.try_recv() {
+                        Ok(event) => job.on_event(event),
+                        Err(_) => break,
+                    }
+                }
+                // Unless those events ended the ranks, or set another grace.
+                if job.running() > 0 && job.deadline() == deadline {
+                    job.grace_ran_out()
+                }
             },
             event = rx.recv() => match event {
                 Some(event) => job.on_event(event),
