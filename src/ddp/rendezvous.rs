@@ -30,21 +30,40 @@ pub fn names_this_machine(addr: &str) -> bool {
 }
 
 /// Whether a connection to `addr:port` comes back to this machine (a NAT, a service address or
-/// a public address that leads here): a listener on every interface at `port` takes it. None
-/// when it cannot be told (the port is taken, the name does not resolve just now).
+/// a public address that leads here): a listener this process holds on every interface at
+/// `port` takes it, and reads the token it sent. None when it cannot be told (the port is
+/// taken, the name does not resolve just now).
 fn leads_here(addr: &str, port: u16) -> Option<bool> {
-    use std::net::{TcpStream, ToSocketAddrs};
-    let listener = TcpListener::bind(("0.0.0.0", port)).ok()?;
-    listener.set_nonblocking(true).ok()?;
+    use std::io::{Read, Write};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpStream, ToSocketAddrs};
+    let token = format!(
+        "tdmpc2 {} {:?}",
+        std::process::id(),
+        std::time::Instant::now()
+    );
     for at in (addr, port).to_socket_addrs().ok()? {
-        if TcpStream::connect_timeout(&at, Duration::from_secs(2)).is_err() {
+        let every_interface: IpAddr = match at {
+            std::net::SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            std::net::SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        let listener = TcpListener::bind((every_interface, port)).ok()?;
+        listener.set_nonblocking(true).ok()?;
+        // Held open until the listener has looked: a proxy may pass it on only then.
+        let Ok(mut sent) = TcpStream::connect_timeout(&at, Duration::from_secs(2)) else {
             continue;
-        }
-        // Something answered: this listener, or another machine's.
+        };
+        let _ = sent.write_all(token.as_bytes());
         let asked = std::time::Instant::now();
         while asked.elapsed() < Duration::from_secs(1) {
-            if listener.accept().is_ok() {
-                return Some(true);
+            if let Ok((mut taken, _)) = listener.accept() {
+                let mut read = vec![0; token.len()];
+                let _ = taken.set_nonblocking(false);
+                let _ = taken.set_read_timeout(Some(Duration::from_millis(500)));
+                // Another connection (a port scan, say) is not the one sent.
+                if taken.read_exact(&mut read).is_ok() && read == token.as_bytes() {
+                    return Some(true);
+                }
+                continue;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -53,22 +72,25 @@ fn leads_here(addr: &str, port: u16) -> Option<bool> {
 }
 
 /// Node 0 hosts the job's store at `master_addr:port`, so it should lead to node 0's machine.
-/// With one node every rank runs here, and another machine's address is refused (its ranks
-/// would wait `dist_timeout` for a store that is not there); with several it is a warning, as
-/// the address the other nodes use may lead here where this one's does not.
+/// With one node every rank runs here, and an address that leads to another machine is
+/// refused (its ranks would wait `dist_timeout` for a store that is not there). With several,
+/// one that no interface here has is a warning (the others' way to it may lead here), and is
+/// not tried: a listener on the port would answer the other nodes before the store does.
 pub fn check_node_0_hosts(addr: &str, port: u16, nnodes: usize) -> Result<Option<String>> {
-    if names_this_machine(addr) || leads_here(addr, port) != Some(false) {
+    if names_this_machine(addr) {
         return Ok(None);
     }
     match nnodes {
-        1 => Err(Error::Config(format!(
+        1 if leads_here(addr, port) == Some(false) => Err(Error::Config(format!(
             "master_addr={addr} leads to another machine, but nnodes=1 runs every rank here, \
              around a store on this machine: leave master_addr at its default (127.0.0.1) or \
              name this machine"
         ))),
+        1 => Ok(None),
         _ => Ok(Some(format!(
-            "warning: master_addr={addr} leads to another machine, yet this is node 0, which \
-             hosts the job's store: the other nodes reach it only if {addr} leads here from them"
+            "warning: master_addr={addr} is no address of this machine, yet this is node 0, \
+             which hosts the job's store: the other nodes reach it only if {addr} leads here \
+             from them"
         ))),
     }
 }
