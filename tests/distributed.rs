@@ -560,7 +560,7 @@ fn a_taken_master_port_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("not..a.host, the SLURM step's first node (MASTER_ADDR unset), cannot be"),
+        stderr.contains("not..a.host, SLURM's first node (MASTER_ADDR unset), cannot be"),
         "{stderr}"
     );
 }

@@ -506,7 +506,8 @@ fn run(
                         node,
                         why: format!(
                             "its launcher came and was refused the job: {why}; give every node \
-                             the same settings (node_rank, paths and thread counts aside)"
+                             the same settings (node_rank, paths and thread counts aside), and \
+                             each job a master_port of its own"
                         ),
                         ended: Ended::Refused,
                         likely_stopping: false,
@@ -659,7 +660,8 @@ mod tests {
     }
 
     /// A launcher refused the job for its settings is named by node 0 at once, while that node
-    /// has not joined; once it has, another refused launcher is no concern of the job's.
+    /// has not joined; once it has (and until it beats, as at the start of each attempt),
+    /// another refused launcher is no concern of the job's.
     #[test]
     fn a_node_refused_for_its_settings_is_named_at_once_until_it_joins() {
         let watch = Watch {
@@ -671,11 +673,8 @@ mod tests {
         let watch_for = |node_1_joined: bool, within| {
             let port = free_port();
             let host = Arc::new(open(port, 0, JOB).unwrap());
-            if node_1_joined {
-                let node_1 = Arc::new(open(port, 1, JOB).unwrap());
-                spawn(node_1, watch.clone(), stop.clone(), |_| {}).unwrap();
-                std::thread::sleep(2 * BEAT);
-            }
+            // Joined, but not beating.
+            let _node_1 = node_1_joined.then(|| open(port, 1, JOB).unwrap());
             let other = "world_size=2 nnodes=2 task=walker-run seed=2";
             assert!(open(port, 1, other).is_err());
             let (tx, rx) = std::sync::mpsc::channel();

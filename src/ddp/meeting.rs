@@ -59,7 +59,7 @@ fn master_addr_given(addr: &str) -> String {
         match var("MASTER_ADDR") {
             Some(given) if given == addr => return format!("MASTER_ADDR={addr}"),
             None if super::rank::slurm_first_node(&var).as_deref() == Some(addr) => {
-                return format!("{addr}, the SLURM step's first node (MASTER_ADDR unset),");
+                return format!("{addr}, SLURM's first node (MASTER_ADDR unset),");
             }
             _ => {}
         }
